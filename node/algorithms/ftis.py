@@ -1,0 +1,67 @@
+"""F-TIS (arXiv 2605.22537): filtered, truncated importance sampling for rollouts of another model g.
+
+Per token, with the learner p and the foreign generator g:
+
+    w_{i,t} = sg( min(exp(l^p_{i,t} - l^g_{i,t}), C) )                    truncation, C = 2
+    R_{i,t} = exp(l^p_{i,t} - sg(l^p_{i,t}))                               = 1, gradient of l^p
+    L       = agg_{i,t} -w_{i,t} min(R A'_i, clip(R, 1 - eps, 1 + eps) A'_i)
+
+Filter: A'_i = 0 where A_i <= 0 and the sequence's mean k3 KL between g and p,
+mean_t [exp(l^g - l^p) - (l^g - l^p) - 1], exceeds `kl_threshold` (default 50): a far-off
+foreign failure says little about p and would push p around hard. Advantages are computed over
+the foreign group before filtering (the caller does that).
+
+Beyond the paper (which needs a shared vocabulary): when the generator's tokenizer differs, the
+learner re-tokenizes the text and passes `old_seq_logp_mean` (g's mean token log-prob on its own
+tokens); the cap and the gate then use the sequence-level d_i = mean_t l^p_{i,t} - that mean.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .base import LOG_RATIO_MAX, LossInputs, LossOutput, aggregate, clipped_surrogate, frac, k3, seq_mean, weight_stats
+
+
+@dataclass(frozen=True)
+class FTISConfig:
+    cap: float = 2.0
+    eps: float = 0.2
+    kl_threshold: float = 50.0
+    aggregation: str = "seq_mean"
+    dr_grpo_max_tokens: int | None = None
+    normalize_std: bool = True
+
+
+def ftis_weights(inp: LossInputs, cap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(w [B, T] detached, truncated [B, T] bool, seq_kl [B]) at token or sequence level."""
+    logp = inp.logp.detach()
+    if inp.old_seq_logp_mean is None:
+        d = (logp - inp.old_logp).clamp(-LOG_RATIO_MAX, LOG_RATIO_MAX)  # [B, T] log p/g
+        seq_kl = seq_mean(k3(-d), inp.mask)
+    else:
+        d_seq = (seq_mean(logp, inp.mask) - inp.old_seq_logp_mean).clamp(-LOG_RATIO_MAX, LOG_RATIO_MAX)
+        seq_kl = k3(-d_seq)
+        d = d_seq[:, None].expand_as(logp)
+    truncated = d > math.log(cap)
+    return torch.exp(d.clamp(max=math.log(cap))), truncated, seq_kl
+
+
+def ftis_loss(inp: LossInputs, cfg: FTISConfig) -> LossOutput:
+    w, truncated, seq_kl = ftis_weights(inp, cfg.cap)
+    filtered = (inp.advantages <= 0) & (seq_kl > cfg.kl_threshold)  # [B]
+    adv = torch.where(filtered, torch.zeros_like(inp.advantages), inp.advantages)
+    ratio = torch.exp(inp.logp - inp.logp.detach())  # value 1, gradient d l^p
+    per_token, clipped = clipped_surrogate(ratio, adv[:, None], cfg.eps, cfg.eps)
+    loss = aggregate(w * per_token, inp.mask, cfg.aggregation, cfg.dr_grpo_max_tokens)
+    m = inp.mask
+    return LossOutput(loss, {
+        **weight_stats(w[m]),
+        "clip_frac": frac(clipped[m]),
+        "kl_k3": seq_kl.mean().item(),
+        "filtered_frac": frac(filtered),
+        "truncated_frac": frac(truncated[m]),
+    })

@@ -1,0 +1,53 @@
+"""GEPO (HeteroRL, arXiv 2508.17850): group-expectation importance weights for stale rollouts.
+
+With length-normalised sequence probabilities p_i = exp(mean_t l^p_{i,t}) (learner, with grad)
+and q_i = exp(mean_t l^q_{i,t}) (behaviour, stop-gradient), over the group of completions of the
+same prompt:
+
+    E_hat = sum_j q_j^2 / sum_j q_j          (self-normalised estimate of E_q[q])
+    w_i   = p_i / E_hat
+    L     = mean_i -min(w_i A_i, clip(w_i, 1 - eps, 1 + eps) A_i)
+            + beta * mean_i mean_t [exp(l^q - l^p) - (l^q - l^p) - 1]     (optional k3 KL)
+
+Replacing the per-sample q_i by a group constant is what cuts the weight variance once KL(p||q)
+is large (the paper's Theorem 1, checked in tests/test_algorithms.py). Unlike the reference code
+(group = a shuffled micro-batch) the group here is the prompt's, as the paper defines it. Done in
+log space: log E_hat = logsumexp(2 l_q) - logsumexp(l_q), so tiny q_i do not underflow to 0/0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .base import LOG_RATIO_MAX, LossInputs, LossOutput, clipped_surrogate, frac, group_logsumexp, k3, seq_mean, weight_stats
+
+
+@dataclass(frozen=True)
+class GEPOConfig:
+    eps: float = 0.2
+    beta: float = 0.0
+    """Weight of the k3 KL to the sampler's policy; the paper uses 0.005."""
+    normalize_std: bool = False
+
+
+def gepo_log_weights(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """log w_i = mean_t l^p_{i,t} - log E_hat(group of i); [B, T] x 2 -> [B], grad through l^p only."""
+    lp = seq_mean(logp, mask)
+    lq = seq_mean(old_logp, mask).detach()
+    log_e_hat = group_logsumexp(2 * lq, group_ids) - group_logsumexp(lq, group_ids)
+    return lp - log_e_hat
+
+
+def gepo_loss(inp: LossInputs, cfg: GEPOConfig) -> LossOutput:
+    log_w = gepo_log_weights(inp.logp, inp.old_logp, inp.mask, inp.group_ids)
+    w = torch.exp(log_w.clamp(-LOG_RATIO_MAX, LOG_RATIO_MAX))  # [B]
+    per_seq, clipped = clipped_surrogate(w, inp.advantages, cfg.eps, cfg.eps)
+    kl_seq = seq_mean(k3(inp.old_logp.detach() - inp.logp), inp.mask)  # [B], grad through l^p
+    loss = per_seq.mean() + cfg.beta * kl_seq.mean() if cfg.beta else per_seq.mean()
+    return LossOutput(loss, {
+        **weight_stats(w),
+        "clip_frac": frac(clipped),
+        "kl_k3": kl_seq.detach().mean().item(),
+    })

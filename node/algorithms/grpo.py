@@ -1,0 +1,50 @@
+"""GRPO (Shao et al. 2024, DeepSeekMath), token-level PPO clip on group-relative advantages.
+
+    rho_{i,t} = exp(l^p_{i,t} - l^q_{i,t})
+    L = agg_{i,t} -min(rho_{i,t} A_i, clip(rho_{i,t}, 1 - eps_low, 1 + eps_high) A_i)
+
+`agg` is the paper's mean over a sequence's tokens then over sequences (`seq_mean`), or DAPO's
+`token_mean`, or Dr. GRPO's constant-normaliser `dr_grpo` (base.aggregate). As the
+stale-sample loss, q is the sampler's older weights, so rho corrects per token, unboundedly
+before the clip: the variance GEPO's paper measures grows with staleness.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .base import LOG_RATIO_MAX, LossInputs, LossOutput, aggregate, clipped_surrogate, frac, k3, seq_mean, weight_stats
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    aggregation: str = "seq_mean"
+    dr_grpo_max_tokens: int | None = None
+    """Dr. GRPO's constant; None uses the batch's padded completion length."""
+    normalize_std: bool = True
+
+
+@dataclass(frozen=True)
+class DrGRPOConfig(GRPOConfig):
+    """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"): GRPO without the
+    length normalisation (constant normaliser) and without the std normalisation of advantages."""
+
+    aggregation: str = "dr_grpo"
+    normalize_std: bool = False
+
+
+def grpo_loss(inp: LossInputs, cfg: GRPOConfig) -> LossOutput:
+    log_ratio = (inp.logp - inp.old_logp).clamp(-LOG_RATIO_MAX, LOG_RATIO_MAX)
+    ratio = torch.exp(log_ratio)  # [B, T]
+    per_token, clipped = clipped_surrogate(ratio, inp.advantages[:, None], cfg.eps_low, cfg.eps_high)
+    loss = aggregate(per_token, inp.mask, cfg.aggregation, cfg.dr_grpo_max_tokens)
+    m = inp.mask
+    return LossOutput(loss, {
+        **weight_stats(ratio[m]),
+        "clip_frac": frac(clipped[m]),
+        "kl_k3": seq_mean(k3(inp.old_logp.detach() - inp.logp).detach(), m).mean().item(),
+    })

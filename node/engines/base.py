@@ -1,0 +1,66 @@
+"""The generation-engine seam: G completions per prompt with behaviour log-probs.
+
+Engines (HF transformers now, vLLM for GPU samplers) differ in speed, never in what they return.
+Behaviour log-probs are log softmax(logits / T) of the sampled token under the *unfiltered*
+tempered distribution: top-p / top-k change which tokens can be drawn, not the log-probs we
+report, because the learner's own log-probs (node/logprobs.py) are unfiltered too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    n: int = 8
+    """Completions per prompt (the group size G)."""
+    temperature: float = 1.0
+    """0 means greedy (log-probs are then reported at T = 1)."""
+    top_p: float = 1.0
+    top_k: int = 0
+    """0 disables top-k."""
+    max_new_tokens: int = 8
+
+    def __post_init__(self) -> None:
+        if self.n < 1 or self.max_new_tokens < 1:
+            raise ValueError("sampling: n and max_new_tokens must be >= 1")
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ValueError("sampling: need temperature >= 0, 0 < top_p <= 1, top_k >= 0")
+
+    @property
+    def logprob_temperature(self) -> float:
+        return self.temperature if self.temperature > 0 else 1.0
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    """Sampled tokens, the final EOS included when the completion stopped on it."""
+    text: str
+    """Decoded tokens without special tokens."""
+    logprobs: list[float]
+    """Behaviour log-prob of each token in `token_ids` (see module docstring)."""
+    finish_reason: str
+    """'stop' (EOS sampled) or 'length' (max_new_tokens reached)."""
+
+
+@dataclass
+class PromptResult:
+    prompt: str
+    prompt_token_ids: list[int]
+    completions: list[Completion] = field(default_factory=list)
+
+
+class Engine(Protocol):
+    model_id: str
+    version: int
+    """Policy version of the weights generating right now."""
+
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[PromptResult]:
+        ...
+
+    def load_weights(self, state_dict: dict, version: int) -> None:
+        """Swap in new weights (between generate calls) and record their version."""
+        ...

@@ -1,0 +1,93 @@
+"""The built-in task: integer arithmetic with a difficulty knob and an exact-match reward.
+
+Prompts look like ``"37+58="`` and ``"6*14="``; the answer is the integer, e.g. ``"95"``.
+The problem set is enumerable and the split is a hash of the problem text, so train and eval
+are disjoint by construction, identical on every peer, and independent of the seed; the seed only
+orders the training stream.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Iterator, Sequence
+
+from .base import Problem
+from .rewards import exact_int_match
+
+
+@dataclass(frozen=True)
+class ArithmeticConfig:
+    digits: int = 2
+    """Difficulty: the largest operand of '+' has this many digits."""
+    mul_digits: int = 1
+    """The second factor of '*' has at most this many digits (the first has `digits`)."""
+    ops: tuple[str, ...] = ("+", "*")
+    eval_fraction: float = 0.1
+    """Share of all problems held out for evaluation (chosen by hash, never trained on)."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.digits <= 4 or not 1 <= self.mul_digits <= self.digits:
+            raise ValueError("arithmetic: need 1 <= mul_digits <= digits <= 4 (4 digits is 10^8 problems)")
+        if not set(self.ops) <= {"+", "*"} or not self.ops:
+            raise ValueError("arithmetic: ops must be a non-empty subset of ('+', '*')")
+        if not 0.0 < self.eval_fraction < 1.0:
+            raise ValueError("arithmetic: eval_fraction must be in (0, 1)")
+
+
+def _is_eval(text: str, fraction: float) -> bool:
+    h = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+    return h % 1_000_000 < fraction * 1_000_000
+
+
+def _problems(cfg: ArithmeticConfig) -> Iterator[Problem]:
+    hi = 10**cfg.digits
+    for op in cfg.ops:
+        b_hi = hi if op == "+" else 10**cfg.mul_digits
+        for a in range(hi):
+            for b in range(b_hi):
+                value = a + b if op == "+" else a * b
+                text = f"{a}{op}{b}="
+                yield Problem(id=f"arith:{a}{op}{b}", prompt=text, answer=str(value))
+
+
+class ArithmeticTask:
+    """Addition and multiplication of non-negative integers (see module docstring)."""
+
+    def __init__(self, cfg: ArithmeticConfig | None = None) -> None:
+        self.cfg = cfg or ArithmeticConfig()
+        self.name = f"arithmetic-d{self.cfg.digits}m{self.cfg.mul_digits}-{''.join(self.cfg.ops)}"
+
+    @cached_property
+    def _splits(self) -> dict[str, list[Problem]]:
+        splits: dict[str, list[Problem]] = {"train": [], "eval": []}
+        for p in _problems(self.cfg):
+            splits["eval" if _is_eval(p.prompt, self.cfg.eval_fraction) else "train"].append(p)
+        return splits
+
+    @cached_property
+    def _by_id(self) -> dict[str, Problem]:
+        return {p.id: p for s in self._splits.values() for p in s}
+
+    def split(self, which: str) -> Sequence[Problem]:
+        if which not in self._splits:
+            raise ValueError(f"split must be 'train' or 'eval', not {which!r}")
+        return self._splits[which]
+
+    def get(self, problem_id: str) -> Problem | None:
+        return self._by_id.get(problem_id)
+
+    def reward(self, completion: str, answer: str) -> float:
+        return exact_int_match(completion, answer)
+
+
+def prompt_stream(problems: Sequence[Problem], seed: int) -> Iterator[Problem]:
+    """Endless shuffled passes over `problems`, deterministic under `seed`."""
+    rng = random.Random(seed)
+    order = list(range(len(problems)))
+    while True:
+        rng.shuffle(order)
+        for i in order:
+            yield problems[i]

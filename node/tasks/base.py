@@ -1,0 +1,39 @@
+"""What a task is: problems with a prompt and a gold answer, a train/eval split, and a reward.
+
+A task is deterministic under a seed so that every peer of a swarm draws the same prompts from
+the same ids, and a learner can look a prompt up by id to recompute the reward itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+RewardFn = Callable[[str, str], float]
+"""reward(completion_text, gold_answer) -> reward in [0, 1]. Pure: no state, no I/O."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One prompt of a task. `id` is stable across peers and runs (it names the problem)."""
+
+    id: str
+    prompt: str
+    answer: str
+
+
+class Task(Protocol):
+    """The seam between a task and the roles: ids, prompts and a verifiable reward."""
+
+    name: str
+
+    def split(self, which: str) -> Sequence[Problem]:
+        """All problems of the split `which` ('train' or 'eval'); the two are disjoint."""
+        ...
+
+    def get(self, problem_id: str) -> Problem | None:
+        """The problem with this id, or None if the task has no such problem."""
+        ...
+
+    def reward(self, completion: str, answer: str) -> float:
+        ...

@@ -1,0 +1,277 @@
+"""The policy losses pinned to hand-computed values, gradients, stop-gradients and edge cases."""
+
+import math
+
+import pytest
+import torch
+
+from node.algorithms import get_algorithm, group_advantages
+from node.algorithms.base import LossInputs, aggregate, group_logsumexp
+from node.algorithms.ftis import FTISConfig, ftis_loss
+from node.algorithms.gepo import GEPOConfig, gepo_loss
+from node.algorithms.grpo import GRPOConfig, grpo_loss
+from node.algorithms.gspo import GSPOConfig, gspo_loss
+
+ln = math.log
+JUNK = -50.0  # values in padded positions; must never matter
+
+
+def inputs(logp, old_logp, mask, adv, groups, **kw) -> LossInputs:
+    return LossInputs(
+        logp=torch.tensor(logp, dtype=torch.float64, requires_grad=True),
+        old_logp=torch.tensor(old_logp, dtype=torch.float64),
+        advantages=torch.tensor(adv, dtype=torch.float64),
+        mask=torch.tensor(mask, dtype=torch.bool),
+        group_ids=torch.tensor(groups),
+        **kw,
+    )
+
+
+# ---- advantages -------------------------------------------------------------------------------
+
+def test_group_advantages_hand_values_and_zero_variance_groups():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.5])
+    groups = torch.tensor([7, 7, 7, 7, 3, 3, 9])  # ids need not be contiguous; sizes differ
+    adv, zero = group_advantages(rewards, groups, normalize_std=True)
+    s = 0.5 / math.sqrt(1 / 3)  # centred 0.5 over unbiased std sqrt(1/3)
+    assert adv.tolist() == pytest.approx([s, -s, -s, s, 0, 0, 0], abs=1e-5)
+    assert zero.tolist() == [False] * 4 + [True] * 3  # all-equal group and singleton group
+    adv_raw, _ = group_advantages(rewards, groups, normalize_std=False)
+    assert adv_raw.tolist() == pytest.approx([0.5, -0.5, -0.5, 0.5, 0, 0, 0])
+
+
+# ---- GRPO / Dr. GRPO ----------------------------------------------------------------------------
+
+def grpo_case():
+    # row 0: two tokens, ratios 2 and 1, A = +1; row 1: one token, ratio 1.6, A = -1
+    return inputs(
+        logp=[[ln(0.5), ln(0.25), JUNK], [ln(0.8), JUNK, JUNK]],
+        old_logp=[[ln(0.25), ln(0.25), 3.0], [ln(0.5), 7.0, JUNK]],
+        mask=[[1, 1, 0], [1, 0, 0]], adv=[1.0, -1.0], groups=[0, 0],
+    )
+
+
+def test_grpo_hand_values_each_aggregation():
+    # per-token losses: row0 [-min(2, 1.2), -min(1, 1)] = [-1.2, -1]; row1 -min(-1.6, -1.2) = 1.6
+    for agg, expected in [("seq_mean", (-1.1 + 1.6) / 2), ("token_mean", (-1.2 - 1 + 1.6) / 3),
+                          ("dr_grpo", (-1.2 - 1 + 1.6) / (2 * 3))]:
+        out = grpo_loss(grpo_case(), GRPOConfig(aggregation=agg))
+        assert out.loss.item() == pytest.approx(expected), agg
+    out = grpo_loss(grpo_case(), GRPOConfig())
+    assert out.metrics["clip_frac"] == pytest.approx(1 / 3)  # only row0's first token is clipped
+    assert out.metrics["is_weight_mean"] == pytest.approx((2 + 1 + 1.6) / 3)
+
+
+def test_grpo_asymmetric_clip_and_dr_grpo_preset():
+    out = grpo_loss(grpo_case(), GRPOConfig(eps_high=0.28))
+    assert out.loss.item() == pytest.approx((-(1.28 + 1) / 2 + 1.6) / 2)
+    dr = get_algorithm("dr_grpo")
+    cfg = dr.make_config()
+    assert cfg.aggregation == "dr_grpo" and cfg.normalize_std is False
+    assert dr.loss(grpo_case(), cfg).loss.item() == pytest.approx(-0.6 / 6)
+
+
+def test_grpo_gradient_direction_and_stop_gradient():
+    inp = grpo_case()
+    inp.old_logp.requires_grad_(True)
+    grpo_loss(inp, GRPOConfig()).loss.backward()
+    g = inp.logp.grad
+    # row0 token0 clipped -> no gradient; token1 unclipped, A>0 -> loss falls as logp rises
+    assert g[0, 0] == 0 and g[0, 1] == pytest.approx(-1 * 1 / 2 / 2)
+    # row1 A<0 unclipped (ratio 1.6 on the pessimistic side): d/dlogp = +ratio*|A|/B
+    assert g[1, 0] == pytest.approx(1.6 / 2)
+    assert (g[:, 2] == 0).all() and g[1, 1] == 0  # padding gets nothing
+    # the behaviour log-probs are data, but GRPO's ratio does depend on them; only their
+    # *estimate* is fixed: GRPO has no stop-gradient in its formula, so no assertion here.
+
+
+# ---- GSPO ------------------------------------------------------------------------------------------
+
+def test_gspo_sequence_ratio_and_tiny_clip():
+    out = gspo_loss(grpo_case(), GSPOConfig())
+    s0 = math.exp((ln(2) + 0) / 2)  # sqrt(2) -> clipped at 1 + 4e-4 for A > 0
+    assert out.metrics["is_weight_mean"] == pytest.approx((s0 + 1.6) / 2)
+    # row1: A<0, s = 1.6: min(-1.6, -(1 + 4e-4)) = -1.6 -> loss 1.6 (unclipped, pessimistic)
+    assert out.loss.item() == pytest.approx((-(1 + 4e-4) + 1.6) / 2)
+    assert out.metrics["clip_frac"] == pytest.approx(0.5)
+
+
+# ---- GEPO ------------------------------------------------------------------------------------------
+
+def gepo_case():
+    # group 0: three completions; the first has two tokens (length normalisation matters)
+    #   q = [0.5, 0.25, 0.25] -> E_hat = (0.25 + 0.0625 + 0.0625) / 1.0 = 0.375
+    #   p = [0.4, 0.33, 0.27] -> w = [1.0667, 0.88, 0.72]
+    # group 1: two completions, q = [0.5, 0.5] -> E_hat = 0.5; p = [0.55, 0.3] -> w = [1.1, 0.6]
+    return inputs(
+        logp=[[ln(0.4), ln(0.4)], [ln(0.33), JUNK], [ln(0.27), JUNK], [ln(0.55), JUNK], [ln(0.3), JUNK]],
+        old_logp=[[ln(0.5), ln(0.5)], [ln(0.25), 0.0], [ln(0.25), 0.0], [ln(0.5), 0.0], [ln(0.5), 0.0]],
+        mask=[[1, 1], [1, 0], [1, 0], [1, 0], [1, 0]],
+        adv=[2 / 3, -1 / 3, -1 / 3, 0.5, -0.5], groups=[0, 0, 0, 1, 1],
+    )
+
+
+def test_gepo_group_expectation_hand_values():
+    out = gepo_loss(gepo_case(), GEPOConfig())
+    w = [0.4 / 0.375, 0.88, 0.72, 1.1, 0.6]
+    assert out.metrics["is_weight_mean"] == pytest.approx(sum(w) / 5)
+    terms = [
+        -min(w[0] * 2 / 3, 1.2 * 2 / 3),  # 1.0667 inside the clip
+        -min(w[1] * -1 / 3, w[1] * -1 / 3),  # 0.88 inside
+        -min(w[2] * -1 / 3, 0.8 * -1 / 3),  # 0.72 < 1 - eps with A < 0: the clipped branch wins
+        -min(w[3] * 0.5, w[3] * 0.5),
+        -min(w[4] * -0.5, 0.8 * -0.5),  # clipped
+    ]
+    assert out.loss.item() == pytest.approx(sum(terms) / 5)
+    assert out.metrics["clip_frac"] == pytest.approx(2 / 5)
+
+
+def test_gepo_expectation_is_over_the_prompt_group_only():
+    base = gepo_loss(gepo_case(), GEPOConfig()).metrics
+    # moving group 1's q values changes nothing in group 0's weights
+    inp = gepo_case()
+    inp.old_logp[3:, 0] = ln(0.1)
+    lw = torch.log(torch.tensor([0.4 / 0.375, 0.88, 0.72], dtype=torch.float64))
+    from node.algorithms.gepo import gepo_log_weights
+    got = gepo_log_weights(inp.logp, inp.old_logp, inp.mask, inp.group_ids)
+    assert got[:3].tolist() == pytest.approx(lw.tolist())
+    assert got[3:].tolist() == pytest.approx([ln(0.55 / 0.1), ln(0.3 / 0.1)])
+    assert base["is_weight_mean"] != pytest.approx(gepo_loss(inp, GEPOConfig()).metrics["is_weight_mean"])
+
+
+def test_gepo_gradients_and_stop_gradient_on_behaviour():
+    inp = gepo_case()
+    inp.old_logp.requires_grad_(True)
+    gepo_loss(inp, GEPOConfig(beta=0.005)).loss.backward()
+    assert inp.old_logp.grad is None or (inp.old_logp.grad == 0).all()  # sg on every q
+    g = inp.logp.grad
+    # A>0, unclipped, two tokens: d/dlp_t of -w A / 5 with w = exp(mean lp) / E_hat -> -w A / 10
+    # plus beta * d k3 / d lp = beta * (1 - exp(lq - lp)) / 2 / 5
+    kl_grad = 0.005 * (1 - 0.5 / 0.4) / 2 / 5
+    assert g[0, 0].item() == pytest.approx(-(0.4 / 0.375) * (2 / 3) / 10 + kl_grad)
+    assert g[1, 0] > 0 and g[4, 0] == pytest.approx(0.005 * (1 - 0.5 / 0.3) / 5)  # A<0 pushes p down; clipped row gets only KL
+    assert (g[1:, 1] == 0).all()
+
+
+def test_gepo_kl_term_hand_value():
+    off = gepo_loss(gepo_case(), GEPOConfig()).loss.item()
+    on = gepo_loss(gepo_case(), GEPOConfig(beta=0.5)).loss.item()
+    k3 = lambda q, p: q / p - ln(q / p) - 1  # noqa: E731
+    kl = [k3(0.5, 0.4), k3(0.25, 0.33), k3(0.25, 0.27), k3(0.5, 0.55), k3(0.5, 0.3)]
+    assert on - off == pytest.approx(0.5 * sum(kl) / 5)
+
+
+def test_theorem1_group_expectation_weights_have_far_lower_variance(capsys):
+    """GEPO's Theorem 1, numerically: Var[p/E_hat] falls far below Var[p/q] as KL(p||q) grows."""
+    from examples.gepo_variance import format_table, variance_table
+
+    near, mid, far = variance_table(deltas=(0.5, 2.0, 4.0), pairs=16, samples=8_000, seed=0)
+    with capsys.disabled():
+        print("\n" + format_table([near, mid, far]))
+    assert near["kl"] < 0.3 < 1 < mid["kl"] < 3 < far["kl"]
+    assert near["ratio"] < 1  # honest: near on-policy, plain IS has the lower variance
+    assert mid["ratio"] > 5 and mid["gepo_wins"] >= 0.9
+    assert far["ratio"] > 50 and far["gepo_wins"] >= 0.9
+
+
+# ---- F-TIS -----------------------------------------------------------------------------------------
+
+def ftis_case(gap_neg_far=5.0):
+    # row0: A>0, tokens with p/g = 3 (truncated to C = 2) and 0.5
+    # row1: A<0, foreign model far off (l^g - l^p = 5 per token -> k3 = e^5 - 6 = 142 > 50): filtered
+    # row2: A<0, close (p/g = 1.5): kept
+    # row3: A>0, as far off as row1: kept (the gate only drops negative advantages)
+    return inputs(
+        logp=[[ln(0.6), ln(0.1)], [ln(0.01), ln(0.01)], [ln(0.3), JUNK], [ln(0.01), JUNK]],
+        old_logp=[[ln(0.2), ln(0.2)], [ln(0.01) + gap_neg_far] * 2, [ln(0.2), 0.0], [ln(0.01) + gap_neg_far, 0.0]],
+        mask=[[1, 1], [1, 1], [1, 0], [1, 0]], adv=[1.0, -1.0, -0.5, 0.5], groups=[0, 0, 0, 0],
+    )
+
+
+def test_ftis_cap_gate_and_hand_values():
+    inp = ftis_case()
+    out = ftis_loss(inp, FTISConfig())
+    # R = 1 in value, so per token -w A'; row1 filtered to A' = 0
+    row0 = -(2.0 * 1 + 0.5 * 1) / 2
+    row2 = -(1.5 * -0.5)
+    row3 = -(math.exp(-5) * 0.5)
+    assert out.loss.item() == pytest.approx((row0 + 0 + row2 + row3) / 4)
+    assert out.metrics["filtered_frac"] == pytest.approx(0.25)
+    assert out.metrics["truncated_frac"] == pytest.approx(1 / 6)  # one of six real tokens
+    out.loss.backward()
+    g = inp.logp.grad
+    assert (g[1] == 0).all()  # filtered: no push at all
+    assert g[0, 0].item() == pytest.approx(-2.0 / 2 / 4)  # truncated weight is C, gradient sign up
+    assert g[2, 0] > 0 and g[3, 0] < 0
+
+
+def test_ftis_weight_is_stop_gradient():
+    inp = ftis_case()
+    # with sg(w) the gradient is -w A / (n_tokens B); without it there would be an extra w' term
+    ftis_loss(inp, FTISConfig(cap=100.0)).loss.backward()
+    assert inp.logp.grad[0, 1].item() == pytest.approx(-0.5 / 2 / 4)
+
+
+def test_ftis_gate_threshold_and_sequence_level_mode():
+    assert ftis_loss(ftis_case(gap_neg_far=3.0), FTISConfig()).metrics["filtered_frac"] == 0  # k3(3) = 16 < 50
+    assert ftis_loss(ftis_case(gap_neg_far=3.0), FTISConfig(kl_threshold=10)).metrics["filtered_frac"] == 0.25
+    inp = ftis_case()
+    # foreign tokenizer: only g's mean log-prob on its own tokens is known
+    inp.old_seq_logp_mean = torch.tensor([ln(0.2), ln(0.01) + 5, ln(0.2), ln(0.01) + 5], dtype=torch.float64)
+    out = ftis_loss(inp, FTISConfig())
+    w0 = min(math.exp((ln(0.6) + ln(0.1)) / 2 - ln(0.2)), 2.0)  # sequence-level ratio, one weight per row
+    assert out.metrics["filtered_frac"] == 0.25
+    assert out.loss.item() == pytest.approx((-w0 + 0 + 0.75 - math.exp(-5) * 0.5) / 4)
+
+
+# ---- all losses: robustness --------------------------------------------------------------------
+
+ALL = ["grpo", "dr_grpo", "gspo", "gepo", "ftis"]
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_finite_for_extreme_gaps_empty_completions_and_equal_rewards(name):
+    algo = get_algorithm(name)
+    inp = inputs(
+        logp=[[-1e4, 0.0, -1e4], [0.0, 0.0, 0.0], [-1e4, -1e4, 0.0], [-3.0, -2.0, -1.0]],
+        old_logp=[[0.0, -1e4, 0.0], [-1e4, -1e4, -1e4], [0.0, 0.0, 0.0], [-1e4, 0.0, -1e4]],
+        mask=[[1, 1, 1], [0, 0, 0], [1, 1, 0], [1, 1, 1]],  # row 1 is an empty completion
+        adv=[1.0, -1.0, -1.0, 1.0], groups=[0, 0, 1, 1],
+    )
+    out = algo.loss(inp, algo.make_config({"beta": 0.005} if name == "gepo" else {}))
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and torch.isfinite(inp.logp.grad).all()
+    assert all(math.isfinite(v) for v in out.metrics.values())
+    # all-equal rewards: advantages are zero, loss is zero, nothing moves
+    zero = inputs(logp=[[-1.0], [-2.0]], old_logp=[[-1.5], [-1.0]], mask=[[1], [1]], adv=[0.0, 0.0], groups=[0, 0])
+    out = algo.loss(zero, algo.make_config())
+    out.loss.backward()
+    assert out.loss.item() == 0 and (zero.logp.grad == 0).all()
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_on_policy_all_losses_give_the_policy_gradient_direction(name):
+    """On-policy (p = q), every loss pushes the positive-advantage completion up and the negative one down."""
+    algo = get_algorithm(name)
+    inp = inputs(logp=[[-1.0, -2.0], [-0.5, -1.5]], old_logp=[[-1.0, -2.0], [-0.5, -1.5]],
+                 mask=[[1, 1], [1, 1]], adv=[1.0, -1.0], groups=[0, 0])
+    algo.loss(inp, algo.make_config()).loss.backward()
+    assert (inp.logp.grad[0] < 0).all() and (inp.logp.grad[1] > 0).all()
+
+
+def test_registry_rejects_unknown_names_and_options_with_a_fix():
+    with pytest.raises(ValueError, match="choose one of"):
+        get_algorithm("ppo2")
+    with pytest.raises(ValueError, match="valid:"):
+        get_algorithm("gepo").make_config({"epsilon": 0.1})
+    with pytest.raises(ValueError, match="aggregation"):
+        get_algorithm("grpo").make_config({"aggregation": "sum"})
+
+
+def test_shape_checks_and_helpers():
+    with pytest.raises(ValueError, match="must all be"):
+        LossInputs(torch.zeros(2, 3), torch.zeros(2, 2), torch.zeros(2), torch.ones(2, 3), torch.zeros(2))
+    x = torch.tensor([0.0, ln(3.0), 5.0])
+    assert group_logsumexp(x, torch.tensor([1, 1, 4])).tolist() == pytest.approx([ln(4.0), ln(4.0), 5.0])
+    with pytest.raises(ValueError, match="aggregation"):
+        aggregate(torch.zeros(1, 1), torch.ones(1, 1, dtype=torch.bool), "sum")

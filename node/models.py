@@ -73,6 +73,9 @@ def load_model(model_id: str, dtype: "torch.dtype | None" = None, device: str = 
     """A causal LM in eval mode on `device` (float32 on CPU unless `dtype` says otherwise)."""
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a bar per load clutters logs of long-running nodes
 
     model = AutoModelForCausalLM.from_pretrained(
         resolve_model_path(model_id), dtype=dtype or torch.float32

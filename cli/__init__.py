@@ -1,0 +1,1 @@
+"""cli: the `hetero-node` command (typer). Heavy imports happen inside commands, so --help is instant."""

@@ -48,7 +48,11 @@ def from_dict(cls: type[T], d: dict[str, Any], where: str = "config") -> T:
         elif dataclasses.is_dataclass(hint) and isinstance(value, dict):
             value = from_dict(hint, value, f"{where}.{key}")
         elif typing.get_origin(hint) is tuple and isinstance(value, list):
-            value = tuple(value)
+            item = typing.get_args(hint)[0]
+            if dataclasses.is_dataclass(item):
+                value = tuple(from_dict(item, v, f"{where}.{key}[{i}]") for i, v in enumerate(value))
+            else:
+                value = tuple(value)
         kwargs[key] = value
     return cls(**kwargs)
 

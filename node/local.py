@@ -24,8 +24,8 @@ from .engines.base import SamplingParams
 from .engines.hf import HFEngine
 from .evaluate import evaluate
 from .models import BUILTIN_MODEL, load_model, load_tokenizer
-from .tasks import ArithmeticConfig, DatasetTaskConfig, make_task, prompt_stream
-from .trainer import ScoredGroup, build_batch, train_step
+from .tasks import ArithmeticConfig, DatasetTaskConfig, make_task, PromptStream
+from .trainer import ScoredGroup, TrainPart, build_batch, train_step
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def run_local(cfg: LocalConfig, on_record: Callable[[dict], None] | None = None)
     engine = HFEngine(model, tok, cfg.model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     eval_set = random.Random(1234).sample(list(task.split("eval")), min(cfg.eval_size, len(task.split("eval"))))
-    stream = prompt_stream(task.split("train"), cfg.seed)
+    stream = PromptStream(task.split("train"), cfg.seed)
     params = SamplingParams(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p,
                             max_new_tokens=cfg.max_new_tokens)
     records: list[dict] = []
@@ -90,7 +90,7 @@ def run_local(cfg: LocalConfig, on_record: Callable[[dict], None] | None = None)
     emit({"kind": "eval", "step": 0, "time_s": 0.0, "eval_acc": evaluate(engine, task, eval_set, cfg.max_new_tokens)})
     step = 0
     for step in range(1, cfg.steps + 1):
-        problems = [next(stream) for _ in range(cfg.prompts_per_step)]
+        problems = stream.take(cfg.prompts_per_step)
         results = engine.generate([p.prompt for p in problems], params)
         groups = [ScoredGroup(p.id, r.prompt_token_ids, r.completions,
                               [task.reward(c.text, p.answer) for c in r.completions], cfg.model, step - 1)
@@ -98,7 +98,9 @@ def run_local(cfg: LocalConfig, on_record: Callable[[dict], None] | None = None)
         rec = {"kind": "step", "step": step, "reward": _mean([x for g in groups for x in g.rewards])}
         batch = build_batch(groups, algo_cfg.normalize_std, tok.pad_token_id)
         if batch is not None:
-            rec.update(train_step(model, optimizer, batch, algo, algo_cfg, cfg.temperature, cfg.max_grad_norm))
+            m = train_step(model, optimizer, [TrainPart(cfg.algorithm, batch, algo, algo_cfg)], cfg.temperature, cfg.max_grad_norm)
+            m.pop("routes")
+            rec.update(m)
             rec.update(groups_used=batch.groups_used, groups_skipped=batch.groups_skipped)
         else:
             rec.update(groups_used=0, groups_skipped=len(groups))

@@ -60,6 +60,15 @@ def build_char_tokenizer() -> "PreTrainedTokenizerBase":
     )
 
 
+def tokenizer_hash(tok: "PreTrainedTokenizerBase") -> str:
+    """Short hash of a tokenizer's vocabulary: equal hashes mean token ids are interchangeable."""
+    import hashlib
+    import json
+
+    vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
+    return hashlib.blake2b(json.dumps(vocab).encode(), digest_size=8).hexdigest()
+
+
 def load_tokenizer(model_id: str) -> "PreTrainedTokenizerBase":
     from transformers import AutoTokenizer
 

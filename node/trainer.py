@@ -33,6 +33,9 @@ class ScoredGroup:
     model_id: str
     version: int
     """Policy version of the weights that generated the completions."""
+    behaviour_seq_logp_mean: list[float] | None = None
+    """Foreign tokenizer only: the generator's mean token log-prob per completion on its own
+    tokens; `completions` then hold the learner's re-tokenization (and no per-token log-probs)."""
 
 
 @dataclass
@@ -43,6 +46,8 @@ class TrainBatch:
     advantages: torch.Tensor
     group_ids: torch.Tensor
     rewards: torch.Tensor
+    old_seq_logp_mean: torch.Tensor | None
+    """[B] for foreign-tokenizer batches (see ScoredGroup), else None."""
     groups_used: int
     groups_skipped: int
     """Groups dropped for zero reward variance."""
@@ -64,31 +69,67 @@ def build_batch(groups: Sequence[ScoredGroup], normalize_std: bool, pad_id: int)
     completions = [flat[i][1].token_ids for i in keep]
     packed = pack(prompts, completions, pad_id)
     old = torch.zeros_like(packed.completion_mask, dtype=torch.float32)
+    seq_level = groups[0].behaviour_seq_logp_mean is not None
+    if any((g.behaviour_seq_logp_mean is not None) != seq_level for g in groups):
+        raise ValueError("build_batch: do not mix token-level and sequence-level groups in one batch")
     for row, i in enumerate(keep):
-        start = len(prompts[row]) - 1
-        old[row, start : start + len(completions[row])] = torch.tensor(flat[i][1].logprobs, dtype=torch.float32)
-    return TrainBatch(packed, old, adv[keep], gids[keep], rewards[keep], len(groups) - skipped, skipped)
+        if not seq_level:
+            start = len(prompts[row]) - 1
+            old[row, start : start + len(completions[row])] = torch.tensor(flat[i][1].logprobs, dtype=torch.float32)
+    seq_means = None
+    if seq_level:
+        per_completion = [m for g in groups for m in g.behaviour_seq_logp_mean]
+        seq_means = torch.tensor([per_completion[i] for i in keep], dtype=torch.float32)
+    return TrainBatch(packed, old, adv[keep], gids[keep], rewards[keep], seq_means, len(groups) - skipped, skipped)
 
 
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch,
-               algo: Algorithm, algo_cfg: Any, temperature: float, max_grad_norm: float = 1.0) -> dict[str, float]:
-    """One optimizer step on `batch` with `algo`'s loss; returns the loss's diagnostics and more."""
+@dataclass
+class TrainPart:
+    """One routed slice of a step: a batch and the loss that corrects it."""
+
+    name: str
+    batch: TrainBatch
+    algo: Algorithm
+    cfg: Any
+
+
+WEIGHTED_METRICS = ("is_weight_mean", "is_weight_var", "clip_frac", "kl_k3", "filtered_frac", "truncated_frac")
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, parts: Sequence[TrainPart],
+               temperature: float, max_grad_norm: float = 1.0) -> dict[str, Any]:
+    """One optimizer step on all `parts`; each part's loss is weighted by its number of sequences.
+
+    Returns the diagnostics averaged over parts (sequence-weighted) and per part under "routes".
+    """
     model.train()
-    logp = completion_logprobs(model, batch.packed, temperature)
-    inputs = LossInputs(logp, batch.old_logp, batch.advantages, batch.packed.completion_mask, batch.group_ids)
-    out = algo.loss(inputs, algo_cfg)
+    total = sum(p.batch.advantages.numel() for p in parts)
+    loss = torch.zeros(())
+    routes: dict[str, dict[str, float]] = {}
+    for part in parts:
+        b = part.batch
+        logp = completion_logprobs(model, b.packed, temperature)
+        out = part.algo.loss(LossInputs(logp, b.old_logp, b.advantages, b.packed.completion_mask, b.group_ids,
+                                        b.old_seq_logp_mean), part.cfg)
+        share = b.advantages.numel() / total
+        loss = loss + share * out.loss
+        routes[part.name] = {**out.metrics, "loss": out.loss.item(), "sequences": b.advantages.numel(), "share": share}
+    metrics: dict[str, Any] = {k: sum(r[k] * r["share"] for r in routes.values() if k in r)
+                               for k in WEIGHTED_METRICS if any(k in r for r in routes.values())}
+    metrics["routes"] = routes
     optimizer.zero_grad(set_to_none=True)
-    if not torch.isfinite(out.loss):
+    if not torch.isfinite(loss):
         # NaN/inf input can give a NaN loss with a *finite* gradient (clamp's backward zeroes the
         # NaN path), so the loss is checked first: one poisoned batch must not move the weights.
-        log.warning("non-finite loss (%s); optimizer step skipped", out.loss.item())
-        return {**out.metrics, "loss": float("nan"), "grad_norm": float("nan"), "step_skipped": 1.0}
-    out.loss.backward()
+        log.warning("non-finite loss (%s); optimizer step skipped", loss.item())
+        model.eval()
+        return {**metrics, "loss": float("nan"), "grad_norm": float("nan"), "step_skipped": 1.0}
+    loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    model.eval()
     if not torch.isfinite(grad_norm):
         log.warning("non-finite gradient norm (%s); optimizer step skipped", grad_norm.item())
         optimizer.zero_grad(set_to_none=True)
-        return {**out.metrics, "loss": out.loss.item(), "grad_norm": float("nan"), "step_skipped": 1.0}
+        return {**metrics, "loss": loss.item(), "grad_norm": float("nan"), "step_skipped": 1.0}
     optimizer.step()
-    model.eval()
-    return {**out.metrics, "loss": out.loss.item(), "grad_norm": grad_norm.item(), "step_skipped": 0.0}
+    return {**metrics, "loss": loss.item(), "grad_norm": grad_norm.item(), "step_skipped": 0.0}

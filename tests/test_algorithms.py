@@ -226,7 +226,7 @@ def test_ftis_gate_threshold_and_sequence_level_mode():
 
 # ---- all losses: robustness --------------------------------------------------------------------
 
-ALL = ["grpo", "dr_grpo", "gspo", "gepo", "ftis"]
+ALL = ["grpo", "dr_grpo", "gspo", "gepo", "ftis", "pg"]
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -257,6 +257,17 @@ def test_on_policy_all_losses_give_the_policy_gradient_direction(name):
                  mask=[[1, 1], [1, 1]], adv=[1.0, -1.0], groups=[0, 0])
     algo.loss(inp, algo.make_config()).loss.backward()
     assert (inp.logp.grad[0] < 0).all() and (inp.logp.grad[1] > 0).all()
+
+
+def test_pg_ignores_behaviour_logprobs():
+    a, b = grpo_case(), grpo_case()
+    b.old_logp.fill_(-3.0)
+    from node.algorithms.pg import PGConfig, pg_loss
+    la, lb = pg_loss(a, PGConfig()), pg_loss(b, PGConfig())
+    la.loss.backward()
+    lb.loss.backward()
+    assert torch.equal(a.logp.grad, b.logp.grad)
+    assert a.logp.grad[0, 0].item() == pytest.approx(-1 / 2 / 2) and a.logp.grad[1, 0].item() == pytest.approx(1 / 2)
 
 
 def test_registry_rejects_unknown_names_and_options_with_a_fix():

@@ -6,7 +6,7 @@ import textwrap
 import pytest
 
 from node.tasks import (ArithmeticConfig, ArithmeticTask, DatasetTask, DatasetTaskConfig,
-                        exact_int_match, load_reward, math_verify_reward, prompt_stream)
+                        exact_int_match, load_reward, math_verify_reward, PromptStream)
 
 
 def test_arithmetic_splits_are_disjoint_deterministic_and_correct():
@@ -35,9 +35,14 @@ def test_arithmetic_difficulty_knob_and_config_errors():
 
 def test_prompt_stream_is_seeded():
     probs = ArithmeticTask().split("train")
-    take = lambda s: [next(s).id for _ in range(20)]  # noqa: E731
-    assert take(prompt_stream(probs, 3)) == take(prompt_stream(probs, 3))
-    assert take(prompt_stream(probs, 3)) != take(prompt_stream(probs, 4))
+    ids = lambda s, n=20: [p.id for p in s.take(n)]  # noqa: E731
+    assert ids(PromptStream(probs, 3)) == ids(PromptStream(probs, 3))
+    assert ids(PromptStream(probs, 3)) != ids(PromptStream(probs, 4))
+    # the position is the whole state: resuming at 7 continues the same sequence
+    assert ids(PromptStream(probs, 3), 27)[7:] == ids(PromptStream(probs, 3, position=7))
+    # every problem once per pass
+    small = probs[:10]
+    assert sorted(p.id for p in PromptStream(small, 1).take(10)) == sorted(p.id for p in small)
 
 
 @pytest.mark.parametrize("completion,answer,expected", [

@@ -8,7 +8,7 @@ import torch
 from node.algorithms import get_algorithm
 from node.engines.base import Completion
 from node.models import BUILTIN_MODEL, load_model, load_tokenizer
-from node.trainer import ScoredGroup, build_batch, train_step
+from node.trainer import ScoredGroup, TrainPart, build_batch, train_step
 
 
 def comp(ids, lps):
@@ -49,7 +49,7 @@ def test_train_step_changes_parameters_with_every_loss(model_and_tok, name):
     batch = build_batch([group], cfg.normalize_std, tok.pad_token_id)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    metrics = train_step(model, opt, batch, algo, cfg, temperature=1.0)
+    metrics = train_step(model, opt, [TrainPart(name, batch, algo, cfg)], temperature=1.0)
     assert metrics["step_skipped"] == 0 and math.isfinite(metrics["loss"])
     changed = sum(not torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert changed > len(before) // 2
@@ -62,6 +62,6 @@ def test_non_finite_behaviour_logprobs_skip_the_step_without_touching_weights(mo
     algo = get_algorithm("grpo")
     batch = build_batch([group], True, tok.pad_token_id)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    metrics = train_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3), batch, algo, algo.make_config(), 1.0)
+    metrics = train_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3), [TrainPart("grpo", batch, algo, algo.make_config())], 1.0)
     assert metrics["step_skipped"] == 1
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

@@ -9,7 +9,6 @@ orders the training stream.
 from __future__ import annotations
 
 import hashlib
-import random
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Iterator, Sequence
@@ -81,13 +80,3 @@ class ArithmeticTask:
 
     def reward(self, completion: str, answer: str) -> float:
         return exact_int_match(completion, answer)
-
-
-def prompt_stream(problems: Sequence[Problem], seed: int) -> Iterator[Problem]:
-    """Endless shuffled passes over `problems`, deterministic under `seed`."""
-    rng = random.Random(seed)
-    order = list(range(len(problems)))
-    while True:
-        rng.shuffle(order)
-        for i in order:
-            yield problems[i]

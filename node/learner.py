@@ -1,0 +1,313 @@
+"""The learner role: validate rollout records, recompute rewards, route, train, publish versions.
+
+Invariants (what makes off-policy training here correct):
+  * every accepted group carries the policy version that generated it, and its staleness is
+    `learner.version - group.version` at the moment it is trained on;
+  * a group older than `max_staleness` versions is never trained on (dropped and counted, at
+    ingest and again at batch time, since it may age in the buffer);
+  * rewards are recomputed from the completion text with the task's verifier; the sampler's
+    claimed reward is only compared (`reward_claim_mismatch`), never used;
+  * a record is validated completely before it is accepted, and once accepted it is kept (in
+    the buffer and in checkpoints) until trained on or dropped as stale, never lost.
+
+Routing (DESIGN section 4): rollouts of the learner's own model go to `stale_loss` (GEPO by
+default), rollouts of another model to `foreign_loss` (F-TIS by default); either may be "drop".
+A foreign model with another tokenizer is re-tokenized and corrected at sequence level.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from swarm.exchange import Exchange
+from swarm.records import RecordError, RolloutGroup, decode_rollout_group
+
+from .algorithms import get_algorithm
+from .engines.base import Completion
+from .engines.hf import HFEngine
+from .evaluate import evaluate
+from .models import BUILTIN_MODEL, tokenizer_hash
+from .tasks import ArithmeticConfig, DatasetTaskConfig, Task
+from .trainer import ScoredGroup, TrainPart, build_batch, train_step
+from .weights import encode_weights
+
+log = logging.getLogger(__name__)
+
+DROP = "drop"
+
+
+@dataclass
+class LearnerConfig:
+    model: str = BUILTIN_MODEL
+    swarm: str = "local"
+    task: ArithmeticConfig | DatasetTaskConfig = field(default_factory=ArithmeticConfig)
+    stale_loss: str = "gepo"
+    """Loss for rollouts of our own model (any version): gepo, grpo, dr_grpo, gspo, pg or drop."""
+    stale_options: dict[str, Any] = field(default_factory=dict)
+    foreign_loss: str = "ftis"
+    """Loss for rollouts of other models: ftis, pg, grpo, ... or drop."""
+    foreign_options: dict[str, Any] = field(default_factory=dict)
+    accept_models: tuple[str, ...] = ("*",)
+    """Foreign model ids whose rollouts are accepted; "*" accepts any."""
+    max_staleness: int = 64
+    groups_per_step: int = 16
+    temperature: float = 1.0
+    """Sampling temperature the swarm uses; log-probs are computed at it, other records rejected."""
+    lr: float = 3e-5
+    max_grad_norm: float = 1.0
+    eval_every: int = 50
+    eval_size: int = 300
+    eval_max_new_tokens: int = 6
+    max_buffer_groups: int = 4096
+    """Bound on accepted-but-untrained groups; beyond it new records are refused (counted), so
+    memory stays bounded without dropping anything already accepted."""
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    """Save every N versions (0: only when asked)."""
+    metrics_path: str | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name, opts in ((self.stale_loss, self.stale_options), (self.foreign_loss, self.foreign_options)):
+            if name != DROP:
+                get_algorithm(name).make_config(opts)
+        if self.max_staleness < 0 or self.groups_per_step < 1:
+            raise ValueError("learner: max_staleness must be >= 0 and groups_per_step >= 1")
+
+
+@dataclass
+class BufferedGroup:
+    group: ScoredGroup
+    route: str
+    """'stale' (own model), 'foreign' (shared tokenizer) or 'foreign_seq' (re-tokenized)."""
+    sampler: str
+    raw: bytes
+    """The record as received, kept for checkpoints."""
+
+
+class Learner:
+    def __init__(self, cfg: LearnerConfig, model, tokenizer, task: Task, exchange: Exchange | None = None,
+                 peer_id: str = "learner") -> None:
+        self.cfg = cfg
+        self.model = model.eval()
+        self.tok = tokenizer
+        self.task = task
+        self.exchange = exchange
+        self.peer_id = peer_id
+        self.tokenizer_id = tokenizer_hash(tokenizer)
+        self.vocab_size = len(tokenizer)
+        self.version = 0
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+        self.engine = HFEngine(model, tokenizer, cfg.model)  # for evaluation only
+        self.routes = {"stale": cfg.stale_loss, "foreign": cfg.foreign_loss, "foreign_seq": cfg.foreign_loss}
+        self.buffer: collections.deque[BufferedGroup] = collections.deque()
+        self.seen: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self.drops: collections.Counter[str] = collections.Counter()
+        self.accepted_by_sampler: collections.Counter[str] = collections.Counter()
+        self.tokens_by_sampler: collections.Counter[str] = collections.Counter()
+        self.reward_claim_mismatch = 0
+        self.eval_set = random.Random(1234).sample(list(task.split("eval")), min(cfg.eval_size, len(task.split("eval"))))
+        self.history: list[dict] = []
+        self.on_record: Callable[[dict], None] | None = None
+        self._t0 = time.time()
+
+    # ---- ingest ----------------------------------------------------------------------------------
+    def ingest(self, data: bytes) -> str | None:
+        """Validate and accept one record; returns None if accepted, else the drop reason."""
+        try:
+            group = decode_rollout_group(data)
+            reason = self._check(group)
+        except RecordError as e:
+            group, reason = None, e.reason
+            log.warning("rejected a rollout record: %s", e)
+        if reason is None:
+            reason = self._accept(group, data)
+        if reason is not None:
+            self.drops[reason] += 1
+            if group is not None:
+                log.info("dropped group %s from %s (v%d): %s", group.id[:8], group.sampler, group.version, reason)
+        return reason
+
+    def ingest_many(self, records: list[bytes]) -> int:
+        return sum(self.ingest(r) is None for r in records)
+
+    def _check(self, g: RolloutGroup) -> str | None:
+        """Semantic checks after the structural ones of swarm.records; a reason code or None."""
+        if g.swarm != self.cfg.swarm:
+            return "wrong_swarm"
+        if g.task != self.task.name:
+            return "wrong_task"
+        if g.id in self.seen:
+            return "duplicate"
+        problem = self.task.get(g.prompt_id)
+        if problem is None or problem.prompt != g.prompt:
+            return "unknown_prompt"
+        own = g.model_id == self.cfg.model
+        if not own and "*" not in self.cfg.accept_models and g.model_id not in self.cfg.accept_models:
+            return "unknown_model"
+        if own and g.version > self.version:
+            return "future_version"  # we never published it: forged or from another learner
+        if not math.isclose(float(g.sampling.get("temperature", -1)), self.cfg.temperature):
+            return "wrong_temperature"
+        if len(g.completions) < 2:
+            return "group_too_small"
+        if any(lp > 1e-4 for c in g.completions for lp in c.logprobs):
+            return "positive_logprob"
+        if any(not c.token_ids for c in g.completions):
+            return "empty_completion"
+        if g.tokenizer == self.tokenizer_id:
+            if any(t >= self.vocab_size for c in g.completions for t in c.token_ids):
+                return "token_out_of_vocab"
+            if any(self.tok.decode(c.token_ids, skip_special_tokens=True) != c.text for c in g.completions):
+                return "text_mismatch"
+        elif own:
+            return "wrong_tokenizer"
+        if own and self.version - g.version > self.cfg.max_staleness:
+            return "stale"
+        return None
+
+    def _accept(self, g: RolloutGroup, raw: bytes, count: bool = True) -> str | None:
+        own = g.model_id == self.cfg.model
+        route = "stale" if own else ("foreign" if g.tokenizer == self.tokenizer_id else "foreign_seq")
+        if self.routes[route] == DROP:
+            return "foreign_dropped" if not own else "own_dropped"
+        if count and len(self.buffer) >= self.cfg.max_buffer_groups:
+            return "buffer_full"
+        problem = self.task.get(g.prompt_id)
+        rewards = [self.task.reward(c.text, problem.answer) for c in g.completions]
+        prompt_ids = self.tok(g.prompt, add_special_tokens=False)["input_ids"]
+        if route == "foreign_seq":
+            comps = [Completion(self.tok(c.text, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id],
+                                c.text, [], c.finish_reason) for c in g.completions]
+            seq_means = [sum(c.logprobs) / len(c.logprobs) for c in g.completions]
+        else:
+            comps = [Completion(c.token_ids, c.text, c.logprobs, c.finish_reason) for c in g.completions]
+            seq_means = None
+        scored = ScoredGroup(g.prompt_id, prompt_ids, comps, rewards, g.model_id, g.version, seq_means)
+        self.buffer.append(BufferedGroup(scored, route, g.sampler, raw))
+        self._remember(g.id)
+        if count:
+            self.reward_claim_mismatch += sum(c.reward != r for c, r in zip(g.completions, rewards))
+        return None
+
+    def _remember(self, record_id: str) -> None:
+        self.seen[record_id] = None
+        while len(self.seen) > 200_000:  # bounded: duplicates older than this are caught as stale
+            self.seen.popitem(last=False)
+
+    # ---- train -----------------------------------------------------------------------------------
+    def _drop_stale_buffered(self) -> None:
+        keep = collections.deque()
+        for b in self.buffer:
+            if b.route == "stale" and self.version - b.group.version > self.cfg.max_staleness:
+                self.drops["stale"] += 1
+            else:
+                keep.append(b)
+        self.buffer = keep
+
+    def ready(self) -> bool:
+        self._drop_stale_buffered()
+        return len(self.buffer) >= self.cfg.groups_per_step
+
+    def step(self) -> dict | None:
+        """One optimizer step on the oldest `groups_per_step` groups; None if not enough data."""
+        if not self.ready():
+            return None
+        taken = [self.buffer.popleft() for _ in range(self.cfg.groups_per_step)]
+        parts, skipped = self._parts(taken)
+        rec: dict[str, Any] = {"kind": "step", "version": self.version + 1, **self._batch_stats(taken)}
+        rec["groups_skipped_zero_var"] = skipped
+        if parts:
+            rec.update(train_step(self.model, self.optimizer, parts, self.cfg.temperature, self.cfg.max_grad_norm))
+        for b in taken:
+            self.accepted_by_sampler[b.sampler] += 1
+            self.tokens_by_sampler[b.sampler] += sum(len(c.token_ids) for c in b.group.completions)
+        self.version += 1
+        self._publish()
+        rec.update(self._counters())
+        self._emit(rec)
+        if self.cfg.eval_every and self.version % self.cfg.eval_every == 0:
+            self.run_eval()
+        if self.cfg.checkpoint_dir and self.cfg.checkpoint_every and self.version % self.cfg.checkpoint_every == 0:
+            self.save_checkpoint(Path(self.cfg.checkpoint_dir))
+        return rec
+
+    def _parts(self, taken: list[BufferedGroup]) -> tuple[list[TrainPart], int]:
+        parts, skipped = [], 0
+        for route in ("stale", "foreign", "foreign_seq"):
+            groups = [b.group for b in taken if b.route == route]
+            if not groups:
+                continue
+            algo = get_algorithm(self.routes[route])
+            cfg = algo.make_config(self.cfg.stale_options if route == "stale" else self.cfg.foreign_options)
+            batch = build_batch(groups, cfg.normalize_std, self.tok.pad_token_id)
+            skipped += len(groups) if batch is None else batch.groups_skipped
+            if batch is not None:
+                parts.append(TrainPart(route, batch, algo, cfg))
+        return parts, skipped
+
+    def _batch_stats(self, taken: list[BufferedGroup]) -> dict[str, Any]:
+        own = [b for b in taken if b.route == "stale"]
+        staleness = collections.Counter(self.version - b.group.version for b in own)
+        rewards = [r for b in taken for r in b.group.rewards]
+        return {
+            "reward": sum(rewards) / len(rewards),
+            "reward_own": _mean([r for b in own for r in b.group.rewards]),
+            "reward_foreign": _mean([r for b in taken if b.route != "stale" for r in b.group.rewards]),
+            "groups_own": len(own), "groups_foreign": len(taken) - len(own),
+            "staleness_hist": {str(k): v for k, v in sorted(staleness.items())},
+            "staleness_mean": _mean([self.version - b.group.version for b in own]),
+        }
+
+    def _counters(self) -> dict[str, Any]:
+        return {"drops": dict(self.drops), "accepted_by_sampler": dict(self.accepted_by_sampler),
+                "reward_claim_mismatch": self.reward_claim_mismatch, "buffered": len(self.buffer),
+                "time_s": round(time.time() - self._t0, 2)}
+
+    def _publish(self) -> None:
+        if self.exchange is not None:
+            self.exchange.publish_weights(self.peer_id, self.version,
+                                          encode_weights(self.model.state_dict(), self.cfg.model, self.version))
+
+    def run_eval(self) -> float:
+        acc = evaluate(self.engine, self.task, self.eval_set, self.cfg.eval_max_new_tokens)
+        self._emit({"kind": "eval", "version": self.version, "eval_acc": acc, "time_s": round(time.time() - self._t0, 2)})
+        return acc
+
+    def _emit(self, rec: dict) -> None:
+        self.history.append(rec)
+        if self.cfg.metrics_path:
+            with open(self.cfg.metrics_path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+        if self.on_record:
+            self.on_record(rec)
+
+    def start(self) -> None:
+        """Publish the starting weights (version 0 or the resumed one) so samplers can align."""
+        self._publish()
+
+    # ---- checkpoints -----------------------------------------------------------------------------
+    def save_checkpoint(self, directory: Path) -> Path:
+        """weights (safetensors), optimizer, version, counters, RNG and the untrained buffer."""
+        from .checkpoint import save_learner_checkpoint
+
+        return save_learner_checkpoint(self, directory)
+
+    def load_checkpoint(self, path: Path) -> None:
+        from .checkpoint import load_learner_checkpoint
+
+        load_learner_checkpoint(self, path)
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0

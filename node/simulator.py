@@ -1,0 +1,129 @@
+"""One process, one learner, N virtual samplers, an in-memory exchange and a virtual clock.
+
+The sampler and learner code is the same as on the real swarm; only the exchange differs
+(`swarm.memory.MemoryExchange`). Time advances `seconds_per_step` virtual seconds per learner
+step. At each tick every sampler first loads the newest weights if its weight delay has passed
+(the GEPO paper's model, DESIGN section 5), then generates its share of one step's groups and
+sends them (optionally with a rollout delay); the learner then ingests what has arrived and takes
+a step if it has enough. "Online" (no delay) is exactly the on-policy loop: staleness 0.
+
+Deterministic under `seed`: delays, prompt streams and sampling all draw from seeded generators
+in a fixed order.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import torch
+
+from swarm.delay import DelayConfig
+from swarm.memory import MemoryExchange, VirtualClock
+
+from .engines.hf import HFEngine
+from .learner import Learner, LearnerConfig
+from .models import BUILTIN_MODEL, load_model, load_tokenizer, tokenizer_hash
+from .sampler import Sampler, SamplerConfig
+from .tasks import make_task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SimSamplerSpec:
+    name: str = "sampler"
+    model: str = BUILTIN_MODEL
+    count: int = 1
+    share: float = 1.0
+    """Relative rollout rate: a sampler with share 2 makes twice the groups of one with share 1."""
+    weight_delay: DelayConfig = field(default_factory=DelayConfig)
+    rollout_delay: DelayConfig = field(default_factory=DelayConfig)
+
+
+@dataclass
+class SimulatorConfig:
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    samplers: tuple[SimSamplerSpec, ...] = (SimSamplerSpec(count=2),)
+    steps: int = 300
+    seconds_per_step: float = 30.0
+    """Virtual seconds per learner step: maps delays in seconds to staleness in steps."""
+    max_delay_steps: int | None = None
+    """The paper's 'max delay': caps every weight delay at this many learner steps (0 = online)."""
+    max_ticks_factor: float = 3.0
+    """Give up after steps * this many ticks without enough data (rollout delays can starve)."""
+    seed: int = 0
+    threads: int = 2
+    time_budget_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.samplers:
+            raise ValueError("simulator: give at least one sampler in [[samplers]]")
+        if self.seconds_per_step <= 0:
+            raise ValueError("simulator: seconds_per_step must be > 0")
+
+
+class Simulator:
+    def __init__(self, cfg: SimulatorConfig) -> None:
+        self.cfg = cfg
+        torch.manual_seed(cfg.seed)
+        random.seed(cfg.seed)
+        torch.set_num_threads(cfg.threads)
+        self.clock = VirtualClock()
+        self.exchange = MemoryExchange(self.clock, seed=cfg.seed)
+        self.task = make_task(cfg.learner.task)
+        tok = load_tokenizer(cfg.learner.model)
+        self.learner = Learner(replace(cfg.learner, seed=cfg.seed), load_model(cfg.learner.model), tok, self.task,
+                               self.exchange)
+        self.samplers: list[tuple[Sampler, float]] = []
+        for spec in cfg.samplers:
+            for i in range(spec.count):
+                self.samplers.append((self._make_sampler(spec, i), spec.share))
+
+    def _make_sampler(self, spec: SimSamplerSpec, i: int) -> Sampler:
+        peer = f"{spec.name}-{i}" if spec.count > 1 else spec.name
+        tok = load_tokenizer(spec.model)
+        engine = HFEngine(load_model(spec.model), tok, spec.model)
+        self.exchange.set_delays(peer, weights=self._capped(spec.weight_delay), rollouts=spec.rollout_delay)
+        scfg = replace(self.cfg.sampler, swarm=self.cfg.learner.swarm, seed=self.cfg.seed)
+        return Sampler(peer, scfg, self.task, engine, tokenizer_hash(tok))
+
+    def _capped(self, delay: DelayConfig) -> DelayConfig:
+        if self.cfg.max_delay_steps is None:
+            return delay
+        cap = self.cfg.max_delay_steps * self.cfg.seconds_per_step
+        return replace(delay, max_s=cap if delay.max_s is None else min(delay.max_s, cap))
+
+    def _shares(self) -> list[int]:
+        """Groups per tick for each sampler, summing to the learner's groups_per_step."""
+        n = self.cfg.learner.groups_per_step
+        total = sum(s for _, s in self.samplers)
+        exact = [n * s / total for _, s in self.samplers]
+        counts = [int(x) for x in exact]
+        for i in sorted(range(len(exact)), key=lambda i: exact[i] - counts[i], reverse=True)[: n - sum(counts)]:
+            counts[i] += 1
+        return counts
+
+    def run(self, on_record: Callable[[dict], None] | None = None) -> list[dict]:
+        self.learner.on_record = on_record
+        self.learner.start()
+        self.learner.run_eval()
+        shares, t0, tick = self._shares(), time.time(), 0
+        while self.learner.version < self.cfg.steps and tick < self.cfg.steps * self.cfg.max_ticks_factor:
+            self.clock.advance_to(tick * self.cfg.seconds_per_step)
+            for (sampler, _), n in zip(self.samplers, shares):
+                if n:
+                    sampler.run_once(self.exchange, n)
+            self.learner.ingest_many(self.exchange.receive_rollouts(self.learner.peer_id, 10_000))
+            self.learner.step()
+            tick += 1
+            if self.cfg.time_budget_s is not None and time.time() - t0 > self.cfg.time_budget_s:
+                log.info("time budget reached at version %d", self.learner.version)
+                break
+        if self.learner.history[-1].get("kind") != "eval":
+            self.learner.run_eval()
+        return self.learner.history

@@ -1,0 +1,144 @@
+"""Wire records (DESIGN section 6), msgpack-encoded, validated before anything else sees them.
+
+A record is a msgpack map. Mandatory fields must be present with the right types; unknown extra
+fields are tolerated (newer peers may add some), so old and new peers interoperate. Numeric
+arrays travel as raw little-endian bytes (uint32 token ids, float32 log-probs), not lists.
+
+Decoding raises `RecordError` whose `reason` is a short stable code ("undecodable", "oversize",
+"schema", "sizes", "nonfinite", "protocol") for the receiver's drop counters.
+This module knows bytes and records, never torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+
+PROTOCOL = 1
+MAX_RECORD_BYTES = 4 * 1024 * 1024
+"""One record must fit one hivemind RPC reply (4 MiB cap)."""
+MAX_COMPLETIONS = 256
+MAX_TOKENS = 32_768
+MAX_TEXT = 256 * 1024
+
+
+class RecordError(ValueError):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass
+class CompletionRecord:
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    reward: float
+    """The sampler's claim; learners recompute it and never trust it."""
+
+
+@dataclass
+class RolloutGroup:
+    id: str
+    swarm: str
+    task: str
+    prompt_id: str
+    prompt: str
+    model_id: str
+    tokenizer: str
+    """Hash of the generating tokenizer's vocabulary: equal hashes mean shared token ids."""
+    version: int
+    """Policy version of the weights that generated every completion of the group."""
+    sampler: str
+    """Peer id of the sampler."""
+    created: float
+    completions: list[CompletionRecord]
+    sampling: dict[str, Any] = field(default_factory=dict)
+    protocol: int = PROTOCOL
+
+    def encode(self) -> bytes:
+        d = asdict(self)
+        d["completions"] = [_encode_completion(c) for c in self.completions]
+        data = msgpack.packb(d, use_bin_type=True)
+        if len(data) > MAX_RECORD_BYTES:
+            raise RecordError("oversize", f"{len(data)} bytes > {MAX_RECORD_BYTES}")
+        return data
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self.completions)
+
+
+def _encode_completion(c: CompletionRecord) -> dict:
+    return {
+        "text": c.text,
+        "token_ids": np.asarray(c.token_ids, dtype="<u4").tobytes(),
+        "logprobs": np.asarray(c.logprobs, dtype="<f4").tobytes(),
+        "finish_reason": c.finish_reason,
+        "reward": float(c.reward),
+    }
+
+
+_GROUP_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "id": str, "swarm": str, "task": str, "prompt_id": str, "prompt": str, "model_id": str,
+    "tokenizer": str, "version": int, "sampler": str, "created": (int, float), "completions": list,
+}
+_COMPLETION_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "text": str, "token_ids": bytes, "logprobs": bytes, "finish_reason": str, "reward": (int, float),
+}
+
+
+def _check_fields(d: Any, spec: dict, what: str) -> None:
+    if not isinstance(d, dict):
+        raise RecordError("schema", f"{what} is {type(d).__name__}, not a map")
+    for name, typ in spec.items():
+        if name not in d:
+            raise RecordError("schema", f"{what} lacks mandatory field {name!r}")
+        if not isinstance(d[name], typ) or isinstance(d[name], bool):
+            raise RecordError("schema", f"{what}.{name} is {type(d[name]).__name__}")
+
+
+def _decode_completion(d: Any, i: int) -> CompletionRecord:
+    _check_fields(d, _COMPLETION_FIELDS, f"completions[{i}]")
+    tb, lb = d["token_ids"], d["logprobs"]
+    if len(tb) % 4 or len(lb) % 4 or len(tb) != len(lb):
+        raise RecordError("sizes", f"completions[{i}]: {len(tb)} token bytes vs {len(lb)} log-prob bytes")
+    if len(tb) // 4 > MAX_TOKENS or len(d["text"]) > MAX_TEXT:
+        raise RecordError("oversize", f"completions[{i}] has {len(tb) // 4} tokens")
+    logprobs = np.frombuffer(lb, dtype="<f4")
+    if not np.isfinite(logprobs).all() or not math.isfinite(d["reward"]):
+        raise RecordError("nonfinite", f"completions[{i}] has a NaN/inf log-prob or reward")
+    return CompletionRecord(d["text"], np.frombuffer(tb, dtype="<u4").tolist(), logprobs.tolist(),
+                            d["finish_reason"], float(d["reward"]))
+
+
+def decode_rollout_group(data: bytes) -> RolloutGroup:
+    """Bytes -> a structurally valid RolloutGroup, or RecordError with a reason code."""
+    if not isinstance(data, (bytes, bytearray)):
+        raise RecordError("schema", f"record is {type(data).__name__}, not bytes")
+    if len(data) > MAX_RECORD_BYTES:
+        raise RecordError("oversize", f"{len(data)} bytes > {MAX_RECORD_BYTES}")
+    try:
+        d = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as e:  # msgpack raises several types for garbage
+        raise RecordError("undecodable", f"{type(e).__name__}: {e}") from None
+    _check_fields(d, _GROUP_FIELDS, "record")
+    if d.get("protocol", PROTOCOL) != PROTOCOL:
+        raise RecordError("protocol", f"protocol {d.get('protocol')!r}, this node speaks {PROTOCOL}")
+    if not 1 <= len(d["completions"]) <= MAX_COMPLETIONS:
+        raise RecordError("sizes", f"{len(d['completions'])} completions (1..{MAX_COMPLETIONS})")
+    if d["version"] < 0:
+        raise RecordError("schema", f"negative version {d['version']}")
+    sampling = d.get("sampling", {})
+    return RolloutGroup(
+        id=d["id"], swarm=d["swarm"], task=d["task"], prompt_id=d["prompt_id"], prompt=d["prompt"],
+        model_id=d["model_id"], tokenizer=d["tokenizer"], version=d["version"], sampler=d["sampler"],
+        created=float(d["created"]), sampling=sampling if isinstance(sampling, dict) else {},
+        completions=[_decode_completion(c, i) for i, c in enumerate(d["completions"])],
+    )

@@ -1,0 +1,176 @@
+"""Sampler and learner on the in-memory exchange: versions advance, parameters change, stale and
+malformed records are dropped and counted while training goes on, and resume is exact."""
+
+import copy
+import random
+
+import msgpack
+import pytest
+import torch
+
+from node.engines.hf import HFEngine
+from node.learner import Learner, LearnerConfig
+from node.models import BUILTIN_MODEL, BUILTIN_MODEL_B, load_model, load_tokenizer, tokenizer_hash
+from node.sampler import Sampler, SamplerConfig
+from node.tasks import ArithmeticTask
+from swarm.memory import MemoryExchange, VirtualClock
+from swarm.records import decode_rollout_group
+
+
+@pytest.fixture(scope="module")
+def task():
+    return ArithmeticTask()
+
+
+def make_pair(task, tmp_path=None, **learner_kw):
+    torch.manual_seed(0)
+    clock = VirtualClock()
+    ex = MemoryExchange(clock)
+    tok = load_tokenizer(BUILTIN_MODEL)
+    cfg = LearnerConfig(groups_per_step=4, eval_every=0, eval_size=50, lr=1e-4, **learner_kw)
+    learner = Learner(cfg, load_model(BUILTIN_MODEL), tok, task, ex)
+    sampler = Sampler("s0", SamplerConfig(group_size=4, prompts_per_batch=4), task,
+                      HFEngine(load_model(BUILTIN_MODEL), tok, BUILTIN_MODEL), tokenizer_hash(tok))
+    return clock, ex, learner, sampler
+
+
+def test_versions_advance_parameters_change_and_samplers_follow(task):
+    clock, ex, learner, sampler = make_pair(task)
+    learner.start()
+    before = copy.deepcopy(learner.model.state_dict())
+    for _ in range(3):
+        sampler.run_once(ex)
+        learner.ingest_many(ex.receive_rollouts("learner", 100))
+        rec = learner.step()
+        assert rec is not None and rec["version"] == learner.version
+    assert learner.version == 3
+    assert any(not torch.equal(before[k], v) for k, v in learner.model.state_dict().items())
+    sampler.maybe_update(ex)
+    assert sampler.version == 3
+    assert all(torch.equal(a, b) for a, b in zip(sampler.engine.model.parameters(), learner.model.parameters()))
+    assert learner.accepted_by_sampler["s0"] == 12
+    hist = [r["staleness_hist"] for r in learner.history if r["kind"] == "step"]
+    assert hist == [{"0": 4}] * 3
+
+
+def test_stale_records_are_dropped_and_counted(task):
+    clock, ex, learner, sampler = make_pair(task, max_staleness=2)
+    learner.start()
+    old = [g.encode() for g in sampler.produce(4)]  # version 0, held back
+    for _ in range(3):
+        sampler.run_once(ex)
+        learner.ingest_many(ex.receive_rollouts("learner", 100))
+        learner.step()
+    assert learner.version == 3
+    assert all(learner.ingest(r) == "stale" for r in old)
+    assert learner.drops["stale"] == 4
+    # a group accepted at staleness 2 that ages in the buffer is dropped at batch time too
+    fresh = [g.encode() for g in sampler.produce(2)]  # version 3 (sampler followed)
+    sampler.maybe_update(ex)
+    learner.ingest_many(fresh)
+    learner.version += 3  # pretend three more versions were published meanwhile
+    assert not learner.ready() and learner.drops["stale"] == 4 + 2
+
+
+def test_malformed_and_forged_records_are_rejected_and_training_continues(task):
+    clock, ex, learner, sampler = make_pair(task)
+    learner.start()
+    good = sampler.produce(4)
+    bad = []
+    bad.append(b"garbage")  # undecodable
+    g = copy.deepcopy(good[0]); g.version = 99; bad.append(g.encode())  # noqa: E702 future version
+    g = copy.deepcopy(good[0]); g.id = "x1"; g.completions[0].token_ids[0] = 10_000; bad.append(g.encode())  # noqa: E702
+    g = copy.deepcopy(good[0]); g.id = "x2"; g.completions[0].text = "999"; bad.append(g.encode())  # noqa: E702 text forged
+    g = copy.deepcopy(good[0]); g.id = "x3"; g.prompt_id = "arith:1+1000"; bad.append(g.encode())  # noqa: E702
+    g = copy.deepcopy(good[0]); g.id = "x4"; g.swarm = "other"; bad.append(g.encode())  # noqa: E702
+    g = copy.deepcopy(good[0]); g.id = "x5"; g.sampling["temperature"] = 0.5; bad.append(g.encode())  # noqa: E702
+    g = copy.deepcopy(good[0]); g.id = "x6"; g.completions[1].logprobs[0] = 0.5; bad.append(g.encode())  # noqa: E702
+    d = msgpack.unpackb(good[1].encode(), raw=False); d["id"] = "x7"; d["completions"][0]["logprobs"] = b"\x00\x00\xc0\x7f" * len(good[1].completions[0].token_ids)  # noqa: E702,E501 NaN
+    bad.append(msgpack.packb(d, use_bin_type=True))
+    reasons = [learner.ingest(b) for b in bad]
+    assert reasons == ["undecodable", "future_version", "token_out_of_vocab", "text_mismatch", "unknown_prompt",
+                       "wrong_swarm", "wrong_temperature", "positive_logprob", "nonfinite"]
+    assert learner.ingest_many([x.encode() for x in good]) == 4
+    assert learner.ingest(good[0].encode()) == "duplicate"
+    assert learner.step() is not None and learner.version == 1
+    assert sum(learner.drops.values()) == 10
+
+
+def test_claimed_rewards_are_recomputed_not_trusted(task):
+    clock, ex, learner, sampler = make_pair(task)
+    g = sampler.produce(1)[0]
+    for c in g.completions:
+        c.reward = 1.0  # the sampler claims every completion is right
+    learner.ingest(g.encode())
+    truth = [task.reward(c.text, task.get(g.prompt_id).answer) for c in g.completions]
+    assert learner.buffer[-1].group.rewards == truth
+    assert learner.reward_claim_mismatch == sum(r != 1.0 for r in truth)
+
+
+def test_foreign_model_routes_to_ftis_and_can_be_dropped(task):
+    clock, ex, learner, sampler = make_pair(task)
+    tok_b = load_tokenizer(BUILTIN_MODEL_B)
+    foreign = Sampler("b0", SamplerConfig(group_size=4, prompts_per_batch=4), task,
+                      HFEngine(load_model(BUILTIN_MODEL_B), tok_b, BUILTIN_MODEL_B), tokenizer_hash(tok_b))
+    learner.start()
+    sampler.run_once(ex)
+    learner.ingest_many(ex.receive_rollouts("learner", 100))
+    learner.step()  # publishes version 1 of the learner's model
+    foreign.run_once(ex)
+    assert foreign.stats["weights_refused"] == 1 and foreign.version == 0  # not its model: keeps its own weights
+    for _ in range(2):
+        foreign.run_once(ex)
+    sampler.run_once(ex)
+    learner.ingest_many(ex.receive_rollouts("learner", 100))
+    while learner.step() is not None:
+        pass
+    steps = [r for r in learner.history if r["kind"] == "step"]
+    assert sum(r["groups_foreign"] for r in steps) == 12 and learner.accepted_by_sampler["b0"] == 12
+    routes = set().union(*(r.get("routes", {}).keys() for r in steps))
+    assert {"stale", "foreign"} <= routes
+    ftis_steps = [r["routes"]["foreign"] for r in steps if "foreign" in r.get("routes", {})]
+    assert all("filtered_frac" in m and "truncated_frac" in m for m in ftis_steps)
+    dropper = make_pair(task, foreign_loss="drop")[2]
+    assert dropper.ingest(foreign.produce(1)[0].encode()) == "foreign_dropped"
+    picky = make_pair(task, accept_models=(BUILTIN_MODEL,))[2]
+    assert picky.ingest(foreign.produce(1)[0].encode()) == "unknown_model"
+
+
+def test_foreign_tokenizer_is_retokenized_and_corrected_at_sequence_level(task):
+    clock, ex, learner, sampler = make_pair(task)
+    g = sampler.produce(2)[0]
+    g.model_id, g.tokenizer = "other-family/model", "ffffffffffffffff"
+    g.completions[0].token_ids = [900 + i for i in range(len(g.completions[0].token_ids))]  # its own vocab
+    assert learner.ingest(g.encode()) is None
+    b = learner.buffer[-1]
+    assert b.route == "foreign_seq" and b.group.behaviour_seq_logp_mean is not None
+    assert b.group.completions[0].token_ids[-1] == learner.tok.eos_token_id
+
+
+def test_resume_from_checkpoint_continues_the_same_versions_and_metrics(task, tmp_path):
+    records = []
+    clock, ex, learner, sampler = make_pair(task)
+    for _ in range(7):
+        records.append([g.encode() for g in sampler.produce(4)])
+
+    def run(learner, batches):
+        out = []
+        for recs in batches:
+            learner.ingest_many(recs)
+            rec = learner.step()
+            out.append((rec["version"], rec["loss"], rec["reward"], rec["is_weight_var"]))
+        return out
+
+    straight = run(make_pair(task)[2], records[:6])
+    _, _, first, _ = make_pair(task)
+    part1 = run(first, records[:3])
+    first.ingest_many(records[6][:2])  # accepted but not yet trained on: must survive the restart
+    ckpt = first.save_checkpoint(tmp_path)
+    _, _, resumed, _ = make_pair(task)
+    resumed.load_checkpoint(ckpt)
+    assert resumed.version == 3 and len(resumed.buffer) == 2 and resumed.accepted_by_sampler == first.accepted_by_sampler
+    assert resumed.ingest(records[6][0]) == "duplicate"
+    resumed.buffer.clear()  # compare the training sequence itself with the straight run
+    part2 = run(resumed, records[3:6])
+    assert [v for v, *_ in part1 + part2] == [1, 2, 3, 4, 5, 6]
+    assert part1 + part2 == pytest.approx(straight, rel=0, abs=1e-6)

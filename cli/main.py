@@ -75,30 +75,67 @@ def local(
     _run_local(cfg)
 
 
-def _run_local(cfg) -> None:
+@app.command()
+def simulate(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", exists=True, dir_okay=False,
+                                          help="TOML file with SimulatorConfig fields (see examples/simulate.toml)."),
+    steps: Optional[int] = typer.Option(None, help="Learner steps."),
+    max_delay: Optional[int] = typer.Option(None, help="Cap on weight delays, in learner steps (0 = online)."),
+    stale_loss: Optional[str] = typer.Option(None, help="Loss for the learner's own stale rollouts: gepo, grpo, gspo, ..."),
+    foreign_loss: Optional[str] = typer.Option(None, help="Loss for other models' rollouts: ftis, pg or drop."),
+    metrics: Optional[Path] = typer.Option(None, help="Per-step metrics, JSONL."),
+    seed: Optional[int] = typer.Option(None),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Simulate a swarm in one process: a learner, virtual samplers, injected WAN delays.
+
+    The sampler and learner code is the real one; only the network is an in-memory exchange on a
+    virtual clock. Deterministic under --seed. Prints eval accuracy and staleness as it goes.
+    """
+    _setup_logging(verbose)
+    from dataclasses import replace
+
+    from node.config import load_config
+    from node.simulator import Simulator, SimulatorConfig
+
+    cfg = load_config(SimulatorConfig, config, {"steps": steps, "max_delay_steps": max_delay, "seed": seed})
+    learner_over = {"stale_loss": stale_loss, "foreign_loss": foreign_loss,
+                    "metrics_path": str(metrics) if metrics else None}
+    cfg.learner = replace(cfg.learner, **{k: v for k, v in learner_over.items() if v is not None})
+    _run_with_progress(Simulator(cfg).run, cfg.steps, f"simulated swarm: {len(cfg.samplers)} sampler kinds, "
+                       f"stale loss [cyan]{cfg.learner.stale_loss}[/], foreign [cyan]{cfg.learner.foreign_loss}[/]")
+
+
+def _run_with_progress(run, total: int, title: str) -> list[dict]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
-
-    from node.local import run_local
 
     console = Console()
-    console.print(f"[bold]hetero-node[/] local RL: model [cyan]{cfg.model}[/], loss [cyan]{cfg.algorithm}[/], "
-                  f"{cfg.prompts_per_step} prompts x {cfg.group_size} completions per step")
+    console.print(f"[bold]hetero-node[/] {title}")
     evals: list[tuple[int, float]] = []
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console) as progress:
-        bar = progress.add_task("training", total=cfg.steps, info="")
+        bar = progress.add_task("training", total=total, info="")
 
         def on_record(rec: dict) -> None:
             if rec["kind"] == "eval":
-                evals.append((rec["step"], rec["eval_acc"]))
-            else:
-                progress.update(bar, completed=rec["step"],
-                                info=f"reward {rec['reward']:.2f}  eval {evals[-1][1]:.1%}" if evals else "")
+                evals.append((rec.get("version", rec.get("step")), rec["eval_acc"]))
+                return
+            info = f"reward {rec['reward']:.2f}"
+            if "staleness_mean" in rec:
+                info += f"  staleness {rec['staleness_mean']:.1f}"
+            if evals:
+                info += f"  eval {evals[-1][1]:.1%}"
+            progress.update(bar, completed=rec.get("version", rec.get("step")), info=info)
 
-        records = run_local(cfg, on_record)
-    steps_done = max((r["step"] for r in records if r["kind"] == "step"), default=0)
+        records = run(on_record)
+    _print_evals(console, evals, records)
+    return records
+
+
+def _print_evals(console, evals: list[tuple[int, float]], records: list[dict]) -> None:
+    from rich.table import Table
+
     table = Table(title="eval accuracy (greedy, held-out problems)")
     table.add_column("step", justify="right")
     table.add_column("accuracy", justify="right")
@@ -106,8 +143,17 @@ def _run_local(cfg) -> None:
         table.add_row(str(step), f"{acc:.1%}")
     console.print(table)
     before, after = evals[0][1], evals[-1][1]
-    console.print(f"[bold]{before:.1%} -> {after:.1%}[/] ({(after - before) * 100:+.1f} points) in {steps_done} steps, "
+    console.print(f"[bold]{before:.1%} -> {after:.1%}[/] ({(after - before) * 100:+.1f} points) at step {evals[-1][0]}, "
                   f"{records[-1]['time_s']:.0f} s")
+
+
+def _run_local(cfg) -> None:
+    from functools import partial
+
+    from node.local import run_local
+
+    _run_with_progress(partial(run_local, cfg), cfg.steps, f"local RL: model [cyan]{cfg.model}[/], loss "
+                       f"[cyan]{cfg.algorithm}[/], {cfg.prompts_per_step} prompts x {cfg.group_size} completions per step")
 
 
 def main() -> None:  # pragma: no cover - console entry point alias

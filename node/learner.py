@@ -75,7 +75,6 @@ class LearnerConfig:
     checkpoint_every: int = 0
     """Save every N versions (0: only when asked)."""
     metrics_path: str | None = None
-    seed: int = 0
 
     def __post_init__(self) -> None:
         for name, opts in ((self.stale_loss, self.stale_options), (self.foreign_loss, self.foreign_options)):

@@ -77,8 +77,7 @@ class Simulator:
         self.exchange = MemoryExchange(self.clock, seed=cfg.seed)
         self.task = make_task(cfg.learner.task)
         tok = load_tokenizer(cfg.learner.model)
-        self.learner = Learner(replace(cfg.learner, seed=cfg.seed), load_model(cfg.learner.model), tok, self.task,
-                               self.exchange)
+        self.learner = Learner(cfg.learner, load_model(cfg.learner.model), tok, self.task, self.exchange)
         self.samplers: list[tuple[Sampler, float]] = []
         for spec in cfg.samplers:
             for i in range(spec.count):

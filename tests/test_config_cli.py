@@ -50,3 +50,19 @@ def test_local_command_runs_a_short_real_training(tmp_path):
     assert "eval accuracy" in res.output
     lines = metrics.read_text().splitlines()
     assert sum('"kind": "step"' in x for x in lines) == 3 and sum('"kind": "eval"' in x for x in lines) == 3
+
+
+def test_simulate_command_with_config_and_flags(tmp_path):
+    cfg = tmp_path / "sim.toml"
+    cfg.write_text('seconds_per_step = 30\n[learner]\ngroups_per_step = 4\neval_every = 2\neval_size = 20\n'
+                   '[sampler]\ngroup_size = 4\n'
+                   '[[samplers]]\nname = "a"\ncount = 2\nweight_delay = { kind = "fixed", fixed_s = 60 }\n')
+    metrics = tmp_path / "m.jsonl"
+    res = CliRunner().invoke(app, ["simulate", "--config", str(cfg), "--steps", "4", "--stale-loss", "grpo",
+                                   "--metrics", str(metrics)])
+    assert res.exit_code == 0, res.output
+    assert "stale loss grpo" in res.output and "eval accuracy" in res.output
+    import json
+    steps = [json.loads(x) for x in metrics.read_text().splitlines() if '"step"' in x]
+    assert [s["version"] for s in steps] == [1, 2, 3, 4]
+    assert [s["staleness_mean"] for s in steps] == [0.0, 1.0, 0.0, 1.0]  # reload every 60 s = 2 steps

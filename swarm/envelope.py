@@ -1,0 +1,35 @@
+"""Signed envelopes: a record's bytes, its signer's public key and the signature, in msgpack.
+
+`open_envelope` checks the signature and returns the signer's peer id, derived from the key
+(swarm.identity.peer_id_of); the caller then checks that the record names that same peer (a
+sampler can sign only its own rollouts, a learner only its own tallies).
+"""
+
+from __future__ import annotations
+
+import msgpack
+
+from .identity import Identity, peer_id_of, verify
+from .records import MAX_RECORD_BYTES, RecordError
+
+_MAX_KEY = 1024
+
+
+def seal(identity: Identity, record: bytes) -> bytes:
+    return msgpack.packb({"r": record, "k": identity.public_key_der, "s": identity.sign(record)}, use_bin_type=True)
+
+
+def open_envelope(data: bytes) -> tuple[bytes, str]:
+    """(record bytes, signer peer id), or RecordError('undecodable' | 'oversize' | 'signature')."""
+    if len(data) > MAX_RECORD_BYTES + 4096:
+        raise RecordError("oversize", f"envelope of {len(data)} bytes")
+    try:
+        env = msgpack.unpackb(data, raw=False)
+        record, key, sig = env["r"], env["k"], env["s"]
+    except Exception as e:
+        raise RecordError("undecodable", f"envelope: {type(e).__name__}") from None
+    if not all(isinstance(x, bytes) for x in (record, key, sig)) or len(key) > _MAX_KEY:
+        raise RecordError("undecodable", "envelope fields must be bytes")
+    if not verify(key, record, sig):
+        raise RecordError("signature", "the signature does not match the record")
+    return record, peer_id_of(key)

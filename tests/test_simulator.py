@@ -1,0 +1,92 @@
+"""The simulator: delays become staleness, runs are deterministic, configs load from TOML."""
+
+import math
+import random
+
+import pytest
+
+from node.config import load_config
+from node.learner import LearnerConfig
+from node.simulator import SimSamplerSpec, Simulator, SimulatorConfig
+from swarm.delay import DelayConfig, lognormal_params, sample_delay
+from swarm.memory import MemoryExchange, VirtualClock
+
+
+def test_lognormal_parameters_match_the_paper():
+    mu, sigma = lognormal_params(60, 1920, 0.995)
+    assert mu == pytest.approx(5.83, abs=0.01) and sigma == pytest.approx(0.62, abs=0.01)
+    rng = random.Random(0)
+    draws = [sample_delay(DelayConfig(kind="lognormal"), rng) for _ in range(20_000)]
+    inside = sum(60 <= d <= 1920 for d in draws) / len(draws)
+    assert inside == pytest.approx(0.995, abs=0.003)
+    assert sorted(draws)[10_000] == pytest.approx(math.exp(mu), rel=0.05)
+    capped = [sample_delay(DelayConfig(kind="lognormal", max_s=240), rng) for _ in range(1000)]
+    assert max(capped) == 240
+    w = [sample_delay(DelayConfig(kind="weibull", weibull_shape=2, weibull_scale_s=100), rng) for _ in range(20_000)]
+    assert sum(w) / len(w) == pytest.approx(100 * math.gamma(1.5), rel=0.03)
+    with pytest.raises(ValueError, match="kind"):
+        DelayConfig(kind="pareto")
+
+
+def test_memory_exchange_follows_the_papers_delay_model():
+    clock = VirtualClock()
+    ex = MemoryExchange(clock)
+    ex.set_delays("s", weights=DelayConfig(kind="fixed", fixed_s=100))
+    loads = []
+    for t in range(0, 500, 10):
+        clock.advance_to(t)
+        ex.publish_weights("l", t // 10, b"w")
+        got = ex.fetch_weights("s", -1)
+        if got:
+            loads.append((t, got[0]))
+    assert loads == [(0, 0), (100, 10), (200, 20), (300, 30), (400, 40)]  # newest, every D seconds
+    ex.set_delays("s", rollouts=DelayConfig(kind="fixed", fixed_s=25))
+    ex.send_rollouts("s", [b"a", b"b"])
+    assert ex.receive_rollouts("l", 10) == []
+    clock.advance_to(clock.now + 25)
+    assert ex.receive_rollouts("l", 1) == [b"a"] and ex.receive_rollouts("l", 10) == [b"b"]
+
+
+def small(max_delay, steps=6, seed=0, **kw):
+    return SimulatorConfig(
+        learner=LearnerConfig(groups_per_step=4, eval_every=0, eval_size=40, **kw),
+        samplers=(SimSamplerSpec(count=2, weight_delay=DelayConfig(kind="fixed", fixed_s=90)),),
+        steps=steps, seconds_per_step=30, max_delay_steps=max_delay, seed=seed)
+
+
+def test_delay_becomes_staleness_and_online_has_none():
+    online = Simulator(small(max_delay=0)).run()
+    delayed = Simulator(small(max_delay=None)).run()
+    st = lambda h: [r["staleness_mean"] for r in h if r["kind"] == "step"]  # noqa: E731
+    assert st(online) == [0.0] * 6
+    # fixed 90 s = 3 steps: samplers reload every 3 steps, so staleness cycles 0, 1, 2
+    assert st(delayed) == [0.0, 1.0, 2.0, 0.0, 1.0, 2.0]
+    assert [r["eval_acc"] for r in online if r["kind"] == "eval"][0] == pytest.approx(
+        [r["eval_acc"] for r in delayed if r["kind"] == "eval"][0])
+
+
+def test_simulator_is_deterministic_under_a_seed():
+    a = [(r["version"], r["loss"], r["reward"]) for r in Simulator(small(None, steps=4)).run() if r["kind"] == "step"]
+    b = [(r["version"], r["loss"], r["reward"]) for r in Simulator(small(None, steps=4)).run() if r["kind"] == "step"]
+    c = [(r["version"], r["loss"], r["reward"]) for r in Simulator(small(None, steps=4, seed=1)).run() if r["kind"] == "step"]
+    assert a == b and a != c
+
+
+def test_max_staleness_drops_are_counted_in_metrics():
+    h = Simulator(small(None, steps=6, max_staleness=1)).run()
+    steps = [r for r in h if r["kind"] == "step"]
+    assert steps[-1]["drops"].get("stale", 0) > 0
+    assert max(r["staleness_mean"] for r in steps) <= 1
+
+
+def test_toml_config_with_sampler_tables(tmp_path):
+    f = tmp_path / "sim.toml"
+    f.write_text('steps = 3\nmax_delay_steps = 8\n[learner]\nstale_loss = "grpo"\n[sampler]\ngroup_size = 4\n'
+                 '[[samplers]]\nname = "a"\ncount = 2\nweight_delay = { kind = "lognormal" }\n'
+                 '[[samplers]]\nname = "b"\nmodel = "builtin:tiny-arith-b"\nshare = 0.5\n')
+    cfg = load_config(SimulatorConfig, f)
+    assert cfg.learner.stale_loss == "grpo" and cfg.sampler.group_size == 4
+    assert [s.name for s in cfg.samplers] == ["a", "b"] and cfg.samplers[0].weight_delay.kind == "lognormal"
+    sim = Simulator(cfg)
+    assert [s.peer_id for s, _ in sim.samplers] == ["a-0", "a-1", "b"]
+    assert sim._shares() == [7, 6, 3]

@@ -106,6 +106,155 @@ def simulate(
                        f"stale loss [cyan]{cfg.learner.stale_loss}[/], foreign [cyan]{cfg.learner.foreign_loss}[/]")
 
 
+def _stop_on_signals():
+    """A threading.Event set by SIGINT/SIGTERM; a second signal exits at once (children are
+    reaped by their process group: see cli/procs.py)."""
+    import os
+    import signal
+    import threading
+
+    stop = threading.Event()
+
+    def handler(signum, frame):
+        if stop.is_set():
+            os._exit(130)
+        logging.getLogger("hetero-node").info("stopping (signal %d); again to force", signum)
+        stop.set()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    return stop
+
+
+def _network(host: str, port: int, public_ip: Optional[str], initial_peers: list[str], client_mode: bool,
+             nat: Optional[bool], relay: bool):
+    from swarm.dht import NetworkConfig
+
+    loopback = host.startswith("127.") and not public_ip
+    return NetworkConfig(host=host, port=port, public_ip=public_ip, initial_peers=list(initial_peers),
+                         client_mode=client_mode, nat_port_map=(not loopback) if nat is None else nat,
+                         use_relay=relay or client_mode, use_auto_relay=client_mode)
+
+
+def _reachability_check(host: str, port: int, public_ip: Optional[str]) -> None:
+    """Petals-style self-check: can this machine be reached at the address it announces?"""
+    import socket
+
+    if not public_ip:
+        return
+    try:
+        with socket.create_connection((public_ip, port), timeout=3):
+            logging.getLogger("hetero-node").info("reachability: %s:%d accepts connections", public_ip, port)
+    except OSError as e:
+        logging.getLogger("hetero-node").warning(
+            "reachability: cannot connect to %s:%d (%s). Open TCP port %d in your firewall and forward it on "
+            "your router to this machine, or run with --client-mode to reach the swarm through relays.",
+            public_ip, port, e, port)
+
+
+_PEERS_HELP = "Multiaddr of a bootstrap peer (repeat for several), e.g. /ip4/1.2.3.4/tcp/31337/p2p/Qm..."
+
+
+@app.command()
+def bootstrap(
+    port: int = typer.Option(31337, help="TCP port to listen on (0 picks one)."),
+    identity: Path = typer.Option(Path("bootstrap.key"), help="Identity file; created if missing. Keeps the peer id stable."),
+    host: str = typer.Option("0.0.0.0", help="Listen address (0.0.0.0: all interfaces; 127.0.0.1: this machine only)."),
+    public_ip: Optional[str] = typer.Option(None, help="Public IP to announce to peers."),
+    swarm: str = typer.Option("demo", help="Swarm name (the DHT keys it serves)."),
+    initial_peers: list[str] = typer.Option([], "--initial-peers", help="Other bootstrap peers to link with."),
+    nat: Optional[bool] = typer.Option(None, "--nat/--no-nat", help="UPnP/NAT-PMP port mapping (default: on unless loopback)."),
+    addr_file: Optional[Path] = typer.Option(None, help="Also write the multiaddrs to this file (for scripts)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Run a coordinator's stable DHT entry point and print the multiaddr others pass as --initial-peers."""
+    _setup_logging(verbose)
+    from node.runner import run_bootstrap
+
+    stop = _stop_on_signals()
+    net = _network(host, port, public_ip, initial_peers, False, nat, relay=True)
+
+    def ready(maddrs: list[str]) -> None:
+        typer.echo("bootstrap peer ready; others join with:")
+        for m in maddrs:
+            typer.echo(f"  --initial-peers {m}")
+        if addr_file:
+            addr_file.write_text("\n".join(maddrs) + "\n")
+        _reachability_check(host, port, public_ip)
+
+    run_bootstrap(str(identity), net, swarm, stop, ready)
+
+
+@app.command()
+def join(
+    role: str = typer.Option(..., help="sampler (generate rollouts) or learner (train on them)."),
+    swarm: str = typer.Option("demo", help="Swarm name."),
+    initial_peers: list[str] = typer.Option([], "--initial-peers", help=_PEERS_HELP),
+    model: Optional[str] = typer.Option(None, help="Model to serve or train (HF id or path; default the built-in tiny model)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", exists=True, dir_okay=False,
+                                          help="TOML file with JoinConfig fields (see examples/join_sampler.toml)."),
+    workdir: Optional[Path] = typer.Option(None, help="Identity, outbox, journal, checkpoints, metrics (default ./hetero-node-<role>)."),
+    host: str = typer.Option("127.0.0.1", help="Listen address; 0.0.0.0 on an internet machine."),
+    port: int = typer.Option(0, help="TCP port (0 picks a free one)."),
+    public_ip: Optional[str] = typer.Option(None, help="Public IP to announce (listens on all interfaces)."),
+    client_mode: bool = typer.Option(False, help="Behind NAT with no open port: outgoing connections and relays only."),
+    nat: Optional[bool] = typer.Option(None, "--nat/--no-nat", help="UPnP/NAT-PMP port mapping (default: on unless loopback)."),
+    follow: Optional[str] = typer.Option(None, help="Sampler: the learner peer id to follow (default: first found)."),
+    max_steps: Optional[int] = typer.Option(None, help="Learner: stop at this version."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Join a swarm as a sampler or a learner and work until stopped (Ctrl-C or SIGTERM: graceful)."""
+    _setup_logging(verbose)
+    from node.config import load_config
+    from node.runner import JoinConfig, run_learner, run_sampler
+
+    if public_ip and host.startswith("127."):
+        host = "0.0.0.0"
+    cfg = load_config(JoinConfig, config, {"role": role, "swarm": swarm, "model": model, "follow": follow,
+                                           "max_steps": max_steps,
+                                           "workdir": str(workdir) if workdir else f"hetero-node-{role}"})
+    cfg.network = _network(host, port, public_ip, initial_peers or cfg.network.initial_peers, client_mode, nat,
+                           relay=bool(public_ip) or client_mode)
+    stop = _stop_on_signals()
+    _reachability_check(host, port, public_ip)
+    (run_learner if cfg.role == "learner" else run_sampler)(cfg, stop)
+
+
+@app.command()
+def status(
+    initial_peers: list[str] = typer.Option(..., "--initial-peers", help=_PEERS_HELP),
+    swarm: str = typer.Option("demo", help="Swarm name."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Show the swarm as a table: peers, roles, models, versions, throughput, last seen."""
+    import json
+    import tempfile
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from swarm.dht import NetworkConfig, create_dht, list_peers
+    from swarm.identity import Identity
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ident = Identity.load_or_create(Path(tmp) / "status.key")
+        dht = create_dht(ident, NetworkConfig(initial_peers=list(initial_peers), client_mode=True), swarm)
+        try:
+            peers = list_peers(dht, swarm)
+        finally:
+            dht.shutdown()
+    if as_json:
+        typer.echo(json.dumps(peers, indent=1))
+        return
+    table = Table(title=f"swarm {swarm!r}: {len(peers)} peers")
+    for col in ("peer", "role", "model", "version", "throughput", "software", "expires in"):
+        table.add_column(col)
+    for p in peers:
+        table.add_row(p["peer_id"][-12:], p["role"], p["model_id"], str(p["version"]), f"{p['throughput']:.2f}/s",
+                      p["software"], f"{p['expires_in']:.0f} s")
+    Console().print(table)
+
+
 def _run_with_progress(run, total: int, title: str) -> list[dict]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

@@ -48,6 +48,7 @@ def save_learner_checkpoint(learner: "Learner", directory: Path) -> Path:
         "seen": list(learner.seen),
         "torch_rng": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
         "python_rng": _py_rng_to_json(random.getstate()),
+        "extra": learner.checkpoint_extra(),
     }
     (tmp / "state.json").write_text(json.dumps(state))
     shutil.rmtree(final, ignore_errors=True)
@@ -81,6 +82,7 @@ def load_learner_checkpoint(learner: "Learner", path: Path) -> None:
     learner.seen = collections.OrderedDict.fromkeys(state["seen"])
     torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch_rng"])), dtype=torch.uint8))
     random.setstate(_py_rng_from_json(state["python_rng"]))
+    learner.restored_extra = state.get("extra", {})
     learner.buffer.clear()
     for raw in msgpack.unpackb((path / "buffer.msgpack").read_bytes(), raw=False):
         # these records were validated and accepted before the save: re-accept without recounting

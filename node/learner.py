@@ -118,6 +118,9 @@ class Learner:
         self.eval_set = random.Random(1234).sample(list(task.split("eval")), min(cfg.eval_size, len(task.split("eval"))))
         self.history: list[dict] = []
         self.on_record: Callable[[dict], None] | None = None
+        self.checkpoint_extra: Callable[[], dict] = dict
+        """Extra state saved with each checkpoint (the swarm runner saves its journal cursor)."""
+        self.restored_extra: dict = {}
         self._t0 = time.time()
 
     # ---- ingest ----------------------------------------------------------------------------------

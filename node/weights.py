@@ -9,11 +9,12 @@ base version come with the weight-delta issue.)
 from __future__ import annotations
 
 import json
-import struct
 
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
+
+from swarm.weights_meta import weights_metadata
 
 
 def encode_weights(state_dict: dict[str, torch.Tensor], model_id: str, version: int) -> bytes:
@@ -29,16 +30,6 @@ def encode_weights(state_dict: dict[str, torch.Tensor], model_id: str, version: 
         tensors[name] = t.detach().contiguous().cpu()
     meta = {"model_id": model_id, "version": str(version), "codec": "full", "aliases": json.dumps(aliases)}
     return st_save(tensors, metadata=meta)
-
-
-def weights_metadata(blob: bytes) -> dict[str, str]:
-    """The header metadata without decoding tensors (reads the JSON header only)."""
-    if len(blob) < 8:
-        raise ValueError("weights blob too short")
-    (n,) = struct.unpack("<Q", blob[:8])
-    if n > len(blob) - 8:
-        raise ValueError("weights blob header is truncated")
-    return json.loads(blob[8 : 8 + n]).get("__metadata__", {})
 
 
 def decode_weights(blob: bytes) -> dict[str, torch.Tensor]:

@@ -55,3 +55,19 @@ def sample_delay(cfg: DelayConfig, rng: random.Random) -> float:
     else:
         d = rng.weibullvariate(cfg.weibull_scale_s, cfg.weibull_shape)
     return min(d, cfg.max_s) if cfg.max_s is not None else d
+
+
+class ReloadTimer:
+    """The paper's weight-delay model for one sampler: after each load, wait a fresh D before the
+    next one. Shared by the in-memory exchange and the real swarm, so both inject the same delay."""
+
+    def __init__(self, cfg: DelayConfig, rng: random.Random) -> None:
+        self.cfg = cfg
+        self.rng = rng
+        self.next_load = 0.0
+
+    def due(self, now: float) -> bool:
+        return now >= self.next_load
+
+    def arm(self, now: float) -> None:
+        self.next_load = now + sample_delay(self.cfg, self.rng)

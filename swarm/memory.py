@@ -12,7 +12,7 @@ import heapq
 import itertools
 import random
 
-from .delay import DelayConfig, sample_delay
+from .delay import DelayConfig, ReloadTimer, sample_delay
 
 
 class VirtualClock:
@@ -27,16 +27,15 @@ class MemoryExchange:
     def __init__(self, clock: VirtualClock, seed: int = 0) -> None:
         self.clock = clock
         self._rng = random.Random(seed)
-        self._weight_delay: dict[str, DelayConfig] = {}
+        self._timers: dict[str, ReloadTimer] = {}
         self._rollout_delay: dict[str, DelayConfig] = {}
-        self._next_load: dict[str, float] = {}
         self._weights: tuple[int, bytes] | None = None
         self._inflight: list[tuple[float, int, bytes]] = []  # (arrival time, seq, record) heap
         self._seq = itertools.count()
 
     def set_delays(self, peer: str, weights: DelayConfig | None = None, rollouts: DelayConfig | None = None) -> None:
         if weights is not None:
-            self._weight_delay[peer] = weights
+            self._timers[peer] = ReloadTimer(weights, self._rng)
         if rollouts is not None:
             self._rollout_delay[peer] = rollouts
 
@@ -47,10 +46,10 @@ class MemoryExchange:
             heapq.heappush(self._inflight, (self.clock.now + delay, next(self._seq), rec))
 
     def fetch_weights(self, receiver: str, have_version: int) -> tuple[int, bytes] | None:
-        if self.clock.now < self._next_load.get(receiver, 0.0):
+        timer = self._timers.setdefault(receiver, ReloadTimer(DelayConfig(), self._rng))
+        if not timer.due(self.clock.now):
             return None  # still generating with the old weights (delay D not yet passed)
-        self._next_load[receiver] = self.clock.now + sample_delay(
-            self._weight_delay.get(receiver, DelayConfig()), self._rng)
+        timer.arm(self.clock.now)
         if self._weights is None or self._weights[0] <= have_version:
             return None
         return self._weights

@@ -1,0 +1,213 @@
+"""What `hetero-node join` and `bootstrap` run: a role on the real swarm, until told to stop.
+
+Order matters: the DHT (which forks) starts before the model is loaded; every network wait has a
+timeout; a peer that loses its counterpart waits and retries with backoff and says so; on stop
+the node checkpoints (learner), closes its outbox (sampler) and shuts the DHT and p2pd down.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+from swarm.delay import DelayConfig
+from swarm.dht import NetworkConfig
+from swarm.identity import Identity
+from swarm.journal import Journal
+from swarm.outbox import Outbox
+from swarm.p2p import SwarmNode
+from swarm.swarm_exchange import LearnerExchange, SamplerExchange
+
+from .learner import LearnerConfig
+from .models import BUILTIN_MODEL
+from .sampler import SamplerConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class JoinConfig:
+    role: str = "sampler"
+    swarm: str = "demo"
+    model: str = BUILTIN_MODEL
+    workdir: str = "hetero-node-data"
+    """Identity key, outbox, journal, checkpoints and metrics live here."""
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    weight_delay: DelayConfig = field(default_factory=DelayConfig)
+    """Injected delay before a sampler loads newer weights (DESIGN section 5)."""
+    rollout_delay: DelayConfig = field(default_factory=DelayConfig)
+    announce_every_s: float = 10.0
+    peer_ttl_s: float = 30.0
+    """PeerInfo records expire after this; a vanished peer is forgotten then."""
+    follow: str | None = None
+    """Learner peer id a sampler follows; default: the first learner found in the swarm."""
+    max_steps: int | None = None
+    """Learner: stop (after a final eval and checkpoint) at this version."""
+    max_outbox: int = 2048
+    """Sampler: pause generating while this many rollouts wait undelivered."""
+    checkpoint_every: int = 10
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.role not in ("sampler", "learner"):
+            raise ValueError("role must be 'sampler' or 'learner'")
+
+    @property
+    def identity_path(self) -> Path:
+        return Path(self.workdir) / "identity.key"
+
+
+def _start_node(cfg: JoinConfig) -> SwarmNode:
+    Path(cfg.workdir).mkdir(parents=True, exist_ok=True)
+    identity = Identity.load_or_create(cfg.identity_path)
+    node = SwarmNode(identity, cfg.network, cfg.swarm)
+    log.info("%s %s joined swarm %r; listening on %s", cfg.role, node.peer_id, cfg.swarm, " ".join(node.maddrs()))
+    return node
+
+
+def run_bootstrap(identity_path: str, net: NetworkConfig, swarm: str, stop: threading.Event,
+                  on_ready: Callable[[list[str]], None] | None = None) -> None:
+    identity = Identity.load_or_create(identity_path)
+    node = SwarmNode(identity, net, swarm)
+    try:
+        if on_ready:
+            on_ready(node.maddrs())
+        while not stop.is_set():
+            node.announce({"role": "bootstrap", "model_id": "", "version": 0, "engine": "", "throughput": 0.0,
+                           "maddrs": node.maddrs()}, ttl=60)
+            stop.wait(20)
+    finally:
+        node.shutdown()
+
+
+def run_learner(cfg: JoinConfig, stop: threading.Event, on_record: Callable[[dict], None] | None = None) -> None:
+    node = _start_node(cfg)
+    try:
+        _learner_loop(cfg, node, stop, on_record)
+    finally:
+        node.shutdown()
+
+
+def _learner_loop(cfg: JoinConfig, node: SwarmNode, stop: threading.Event, on_record) -> None:
+    from .checkpoint import latest_checkpoint
+    from .learner import Learner
+    from .models import load_model, load_tokenizer
+    from .tasks import make_task
+
+    work = Path(cfg.workdir)
+    lcfg = replace(cfg.learner, model=cfg.model, swarm=cfg.swarm, checkpoint_dir=str(work / "checkpoints"),
+                   checkpoint_every=cfg.checkpoint_every, metrics_path=str(work / "metrics.jsonl"))
+    learner = Learner(lcfg, load_model(cfg.model), load_tokenizer(cfg.model), make_task(lcfg.task), peer_id=node.peer_id)
+    learner.on_record = on_record
+    ckpt = latest_checkpoint(work / "checkpoints")
+    if ckpt is not None:
+        learner.load_checkpoint(ckpt)
+        log.info("resumed from %s at version %d", ckpt, learner.version)
+    exchange = LearnerExchange(node, Journal(work / "journal.bin"), cursor=learner.restored_extra.get("journal_cursor", 0))
+    exchange.rejected = learner.drops  # swarm-level rejections (signatures) count with the learner's drops
+    learner.exchange = exchange
+    learner.checkpoint_extra = lambda: {"journal_cursor": exchange.cursor}
+    learner.start()
+    if ckpt is None:
+        learner.run_eval()
+    last_announce, last_data, waited_note = 0.0, time.monotonic(), 0.0
+    while not stop.is_set():
+        now = time.monotonic()
+        if now - last_announce > cfg.announce_every_s:
+            node.announce({"role": "learner", "model_id": cfg.model, "version": learner.version, "engine": "hf",
+                           "throughput": 0.0, "maddrs": node.maddrs()}, ttl=cfg.peer_ttl_s)
+            last_announce = now
+        records = exchange.receive_rollouts(node.peer_id, 1000, timeout=0.5)
+        if records:
+            learner.ingest_many(records)
+            last_data = now
+        elif now - last_data > 30 and now - waited_note > 30:
+            log.info("no rollouts for %.0f s: waiting for samplers to (re)connect", now - last_data)
+            waited_note = now
+        while learner.step() is not None:
+            if cfg.max_steps is not None and learner.version >= cfg.max_steps:
+                break
+        if cfg.max_steps is not None and learner.version >= cfg.max_steps:
+            if learner.history[-1].get("kind") != "eval":
+                learner.run_eval()
+            log.info("reached version %d: stopping", learner.version)
+            break
+    learner.save_checkpoint(work / "checkpoints")
+
+
+def run_sampler(cfg: JoinConfig, stop: threading.Event) -> None:
+    node = _start_node(cfg)
+    outbox = Outbox(Path(cfg.workdir) / "outbox.db")
+    exchange = None
+    try:
+        exchange, sampler = _make_sampler(cfg, node, outbox)
+        _sampler_loop(cfg, node, outbox, exchange, sampler, stop)
+    finally:
+        if exchange is not None:
+            exchange.close()
+        outbox.close()
+        node.shutdown()
+
+
+class _LearnerTracker:
+    """Which learner a sampler follows: the configured one, else the first in the DHT; re-checked
+    periodically so that a vanished learner (its record expired) is noticed and a new one found."""
+
+    def __init__(self, node: SwarmNode, follow: str | None) -> None:
+        self.node, self.follow, self.current, self._checked = node, follow, None, 0.0
+
+    def refresh(self, every: float = 10.0) -> str | None:
+        if time.monotonic() - self._checked < every:
+            return self.current
+        self._checked = time.monotonic()
+        learners = [p["peer_id"] for p in self.node.peers() if p.get("role") == "learner"]
+        pick = self.follow if self.follow in learners else (None if self.follow else (learners[0] if learners else None))
+        if pick != self.current and pick:
+            log.info("following learner %s", pick)
+        elif pick != self.current:
+            log.warning("the learner %s is gone from the swarm; looking for one", self.current)
+        self.current = pick
+        return pick
+
+
+def _make_sampler(cfg: JoinConfig, node: SwarmNode, outbox: Outbox):
+    from .engines.hf import HFEngine
+    from .models import load_model, load_tokenizer, tokenizer_hash
+    from .sampler import Sampler
+    from .tasks import make_task
+
+    tracker = _LearnerTracker(node, cfg.follow)
+    exchange = SamplerExchange(node, outbox, lambda: tracker.current, cfg.weight_delay, cfg.rollout_delay, cfg.seed)
+    exchange.tracker = tracker
+    tok = load_tokenizer(cfg.model)
+    engine = HFEngine(load_model(cfg.model), tok, cfg.model)
+    scfg = replace(cfg.sampler, swarm=cfg.swarm, temperature=cfg.learner.temperature)
+    return exchange, Sampler(node.peer_id, scfg, make_task(cfg.learner.task), engine, tokenizer_hash(tok))
+
+
+def _sampler_loop(cfg, node, outbox, exchange, sampler, stop) -> None:
+    last_announce, backoff, produced, t0 = 0.0, 1.0, 0, time.monotonic()
+    while not stop.is_set():
+        now = time.monotonic()
+        if now - last_announce > cfg.announce_every_s:
+            node.announce({"role": "sampler", "model_id": cfg.model, "version": sampler.version, "engine": "hf",
+                           "throughput": round(produced / max(now - t0, 1e-6), 3), "maddrs": node.maddrs(),
+                           "learner": exchange.tracker.current or ""}, ttl=cfg.peer_ttl_s)
+            last_announce = now
+        if exchange.tracker.refresh() is None:
+            log.info("waiting for a learner in swarm %r (retrying in %.0f s)", cfg.swarm, backoff)
+            stop.wait(backoff)
+            backoff = min(backoff * 2, 30.0)
+            exchange.tracker._checked = 0.0
+            continue
+        backoff = 1.0
+        if len(outbox) >= cfg.max_outbox:
+            stop.wait(1.0)  # the learner is slow or away: do not generate without bound
+            continue
+        produced += sampler.run_once(exchange) * sampler.cfg.group_size

@@ -1,0 +1,113 @@
+"""DHT discovery: signed, schema-validated, expiring PeerInfo records (DESIGN sections 3 and 6).
+
+Each peer stores its PeerInfo under the key `hetero_<swarm>_peers` with a subkey holding its own
+public key (`[owner:...]`), so hivemind's RSASignatureValidator makes the record writable only by
+that key, and the pydantic.v1 SchemaValidator rejects malformed values. Every peer runs the same
+two validators, so a forged or malformed record is refused by the whole DHT, not just by us.
+Records expire (`ttl`); a peer refreshes its own periodically, and a vanished peer is forgotten.
+
+Networking defaults are safe: loopback only and no UPnP/NAT-PMP gateway probing unless the
+caller opts in (`NetworkConfig`), which a real `join` on the internet does.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List
+
+import pydantic.v1 as pydantic
+from hivemind.dht import DHT
+from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.dht.schema import SchemaValidator, conbytes
+from hivemind.utils import get_dht_time
+
+from .identity import Identity
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1
+SOFTWARE = "hetero-node/0.1.0"
+
+
+class PeerInfoModel(pydantic.BaseModel):
+    peer_id: pydantic.StrictStr
+    role: pydantic.constr(regex=r"^(sampler|learner|bootstrap)$", strict=True)
+    model_id: pydantic.StrictStr
+    version: pydantic.conint(ge=0, strict=True)
+    engine: pydantic.StrictStr
+    throughput: pydantic.confloat(ge=0, strict=True)
+    software: pydantic.StrictStr
+    protocol: pydantic.StrictInt
+    maddrs: List[pydantic.StrictStr]
+    learner: pydantic.StrictStr = ""
+    """For samplers: the learner peer id they follow."""
+
+
+class SwarmSchema(pydantic.BaseModel):
+    peers: Dict[conbytes(regex=rb".*\[owner:.+\]"), PeerInfoModel]
+
+
+@dataclass
+class NetworkConfig:
+    host: str = "127.0.0.1"
+    """Listen address; 0.0.0.0 on an internet machine."""
+    port: int = 0
+    """0 picks a free port (tests); a fixed port on a public machine."""
+    public_ip: str | None = None
+    """Announce this address to others (machines behind a public IP or port forward)."""
+    nat_port_map: bool = False
+    """UPnP/NAT-PMP gateway probing: off on loopback and in tests, on for a real `join`."""
+    use_relay: bool = False
+    use_auto_relay: bool = False
+    client_mode: bool = False
+    """Behind NAT with no open port: make outgoing connections only (reached through relays)."""
+    initial_peers: list[str] = field(default_factory=list)
+
+
+def peers_key(swarm: str) -> str:
+    return f"hetero_{swarm}_peers"
+
+
+def create_dht(identity: Identity, net: NetworkConfig, swarm: str) -> DHT:
+    """Start the DHT (a forked process with its p2pd). Create it before CUDA is initialised."""
+    validators = [RSASignatureValidator(identity.dht_private_key()), SchemaValidator(SwarmSchema, prefix=f"hetero_{swarm}")]
+    announce = [f"/ip4/{net.public_ip}/tcp/{net.port}"] if net.public_ip else None
+    return DHT(
+        initial_peers=net.initial_peers or None, start=True, record_validators=validators,
+        identity_path=str(identity.path), host_maddrs=[f"/ip4/{net.host}/tcp/{net.port}"],
+        announce_maddrs=announce, nat_port_map=net.nat_port_map, use_relay=net.use_relay,
+        use_auto_relay=net.use_auto_relay, client_mode=net.client_mode, startup_timeout=30,
+    )
+
+
+def announce(dht: DHT, identity: Identity, swarm: str, info: dict[str, Any], ttl: float = 60.0) -> bool:
+    """Store (or refresh) this peer's PeerInfo, signed, expiring in `ttl` seconds."""
+    # every field explicitly: SchemaValidator refuses values that parse to anything different
+    info = {"learner": "", **info, "peer_id": identity.peer_id, "software": SOFTWARE, "protocol": PROTOCOL_VERSION}
+    subkey = RSASignatureValidator(identity.dht_private_key()).local_public_key
+    return bool(dht.store(peers_key(swarm), info, expiration_time=get_dht_time() + ttl, subkey=subkey))
+
+
+def list_peers(dht: DHT, swarm: str) -> list[dict[str, Any]]:
+    """The swarm's live peers (records the validators accepted and that have not expired)."""
+    found = dht.get(peers_key(swarm), latest=True)
+    if found is None or not isinstance(found.value, dict):
+        return []
+    now = get_dht_time()
+    peers = []
+    for entry in found.value.values():
+        if isinstance(entry.value, dict) and entry.expiration_time > now:
+            peers.append({**entry.value, "expires_in": round(entry.expiration_time - now, 1)})
+    return sorted(peers, key=lambda p: (p.get("role", ""), p.get("peer_id", "")))
+
+
+def wait_for_peers(dht: DHT, swarm: str, role: str, timeout: float, poll: float = 1.0) -> list[dict[str, Any]]:
+    """Peers of `role`, polling until at least one appears or `timeout` passes (then [])."""
+    deadline = time.monotonic() + timeout
+    while True:
+        peers = [p for p in list_peers(dht, swarm) if p.get("role") == role]
+        if peers or time.monotonic() >= deadline:
+            return peers
+        time.sleep(poll)

@@ -1,0 +1,79 @@
+"""A peer on the hivemind swarm: the DHT (its own process with p2pd) plus our P2P RPC handlers.
+
+hivemind is asyncio; the roles are plain blocking code. `SwarmNode` runs one event loop in a
+background thread and exposes blocking calls that always take a timeout. Payloads are raw bytes
+(msgpack) carried in protobuf `BytesValue`, so no .proto files are needed. One RPC reply is capped
+at 4 MiB by hivemind, so callers keep messages under `MAX_MESSAGE`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Awaitable, Callable
+
+from google.protobuf.wrappers_pb2 import BytesValue
+from hivemind.p2p import P2PContext, PeerID
+
+from .dht import NetworkConfig, announce, create_dht, list_peers
+from .identity import Identity
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE = 3 * 1024 * 1024
+Handler = Callable[[bytes, str], Awaitable[bytes]]
+"""async handler(payload, remote_peer_id) -> reply payload."""
+
+
+class SwarmNode:
+    def __init__(self, identity: Identity, net: NetworkConfig, swarm: str) -> None:
+        self.identity = identity
+        self.swarm = swarm
+        self.dht = create_dht(identity, net, swarm)  # forks: do this before CUDA is initialised
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="swarm-loop", daemon=True)
+        self._thread.start()
+        self.p2p = self.run(self.dht.replicate_p2p(), timeout=30)
+
+    @property
+    def peer_id(self) -> str:
+        return self.identity.peer_id
+
+    def run(self, coro, timeout: float):
+        """Run a coroutine on the swarm loop and wait for it, at most `timeout` seconds."""
+        return asyncio.run_coroutine_threadsafe(asyncio.wait_for(coro, timeout), self._loop).result(timeout + 1)
+
+    def maddrs(self) -> list[str]:
+        return [str(m) for m in self.dht.get_visible_maddrs()]
+
+    def announce(self, info: dict, ttl: float = 60.0) -> bool:
+        return announce(self.dht, self.identity, self.swarm, info, ttl)
+
+    def peers(self) -> list[dict]:
+        return list_peers(self.dht, self.swarm)
+
+    def add_handler(self, name: str, handler: Handler) -> None:
+        async def _wrapped(request: BytesValue, context: P2PContext) -> BytesValue:
+            return BytesValue(value=await handler(request.value, context.remote_id.to_base58()))
+
+        self.run(self.p2p.add_protobuf_handler(name, _wrapped, BytesValue), timeout=10)
+
+    def call(self, peer_id: str, name: str, payload: bytes, timeout: float) -> bytes:
+        """Call `name` on `peer_id`; raises on timeout or if the peer cannot be reached."""
+        async def _call() -> bytes:
+            reply = await self.p2p.call_protobuf_handler(PeerID.from_base58(peer_id), name,
+                                                         BytesValue(value=payload), BytesValue)
+            return reply.value
+
+        return self.run(_call(), timeout)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Graceful: stop p2p and the DHT process (which stops its p2pd)."""
+        try:
+            self.run(self.p2p.shutdown(), timeout=timeout)
+        except Exception as e:  # shutting down anyway; say why it was not clean
+            log.warning("p2p shutdown: %s", e)
+        self.dht.shutdown()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout)

@@ -1,0 +1,247 @@
+"""The Exchange seam on the real swarm: rollouts and weights over our own P2P RPCs (not the DHT).
+
+Learner side (`LearnerExchange`) serves three RPCs:
+  hetero.rollouts.v1  [[record id, envelope], ...] -> {"ok": [ids], "rejected": {id: reason}}
+                      each envelope's signature is checked and must be the sampler's own; valid
+                      records are appended to the journal (fsynced) *before* the ack, so an
+                      acknowledged rollout survives a learner crash.
+  hetero.manifest.v1  -> the newest weights manifest, sealed by the learner: version, model,
+                      size, sha256, chunk size and per-chunk sha256.
+  hetero.chunk.v1     [version, index] -> chunk bytes (a missing version answers b"").
+Sampler side (`SamplerExchange`) keeps rollouts in its persistent outbox and a background thread
+sends what is due, with exponential backoff while the learner is unreachable; it fetches weights
+chunk by chunk and checks every chunk and the whole against the manifest (a stream can silently
+lose its tail, so nothing is trusted unverified). Weight loads follow the same injected-delay
+model as the simulator (`ReloadTimer`).
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import logging
+import random
+import threading
+import time
+from typing import Callable
+
+import msgpack
+
+from .delay import DelayConfig, ReloadTimer, sample_delay
+from .envelope import open_envelope, seal
+from .identity import Identity
+from .journal import Journal
+from .outbox import Outbox
+from .p2p import MAX_MESSAGE, SwarmNode
+from .records import RecordError, decode_rollout_group
+
+log = logging.getLogger(__name__)
+
+ROLLOUTS, MANIFEST, CHUNK = "hetero.rollouts.v1", "hetero.manifest.v1", "hetero.chunk.v1"
+CHUNK_SIZE = 1024 * 1024
+MAX_BATCH = 256
+
+
+def _sha(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+class LearnerExchange:
+    def __init__(self, node: SwarmNode, journal: Journal, cursor: int = 0, keep_versions: int = 2) -> None:
+        self.node = node
+        self.journal = journal
+        self.cursor = cursor
+        """Journal records already handed to the learner (stored in its checkpoints)."""
+        self.rejected: collections.Counter[str] = collections.Counter()
+        self._weights: collections.OrderedDict[int, bytes] = collections.OrderedDict()
+        self._manifest = b""
+        self._keep = keep_versions
+        node.add_handler(ROLLOUTS, self._on_rollouts)
+        node.add_handler(MANIFEST, self._on_manifest)
+        node.add_handler(CHUNK, self._on_chunk)
+
+    async def _on_rollouts(self, payload: bytes, remote: str) -> bytes:
+        try:
+            items = msgpack.unpackb(payload, raw=False)
+            if not isinstance(items, list) or len(items) > MAX_BATCH:
+                raise ValueError("expected a list of at most %d [id, envelope] pairs" % MAX_BATCH)
+        except Exception as e:
+            self.rejected["undecodable"] += 1
+            log.warning("rollout batch from %s is undecodable: %s", remote[-8:], e)
+            return msgpack.packb({"ok": [], "rejected": {}})
+        ok, rejected, records = [], {}, []
+        for item in items:
+            rid = str(item[0]) if isinstance(item, list) and item else "?"
+            try:
+                if not (isinstance(item, list) and len(item) == 2 and isinstance(item[1], bytes)):
+                    raise RecordError("schema", "item is not [id, envelope]")
+                record, signer = open_envelope(item[1])
+                group = decode_rollout_group(record)
+                if group.sampler != signer:
+                    raise RecordError("forged_sender", f"signed by {signer[-8:]}, claims {group.sampler[-8:]}")
+                if group.id != rid:
+                    raise RecordError("schema", "outbox id differs from the record id")
+            except RecordError as e:
+                self.rejected[e.reason] += 1
+                rejected[rid] = e.reason
+                log.warning("rejected rollout %s from %s: %s", rid[:8], remote[-8:], e)
+                continue
+            records.append(record)
+            ok.append(rid)
+        if records:
+            self.journal.append(records)  # durable before we acknowledge
+        return msgpack.packb({"ok": ok, "rejected": rejected})
+
+    async def _on_manifest(self, payload: bytes, remote: str) -> bytes:
+        return self._manifest
+
+    async def _on_chunk(self, payload: bytes, remote: str) -> bytes:
+        try:
+            version, index = msgpack.unpackb(payload)
+            blob = self._weights.get(int(version))
+        except Exception:
+            return b""
+        if blob is None or not 0 <= index * CHUNK_SIZE < len(blob):
+            return b""
+        return blob[index * CHUNK_SIZE : (index + 1) * CHUNK_SIZE]
+
+    # ---- Exchange ------------------------------------------------------------------------------
+    def receive_rollouts(self, receiver: str, max_records: int, timeout: float = 0.0) -> list[bytes]:
+        deadline = time.monotonic() + timeout
+        while True:
+            out = self.journal.read(self.cursor, max_records)
+            if out or time.monotonic() >= deadline:
+                self.cursor += len(out)
+                return out
+            time.sleep(0.05)
+
+    def publish_weights(self, sender: str, version: int, blob: bytes) -> None:
+        from .weights_meta import weights_model_id
+
+        self._weights[version] = blob
+        while len(self._weights) > self._keep:
+            self._weights.popitem(last=False)
+        chunks = [blob[i : i + CHUNK_SIZE] for i in range(0, len(blob), CHUNK_SIZE)]
+        manifest = {"model_id": weights_model_id(blob), "version": version, "base": None, "codec": "full",
+                    "size": len(blob), "sha256": _sha(blob), "chunk_size": CHUNK_SIZE,
+                    "chunks": [_sha(c) for c in chunks], "learner": self.node.peer_id, "time": time.time()}
+        self._manifest = seal(self.node.identity, msgpack.packb(manifest))
+
+    def fetch_weights(self, receiver: str, have_version: int):
+        raise NotImplementedError("a learner publishes weights; samplers fetch them")
+
+    def send_rollouts(self, sender: str, records: list[bytes]) -> None:
+        raise NotImplementedError("a learner receives rollouts; samplers send them")
+
+
+class SamplerExchange:
+    def __init__(self, node: SwarmNode, outbox: Outbox, learner: Callable[[], str | None],
+                 weight_delay: DelayConfig = DelayConfig(), rollout_delay: DelayConfig = DelayConfig(),
+                 seed: int = 0, rpc_timeout: float = 30.0) -> None:
+        self.node = node
+        self.outbox = outbox
+        self.learner = learner
+        """Returns the peer id of the learner to follow (None while none is known)."""
+        self._rng = random.Random(seed)
+        self._timer = ReloadTimer(weight_delay, self._rng)
+        self._rollout_delay = rollout_delay
+        self.rpc_timeout = rpc_timeout
+        self.stats = collections.Counter()
+        self._stop = threading.Event()
+        self._flusher = threading.Thread(target=self._flush_loop, name="outbox-flusher", daemon=True)
+        self._flusher.start()
+
+    # ---- rollouts ------------------------------------------------------------------------------
+    def send_rollouts(self, sender: str, records: list[bytes]) -> None:
+        for record in records:
+            rid = decode_rollout_group(record).id
+            self.outbox.put(rid, seal(self.node.identity, record), sample_delay(self._rollout_delay, self._rng))
+
+    def _flush_loop(self) -> None:
+        backoff = 1.0
+        while not self._stop.is_set():
+            try:
+                sent = self.flush_once()
+                backoff = 1.0
+                if not sent:
+                    self._stop.wait(0.5)
+            except Exception as e:  # the learner is gone or slow: keep the outbox, retry later
+                self.stats["send_failures"] += 1
+                log.warning("could not deliver rollouts to the learner (%s: %s); %d waiting in the outbox, "
+                            "retrying in %.0f s", type(e).__name__, e, len(self.outbox), backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    def flush_once(self) -> int:
+        """Send one batch of due records; returns how many the learner settled (ok or rejected)."""
+        learner = self.learner()
+        if learner is None:
+            return 0
+        due = self.outbox.due(MAX_MESSAGE - 64 * 1024, MAX_BATCH)
+        if not due:
+            return 0
+        reply = msgpack.unpackb(self.node.call(learner, ROLLOUTS, msgpack.packb([[i, e] for i, e in due]),
+                                               self.rpc_timeout), raw=False)
+        for rid, reason in reply.get("rejected", {}).items():
+            log.warning("the learner rejected rollout %s: %s (dropped from the outbox)", rid[:8], reason)
+        settled = list(reply.get("ok", [])) + list(reply.get("rejected", {}))
+        self.outbox.remove(settled)
+        self.stats["delivered"] += len(reply.get("ok", []))
+        self.stats["rejected"] += len(reply.get("rejected", {}))
+        return len(settled)
+
+    # ---- weights -------------------------------------------------------------------------------
+    def fetch_weights(self, receiver: str, have_version: int) -> tuple[int, bytes] | None:
+        learner = self.learner()
+        now = time.time()
+        if learner is None or not self._timer.due(now):
+            return None
+        try:
+            manifest = self._manifest(learner)
+            if manifest is None or manifest["version"] <= have_version:
+                return None
+            blob = self._download(learner, manifest)
+        except Exception as e:
+            self.stats["weight_fetch_failures"] += 1
+            log.warning("weights fetch from %s failed (%s: %s); keeping version %d", learner[-8:],
+                        type(e).__name__, e, have_version)
+            return None
+        self._timer.arm(now)
+        return manifest["version"], blob
+
+    def _manifest(self, learner: str) -> dict | None:
+        sealed = self.node.call(learner, MANIFEST, b"", self.rpc_timeout)
+        if not sealed:
+            return None
+        record, signer = open_envelope(sealed)
+        if signer != learner:
+            self.stats["forged_manifests"] += 1
+            raise RecordError("signature", f"manifest signed by {signer[-8:]}, not by the learner we follow")
+        return msgpack.unpackb(record, raw=False)
+
+    def _download(self, learner: str, manifest: dict) -> bytes:
+        parts = []
+        for index, expected in enumerate(manifest["chunks"]):
+            for attempt in range(3):
+                chunk = self.node.call(learner, CHUNK, msgpack.packb([manifest["version"], index]), self.rpc_timeout)
+                if _sha(chunk) == expected:
+                    break
+                self.stats["bad_chunks"] += 1
+                log.warning("chunk %d of version %d failed its hash (attempt %d)", index, manifest["version"], attempt + 1)
+            else:
+                raise RecordError("sizes", f"chunk {index} of version {manifest['version']} never verified")
+            parts.append(chunk)
+        blob = b"".join(parts)
+        if len(blob) != manifest["size"] or _sha(blob) != manifest["sha256"]:
+            raise RecordError("sizes", "reassembled weights do not match the manifest")
+        return blob
+
+    def receive_rollouts(self, receiver: str, max_records: int, timeout: float = 0.0) -> list[bytes]:
+        raise NotImplementedError("samplers send rollouts; learners receive them")
+
+    def publish_weights(self, sender: str, version: int, blob: bytes) -> None:
+        raise NotImplementedError("learners publish weights")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._flusher.join(5)

@@ -30,24 +30,23 @@ def _setup_logging(verbose: bool) -> None:
 
 @app.command()
 def demo(
-    algorithm: str = typer.Option("gepo", help="Loss: gepo, grpo, dr_grpo, gspo or ftis."),
-    steps: int = typer.Option(400, help="Optimizer steps (about 6 per second on 2 CPU cores)."),
-    time_budget: float = typer.Option(180.0, help="Stop after this many seconds; a final eval still runs."),
-    metrics: Optional[Path] = typer.Option(None, help="Write per-step metrics (JSONL) here."),
-    seed: int = typer.Option(0),
+    steps: int = typer.Option(150, help="Learner versions to train (about 1 per second on 2 CPU cores)."),
+    samplers: int = typer.Option(2, help="Sampler processes."),
+    workdir: Optional[Path] = typer.Option(None, help="Keep logs, checkpoints and metrics here (default: a temp folder)."),
+    timeout: float = typer.Option(1200.0, help="Give up after this many seconds."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
-    """Train the built-in tiny model on arithmetic with RL, on this CPU, and show eval accuracy rise.
+    """Run a whole swarm on this machine: a bootstrap peer, a learner and samplers as real processes.
 
-    Runs the single-process learning loop (one policy samples, scores and trains). Takes about a
-    minute on 2 cores; the swarm version (samplers and a learner as separate peers) comes with
-    `hetero-node join`.
+    They talk over hivemind on 127.0.0.1 only, with the built-in tiny model and arithmetic task;
+    the learner trains on the samplers' rollouts (GEPO for stale ones) and publishes new versions
+    that the samplers load. Shows live progress and ends with a summary. Every process it started
+    is stopped when it ends, also on Ctrl-C. For a single-process run, see `hetero-node local`.
     """
     _setup_logging(verbose)
-    from node.local import LocalConfig
+    from cli.swarm_demo import run_demo
 
-    _run_local(LocalConfig(algorithm=algorithm, steps=steps, time_budget_s=time_budget, seed=seed,
-                           metrics_path=str(metrics) if metrics else None))
+    raise typer.Exit(run_demo(steps, samplers, workdir, timeout))
 
 
 @app.command()

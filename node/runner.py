@@ -8,6 +8,7 @@ the node checkpoints (learner), closes its outbox (sampler) and shuts the DHT an
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -49,10 +50,15 @@ class JoinConfig:
     """Learner peer id a sampler follows; default: the first learner found in the swarm."""
     max_steps: int | None = None
     """Learner: stop (after a final eval and checkpoint) at this version."""
-    max_outbox: int = 2048
-    """Sampler: pause generating while this many rollouts wait undelivered."""
+    max_outbox: int = 256
+    """Sampler: pause generating while this many rollouts wait undelivered (learner away)."""
+    max_learner_backlog: int = 32
+    """Sampler: pause while the learner holds this many untrained groups, so that samplers do not
+    run ahead of the learner and feed it ever staler rollouts (an async level bound)."""
     checkpoint_every: int = 10
     seed: int = 0
+    threads: int | None = None
+    """torch CPU threads (default: $HETERO_NODE_THREADS, else torch's own choice)."""
 
     def __post_init__(self) -> None:
         if self.role not in ("sampler", "learner"):
@@ -64,6 +70,11 @@ class JoinConfig:
 
 
 def _start_node(cfg: JoinConfig) -> SwarmNode:
+    threads = cfg.threads or int(os.environ.get("HETERO_NODE_THREADS", "0"))
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
     Path(cfg.workdir).mkdir(parents=True, exist_ok=True)
     identity = Identity.load_or_create(cfg.identity_path)
     node = SwarmNode(identity, cfg.network, cfg.swarm)
@@ -111,6 +122,7 @@ def _learner_loop(cfg: JoinConfig, node: SwarmNode, stop: threading.Event, on_re
         log.info("resumed from %s at version %d", ckpt, learner.version)
     exchange = LearnerExchange(node, Journal(work / "journal.bin"), cursor=learner.restored_extra.get("journal_cursor", 0))
     exchange.rejected = learner.drops  # swarm-level rejections (signatures) count with the learner's drops
+    exchange.backlog = lambda: len(exchange.journal) - exchange.cursor + len(learner.buffer)
     learner.exchange = exchange
     learner.checkpoint_extra = lambda: {"journal_cursor": exchange.cursor}
     learner.start()
@@ -207,7 +219,7 @@ def _sampler_loop(cfg, node, outbox, exchange, sampler, stop) -> None:
             exchange.tracker._checked = 0.0
             continue
         backoff = 1.0
-        if len(outbox) >= cfg.max_outbox:
-            stop.wait(1.0)  # the learner is slow or away: do not generate without bound
+        if len(outbox) >= cfg.max_outbox or exchange.learner_backlog >= cfg.max_learner_backlog:
+            stop.wait(0.2)  # the learner is behind or away: do not generate without bound
             continue
         produced += sampler.run_once(exchange) * sampler.cfg.group_size

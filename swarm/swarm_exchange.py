@@ -1,7 +1,8 @@
 """The Exchange seam on the real swarm: rollouts and weights over our own P2P RPCs (not the DHT).
 
 Learner side (`LearnerExchange`) serves three RPCs:
-  hetero.rollouts.v1  [[record id, envelope], ...] -> {"ok": [ids], "rejected": {id: reason}}
+  hetero.rollouts.v1  [[record id, envelope], ...] -> {"ok": [ids], "rejected": {id: reason},
+                      "backlog": groups received but not yet trained on}
                       each envelope's signature is checked and must be the sampler's own; valid
                       records are appended to the journal (fsynced) *before* the ack, so an
                       acknowledged rollout survives a learner crash.
@@ -56,6 +57,8 @@ class LearnerExchange:
         self._weights: collections.OrderedDict[int, bytes] = collections.OrderedDict()
         self._manifest = b""
         self._keep = keep_versions
+        self.backlog: Callable[[], int] = lambda: len(self.journal) - self.cursor
+        """Rollouts received but not yet trained on; reported in every ack so samplers can pace."""
         node.add_handler(ROLLOUTS, self._on_rollouts)
         node.add_handler(MANIFEST, self._on_manifest)
         node.add_handler(CHUNK, self._on_chunk)
@@ -90,7 +93,7 @@ class LearnerExchange:
             ok.append(rid)
         if records:
             self.journal.append(records)  # durable before we acknowledge
-        return msgpack.packb({"ok": ok, "rejected": rejected})
+        return msgpack.packb({"ok": ok, "rejected": rejected, "backlog": self.backlog()})
 
     async def _on_manifest(self, payload: bytes, remote: str) -> bytes:
         return self._manifest
@@ -147,6 +150,9 @@ class SamplerExchange:
         self._rollout_delay = rollout_delay
         self.rpc_timeout = rpc_timeout
         self.stats = collections.Counter()
+        self._last_reply = 0.0
+        self.learner_backlog = 0
+        """The learner's backlog from its last ack: samplers pause while it is large (fresher data)."""
         self._stop = threading.Event()
         self._flusher = threading.Thread(target=self._flush_loop, name="outbox-flusher", daemon=True)
         self._flusher.start()
@@ -178,17 +184,20 @@ class SamplerExchange:
         if learner is None:
             return 0
         due = self.outbox.due(MAX_MESSAGE - 64 * 1024, MAX_BATCH)
-        if not due:
+        if not due and time.monotonic() - self._last_reply < 1.0:
             return 0
+        # an empty batch is a cheap poll: it refreshes learner_backlog while we are paused
+        self._last_reply = time.monotonic()
         reply = msgpack.unpackb(self.node.call(learner, ROLLOUTS, msgpack.packb([[i, e] for i, e in due]),
                                                self.rpc_timeout), raw=False)
         for rid, reason in reply.get("rejected", {}).items():
             log.warning("the learner rejected rollout %s: %s (dropped from the outbox)", rid[:8], reason)
+        self.learner_backlog = int(reply.get("backlog", 0))
         settled = list(reply.get("ok", [])) + list(reply.get("rejected", {}))
         self.outbox.remove(settled)
         self.stats["delivered"] += len(reply.get("ok", []))
         self.stats["rejected"] += len(reply.get("rejected", {}))
-        return len(settled)
+        return len(settled) if due else 0
 
     # ---- weights -------------------------------------------------------------------------------
     def fetch_weights(self, receiver: str, have_version: int) -> tuple[int, bytes] | None:

@@ -27,16 +27,31 @@ class NodeProcess:
         return self.popen.pid  # session leader: its pid is the group id
 
     def group_alive(self) -> bool:
-        try:
-            os.killpg(self.pgid, 0)
-            return True
-        except ProcessLookupError:
-            return False
+        """Any live (non-zombie) process left in the node's group: itself, its DHT or p2pd."""
+        self.popen.poll()  # reap our own child if it has exited
+        return bool(group_members(self.pgid))
 
     def kill9(self) -> None:
         """Only the node process itself, as a crash would (its DHT and p2pd are left behind)."""
         self.popen.send_signal(signal.SIGKILL)
         self.popen.wait(10)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes of process group `pgid`, from /proc (Linux). Zombies do not count: an
+    orphan killed with its group stays a zombie until PID 1 reaps it, but it is already gone."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp ...
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
 
 
 def start_node(name: str, args: list[str], log_dir: Path, threads: int = 1) -> NodeProcess:
@@ -68,10 +83,9 @@ def stop(nodes: list[NodeProcess], grace: float = 15.0) -> None:
                 os.killpg(n.pgid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        try:
-            n.popen.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
+        kill_deadline = time.monotonic() + 10
+        while n.group_alive() and time.monotonic() < kill_deadline:
+            time.sleep(0.05)  # SIGKILL is asynchronous: wait until the members are really gone
 
 
 def wait_for_file(path: Path, timeout: float, proc: NodeProcess | None = None) -> bytes:

@@ -71,7 +71,7 @@ class LearnerExchange:
         except Exception as e:
             self.rejected["undecodable"] += 1
             log.warning("rollout batch from %s is undecodable: %s", remote[-8:], e)
-            return msgpack.packb({"ok": [], "rejected": {}})
+            return msgpack.packb({"ok": [], "rejected": {}, "backlog": self.backlog()})
         ok, rejected, records = [], {}, []
         for item in items:
             rid = str(item[0]) if isinstance(item, list) and item else "?"

@@ -1,0 +1,223 @@
+"""The swarm on hivemind, for real: peers as processes on 127.0.0.1, signed records, faults.
+
+One module-scoped swarm (bootstrap, learner, two samplers of the learner's model and one of a
+different model) serves the tests in order; every process group is reaped by PGID at the end and
+checked. A test-local hivemind peer plays the attacker.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from cli.procs import NodeProcess, start_node, stop, wait_for_file
+from swarm.dht import NetworkConfig
+from swarm.envelope import open_envelope, seal
+from swarm.identity import Identity
+from swarm.journal import Journal
+from swarm.outbox import Outbox
+from swarm.records import CompletionRecord, RecordError, RolloutGroup, decode_rollout_group
+
+pytestmark = pytest.mark.integration
+
+LEARNER_TOML = "checkpoint_every = 5\n[learner]\neval_every = 0\nmax_staleness = 1000\ngroups_per_step = 8\n"
+
+
+# ---- unit: identity, envelopes -------------------------------------------------------------------
+
+def test_identity_matches_libp2p_and_envelopes_bind_signer(tmp_path):
+    from hivemind.p2p import PeerID
+
+    a = Identity.load_or_create(tmp_path / "a.key")
+    assert PeerID.from_identity((tmp_path / "a.key").read_bytes()).to_base58() == a.peer_id
+    assert Identity.load_or_create(tmp_path / "a.key").peer_id == a.peer_id  # stable
+    record, signer = open_envelope(seal(a, b"payload"))
+    assert (record, signer) == (b"payload", a.peer_id)
+    env = msgpack.unpackb(seal(a, b"payload"))
+    env["r"] = b"payloaD"
+    with pytest.raises(RecordError) as e:
+        open_envelope(msgpack.packb(env))
+    assert e.value.reason == "signature"
+    with pytest.raises(RecordError) as e:
+        open_envelope(b"\x93\x01")
+    assert e.value.reason == "undecodable"
+
+
+# ---- the swarm -----------------------------------------------------------------------------------
+
+class Swarm:
+    def __init__(self, base: Path) -> None:
+        self.base, self.nodes, self.logs = base, {}, base / "logs"
+
+    def start(self, name: str, args: list[str]) -> NodeProcess:
+        self.nodes[name] = start_node(name, args, self.logs)
+        return self.nodes[name]
+
+    def join(self, name: str, role: str, *extra: str) -> NodeProcess:
+        return self.start(name, ["join", "--role", role, "--initial-peers", self.addr, "--no-nat",
+                                 "--workdir", str(self.base / name), *extra])
+
+    def metrics(self) -> list[dict]:
+        path = self.base / "learner" / "metrics.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+    def version(self) -> int:
+        steps = [r["version"] for r in self.metrics() if r["kind"] == "step"]
+        return steps[-1] if steps else 0
+
+    def wait_version(self, v: int, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.version() >= v:
+                return self.version()
+            time.sleep(0.5)
+        raise TimeoutError(f"learner stuck at version {self.version()} (wanted {v}); logs in {self.logs}")
+
+    def status(self) -> list[dict]:
+        out = subprocess.run([sys.executable, "-m", "cli.main", "status", "--initial-peers", self.addr, "--json"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout[out.stdout.index("["):])
+
+
+@pytest.fixture(scope="module")
+def swarm(tmp_path_factory):
+    s = Swarm(tmp_path_factory.mktemp("swarm"))
+    try:
+        boot = s.start("bootstrap", ["bootstrap", "--port", "0", "--host", "127.0.0.1", "--no-nat",
+                                     "--identity", str(s.base / "boot.key"), "--addr-file", str(s.base / "boot.addr")])
+        s.addr = wait_for_file(s.base / "boot.addr", 90, boot).decode().split()[0]
+        (s.base / "learner.toml").write_text(LEARNER_TOML)
+        s.join("learner", "learner", "--config", str(s.base / "learner.toml"))
+        s.join("sampler-a", "sampler")
+        s.join("sampler-b", "sampler")
+        s.join("sampler-x", "sampler", "--model", "builtin:tiny-arith-b")
+        yield s
+    finally:
+        stop(list(s.nodes.values()))
+        alive = [n.name for n in s.nodes.values() if n.group_alive()]
+        assert not alive, f"orphaned process groups: {alive}"
+
+
+def _peer(s: Swarm, name: str) -> str:
+    wait_for_file(s.base / name / "identity.key", 60)
+    return Identity.load_or_create(s.base / name / "identity.key").peer_id
+
+
+def test_discovery_status_shows_every_peer(swarm):
+    deadline = time.monotonic() + 90
+    while True:
+        peers = swarm.status()
+        roles = sorted(p["role"] for p in peers)
+        if roles == ["bootstrap", "learner", "sampler", "sampler", "sampler"] or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert roles == ["bootstrap", "learner", "sampler", "sampler", "sampler"]
+    by_id = {p["peer_id"]: p for p in peers}
+    assert by_id[_peer(swarm, "sampler-x")]["model_id"] == "builtin:tiny-arith-b"
+    assert by_id[_peer(swarm, "learner")]["role"] == "learner"
+
+
+def test_rollouts_flow_versions_advance_and_foreign_rollouts_go_to_ftis(swarm):
+    swarm.wait_version(12, timeout=240)
+    steps = [r for r in swarm.metrics() if r["kind"] == "step"]
+    accepted = steps[-1]["accepted_by_sampler"]
+    for name in ("sampler-a", "sampler-b", "sampler-x"):
+        assert accepted.get(_peer(swarm, name), 0) > 0, name
+    assert any("foreign" in r.get("routes", {}) for r in steps)  # F-TIS on the other model's rollouts
+    assert any("stale" in r.get("routes", {}) for r in steps)  # GEPO on our own model's
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # samplers of our model pick up new versions
+        versions = {p["peer_id"]: p["version"] for p in swarm.status()}
+        if versions.get(_peer(swarm, "sampler-a"), 0) > 0 and versions.get(_peer(swarm, "sampler-b"), 0) > 0:
+            break
+        time.sleep(2)
+    assert versions[_peer(swarm, "sampler-a")] > 0 and versions[_peer(swarm, "sampler-b")] > 0
+    assert versions[_peer(swarm, "sampler-x")] == 0  # the foreign sampler keeps its own weights
+
+
+def _attack_payloads(attacker: Identity, victim_sampler: str) -> tuple[list, dict[str, str]]:
+    def group(gid: str, sampler: str, n_tokens: int = 2) -> RolloutGroup:
+        comps = [CompletionRecord("5", [9] * n_tokens, [-0.1] * n_tokens, "stop", 1.0)] * 2
+        return RolloutGroup(id=gid, swarm="demo", task="arithmetic-d2m1-+*", prompt_id="arith:2+3", prompt="2+3=",
+                            model_id="builtin:tiny-arith", tokenizer="x", version=0, sampler=sampler, created=0.0,
+                            completions=comps, sampling={"temperature": 1.0})
+
+    forged = seal(attacker, group("forged", victim_sampler).encode())  # signs as itself, claims the victim
+    env = msgpack.unpackb(seal(attacker, group("tampered", attacker.peer_id).encode()))
+    env["r"] = env["r"].replace(b"2+3=", b"2+4=")  # edited after signing
+    huge = seal(attacker, group("huge", attacker.peer_id, n_tokens=40_000).encode())  # too many tokens
+    items = [["forged", forged], ["tampered", msgpack.packb(env)], ["garbage", b"\x00not msgpack"], ["huge", huge]]
+    return items, {"forged": "forged_sender", "tampered": "signature", "garbage": "undecodable", "huge": "oversize"}
+
+
+def test_forged_and_malformed_records_are_rejected_and_counted(swarm, tmp_path):
+    from swarm.p2p import SwarmNode
+
+    attacker = Identity.load_or_create(tmp_path / "attacker.key")
+    node = SwarmNode(attacker, NetworkConfig(initial_peers=[swarm.addr]), "demo")
+    try:
+        items, expected = _attack_payloads(attacker, _peer(swarm, "sampler-a"))
+        learner = _peer(swarm, "learner")
+        reply = msgpack.unpackb(node.call(learner, "hetero.rollouts.v1", msgpack.packb(items), timeout=60), raw=False)
+        assert reply["ok"] == [] and reply["rejected"] == expected
+        junk = msgpack.unpackb(node.call(learner, "hetero.rollouts.v1", b"\xc1", timeout=60), raw=False)
+        assert junk == {"ok": [], "rejected": {}, "backlog": junk["backlog"]}
+    finally:
+        node.shutdown()
+    before = swarm.version()
+    swarm.wait_version(before + 3, timeout=120)  # and the learner keeps training
+    drops = [r for r in swarm.metrics() if r["kind"] == "step"][-1]["drops"]
+    for reason in ("forged_sender", "signature", "undecodable", "oversize"):
+        assert drops.get(reason, 0) >= 1, (reason, drops)
+
+
+def test_kill9_sampler_learner_keeps_training(swarm):
+    victim = swarm.nodes["sampler-b"]
+    victim.kill9()  # its DHT process and p2pd survive it: reaped below by process group
+    assert victim.group_alive()
+    stop([victim])
+    assert not victim.group_alive()
+    v = swarm.version()
+    swarm.wait_version(v + 4, timeout=120)
+
+
+def test_kill9_learner_restart_redelivers_outbox_nothing_lost_or_counted_twice(swarm):
+    learner = swarm.nodes["learner"]
+    swarm.wait_version(swarm.version() + 2, timeout=120)
+    learner.kill9()
+    stop([learner])  # reap its DHT and p2pd
+    killed_at = swarm.version()
+    n_before = sum(r["kind"] == "step" for r in swarm.metrics())
+    time.sleep(3)  # samplers notice, keep generating into their outboxes
+    ckpts = sorted((swarm.base / "learner" / "checkpoints").glob("v*"))
+    resumed_from = int(ckpts[-1].name[1:])
+    swarm.join("learner", "learner", "--config", str(swarm.base / "learner.toml"))
+    swarm.wait_version(killed_at + 5, timeout=180)
+    after = [r["version"] for r in swarm.metrics() if r["kind"] == "step"][n_before:]
+    assert resumed_from <= killed_at
+    assert after[:5] == list(range(resumed_from + 1, resumed_from + 6))  # the version sequence continues
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(Outbox(swarm.base / "sampler-a" / "outbox.db")) > 64:
+        time.sleep(1)  # the outbox drains into the restarted learner
+    assert len(Outbox(swarm.base / "sampler-a" / "outbox.db")) <= 64
+    # graceful stop writes a final checkpoint; then check the books
+    stop([swarm.nodes["learner"]], grace=30)
+    last = sorted((swarm.base / "learner" / "checkpoints").glob("v*"))[-1]
+    state = json.loads((last / "state.json").read_text())
+    journal = Journal(swarm.base / "learner" / "journal.bin")
+    cursor = state["extra"]["journal_cursor"]
+    consumed = {decode_rollout_group(r).id for r in journal.read(0, cursor)}
+    pending = len(journal) - cursor  # acknowledged and on disk, replayed at the next start
+    buffered = len(msgpack.unpackb((last / "buffer.msgpack").read_bytes()))
+    seen = set(state["seen"])
+    assert pending >= 0 and seen == consumed  # every acknowledged rollout the learner read was accepted
+    assert sum(state["accepted_by_sampler"].values()) + buffered == len(seen)  # and trained on once

@@ -30,7 +30,7 @@ def _setup_logging(verbose: bool) -> None:
 
 @app.command()
 def demo(
-    steps: int = typer.Option(150, help="Learner versions to train (about 1 per second on 2 CPU cores)."),
+    steps: int = typer.Option(250, help="Learner versions to train (about 3 per second on 2 CPU cores)."),
     samplers: int = typer.Option(2, help="Sampler processes."),
     workdir: Optional[Path] = typer.Option(None, help="Keep logs, checkpoints and metrics here (default: a temp folder)."),
     timeout: float = typer.Option(1200.0, help="Give up after this many seconds."),

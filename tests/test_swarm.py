@@ -221,3 +221,17 @@ def test_kill9_learner_restart_redelivers_outbox_nothing_lost_or_counted_twice(s
     seen = set(state["seen"])
     assert pending >= 0 and seen == consumed  # every acknowledged rollout the learner read was accepted
     assert sum(state["accepted_by_sampler"].values()) + buffered == len(seen)  # and trained on once
+
+
+def test_demo_command_learns_summarises_and_leaves_no_process(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "cli.main", "demo", "--steps", "30", "--samplers", "1",
+                          "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "COLUMNS": "200"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "versions published" in out.stdout and "stopped 3 processes" in out.stdout
+    assert "still alive" not in out.stdout
+    for line in (tmp_path / "logs").glob("*.log"):
+        assert line.stat().st_size > 0
+    pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+    cmdlines = [(Path(f"/proc/{p}/cmdline").read_bytes() if Path(f"/proc/{p}/cmdline").exists() else b"") for p in pids]
+    assert not any(str(tmp_path).encode() in c for c in cmdlines)  # nothing of the demo's is running

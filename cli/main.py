@@ -116,6 +116,9 @@ def _stop_on_signals():
 
     def handler(signum, frame):
         if stop.is_set():
+            from cli.procs import kill_descendants
+
+            kill_descendants()  # forced: take our DHT process and p2pd down with us
             os._exit(130)
         logging.getLogger("hetero-node").info("stopping (signal %d); again to force", signum)
         stop.set()
@@ -246,11 +249,11 @@ def status(
         typer.echo(json.dumps(peers, indent=1))
         return
     table = Table(title=f"swarm {swarm!r}: {len(peers)} peers")
-    for col in ("peer", "role", "model", "version", "throughput", "software", "expires in"):
+    for col in ("peer", "role", "model", "version", "throughput", "software", "last seen", "expires in"):
         table.add_column(col)
     for p in peers:
-        table.add_row(p["peer_id"][-12:], p["role"], p["model_id"], str(p["version"]), f"{p['throughput']:.2f}/s",
-                      p["software"], f"{p['expires_in']:.0f} s")
+        table.add_row(p["peer_id"][-12:], p["role"], p["model_id"], str(p["version"]), f"{p['throughput']:.1f} compl/s",
+                      p["software"], f"{p['last_seen_s']:.0f} s ago", f"{p['expires_in']:.0f} s")
     Console().print(table)
 
 

@@ -54,6 +54,28 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+def kill_descendants(pid: int | None = None) -> None:
+    """SIGKILL every descendant of `pid` (default: this process), deepest first, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            children.setdefault(int(stat[stat.rindex(")") + 2 :].split()[1]), []).append(int(entry.name))
+    order, todo = [], list(children.get(pid or os.getpid(), []))
+    while todo:
+        p = todo.pop()
+        order.append(p)
+        todo += children.get(p, [])
+    for p in reversed(order):
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def start_node(name: str, args: list[str], log_dir: Path, threads: int = 1) -> NodeProcess:
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"

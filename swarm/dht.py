@@ -43,6 +43,8 @@ class PeerInfoModel(pydantic.BaseModel):
     maddrs: List[pydantic.StrictStr]
     learner: pydantic.StrictStr = ""
     """For samplers: the learner peer id they follow."""
+    updated: pydantic.StrictFloat = 0.0
+    """DHT time of the announcement (status shows 'last seen')."""
 
 
 class SwarmSchema(pydantic.BaseModel):
@@ -85,7 +87,8 @@ def create_dht(identity: Identity, net: NetworkConfig, swarm: str) -> DHT:
 def announce(dht: DHT, identity: Identity, swarm: str, info: dict[str, Any], ttl: float = 60.0) -> bool:
     """Store (or refresh) this peer's PeerInfo, signed, expiring in `ttl` seconds."""
     # every field explicitly: SchemaValidator refuses values that parse to anything different
-    info = {"learner": "", **info, "peer_id": identity.peer_id, "software": SOFTWARE, "protocol": PROTOCOL_VERSION}
+    info = {"learner": "", **info, "peer_id": identity.peer_id, "software": SOFTWARE, "protocol": PROTOCOL_VERSION,
+            "updated": float(get_dht_time())}
     subkey = RSASignatureValidator(identity.dht_private_key()).local_public_key
     return bool(dht.store(peers_key(swarm), info, expiration_time=get_dht_time() + ttl, subkey=subkey))
 
@@ -99,7 +102,8 @@ def list_peers(dht: DHT, swarm: str) -> list[dict[str, Any]]:
     peers = []
     for entry in found.value.values():
         if isinstance(entry.value, dict) and entry.expiration_time > now:
-            peers.append({**entry.value, "expires_in": round(entry.expiration_time - now, 1)})
+            peers.append({**entry.value, "expires_in": round(entry.expiration_time - now, 1),
+                          "last_seen_s": round(now - entry.value.get("updated", now), 1)})
     return sorted(peers, key=lambda p: (p.get("role", ""), p.get("peer_id", "")))
 
 

@@ -31,6 +31,24 @@ LEARNER_TOML = "checkpoint_every = 5\n[learner]\neval_every = 0\nmax_staleness =
 
 # ---- unit: identity, envelopes -------------------------------------------------------------------
 
+def test_forced_exit_kills_all_descendants(tmp_path):
+    from cli.procs import kill_descendants
+
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"])
+    time.sleep(1.0)
+    kids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+            and (p / "stat").exists() and f" {parent.pid} " in (p / "stat").read_text().split(")")[-1][:40]]
+    assert kids, "the grandchild did not start"
+    kill_descendants(parent.pid)
+    time.sleep(0.3)
+    for k in kids:
+        state = Path(f"/proc/{k}/stat").read_text().split(")")[-1].split()[0] if Path(f"/proc/{k}").exists() else "gone"
+        assert state in ("Z", "gone")
+    parent.kill()
+    parent.wait()
+
+
 def test_identity_matches_libp2p_and_envelopes_bind_signer(tmp_path):
     from hivemind.p2p import PeerID
 
@@ -122,6 +140,7 @@ def test_discovery_status_shows_every_peer(swarm):
         time.sleep(2)
     assert roles == ["bootstrap", "learner", "sampler", "sampler", "sampler"]
     by_id = {p["peer_id"]: p for p in peers}
+    assert all(0 <= p["last_seen_s"] < 60 and p["expires_in"] > 0 for p in peers)
     assert by_id[_peer(swarm, "sampler-x")]["model_id"] == "builtin:tiny-arith-b"
     assert by_id[_peer(swarm, "learner")]["role"] == "learner"
 
@@ -155,8 +174,11 @@ def _attack_payloads(attacker: Identity, victim_sampler: str) -> tuple[list, dic
     env = msgpack.unpackb(seal(attacker, group("tampered", attacker.peer_id).encode()))
     env["r"] = env["r"].replace(b"2+3=", b"2+4=")  # edited after signing
     huge = seal(attacker, group("huge", attacker.peer_id, n_tokens=40_000).encode())  # too many tokens
-    items = [["forged", forged], ["tampered", msgpack.packb(env)], ["garbage", b"\x00not msgpack"], ["huge", huge]]
-    return items, {"forged": "forged_sender", "tampered": "signature", "garbage": "undecodable", "huge": "oversize"}
+    schema = seal(attacker, msgpack.packb({"id": "schema", "swarm": "demo"}))  # signed, but not a RolloutGroup
+    items = [["forged", forged], ["tampered", msgpack.packb(env)], ["garbage", b"\x00not msgpack"], ["huge", huge],
+             ["schema", schema]]
+    return items, {"forged": "forged_sender", "tampered": "signature", "garbage": "undecodable", "huge": "oversize",
+                   "schema": "schema"}
 
 
 def test_forged_and_malformed_records_are_rejected_and_counted(swarm, tmp_path):
@@ -176,7 +198,7 @@ def test_forged_and_malformed_records_are_rejected_and_counted(swarm, tmp_path):
     before = swarm.version()
     swarm.wait_version(before + 3, timeout=120)  # and the learner keeps training
     drops = [r for r in swarm.metrics() if r["kind"] == "step"][-1]["drops"]
-    for reason in ("forged_sender", "signature", "undecodable", "oversize"):
+    for reason in ("forged_sender", "signature", "undecodable", "oversize", "schema"):
         assert drops.get(reason, 0) >= 1, (reason, drops)
 
 

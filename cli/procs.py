@@ -37,33 +37,32 @@ class NodeProcess:
         self.popen.wait(10)
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live processes of process group `pgid`, from /proc (Linux). Zombies do not count: an
-    orphan killed with its group stays a zombie until PID 1 reaps it, but it is already gone."""
-    members = []
+def _proc_table() -> list[tuple[int, str, int, int]]:
+    """(pid, state, ppid, pgid) of every process, from /proc (Linux)."""
+    rows = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             stat = (entry / "stat").read_text()
         except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp ...
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
+            continue  # exited while we looked
+        state, ppid, pgid = stat[stat.rindex(")") + 2 :].split()[:3]  # after "pid (comm) "
+        rows.append((int(entry.name), state, int(ppid), int(pgid)))
+    return rows
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes of process group `pgid`. Zombies do not count: an orphan killed with its
+    group stays a zombie until PID 1 reaps it, but it is already gone."""
+    return [pid for pid, state, _, group in _proc_table() if group == pgid and state != "Z"]
 
 
 def kill_descendants(pid: int | None = None) -> None:
-    """SIGKILL every descendant of `pid` (default: this process), deepest first, from /proc."""
+    """SIGKILL every descendant of `pid` (default: this process), deepest first."""
     children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            children.setdefault(int(stat[stat.rindex(")") + 2 :].split()[1]), []).append(int(entry.name))
+    for child, _, parent, _ in _proc_table():
+        children.setdefault(parent, []).append(child)
     order, todo = [], list(children.get(pid or os.getpid(), []))
     while todo:
         p = todo.pop()

@@ -35,6 +35,7 @@ from .journal import Journal
 from .outbox import Outbox
 from .p2p import MAX_MESSAGE, SwarmNode
 from .records import RecordError, decode_rollout_group
+from .weights_meta import weights_model_id
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +120,6 @@ class LearnerExchange:
             time.sleep(0.05)
 
     def publish_weights(self, sender: str, version: int, blob: bytes) -> None:
-        from .weights_meta import weights_model_id
-
         self._weights[version] = blob
         while len(self._weights) > self._keep:
             self._weights.popitem(last=False)

@@ -45,6 +45,7 @@ def save_learner_checkpoint(learner: "Learner", directory: Path) -> Path:
         "accepted_by_sampler": dict(learner.accepted_by_sampler),
         "tokens_by_sampler": dict(learner.tokens_by_sampler),
         "reward_claim_mismatch": learner.reward_claim_mismatch,
+        "version_clamped": learner.version_clamped,
         "seen": list(learner.seen),
         "torch_rng": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
         "python_rng": _py_rng_to_json(random.getstate()),
@@ -79,6 +80,7 @@ def load_learner_checkpoint(learner: "Learner", path: Path) -> None:
     learner.accepted_by_sampler = collections.Counter(state["accepted_by_sampler"])
     learner.tokens_by_sampler = collections.Counter(state["tokens_by_sampler"])
     learner.reward_claim_mismatch = state["reward_claim_mismatch"]
+    learner.version_clamped = state.get("version_clamped", 0)
     learner.seen = collections.OrderedDict.fromkeys(state["seen"])
     torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch_rng"])), dtype=torch.uint8))
     random.setstate(_py_rng_from_json(state["python_rng"]))

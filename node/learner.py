@@ -23,6 +23,7 @@ import logging
 import math
 import random
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -39,7 +40,8 @@ from .evaluate import evaluate
 from .models import BUILTIN_MODEL, tokenizer_hash
 from .tasks import ArithmeticConfig, DatasetTaskConfig, Task
 from .trainer import ScoredGroup, TrainPart, build_batch, train_step
-from .weights import encode_weights
+from .weight_codec import CodecConfig, Publisher
+from .weights import encode_version, untie
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,8 @@ class LearnerConfig:
     checkpoint_every: int = 0
     """Save every N versions (0: only when asked)."""
     metrics_path: str | None = None
+    weights: CodecConfig = field(default_factory=CodecConfig)
+    """How versions go out: keyframes every N versions, error-feedback deltas in between."""
 
     def __post_init__(self) -> None:
         for name, opts in ((self.stale_loss, self.stale_options), (self.foreign_loss, self.foreign_options)):
@@ -108,6 +112,9 @@ class Learner:
         self.version = 0
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
         self.engine = HFEngine(model, tokenizer, cfg.model)  # for evaluation only
+        self.publisher = Publisher(cfg.weights)
+        self.chain = uuid.uuid4().hex[:12]
+        """Id of this run's version chain: deltas apply only to weights of the same chain."""
         self.routes = {"stale": cfg.stale_loss, "foreign": cfg.foreign_loss, "foreign_seq": cfg.foreign_loss}
         self.buffer: collections.deque[BufferedGroup] = collections.deque()
         self.seen: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -115,6 +122,8 @@ class Learner:
         self.accepted_by_sampler: collections.Counter[str] = collections.Counter()
         self.tokens_by_sampler: collections.Counter[str] = collections.Counter()
         self.reward_claim_mismatch = 0
+        self.version_clamped = 0
+        """Rollouts from a previous run's versions beyond our resumed version (see _accept)."""
         self.eval_set = random.Random(1234).sample(list(task.split("eval")), min(cfg.eval_size, len(task.split("eval"))))
         self.history: list[dict] = []
         self.on_record: Callable[[dict], None] | None = None
@@ -157,8 +166,8 @@ class Learner:
         own = g.model_id == self.cfg.model
         if not own and "*" not in self.cfg.accept_models and g.model_id not in self.cfg.accept_models:
             return "unknown_model"
-        if own and g.version > self.version:
-            return "future_version"  # we never published it: forged or from another learner
+        if own and g.version > self.version and g.chain in ("", self.chain):
+            return "future_version"  # this chain never had it: forged or from another learner
         if not math.isclose(float(g.sampling.get("temperature", -1)), self.cfg.temperature):
             return "wrong_temperature"
         if len(g.completions) < 2:
@@ -195,7 +204,14 @@ class Learner:
         else:
             comps = [Completion(c.token_ids, c.text, c.logprobs, c.finish_reason) for c in g.completions]
             seq_means = None
-        scored = ScoredGroup(g.prompt_id, prompt_ids, comps, rewards, g.model_id, g.version, seq_means)
+        version = g.version
+        if own and version > self.version:
+            # made by weights of this learner's previous run (it resumed from an older checkpoint):
+            # the rollout is sound, its version number is from a lost branch; count it as fresh
+            version = self.version
+            if count:
+                self.version_clamped += 1
+        scored = ScoredGroup(g.prompt_id, prompt_ids, comps, rewards, g.model_id, version, seq_means)
         self.buffer.append(BufferedGroup(scored, route, g.sampler, raw))
         self._remember(g.id)
         if count:
@@ -274,12 +290,15 @@ class Learner:
     def _counters(self) -> dict[str, Any]:
         return {"drops": dict(self.drops), "accepted_by_sampler": dict(self.accepted_by_sampler),
                 "reward_claim_mismatch": self.reward_claim_mismatch, "buffered": len(self.buffer),
+                "version_clamped": self.version_clamped,
                 "time_s": round(time.time() - self._t0, 2)}
 
     def _publish(self) -> None:
         if self.exchange is not None:
+            weights, aliases = untie(self.model.state_dict())
+            enc = self.publisher.publish(weights, self.version)
             self.exchange.publish_weights(self.peer_id, self.version,
-                                          encode_weights(self.model.state_dict(), self.cfg.model, self.version))
+                                          encode_version(enc, self.cfg.model, self.chain, aliases))
 
     def run_eval(self) -> float:
         acc = evaluate(self.engine, self.task, self.eval_set, self.cfg.eval_max_new_tokens)

@@ -18,7 +18,10 @@ from swarm.records import CompletionRecord, RolloutGroup
 
 from .engines.base import Engine, SamplingParams
 from .tasks import PromptStream, Task
-from .weights import decode_weights, weights_metadata
+from swarm.weights_meta import weights_metadata
+
+from .weight_codec import apply_version
+from .weights import decode_version, retie
 
 log = logging.getLogger(__name__)
 
@@ -48,23 +51,36 @@ class Sampler:
         self.engine = engine
         self.tokenizer_id = tokenizer_id
         self.stream = PromptStream(task.split("train"), seed=f"{cfg.seed}:{peer_id}")
-        self.stats = {"groups": 0, "completions": 0, "weight_updates": 0, "weights_refused": 0}
+        self.stats = {"groups": 0, "completions": 0, "weight_updates": 0, "weights_refused": 0, "chain_breaks": 0}
+        self.published: dict | None = None
+        """The learner's published weights as reconstructed here (float32), bit-exact."""
+        self.chain = ""
 
     @property
     def version(self) -> int:
         return self.engine.version
 
     def maybe_update(self, exchange: Exchange) -> bool:
-        """Load newer weights of our own model if the exchange offers them now."""
-        got = exchange.fetch_weights(self.peer_id, self.engine.version)
-        if got is None:
+        """Apply newer versions of our own model (a keyframe and/or deltas) if the exchange offers them."""
+        have = self.engine.version if self.published is not None else -1
+        blobs = exchange.fetch_weights(self.peer_id, self.chain, have)
+        if not blobs:
             return False
-        version, blob = got
-        meta = weights_metadata(blob)
-        if meta.get("model_id") != self.engine.model_id:
+        if weights_metadata(blobs[0]).get("model_id") != self.engine.model_id:
             self.stats["weights_refused"] += 1  # another model's weights: not ours to load
             return False
-        self.engine.load_weights(decode_weights(blob), version)
+        published, version, chain, aliases = self.published, have, self.chain, {}
+        for blob in blobs:
+            enc, aliases = decode_version(blob)
+            if enc.base is not None and (enc.base != version or weights_metadata(blob).get("chain") != chain):
+                self.stats["chain_breaks"] += 1  # missed a base: the next fetch starts from a keyframe
+                self.chain = ""
+                log.warning("%s: delta v%d does not apply to v%d; will refetch from a keyframe", self.peer_id, enc.version, version)
+                return False
+            published = apply_version(published if enc.base is not None else None, enc)
+            version, chain = enc.version, weights_metadata(blob).get("chain", "")
+        self.published, self.chain = published, chain
+        self.engine.load_weights(retie(published, aliases), version)
         self.stats["weight_updates"] += 1
         log.debug("%s: now at version %d", self.peer_id, version)
         return True
@@ -82,6 +98,7 @@ class Sampler:
             groups.append(RolloutGroup(
                 id=uuid.uuid4().hex, swarm=self.cfg.swarm, task=self.task.name, prompt_id=p.id, prompt=p.prompt,
                 model_id=self.engine.model_id, tokenizer=self.tokenizer_id, version=version, sampler=self.peer_id,
+                chain=self.chain,
                 created=time.time(), completions=comps,
                 sampling={"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
                           "max_new_tokens": params.max_new_tokens},

@@ -1,9 +1,8 @@
-"""Weights as bytes for the exchange: a full keyframe in safetensors format, with its metadata.
+"""Weights as bytes for the exchange: one encoded version (keyframe or delta) in safetensors format.
 
-The blob carries the model id and the version in the safetensors header metadata, so a sampler
-can refuse weights for another model before loading anything. Tensors that share storage (tied
-input/output embeddings) are sent once and listed as aliases, not duplicated. (Deltas against a
-base version come with the weight-delta issue.)
+The header metadata carries model id, version, base (empty for a keyframe), codec, block size,
+tensor shapes, the learner's chain id (one per learner start: a delta only applies to weights of
+the same chain) and tied-tensor aliases. Tied tensors (input/output embeddings) travel once.
 """
 
 from __future__ import annotations
@@ -16,24 +15,43 @@ from safetensors.torch import save as st_save
 
 from swarm.weights_meta import weights_metadata
 
+from .weight_codec import EncodedVersion
 
-def encode_weights(state_dict: dict[str, torch.Tensor], model_id: str, version: int) -> bytes:
-    tensors: dict[str, torch.Tensor] = {}
+
+def untie(state_dict: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(tensors with each storage once, {alias: name it shares storage with})."""
+    unique: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
-    by_storage: dict[tuple[int, int, tuple], str] = {}
+    seen: dict[tuple, str] = {}
     for name, t in state_dict.items():
         key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
-        if key in by_storage:
-            aliases[name] = by_storage[key]
-            continue
-        by_storage[key] = name
-        tensors[name] = t.detach().contiguous().cpu()
-    meta = {"model_id": model_id, "version": str(version), "codec": "full", "aliases": json.dumps(aliases)}
-    return st_save(tensors, metadata=meta)
+        if key in seen:
+            aliases[name] = seen[key]
+        else:
+            seen[key] = name
+            unique[name] = t
+    return unique, aliases
 
 
-def decode_weights(blob: bytes) -> dict[str, torch.Tensor]:
-    tensors = st_load(blob)
-    for alias, target in json.loads(weights_metadata(blob).get("aliases", "{}")).items():
-        tensors[alias] = tensors[target]
-    return tensors
+def retie(tensors: dict[str, torch.Tensor], aliases: dict[str, str]) -> dict[str, torch.Tensor]:
+    return {**tensors, **{alias: tensors[target] for alias, target in aliases.items()}}
+
+
+def encode_version(enc: EncodedVersion, model_id: str, chain: str, aliases: dict[str, str]) -> bytes:
+    flat = {f"{name}::{part}": t.contiguous() for name, parts in enc.tensors.items() for part, t in parts.items()}
+    meta = {"model_id": model_id, "version": str(enc.version), "base": "" if enc.base is None else str(enc.base),
+            "codec": enc.codec, "block": str(enc.block), "chain": chain, "aliases": json.dumps(aliases),
+            "shapes": json.dumps({k: list(v) for k, v in enc.shapes.items()})}
+    return st_save(flat, metadata=meta)
+
+
+def decode_version(blob: bytes) -> tuple[EncodedVersion, dict[str, str]]:
+    meta = weights_metadata(blob)
+    tensors: dict[str, dict[str, torch.Tensor]] = {}
+    for key, t in st_load(blob).items():
+        name, part = key.rsplit("::", 1)
+        tensors.setdefault(name, {})[part] = t
+    shapes = {k: tuple(v) for k, v in json.loads(meta["shapes"]).items()}
+    enc = EncodedVersion(int(meta["version"]), int(meta["base"]) if meta["base"] else None, meta["codec"],
+                         int(meta["block"]), tensors, shapes)
+    return enc, json.loads(meta.get("aliases", "{}"))

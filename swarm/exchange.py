@@ -24,6 +24,8 @@ class Exchange(Protocol):
         """Offer weights `version` (an encoded blob) to the samplers."""
         ...
 
-    def fetch_weights(self, receiver: str, have_version: int) -> tuple[int, bytes] | None:
-        """The newest weights `receiver` may load now, if newer than `have_version`, else None."""
+    def fetch_weights(self, receiver: str, have_chain: str, have_version: int) -> list[bytes] | None:
+        """Encoded versions `receiver` should apply now, in order, to reach the newest one: only
+        the newer deltas if it holds `have_version` of chain `have_chain`, else the last keyframe
+        and the deltas after it; None if there is nothing newer (or its delay has not passed)."""
         ...

@@ -13,6 +13,7 @@ import itertools
 import random
 
 from .delay import DelayConfig, ReloadTimer, sample_delay
+from .weights_meta import plan_fetch, weights_metadata
 
 
 class VirtualClock:
@@ -29,7 +30,7 @@ class MemoryExchange:
         self._rng = random.Random(seed)
         self._timers: dict[str, ReloadTimer] = {}
         self._rollout_delay: dict[str, DelayConfig] = {}
-        self._weights: tuple[int, bytes] | None = None
+        self._chain: list[tuple[int, dict, bytes]] = []  # the last keyframe and the deltas after it
         self._inflight: list[tuple[float, int, bytes]] = []  # (arrival time, seq, record) heap
         self._seq = itertools.count()
 
@@ -45,14 +46,14 @@ class MemoryExchange:
             delay = sample_delay(self._rollout_delay.get(sender, DelayConfig()), self._rng)
             heapq.heappush(self._inflight, (self.clock.now + delay, next(self._seq), rec))
 
-    def fetch_weights(self, receiver: str, have_version: int) -> tuple[int, bytes] | None:
+    def fetch_weights(self, receiver: str, have_chain: str, have_version: int) -> list[bytes] | None:
         timer = self._timers.setdefault(receiver, ReloadTimer(DelayConfig(), self._rng))
         if not timer.due(self.clock.now):
             return None  # still generating with the old weights (delay D not yet passed)
         timer.arm(self.clock.now)
-        if self._weights is None or self._weights[0] <= have_version:
-            return None
-        return self._weights
+        by_version = {v: blob for v, _, blob in self._chain}
+        wanted = plan_fetch([(v, m) for v, m, _ in self._chain], have_chain, have_version)
+        return [by_version[v] for v in wanted] or None
 
     # --- learner side ---------------------------------------------------------------------------
     def receive_rollouts(self, receiver: str, max_records: int, timeout: float = 0.0) -> list[bytes]:
@@ -62,7 +63,10 @@ class MemoryExchange:
         return out
 
     def publish_weights(self, sender: str, version: int, blob: bytes) -> None:
-        self._weights = (version, blob)
+        meta = weights_metadata(blob)
+        if not meta.get("base"):
+            self._chain = []
+        self._chain.append((version, meta, blob))
 
     @property
     def in_flight(self) -> int:

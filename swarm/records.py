@@ -60,6 +60,8 @@ class RolloutGroup:
     created: float
     completions: list[CompletionRecord]
     sampling: dict[str, Any] = field(default_factory=dict)
+    chain: str = ""
+    """The learner weight chain `version` belongs to ("" before any weights were loaded)."""
     protocol: int = PROTOCOL
 
     def encode(self) -> bytes:
@@ -136,9 +138,11 @@ def decode_rollout_group(data: bytes) -> RolloutGroup:
     if d["version"] < 0:
         raise RecordError("schema", f"negative version {d['version']}")
     sampling = d.get("sampling", {})
+    chain = d.get("chain", "")
     return RolloutGroup(
         id=d["id"], swarm=d["swarm"], task=d["task"], prompt_id=d["prompt_id"], prompt=d["prompt"],
         model_id=d["model_id"], tokenizer=d["tokenizer"], version=d["version"], sampler=d["sampler"],
         created=float(d["created"]), sampling=sampling if isinstance(sampling, dict) else {},
+        chain=chain if isinstance(chain, str) else "",
         completions=[_decode_completion(c, i) for i, c in enumerate(d["completions"])],
     )

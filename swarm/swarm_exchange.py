@@ -6,8 +6,9 @@ Learner side (`LearnerExchange`) serves three RPCs:
                       each envelope's signature is checked and must be the sampler's own; valid
                       records are appended to the journal (fsynced) *before* the ack, so an
                       acknowledged rollout survives a learner crash.
-  hetero.manifest.v1  -> the newest weights manifest, sealed by the learner: version, model,
-                      size, sha256, chunk size and per-chunk sha256.
+  hetero.manifest.v1  -> the manifest of the learner's current chain (its last keyframe and the
+                      deltas after it), sealed by the learner: chain id, model, and per version
+                      its base, size, sha256 and per-chunk sha256.
   hetero.chunk.v1     [version, index] -> chunk bytes (a missing version answers b"").
 Sampler side (`SamplerExchange`) keeps rollouts in its persistent outbox and a background thread
 sends what is due, with exponential backoff while the learner is unreachable; it fetches weights
@@ -35,7 +36,7 @@ from .journal import Journal
 from .outbox import Outbox
 from .p2p import MAX_MESSAGE, SwarmNode
 from .records import RecordError, decode_rollout_group
-from .weights_meta import weights_model_id
+from .weights_meta import plan_fetch, weights_metadata
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +50,15 @@ def _sha(b: bytes) -> str:
 
 
 class LearnerExchange:
-    def __init__(self, node: SwarmNode, journal: Journal, cursor: int = 0, keep_versions: int = 2) -> None:
+    def __init__(self, node: SwarmNode, journal: Journal, cursor: int = 0) -> None:
         self.node = node
         self.journal = journal
         self.cursor = cursor
         """Journal records already handed to the learner (stored in its checkpoints)."""
         self.rejected: collections.Counter[str] = collections.Counter()
-        self._weights: collections.OrderedDict[int, bytes] = collections.OrderedDict()
+        self._weights: dict[int, bytes] = {}  # the current chain: last keyframe + deltas after it
+        self._entries: list[dict] = []
         self._manifest = b""
-        self._keep = keep_versions
         self.backlog: Callable[[], int] = lambda: len(self.journal) - self.cursor
         """Rollouts received but not yet trained on; reported in every ack so samplers can pace."""
         node.add_handler(ROLLOUTS, self._on_rollouts)
@@ -120,16 +121,18 @@ class LearnerExchange:
             time.sleep(0.05)
 
     def publish_weights(self, sender: str, version: int, blob: bytes) -> None:
+        meta = weights_metadata(blob)
+        if not meta.get("base"):
+            self._weights, self._entries = {}, []  # a keyframe starts a new chain segment
         self._weights[version] = blob
-        while len(self._weights) > self._keep:
-            self._weights.popitem(last=False)
         chunks = [blob[i : i + CHUNK_SIZE] for i in range(0, len(blob), CHUNK_SIZE)]
-        manifest = {"model_id": weights_model_id(blob), "version": version, "base": None, "codec": "full",
-                    "size": len(blob), "sha256": _sha(blob), "chunk_size": CHUNK_SIZE,
-                    "chunks": [_sha(c) for c in chunks], "learner": self.node.peer_id, "time": time.time()}
+        self._entries.append({"version": version, "base": meta.get("base", ""), "size": len(blob), "sha256": _sha(blob),
+                              "chunks": [_sha(c) for c in chunks]})
+        manifest = {"model_id": meta.get("model_id", ""), "chain": meta.get("chain", ""), "chunk_size": CHUNK_SIZE,
+                    "versions": self._entries, "learner": self.node.peer_id, "time": time.time()}
         self._manifest = seal(self.node.identity, msgpack.packb(manifest))
 
-    def fetch_weights(self, receiver: str, have_version: int):
+    def fetch_weights(self, receiver: str, have_chain: str, have_version: int):
         raise NotImplementedError("a learner publishes weights; samplers fetch them")
 
     def send_rollouts(self, sender: str, records: list[bytes]) -> None:
@@ -199,23 +202,26 @@ class SamplerExchange:
         return len(settled) if due else 0
 
     # ---- weights -------------------------------------------------------------------------------
-    def fetch_weights(self, receiver: str, have_version: int) -> tuple[int, bytes] | None:
+    def fetch_weights(self, receiver: str, have_chain: str, have_version: int) -> list[bytes] | None:
         learner = self.learner()
         now = time.time()
         if learner is None or not self._timer.due(now):
             return None
         try:
             manifest = self._manifest(learner)
-            if manifest is None or manifest["version"] <= have_version:
+            if manifest is None:
                 return None
-            blob = self._download(learner, manifest)
+            entries = {e["version"]: e for e in manifest["versions"]}
+            wanted = plan_fetch([(v, {"chain": manifest["chain"]}) for v in entries], have_chain, have_version)
+            blobs = [self._download(learner, entries[v]) for v in wanted]
         except Exception as e:
             self.stats["weight_fetch_failures"] += 1
             log.warning("weights fetch from %s failed (%s: %s); keeping version %d", learner[-8:],
                         type(e).__name__, e, have_version)
             return None
         self._timer.arm(now)
-        return manifest["version"], blob
+        self.stats["weight_bytes"] += sum(len(b) for b in blobs)
+        return blobs or None
 
     def _manifest(self, learner: str) -> dict | None:
         sealed = self.node.call(learner, MANIFEST, b"", self.rpc_timeout)
@@ -228,6 +234,7 @@ class SamplerExchange:
         return msgpack.unpackb(record, raw=False)
 
     def _download(self, learner: str, manifest: dict) -> bytes:
+        """One version's blob, chunk by chunk, each chunk and the whole checked against `manifest`."""
         parts = []
         for index, expected in enumerate(manifest["chunks"]):
             for attempt in range(3):

@@ -47,7 +47,10 @@ def test_versions_advance_parameters_change_and_samplers_follow(task):
     assert any(not torch.equal(before[k], v) for k, v in learner.model.state_dict().items())
     sampler.maybe_update(ex)
     assert sampler.version == 3
-    assert all(torch.equal(a, b) for a, b in zip(sampler.engine.model.parameters(), learner.model.parameters()))
+    # the sampler holds exactly what the learner published (int8 deltas with error feedback)
+    published = learner.publisher.published
+    assert all(torch.equal(v, published[k]) for k, v in sampler.engine.model.state_dict().items() if k in published)
+    assert sampler.stats["weight_updates"] >= 1 and sampler.chain == learner.chain
     assert learner.accepted_by_sampler["s0"] == 12
     hist = [r["staleness_hist"] for r in learner.history if r["kind"] == "step"]
     assert hist == [{"0": 4}] * 3
@@ -174,3 +177,14 @@ def test_resume_from_checkpoint_continues_the_same_versions_and_metrics(task, tm
     part2 = run(resumed, records[3:6])
     assert [v for v, *_ in part1 + part2] == [1, 2, 3, 4, 5, 6]
     assert part1 + part2 == pytest.approx(straight, rel=0, abs=1e-6)
+
+
+def test_rollouts_of_a_previous_run_beyond_the_resumed_version_are_kept_not_rejected(task):
+    clock, ex, learner, sampler = make_pair(task)
+    g = sampler.produce(1)[0]
+    g.version, g.chain = 5, "old-run"  # made at v5 of this learner's run before a crash; it resumed at v0
+    assert learner.ingest(g.encode()) is None
+    assert learner.buffer[-1].group.version == 0 and learner.version_clamped == 1
+    g2 = sampler.produce(1)[0]
+    g2.version, g2.chain = 5, learner.chain  # v5 of *this* chain does not exist: forged
+    assert learner.ingest(g2.encode()) == "future_version"

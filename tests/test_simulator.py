@@ -28,18 +28,45 @@ def test_lognormal_parameters_match_the_paper():
         DelayConfig(kind="pareto")
 
 
+def blob(version: int, base: int | None, chain: str = "c1") -> bytes:
+    from safetensors.torch import save
+
+    return save({}, metadata={"version": str(version), "base": "" if base is None else str(base), "chain": chain})
+
+
+def versions(blobs):
+    from swarm.weights_meta import weights_metadata
+
+    return [int(weights_metadata(b)["version"]) for b in blobs or []]
+
+
+def test_plan_fetch_deltas_or_keyframe():
+    from swarm.weights_meta import plan_fetch
+
+    avail = [(10, {"chain": "c1"}), (11, {"chain": "c1"}), (12, {"chain": "c1"})]
+    assert plan_fetch(avail, "c1", 11) == [12]  # in step: only the newer delta
+    assert plan_fetch(avail, "c1", 12) == []
+    assert plan_fetch(avail, "c1", 7) == [10, 11, 12]  # missed the base: keyframe and all deltas
+    assert plan_fetch(avail, "c0", 11) == [10, 11, 12]  # another chain (learner restarted): same
+    assert plan_fetch([], "c1", 3) == []
+
+
 def test_memory_exchange_follows_the_papers_delay_model():
     clock = VirtualClock()
     ex = MemoryExchange(clock)
     ex.set_delays("s", weights=DelayConfig(kind="fixed", fixed_s=100))
-    loads = []
+    loads, have = [], -1
     for t in range(0, 500, 10):
         clock.advance_to(t)
-        ex.publish_weights("l", t // 10, b"w")
-        got = ex.fetch_weights("s", -1)
+        v = t // 10
+        ex.publish_weights("l", v, blob(v, None if v % 20 == 0 else v - 1))  # a keyframe every 20
+        got = ex.fetch_weights("s", "c1", have)
         if got:
-            loads.append((t, got[0]))
-    assert loads == [(0, 0), (100, 10), (200, 20), (300, 30), (400, 40)]  # newest, every D seconds
+            loads.append((t, versions(got)))
+            have = versions(got)[-1]
+    # every D = 100 s the sampler loads the newest: the deltas since its version, or from a keyframe
+    assert loads == [(0, [0]), (100, list(range(1, 11))), (200, [20]),  # 10 < keyframe 20: from the keyframe
+                     (300, list(range(21, 31))), (400, [40])]
     ex.set_delays("s", rollouts=DelayConfig(kind="fixed", fixed_s=25))
     ex.send_rollouts("s", [b"a", b"b"])
     assert ex.receive_rollouts("l", 10) == []

@@ -47,8 +47,17 @@ class PeerInfoModel(pydantic.BaseModel):
     """DHT time of the announcement (status shows 'last seen')."""
 
 
+class HolderModel(pydantic.BaseModel):
+    """Which versions of which weight chain a peer holds and serves (content it can upload)."""
+
+    peer_id: pydantic.StrictStr
+    chain: pydantic.StrictStr
+    versions: List[pydantic.StrictInt]
+
+
 class SwarmSchema(pydantic.BaseModel):
     peers: Dict[conbytes(regex=rb".*\[owner:.+\]"), PeerInfoModel]
+    holders: Dict[conbytes(regex=rb".*\[owner:.+\]"), HolderModel]
 
 
 @dataclass
@@ -105,6 +114,25 @@ def list_peers(dht: DHT, swarm: str) -> list[dict[str, Any]]:
             peers.append({**entry.value, "expires_in": round(entry.expiration_time - now, 1),
                           "last_seen_s": round(now - entry.value.get("updated", now), 1)})
     return sorted(peers, key=lambda p: (p.get("role", ""), p.get("peer_id", "")))
+
+
+def holders_key(swarm: str) -> str:
+    return f"hetero_{swarm}_holders"
+
+
+def announce_holdings(dht: DHT, identity: Identity, swarm: str, chain: str, versions: list[int], ttl: float = 60.0) -> bool:
+    """Say (signed, expiring) which versions of `chain` this peer serves."""
+    subkey = RSASignatureValidator(identity.dht_private_key()).local_public_key
+    value = {"peer_id": identity.peer_id, "chain": chain, "versions": [int(v) for v in versions]}
+    return bool(dht.store(holders_key(swarm), value, expiration_time=get_dht_time() + ttl, subkey=subkey))
+
+
+def list_holders(dht: DHT, swarm: str) -> list[dict[str, Any]]:
+    found = dht.get(holders_key(swarm), latest=True)
+    if found is None or not isinstance(found.value, dict):
+        return []
+    now = get_dht_time()
+    return [e.value for e in found.value.values() if isinstance(e.value, dict) and e.expiration_time > now]
 
 
 def wait_for_peers(dht: DHT, swarm: str, role: str, timeout: float, poll: float = 1.0) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ from typing import Awaitable, Callable
 from google.protobuf.wrappers_pb2 import BytesValue
 from hivemind.p2p import P2PContext, PeerID
 
-from .dht import NetworkConfig, announce, create_dht, list_peers
+from .dht import NetworkConfig, announce, announce_holdings, create_dht, list_holders, list_peers
 from .identity import Identity
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,12 @@ class SwarmNode:
 
     def peers(self) -> list[dict]:
         return list_peers(self.dht, self.swarm)
+
+    def announce_holdings(self, chain: str, versions: list[int], ttl: float = 60.0) -> bool:
+        return announce_holdings(self.dht, self.identity, self.swarm, chain, versions, ttl)
+
+    def holders(self) -> list[dict]:
+        return list_holders(self.dht, self.swarm)
 
     def add_handler(self, name: str, handler: Handler) -> None:
         async def _wrapped(request: BytesValue, context: P2PContext) -> BytesValue:

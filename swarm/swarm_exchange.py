@@ -9,7 +9,9 @@ Learner side (`LearnerExchange`) serves three RPCs:
   hetero.manifest.v1  -> the manifest of the learner's current chain (its last keyframe and the
                       deltas after it), sealed by the learner: chain id, model, and per version
                       its base, size, sha256 and per-chunk sha256.
-  hetero.chunk.v1     [version, index] -> chunk bytes (a missing version answers b"").
+  hetero.chunk.v1     [chain, version, index] -> chunk bytes (b"" if not held). Served by the
+                      learner *and* by every sampler for the versions it holds (announced in
+                      the DHT), so the learner's upload need not grow with the number of samplers.
 Sampler side (`SamplerExchange`) keeps rollouts in its persistent outbox and a background thread
 sends what is due, with exponential backoff while the learner is unreachable; it fetches weights
 chunk by chunk and checks every chunk and the whole against the manifest (a stream can silently
@@ -49,6 +51,41 @@ def _sha(b: bytes) -> str:
     return hashlib.sha256(b).hexdigest()
 
 
+class ChunkStore:
+    """The weight blobs of one chain that this peer holds, served chunk by chunk to any peer.
+
+    Requests name (chain, version, index); a peer answers b"" for anything it does not hold.
+    Every byte a fetcher receives is checked against the learner-signed manifest, so a holder
+    cannot serve wrong weights, only fail to help.
+    """
+
+    def __init__(self, node: SwarmNode) -> None:
+        self.chain = ""
+        self.blobs: dict[int, bytes] = {}
+        self.served_bytes = 0
+        node.add_handler(CHUNK, self._on_chunk)
+
+    def put(self, chain: str, version: int, blob: bytes) -> None:
+        if chain != self.chain:
+            self.chain, self.blobs = chain, {}
+        self.blobs[version] = blob
+
+    def reset(self, chain: str) -> None:
+        self.chain, self.blobs = chain, {}
+
+    async def _on_chunk(self, payload: bytes, remote: str) -> bytes:
+        try:
+            chain, version, index = msgpack.unpackb(payload)
+            blob = self.blobs.get(int(version)) if chain == self.chain else None
+        except Exception:
+            return b""
+        if blob is None or not 0 <= index * CHUNK_SIZE < len(blob):
+            return b""
+        chunk = blob[index * CHUNK_SIZE : (index + 1) * CHUNK_SIZE]
+        self.served_bytes += len(chunk)
+        return chunk
+
+
 class LearnerExchange:
     def __init__(self, node: SwarmNode, journal: Journal, cursor: int = 0) -> None:
         self.node = node
@@ -56,14 +93,13 @@ class LearnerExchange:
         self.cursor = cursor
         """Journal records already handed to the learner (stored in its checkpoints)."""
         self.rejected: collections.Counter[str] = collections.Counter()
-        self._weights: dict[int, bytes] = {}  # the current chain: last keyframe + deltas after it
+        self.store = ChunkStore(node)  # the current chain: last keyframe + deltas after it
         self._entries: list[dict] = []
         self._manifest = b""
         self.backlog: Callable[[], int] = lambda: len(self.journal) - self.cursor
         """Rollouts received but not yet trained on; reported in every ack so samplers can pace."""
         node.add_handler(ROLLOUTS, self._on_rollouts)
         node.add_handler(MANIFEST, self._on_manifest)
-        node.add_handler(CHUNK, self._on_chunk)
 
     async def _on_rollouts(self, payload: bytes, remote: str) -> bytes:
         try:
@@ -100,16 +136,6 @@ class LearnerExchange:
     async def _on_manifest(self, payload: bytes, remote: str) -> bytes:
         return self._manifest
 
-    async def _on_chunk(self, payload: bytes, remote: str) -> bytes:
-        try:
-            version, index = msgpack.unpackb(payload)
-            blob = self._weights.get(int(version))
-        except Exception:
-            return b""
-        if blob is None or not 0 <= index * CHUNK_SIZE < len(blob):
-            return b""
-        return blob[index * CHUNK_SIZE : (index + 1) * CHUNK_SIZE]
-
     # ---- Exchange ------------------------------------------------------------------------------
     def receive_rollouts(self, receiver: str, max_records: int, timeout: float = 0.0) -> list[bytes]:
         deadline = time.monotonic() + timeout
@@ -123,8 +149,9 @@ class LearnerExchange:
     def publish_weights(self, sender: str, version: int, blob: bytes) -> None:
         meta = weights_metadata(blob)
         if not meta.get("base"):
-            self._weights, self._entries = {}, []  # a keyframe starts a new chain segment
-        self._weights[version] = blob
+            self.store.reset(meta.get("chain", ""))  # a keyframe starts a new chain segment
+            self._entries = []
+        self.store.put(meta.get("chain", ""), version, blob)
         chunks = [blob[i : i + CHUNK_SIZE] for i in range(0, len(blob), CHUNK_SIZE)]
         self._entries.append({"version": version, "base": meta.get("base", ""), "size": len(blob), "sha256": _sha(blob),
                               "chunks": [_sha(c) for c in chunks]})
@@ -155,6 +182,7 @@ class SamplerExchange:
         self._last_reply = 0.0
         self.learner_backlog = 0
         """The learner's backlog from its last ack: samplers pause while it is large (fresher data)."""
+        self.store = ChunkStore(node)
         self._stop = threading.Event()
         self._flusher = threading.Thread(target=self._flush_loop, name="outbox-flusher", daemon=True)
         self._flusher.start()
@@ -213,15 +241,31 @@ class SamplerExchange:
                 return None
             entries = {e["version"]: e for e in manifest["versions"]}
             wanted = plan_fetch([(v, {"chain": manifest["chain"]}) for v in entries], have_chain, have_version)
-            blobs = [self._download(learner, entries[v]) for v in wanted]
+            holders = self._holders(manifest["chain"]) if wanted else {}
+            blobs = [self._download(learner, manifest["chain"], entries[v], holders.get(v, [])) for v in wanted]
         except Exception as e:
             self.stats["weight_fetch_failures"] += 1
             log.warning("weights fetch from %s failed (%s: %s); keeping version %d", learner[-8:],
                         type(e).__name__, e, have_version)
             return None
         self._timer.arm(now)
-        self.stats["weight_bytes"] += sum(len(b) for b in blobs)
+        for v, blob in zip(wanted, blobs):
+            self.store.put(manifest["chain"], v, blob)
+        if wanted:
+            self.node.announce_holdings(manifest["chain"], sorted(self.store.blobs))
         return blobs or None
+
+    def _holders(self, chain: str) -> dict[int, list[str]]:
+        """version -> peers (other than us) announcing they hold it, in an order of our own."""
+        by_version: dict[int, list[str]] = collections.defaultdict(list)
+        for h in self.node.holders():
+            if h.get("chain") == chain and h.get("peer_id") != self.node.peer_id:
+                for v in h.get("versions", []):
+                    by_version[v].append(h["peer_id"])
+        rng = random.Random(self.node.peer_id)  # each fetcher spreads its load differently
+        for peers in by_version.values():
+            rng.shuffle(peers)
+        return by_version
 
     def _manifest(self, learner: str) -> dict | None:
         sealed = self.node.call(learner, MANIFEST, b"", self.rpc_timeout)
@@ -233,21 +277,31 @@ class SamplerExchange:
             raise RecordError("signature", f"manifest signed by {signer[-8:]}, not by the learner we follow")
         return msgpack.unpackb(record, raw=False)
 
-    def _download(self, learner: str, manifest: dict) -> bytes:
-        """One version's blob, chunk by chunk, each chunk and the whole checked against `manifest`."""
+    def _download(self, learner: str, chain: str, entry: dict, holders: list[str]) -> bytes:
+        """One version's blob, chunk by chunk: chunk i goes first to holder i mod n (spreading the
+        load), then to the other holders, and to the learner last. Each chunk and the whole are
+        checked against the learner-signed manifest entry; a bad chunk is fetched elsewhere."""
         parts = []
-        for index, expected in enumerate(manifest["chunks"]):
-            for attempt in range(3):
-                chunk = self.node.call(learner, CHUNK, msgpack.packb([manifest["version"], index]), self.rpc_timeout)
+        for index, expected in enumerate(entry["chunks"]):
+            order = holders[index % len(holders):] + holders[: index % len(holders)] if holders else []
+            for source in [*order, learner]:
+                try:
+                    chunk = self.node.call(source, CHUNK, msgpack.packb([chain, entry["version"], index]), self.rpc_timeout)
+                except Exception as e:  # a holder that vanished or is slow: try the next one
+                    log.debug("chunk %d from %s failed: %s", index, source[-8:], e)
+                    continue
                 if _sha(chunk) == expected:
+                    self.stats["bytes_from_learner" if source == learner else "bytes_from_holders"] += len(chunk)
                     break
-                self.stats["bad_chunks"] += 1
-                log.warning("chunk %d of version %d failed its hash (attempt %d)", index, manifest["version"], attempt + 1)
+                if chunk:
+                    self.stats["bad_chunks"] += 1
+                    log.warning("chunk %d of version %d from %s failed its hash; trying another holder",
+                                index, entry["version"], source[-8:])
             else:
-                raise RecordError("sizes", f"chunk {index} of version {manifest['version']} never verified")
+                raise RecordError("sizes", f"chunk {index} of version {entry['version']} verified from no source")
             parts.append(chunk)
         blob = b"".join(parts)
-        if len(blob) != manifest["size"] or _sha(blob) != manifest["sha256"]:
+        if len(blob) != entry["size"] or _sha(blob) != entry["sha256"]:
             raise RecordError("sizes", "reassembled weights do not match the manifest")
         return blob
 

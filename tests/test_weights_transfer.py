@@ -1,5 +1,7 @@
-"""Versions over real hivemind RPC between two in-process peers: exact deltas, forged manifests and
-corrupted chunks refused."""
+"""Versions over real hivemind RPC between in-process peers: exact deltas, chunks served by other
+holders so the learner's upload stays flat, forged manifests and corrupted chunks refused."""
+
+import time
 
 import msgpack
 import pytest
@@ -22,17 +24,19 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def peers(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("wt")
-    learner_node = SwarmNode(Identity.load_or_create(tmp / "l.key"), NetworkConfig(), "wt")
-    sampler_node = SwarmNode(Identity.load_or_create(tmp / "s.key"), NetworkConfig(initial_peers=learner_node.maddrs()), "wt")
-    lx = LearnerExchange(learner_node, Journal(tmp / "journal.bin"))
-    sx = SamplerExchange(sampler_node, Outbox(tmp / "outbox.db"), lambda: learner_node.peer_id)
-    yield lx, sx
-    sx.close()
-    sampler_node.shutdown()
-    learner_node.shutdown()
+    ln = SwarmNode(Identity.load_or_create(tmp / "l.key"), NetworkConfig(), "wt")
+    nodes = [ln] + [SwarmNode(Identity.load_or_create(tmp / f"s{i}.key"), NetworkConfig(initial_peers=ln.maddrs()), "wt")
+                    for i in range(2)]
+    lx = LearnerExchange(ln, Journal(tmp / "journal.bin"))
+    sxs = [SamplerExchange(n, Outbox(tmp / f"outbox{i}.db"), lambda: ln.peer_id) for i, n in enumerate(nodes[1:])]
+    yield lx, sxs
+    for sx in sxs:
+        sx.close()
+    for n in reversed(nodes):
+        n.shutdown()
 
 
-def publish_versions(lx, n, chain="run1"):
+def publish_versions(lx, n, chain):
     weights, aliases = untie(load_model(BUILTIN_MODEL).state_dict())
     pub = Publisher(CodecConfig(codec="int8", keyframe_every=100))
     gen = torch.Generator().manual_seed(0)
@@ -49,38 +53,58 @@ def apply_all(published, blobs):
     return published
 
 
-def test_keyframe_then_deltas_over_rpc_reconstruct_bit_exactly(peers):
-    lx, sx = peers
-    pub = publish_versions(lx, 4)
-    blobs = sx.fetch_weights("s", "", -1)  # nothing yet: the keyframe and every delta
+def test_keyframe_then_deltas_reconstruct_bit_exactly_and_holders_spare_the_learner(peers):
+    lx, (s1, s2) = peers
+    pub = publish_versions(lx, 4, "run1")
+    blobs = s1.fetch_weights("s", "", -1)  # nothing held yet: the keyframe and every delta
     assert [decode_version(b)[0].version for b in blobs] == [0, 1, 2, 3]
     got = apply_all(None, blobs)
     assert all(torch.equal(got[k], pub.published[k]) for k in got)
+    uploaded = lx.store.served_bytes
+    assert uploaded == sum(len(b) for b in blobs) and s1.stats["bytes_from_holders"] == 0
+    time.sleep(0.5)  # s1's holder record reaches the DHT
+    blobs2 = s2.fetch_weights("s", "", -1)
+    assert blobs2 == blobs
+    assert lx.store.served_bytes == uploaded  # the second sampler got every byte from the first
+    assert s2.stats["bytes_from_holders"] == uploaded and s1.store.served_bytes == uploaded
     # one more version: only the new delta travels
-    weights = {k: t + 1e-3 for k, t in pub.published.items()}
-    lx.publish_weights("l", 4, encode_version(pub.publish(weights, 4), BUILTIN_MODEL, "run1", {}))
-    newer = sx.fetch_weights("s", "run1", 3)
+    lx.publish_weights("l", 4, encode_version(pub.publish({k: t + 1e-3 for k, t in pub.published.items()}, 4),
+                                              BUILTIN_MODEL, "run1", {}))
+    newer = s1.fetch_weights("s", "run1", 3)
     assert [decode_version(b)[0].version for b in newer] == [4]
     assert all(torch.equal(apply_all(got, newer)[k], pub.published[k]) for k in got)
 
 
+def test_a_corrupted_chunk_from_a_holder_is_fetched_again_elsewhere(peers):
+    lx, (s1, s2) = peers
+    publish_versions(lx, 1, "run2")
+    good = s1.fetch_weights("s", "", -1)
+    time.sleep(0.5)
+    bad = bytearray(s1.store.blobs[0])
+    bad[len(bad) // 2] ^= 0xFF  # the holder's copy is damaged
+    s1.store.blobs[0] = bytes(bad)
+    before_bad, before_up = s2.stats["bad_chunks"], lx.store.served_bytes
+    assert s2.fetch_weights("s", "", -1) == good  # the learner served the chunk the holder spoiled
+    assert s2.stats["bad_chunks"] == before_bad + 1 and lx.store.served_bytes > before_up
+
+
+def test_a_corrupted_chunk_with_no_good_source_is_never_applied(peers):
+    lx, (s1, _) = peers
+    publish_versions(lx, 1, "run3")
+    blob = bytearray(lx.store.blobs[0])
+    blob[len(blob) // 2] ^= 0xFF
+    lx.store.blobs[0] = bytes(blob)
+    before = s1.stats["bad_chunks"]
+    assert s1.fetch_weights("s", "", -1) is None
+    assert s1.stats["bad_chunks"] == before + 1
+
+
 def test_a_manifest_not_signed_by_the_followed_learner_is_refused(peers, tmp_path):
-    lx, sx = peers
-    publish_versions(lx, 2)
+    lx, (s1, _) = peers
+    publish_versions(lx, 2, "run4")
     forger = Identity.load_or_create(tmp_path / "forger.key")
     lx._manifest = seal(forger, msgpack.packb({"model_id": BUILTIN_MODEL, "chain": "evil", "versions": [],
-                                               "learner": sx.learner(), "chunk_size": 1}))
-    before = sx.stats["forged_manifests"]
-    assert sx.fetch_weights("s", "", -1) is None
-    assert sx.stats["forged_manifests"] == before + 1
-
-
-def test_a_corrupted_chunk_is_detected_and_never_applied(peers):
-    lx, sx = peers
-    publish_versions(lx, 1, chain="run2")
-    blob = bytearray(lx._weights[0])
-    blob[len(blob) // 2] ^= 0xFF  # the learner's copy is damaged after the manifest was made
-    lx._weights[0] = bytes(blob)
-    before = sx.stats["bad_chunks"]
-    assert sx.fetch_weights("s", "", -1) is None
-    assert sx.stats["bad_chunks"] == before + 3  # three attempts, each refused by its hash
+                                               "learner": s1.learner(), "chunk_size": 1}))
+    before = s1.stats["forged_manifests"]
+    assert s1.fetch_weights("s", "", -1) is None
+    assert s1.stats["forged_manifests"] == before + 1

@@ -1,0 +1,123 @@
+"""How a new version reaches N samplers, and what it costs the learner's upload.
+
+    python examples/bench_distribution.py [--mb 16] [--ns 1 2 4 8]
+
+In one process: a learner and N samplers as real hivemind peers on 127.0.0.1 (each with its own
+DHT process and p2pd). The learner publishes one version of `--mb` MB (a keyframe of random
+weights). Two schedules, side by side:
+  staggered     samplers fetch one after another (as reload timers spread them in practice):
+                every sampler after the first can take the chunks from holders;
+  simultaneous  all N fetch at the same instant: nobody holds anything yet, so all ask the learner
+                (chunk-level pipelining between fetchers is not implemented).
+For each: time until all N hold the version, and learner upload relative to one copy. Last, our
+chunked, hash-checked RPC download against a raw hivemind binary stream of the same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from node.weight_codec import CodecConfig, Publisher  # noqa: E402
+from node.weights import encode_version  # noqa: E402
+from swarm.dht import NetworkConfig  # noqa: E402
+from swarm.identity import Identity  # noqa: E402
+from swarm.journal import Journal  # noqa: E402
+from swarm.outbox import Outbox  # noqa: E402
+from swarm.p2p import SwarmNode  # noqa: E402
+from swarm.swarm_exchange import LearnerExchange, SamplerExchange  # noqa: E402
+
+
+def make_blob(mb: int, chain: str) -> bytes:
+    n = mb * 1024 * 1024 // 4
+    weights = {"w": torch.randn(n // 1024, 1024)}
+    return encode_version(Publisher(CodecConfig(keyframe_codec="fp32")).publish(weights, 0), "bench", chain, {})
+
+
+def fetch_all(samplers, simultaneous: bool) -> float:
+    t0 = time.perf_counter()
+    if simultaneous:
+        threads = [threading.Thread(target=s.fetch_weights, args=("s", "", -1)) for s in samplers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    else:
+        for s in samplers:
+            s.fetch_weights("s", "", -1)
+            time.sleep(0.3)  # let its holder record reach the DHT (counted in the time)
+    return time.perf_counter() - t0
+
+
+def raw_stream_mb_s(a: SwarmNode, b: SwarmNode, payload: bytes) -> float:
+    from hivemind.p2p import P2P, PeerID
+
+    async def handler(stream_info, reader, writer):
+        await P2P.send_raw_data(payload, writer)
+        writer.close()
+
+    async def fetch():
+        _, reader, writer = await b.p2p.call_binary_stream_handler(PeerID.from_base58(a.peer_id), "bench.raw")
+        data = await P2P.receive_raw_data(reader)
+        writer.close()
+        return data
+
+    a.run(a.p2p.add_binary_stream_handler("bench.raw", handler), timeout=10)
+    t0 = time.perf_counter()
+    data = b.run(fetch(), timeout=120)
+    assert len(data) == len(payload)
+    return len(payload) / 1e6 / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mb", type=int, default=16)
+    ap.add_argument("--ns", type=int, nargs="+", default=[1, 2, 4, 8])
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp())
+    ln = SwarmNode(Identity.load_or_create(tmp / "l.key"), NetworkConfig(), "bench")
+    lx = LearnerExchange(ln, Journal(tmp / "j.bin"))
+    nodes = [SwarmNode(Identity.load_or_create(tmp / f"s{i}.key"), NetworkConfig(initial_peers=ln.maddrs()), "bench")
+             for i in range(max(args.ns))]
+    samplers = [SamplerExchange(n, Outbox(tmp / f"o{i}.db"), lambda: ln.peer_id) for i, n in enumerate(nodes)]
+    try:
+        print(f"version size {args.mb} MB; learner + up to {max(args.ns)} samplers on 127.0.0.1, 2 CPU cores")
+        print(f"{'N':>3} {'schedule':>13} {'time to all s':>14} {'learner upload':>15}")
+        run = 0
+        for n in args.ns:
+            for simultaneous in (False, True):
+                run += 1
+                blob = make_blob(args.mb, f"c{run}")
+                lx.publish_weights("l", 0, blob)
+                before = lx.store.served_bytes
+                secs = fetch_all(samplers[:n], simultaneous)
+                copies = (lx.store.served_bytes - before) / len(blob)
+                print(f"{n:>3} {'simultaneous' if simultaneous else 'staggered':>13} {secs:14.2f} {copies:13.2f}x")
+        blob = make_blob(args.mb, "raw")
+        lx.publish_weights("l", 0, blob)
+        t0 = time.perf_counter()
+        samplers[0].store.reset("")
+        samplers[0]._holders = lambda chain: {}  # measure the learner path alone
+        samplers[0].fetch_weights("s", "", -1)
+        ours = len(blob) / 1e6 / (time.perf_counter() - t0)
+        raw = raw_stream_mb_s(ln, nodes[0], blob)
+        print(f"\none peer to one peer, {len(blob) / 1e6:.0f} MB: chunked RPC {ours:.0f} MB/s, raw hivemind stream "
+              f"{raw:.0f} MB/s, ratio {ours / raw:.2f}")
+    finally:
+        for s in samplers:
+            s.close()
+        for n in reversed([ln, *nodes]):
+            n.shutdown()
+
+
+if __name__ == "__main__":
+    main()

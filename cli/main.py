@@ -138,7 +138,7 @@ def _network(host: str, port: int, public_ip: Optional[str], initial_peers: list
                          use_relay=relay or client_mode, use_auto_relay=client_mode)
 
 
-def _reachability_check(host: str, port: int, public_ip: Optional[str]) -> None:
+def _reachability_check(port: int, public_ip: Optional[str]) -> None:
     """Petals-style self-check: can this machine be reached at the address it announces?"""
     import socket
 
@@ -182,7 +182,7 @@ def bootstrap(
             typer.echo(f"  --initial-peers {m}")
         if addr_file:
             addr_file.write_text("\n".join(maddrs) + "\n")
-        _reachability_check(host, port, public_ip)
+        _reachability_check(port, public_ip)
 
     run_bootstrap(str(identity), net, swarm, stop, ready)
 
@@ -218,7 +218,7 @@ def join(
     cfg.network = _network(host, port, public_ip, initial_peers or cfg.network.initial_peers, client_mode, nat,
                            relay=bool(public_ip) or client_mode)
     stop = _stop_on_signals()
-    _reachability_check(host, port, public_ip)
+    _reachability_check(port, public_ip)
     (run_learner if cfg.role == "learner" else run_sampler)(cfg, stop)
 
 

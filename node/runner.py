@@ -120,9 +120,8 @@ def _learner_loop(cfg: JoinConfig, node: SwarmNode, stop: threading.Event, on_re
     if ckpt is not None:
         learner.load_checkpoint(ckpt)
         log.info("resumed from %s at version %d", ckpt, learner.version)
-    exchange = LearnerExchange(node, Journal(work / "journal.bin"), cursor=learner.restored_extra.get("journal_cursor", 0))
-    exchange.rejected = learner.drops  # swarm-level rejections (signatures) count with the learner's drops
-    exchange.backlog = lambda: len(exchange.journal) - exchange.cursor + len(learner.buffer)
+    exchange = LearnerExchange(node, Journal(work / "journal.bin"), cursor=learner.restored_extra.get("journal_cursor", 0),
+                               rejected=learner.drops, untrained=lambda: len(learner.buffer))
     learner.exchange = exchange
     learner.checkpoint_extra = lambda: {"journal_cursor": exchange.cursor}
     learner.start()
@@ -158,8 +157,9 @@ def run_sampler(cfg: JoinConfig, stop: threading.Event) -> None:
     outbox = Outbox(Path(cfg.workdir) / "outbox.db")
     exchange = None
     try:
-        exchange, sampler = _make_sampler(cfg, node, outbox)
-        _sampler_loop(cfg, node, outbox, exchange, sampler, stop)
+        tracker = _LearnerTracker(node, cfg.follow)
+        exchange, sampler = _make_sampler(cfg, node, outbox, tracker)
+        _sampler_loop(cfg, node, outbox, exchange, sampler, tracker, stop)
     finally:
         if exchange is not None:
             exchange.close()
@@ -174,8 +174,8 @@ class _LearnerTracker:
     def __init__(self, node: SwarmNode, follow: str | None) -> None:
         self.node, self.follow, self.current, self._checked = node, follow, None, 0.0
 
-    def refresh(self, every: float = 10.0) -> str | None:
-        if time.monotonic() - self._checked < every:
+    def refresh(self, every: float = 10.0, force: bool = False) -> str | None:
+        if not force and time.monotonic() - self._checked < every:
             return self.current
         self._checked = time.monotonic()
         learners = [p["peer_id"] for p in self.node.peers() if p.get("role") == "learner"]
@@ -188,37 +188,34 @@ class _LearnerTracker:
         return pick
 
 
-def _make_sampler(cfg: JoinConfig, node: SwarmNode, outbox: Outbox):
+def _make_sampler(cfg: JoinConfig, node: SwarmNode, outbox: Outbox, tracker: _LearnerTracker):
     from .engines.hf import HFEngine
     from .models import load_model, load_tokenizer, tokenizer_hash
     from .sampler import Sampler
     from .tasks import make_task
 
-    tracker = _LearnerTracker(node, cfg.follow)
     exchange = SamplerExchange(node, outbox, lambda: tracker.current, cfg.weight_delay, cfg.rollout_delay, cfg.seed)
-    exchange.tracker = tracker
     tok = load_tokenizer(cfg.model)
     engine = HFEngine(load_model(cfg.model), tok, cfg.model)
     scfg = replace(cfg.sampler, swarm=cfg.swarm, temperature=cfg.learner.temperature)
     return exchange, Sampler(node.peer_id, scfg, make_task(cfg.learner.task), engine, tokenizer_hash(tok))
 
 
-def _sampler_loop(cfg, node, outbox, exchange, sampler, stop) -> None:
-    last_announce, backoff, produced, t0 = 0.0, 1.0, 0, time.monotonic()
+def _sampler_loop(cfg, node, outbox, exchange, sampler, tracker: _LearnerTracker, stop) -> None:
+    last_announce, backoff, produced, t0, force = 0.0, 1.0, 0, time.monotonic(), True
     while not stop.is_set():
         now = time.monotonic()
         if now - last_announce > cfg.announce_every_s:
             node.announce({"role": "sampler", "model_id": cfg.model, "version": sampler.version, "engine": "hf",
                            "throughput": round(produced / max(now - t0, 1e-6), 3), "maddrs": node.maddrs(),
-                           "learner": exchange.tracker.current or ""}, ttl=cfg.peer_ttl_s)
+                           "learner": tracker.current or ""}, ttl=cfg.peer_ttl_s)
             last_announce = now
-        if exchange.tracker.refresh() is None:
+        if tracker.refresh(force=force) is None:
             log.info("waiting for a learner in swarm %r (retrying in %.0f s)", cfg.swarm, backoff)
             stop.wait(backoff)
-            backoff = min(backoff * 2, 30.0)
-            exchange.tracker._checked = 0.0
+            backoff, force = min(backoff * 2, 30.0), True
             continue
-        backoff = 1.0
+        backoff, force = 1.0, False
         if len(outbox) >= cfg.max_outbox or exchange.learner_backlog >= cfg.max_learner_backlog:
             stop.wait(0.2)  # the learner is behind or away: do not generate without bound
             continue

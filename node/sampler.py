@@ -111,5 +111,5 @@ class Sampler:
         """Update if possible, produce one batch, send it; returns the number of groups sent."""
         self.maybe_update(exchange)
         groups = self.produce(n_prompts)
-        exchange.send_rollouts(self.peer_id, [g.encode() for g in groups])
+        exchange.send_rollouts(self.peer_id, [(g.id, g.encode()) for g in groups])
         return len(groups)

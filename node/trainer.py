@@ -45,7 +45,6 @@ class TrainBatch:
     """[B, L-1] behaviour log-probs at the positions of packed.completion_mask."""
     advantages: torch.Tensor
     group_ids: torch.Tensor
-    rewards: torch.Tensor
     old_seq_logp_mean: torch.Tensor | None
     """[B] for foreign-tokenizer batches (see ScoredGroup), else None."""
     groups_used: int
@@ -80,7 +79,7 @@ def build_batch(groups: Sequence[ScoredGroup], normalize_std: bool, pad_id: int)
     if seq_level:
         per_completion = [m for g in groups for m in g.behaviour_seq_logp_mean]
         seq_means = torch.tensor([per_completion[i] for i in keep], dtype=torch.float32)
-    return TrainBatch(packed, old, adv[keep], gids[keep], rewards[keep], seq_means, len(groups) - skipped, skipped)
+    return TrainBatch(packed, old, adv[keep], gids[keep], seq_means, len(groups) - skipped, skipped)
 
 
 @dataclass

@@ -13,7 +13,6 @@ caller opts in (`NetworkConfig`), which a real `join` on the internet does.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List
 
@@ -93,26 +92,34 @@ def create_dht(identity: Identity, net: NetworkConfig, swarm: str) -> DHT:
     )
 
 
+def _owner_subkey(identity: Identity) -> bytes:
+    """`[owner:<key>]`: only the holder of this key may write the record (RSASignatureValidator)."""
+    return RSASignatureValidator(identity.dht_private_key()).local_public_key
+
+
+def _live_values(dht: DHT, key: str) -> list[tuple[dict[str, Any], float]]:
+    """(value, seconds until expiry) of every unexpired, validated subkey entry under `key`."""
+    found = dht.get(key, latest=True)
+    if found is None or not isinstance(found.value, dict):
+        return []
+    now = get_dht_time()
+    return [(e.value, e.expiration_time - now) for e in found.value.values()
+            if isinstance(e.value, dict) and e.expiration_time > now]
+
+
 def announce(dht: DHT, identity: Identity, swarm: str, info: dict[str, Any], ttl: float = 60.0) -> bool:
     """Store (or refresh) this peer's PeerInfo, signed, expiring in `ttl` seconds."""
     # every field explicitly: SchemaValidator refuses values that parse to anything different
     info = {"learner": "", **info, "peer_id": identity.peer_id, "software": SOFTWARE, "protocol": PROTOCOL_VERSION,
             "updated": float(get_dht_time())}
-    subkey = RSASignatureValidator(identity.dht_private_key()).local_public_key
-    return bool(dht.store(peers_key(swarm), info, expiration_time=get_dht_time() + ttl, subkey=subkey))
+    return bool(dht.store(peers_key(swarm), info, expiration_time=get_dht_time() + ttl, subkey=_owner_subkey(identity)))
 
 
 def list_peers(dht: DHT, swarm: str) -> list[dict[str, Any]]:
     """The swarm's live peers (records the validators accepted and that have not expired)."""
-    found = dht.get(peers_key(swarm), latest=True)
-    if found is None or not isinstance(found.value, dict):
-        return []
     now = get_dht_time()
-    peers = []
-    for entry in found.value.values():
-        if isinstance(entry.value, dict) and entry.expiration_time > now:
-            peers.append({**entry.value, "expires_in": round(entry.expiration_time - now, 1),
-                          "last_seen_s": round(now - entry.value.get("updated", now), 1)})
+    peers = [{**v, "expires_in": round(left, 1), "last_seen_s": round(now - v.get("updated", now), 1)}
+             for v, left in _live_values(dht, peers_key(swarm))]
     return sorted(peers, key=lambda p: (p.get("role", ""), p.get("peer_id", "")))
 
 
@@ -122,24 +129,9 @@ def holders_key(swarm: str) -> str:
 
 def announce_holdings(dht: DHT, identity: Identity, swarm: str, chain: str, versions: list[int], ttl: float = 60.0) -> bool:
     """Say (signed, expiring) which versions of `chain` this peer serves."""
-    subkey = RSASignatureValidator(identity.dht_private_key()).local_public_key
     value = {"peer_id": identity.peer_id, "chain": chain, "versions": [int(v) for v in versions]}
-    return bool(dht.store(holders_key(swarm), value, expiration_time=get_dht_time() + ttl, subkey=subkey))
+    return bool(dht.store(holders_key(swarm), value, expiration_time=get_dht_time() + ttl, subkey=_owner_subkey(identity)))
 
 
 def list_holders(dht: DHT, swarm: str) -> list[dict[str, Any]]:
-    found = dht.get(holders_key(swarm), latest=True)
-    if found is None or not isinstance(found.value, dict):
-        return []
-    now = get_dht_time()
-    return [e.value for e in found.value.values() if isinstance(e.value, dict) and e.expiration_time > now]
-
-
-def wait_for_peers(dht: DHT, swarm: str, role: str, timeout: float, poll: float = 1.0) -> list[dict[str, Any]]:
-    """Peers of `role`, polling until at least one appears or `timeout` passes (then [])."""
-    deadline = time.monotonic() + timeout
-    while True:
-        peers = [p for p in list_peers(dht, swarm) if p.get("role") == role]
-        if peers or time.monotonic() >= deadline:
-            return peers
-        time.sleep(poll)
+    return [v for v, _ in _live_values(dht, holders_key(swarm))]

@@ -12,8 +12,8 @@ from typing import Protocol
 
 
 class Exchange(Protocol):
-    def send_rollouts(self, sender: str, records: list[bytes]) -> None:
-        """Queue encoded RolloutGroup records for the learners."""
+    def send_rollouts(self, sender: str, records: list[tuple[str, bytes]]) -> None:
+        """Queue encoded RolloutGroup records, as (record id, bytes), for the learners."""
         ...
 
     def receive_rollouts(self, receiver: str, max_records: int, timeout: float = 0.0) -> list[bytes]:

@@ -41,8 +41,8 @@ class MemoryExchange:
             self._rollout_delay[peer] = rollouts
 
     # --- sampler side ---------------------------------------------------------------------------
-    def send_rollouts(self, sender: str, records: list[bytes]) -> None:
-        for rec in records:
+    def send_rollouts(self, sender: str, records: list[tuple[str, bytes]]) -> None:
+        for _, rec in records:
             delay = sample_delay(self._rollout_delay.get(sender, DelayConfig()), self._rng)
             heapq.heappush(self._inflight, (self.clock.now + delay, next(self._seq), rec))
 
@@ -67,7 +67,3 @@ class MemoryExchange:
         if not meta.get("base"):
             self._chain = []
         self._chain.append((version, meta, blob))
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._inflight)

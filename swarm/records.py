@@ -72,10 +72,6 @@ class RolloutGroup:
             raise RecordError("oversize", f"{len(data)} bytes > {MAX_RECORD_BYTES}")
         return data
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(len(c.token_ids) for c in self.completions)
-
 
 def _encode_completion(c: CompletionRecord) -> dict:
     return {

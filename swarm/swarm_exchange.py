@@ -87,17 +87,18 @@ class ChunkStore:
 
 
 class LearnerExchange:
-    def __init__(self, node: SwarmNode, journal: Journal, cursor: int = 0) -> None:
+    def __init__(self, node: SwarmNode, journal: Journal, cursor: int = 0,
+                 rejected: collections.Counter | None = None, untrained: Callable[[], int] = lambda: 0) -> None:
         self.node = node
         self.journal = journal
         self.cursor = cursor
         """Journal records already handed to the learner (stored in its checkpoints)."""
-        self.rejected: collections.Counter[str] = collections.Counter()
+        self.rejected = rejected if rejected is not None else collections.Counter()
+        """Counter of rejections by reason; the runner passes the learner's, so both count together."""
+        self._untrained = untrained
         self.store = ChunkStore(node)  # the current chain: last keyframe + deltas after it
         self._entries: list[dict] = []
         self._manifest = b""
-        self.backlog: Callable[[], int] = lambda: len(self.journal) - self.cursor
-        """Rollouts received but not yet trained on; reported in every ack so samplers can pace."""
         node.add_handler(ROLLOUTS, self._on_rollouts)
         node.add_handler(MANIFEST, self._on_manifest)
 
@@ -133,6 +134,11 @@ class LearnerExchange:
             self.journal.append(records)  # durable before we acknowledge
         return msgpack.packb({"ok": ok, "rejected": rejected, "backlog": self.backlog()})
 
+    def backlog(self) -> int:
+        """Rollouts received but not yet trained on (journal not yet read + the learner's buffer);
+        reported in every ack so that samplers can pace themselves."""
+        return len(self.journal) - self.cursor + self._untrained()
+
     async def _on_manifest(self, payload: bytes, remote: str) -> bytes:
         return self._manifest
 
@@ -162,7 +168,7 @@ class LearnerExchange:
     def fetch_weights(self, receiver: str, have_chain: str, have_version: int):
         raise NotImplementedError("a learner publishes weights; samplers fetch them")
 
-    def send_rollouts(self, sender: str, records: list[bytes]) -> None:
+    def send_rollouts(self, sender: str, records: list[tuple[str, bytes]]) -> None:
         raise NotImplementedError("a learner receives rollouts; samplers send them")
 
 
@@ -188,9 +194,8 @@ class SamplerExchange:
         self._flusher.start()
 
     # ---- rollouts ------------------------------------------------------------------------------
-    def send_rollouts(self, sender: str, records: list[bytes]) -> None:
-        for record in records:
-            rid = decode_rollout_group(record).id
+    def send_rollouts(self, sender: str, records: list[tuple[str, bytes]]) -> None:
+        for rid, record in records:
             self.outbox.put(rid, seal(self.node.identity, record), sample_delay(self._rollout_delay, self._rng))
 
     def _flush_loop(self) -> None:

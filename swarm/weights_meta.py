@@ -16,10 +16,6 @@ def weights_metadata(blob: bytes) -> dict[str, str]:
     return json.loads(blob[8 : 8 + n]).get("__metadata__", {})
 
 
-def weights_model_id(blob: bytes) -> str:
-    return weights_metadata(blob).get("model_id", "")
-
-
 def plan_fetch(available: list[tuple[int, dict[str, str]]], have_chain: str, have_version: int) -> list[int]:
     """Versions a sampler must fetch, in order, from `available` = [(version, metadata)] of the
     learner's current chain (its last keyframe and the deltas after it, oldest first).

@@ -68,7 +68,7 @@ def test_memory_exchange_follows_the_papers_delay_model():
     assert loads == [(0, [0]), (100, list(range(1, 11))), (200, [20]),  # 10 < keyframe 20: from the keyframe
                      (300, list(range(21, 31))), (400, [40])]
     ex.set_delays("s", rollouts=DelayConfig(kind="fixed", fixed_s=25))
-    ex.send_rollouts("s", [b"a", b"b"])
+    ex.send_rollouts("s", [("a", b"a"), ("b", b"b")])
     assert ex.receive_rollouts("l", 10) == []
     clock.advance_to(clock.now + 25)
     assert ex.receive_rollouts("l", 1) == [b"a"] and ex.receive_rollouts("l", 10) == [b"b"]

@@ -126,6 +126,8 @@ class Learner:
         """Rollouts from a previous run's versions beyond our resumed version (see _accept)."""
         self.eval_set = random.Random(1234).sample(list(task.split("eval")), min(cfg.eval_size, len(task.split("eval"))))
         self.history: list[dict] = []
+        if cfg.metrics_path:
+            Path(cfg.metrics_path).parent.mkdir(parents=True, exist_ok=True)
         self.on_record: Callable[[dict], None] | None = None
         self.checkpoint_extra: Callable[[], dict] = dict
         """Extra state saved with each checkpoint (the swarm runner saves its journal cursor)."""

@@ -76,6 +76,8 @@ def run_local(cfg: LocalConfig, on_record: Callable[[dict], None] | None = None)
     params = SamplingParams(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p,
                             max_new_tokens=cfg.max_new_tokens)
     records: list[dict] = []
+    if cfg.metrics_path:
+        Path(cfg.metrics_path).parent.mkdir(parents=True, exist_ok=True)
     sink = open(cfg.metrics_path, "a") if cfg.metrics_path else None
 
     def emit(rec: dict) -> None:

@@ -42,7 +42,7 @@ def test_help_is_instant_because_heavy_imports_are_deferred():
 
 
 def test_local_command_runs_a_short_real_training(tmp_path):
-    metrics = tmp_path / "m.jsonl"
+    metrics = tmp_path / "runs" / "m.jsonl"  # a folder that does not exist yet, as in examples/local.toml
     cfg = tmp_path / "c.toml"
     cfg.write_text("prompts_per_step = 4\ngroup_size = 4\neval_size = 20\neval_every = 2\n")
     res = CliRunner().invoke(app, ["local", "--config", str(cfg), "--steps", "3", "--metrics", str(metrics)])
@@ -57,7 +57,7 @@ def test_simulate_command_with_config_and_flags(tmp_path):
     cfg.write_text('seconds_per_step = 30\n[learner]\ngroups_per_step = 4\neval_every = 2\neval_size = 20\n'
                    '[sampler]\ngroup_size = 4\n'
                    '[[samplers]]\nname = "a"\ncount = 2\nweight_delay = { kind = "fixed", fixed_s = 60 }\n')
-    metrics = tmp_path / "m.jsonl"
+    metrics = tmp_path / "runs" / "m.jsonl"
     res = CliRunner().invoke(app, ["simulate", "--config", str(cfg), "--steps", "4", "--stale-loss", "grpo",
                                    "--metrics", str(metrics)])
     assert res.exit_code == 0, res.output

@@ -4,13 +4,15 @@
 
 In one process: a learner and N samplers as real hivemind peers on 127.0.0.1 (each with its own
 DHT process and p2pd). The learner publishes one version of `--mb` MB (a keyframe of random
-weights). Two schedules, side by side:
-  staggered     samplers fetch one after another (as reload timers spread them in practice):
-                every sampler after the first can take the chunks from holders;
-  simultaneous  all N fetch at the same instant: nobody holds anything yet, so all ask the learner
-                (chunk-level pipelining between fetchers is not implemented).
+weights). Three schedules, side by side:
+  staggered        samplers fetch one after another (as reload timers spread them in practice):
+                   every sampler after the first takes the chunks from announced holders;
+  simultaneous     all N fetch at the same instant and know their mates: each takes the chunks it
+                   owns from the learner and the rest from the mates downloading them (`chunk_owner`);
+  no sharing       the baseline: all N fetch at once with no mates, so each asks the learner.
 For each: time until all N hold the version, and learner upload relative to one copy. Last, our
-chunked, hash-checked RPC download against a raw hivemind binary stream of the same bytes.
+chunked, hash-checked download (1 and 4 streams) against a raw hivemind binary
+stream of the same bytes between the same two peers.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -44,6 +47,8 @@ def make_blob(mb: int, chain: str) -> bytes:
 
 
 def fetch_all(samplers, simultaneous: bool) -> float:
+    for s in samplers:
+        s.store.reset("")
     t0 = time.perf_counter()
     if simultaneous:
         threads = [threading.Thread(target=s.fetch_weights, args=("s", "", -1)) for s in samplers]
@@ -88,30 +93,39 @@ def main() -> None:
     lx = LearnerExchange(ln, Journal(tmp / "j.bin"))
     nodes = [SwarmNode(Identity.load_or_create(tmp / f"s{i}.key"), NetworkConfig(initial_peers=ln.maddrs()), "bench")
              for i in range(max(args.ns))]
-    samplers = [SamplerExchange(n, Outbox(tmp / f"o{i}.db"), lambda: ln.peer_id) for i, n in enumerate(nodes)]
+    mates: list[str] = []
+    samplers = [SamplerExchange(n, Outbox(tmp / f"o{i}.db"), lambda: ln.peer_id, mates=lambda: mates)
+                for i, n in enumerate(nodes)]
     try:
         print(f"version size {args.mb} MB; learner + up to {max(args.ns)} samplers on 127.0.0.1, 2 CPU cores")
         print(f"{'N':>3} {'schedule':>13} {'time to all s':>14} {'learner upload':>15}")
         run = 0
         for n in args.ns:
-            for simultaneous in (False, True):
+            for schedule in ("staggered", "simultaneous", "no sharing"):
                 run += 1
+                mates[:] = [x.node.peer_id for x in samplers[:n]] if schedule != "no sharing" else []
                 blob = make_blob(args.mb, f"c{run}")
                 lx.publish_weights("l", 0, blob)
                 before = lx.store.served_bytes
-                secs = fetch_all(samplers[:n], simultaneous)
+                secs = fetch_all(samplers[:n], schedule != "staggered")
                 copies = (lx.store.served_bytes - before) / len(blob)
-                print(f"{n:>3} {'simultaneous' if simultaneous else 'staggered':>13} {secs:14.2f} {copies:13.2f}x")
+                print(f"{n:>3} {schedule:>13} {secs:14.2f} {copies:13.2f}x")
+        mates[:] = []
         blob = make_blob(args.mb, "raw")
         lx.publish_weights("l", 0, blob)
-        t0 = time.perf_counter()
-        samplers[0].store.reset("")
-        samplers[0]._holders = lambda chain: {}  # measure the learner path alone
-        samplers[0].fetch_weights("s", "", -1)
-        ours = len(blob) / 1e6 / (time.perf_counter() - t0)
+        rates = {}
+        sx = samplers[0]
+        sx._holders = lambda chain: {}  # measure the learner path alone
+        for name, parallel in (("1 stream", 1), ("4 streams", 4)):
+            sx._pool, sx._parallel = ThreadPoolExecutor(parallel), parallel  # as if made with parallel=...
+            sx.store.reset("")
+            t0 = time.perf_counter()
+            assert sx.fetch_weights("s", "", -1) == [blob]
+            rates[name] = len(blob) / 1e6 / (time.perf_counter() - t0)
         raw = raw_stream_mb_s(ln, nodes[0], blob)
-        print(f"\none peer to one peer, {len(blob) / 1e6:.0f} MB: chunked RPC {ours:.0f} MB/s, raw hivemind stream "
-              f"{raw:.0f} MB/s, ratio {ours / raw:.2f}")
+        print(f"\none peer to one peer, {len(blob) / 1e6:.0f} MB, raw hivemind stream {raw:.0f} MB/s:")
+        for name, rate in rates.items():
+            print(f"  chunked, hash-checked, {name}: {rate:.0f} MB/s, ratio to raw stream {rate / raw:.2f}")
     finally:
         for s in samplers:
             s.close()

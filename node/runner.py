@@ -157,7 +157,7 @@ def run_sampler(cfg: JoinConfig, stop: threading.Event) -> None:
     outbox = Outbox(Path(cfg.workdir) / "outbox.db")
     exchange = None
     try:
-        tracker = _LearnerTracker(node, cfg.follow)
+        tracker = _LearnerTracker(node, cfg.follow, cfg.model)
         exchange, sampler = _make_sampler(cfg, node, outbox, tracker)
         _sampler_loop(cfg, node, outbox, exchange, sampler, tracker, stop)
     finally:
@@ -171,15 +171,20 @@ class _LearnerTracker:
     """Which learner a sampler follows: the configured one, else the first in the DHT; re-checked
     periodically so that a vanished learner (its record expired) is noticed and a new one found."""
 
-    def __init__(self, node: SwarmNode, follow: str | None) -> None:
-        self.node, self.follow, self.current, self._checked = node, follow, None, 0.0
+    def __init__(self, node: SwarmNode, follow: str | None, model_id: str = "") -> None:
+        self.node, self.follow, self.model_id, self.current, self._checked = node, follow, model_id, None, 0.0
+        self.mates: list[str] = []
+        """Samplers following the same learner with the same model: they share version downloads."""
 
     def refresh(self, every: float = 10.0, force: bool = False) -> str | None:
         if not force and time.monotonic() - self._checked < every:
             return self.current
         self._checked = time.monotonic()
-        learners = [p["peer_id"] for p in self.node.peers() if p.get("role") == "learner"]
+        peers = self.node.peers()
+        learners = [p["peer_id"] for p in peers if p.get("role") == "learner"]
         pick = self.follow if self.follow in learners else (None if self.follow else (learners[0] if learners else None))
+        self.mates = sorted(p["peer_id"] for p in peers if p.get("role") == "sampler" and p.get("learner") == pick
+                            and p.get("model_id") == self.model_id)
         if pick != self.current and pick:
             log.info("following learner %s", pick)
         elif pick != self.current:
@@ -194,7 +199,8 @@ def _make_sampler(cfg: JoinConfig, node: SwarmNode, outbox: Outbox, tracker: _Le
     from .sampler import Sampler
     from .tasks import make_task
 
-    exchange = SamplerExchange(node, outbox, lambda: tracker.current, cfg.weight_delay, cfg.rollout_delay, cfg.seed)
+    exchange = SamplerExchange(node, outbox, lambda: tracker.current, cfg.weight_delay, cfg.rollout_delay, cfg.seed,
+                               mates=lambda: tracker.mates)
     tok = load_tokenizer(cfg.model)
     engine = HFEngine(load_model(cfg.model), tok, cfg.model)
     scfg = replace(cfg.sampler, swarm=cfg.swarm, temperature=cfg.learner.temperature)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable
 
 from google.protobuf.wrappers_pb2 import BytesValue
 from hivemind.p2p import P2PContext, PeerID
@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 MAX_MESSAGE = 3 * 1024 * 1024
 Handler = Callable[[bytes, str], Awaitable[bytes]]
 """async handler(payload, remote_peer_id) -> reply payload."""
+StreamHandler = Callable[[bytes, str], AsyncIterator[bytes]]
+"""async generator handler(payload, remote_peer_id) yielding reply items (each under MAX_MESSAGE)."""
 
 
 class SwarmNode:
@@ -64,6 +66,31 @@ class SwarmNode:
             return BytesValue(value=await handler(request.value, context.remote_id.to_base58()))
 
         self.run(self.p2p.add_protobuf_handler(name, _wrapped, BytesValue), timeout=10)
+
+    def add_stream_handler(self, name: str, handler: StreamHandler) -> None:
+        """A server-streaming RPC: one request, many reply items on one libp2p stream. Much faster
+        than one unary call per item (no per-call round trip through the daemon)."""
+        async def _wrapped(request: BytesValue, context: P2PContext):
+            async for item in handler(request.value, context.remote_id.to_base58()):
+                yield BytesValue(value=item)
+
+        self.run(self.p2p.add_protobuf_handler(name, _wrapped, BytesValue, stream_output=True), timeout=10)
+
+    def call_stream(self, peer_id: str, name: str, payload: bytes, timeout: float,
+                    on_item: Callable[[bytes], None]) -> int:
+        """Call a streaming RPC; `on_item` runs (on the swarm loop) for each item as it arrives, so
+        that a caller can use items before the stream ends. Returns the number of items; raises on
+        timeout (for the whole stream) or if the peer cannot be reached."""
+        async def _call() -> int:
+            n = 0
+            replies = await self.p2p.iterate_protobuf_handler(PeerID.from_base58(peer_id), name,
+                                                              BytesValue(value=payload), BytesValue)
+            async for reply in replies:
+                on_item(reply.value)
+                n += 1
+            return n
+
+        return self.run(_call(), timeout)
 
     def call(self, peer_id: str, name: str, payload: bytes, timeout: float) -> bytes:
         """Call `name` on `peer_id`; raises on timeout or if the peer cannot be reached."""

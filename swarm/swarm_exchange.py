@@ -9,24 +9,27 @@ Learner side (`LearnerExchange`) serves three RPCs:
   hetero.manifest.v1  -> the manifest of the learner's current chain (its last keyframe and the
                       deltas after it), sealed by the learner: chain id, model, and per version
                       its base, size, sha256 and per-chunk sha256.
-  hetero.chunk.v1     [chain, version, index] -> chunk bytes (b"" if not held). Served by the
-                      learner *and* by every sampler for the versions it holds (announced in
-                      the DHT), so the learner's upload need not grow with the number of samplers.
+  hetero.chunks.v1    [chain, version, [index, ...], wait] -> a stream of those chunks (b"" for
+                      one not held). Served by the learner *and* by every sampler for the versions it holds (announced in
+                      the DHT) or is downloading, so the learner's upload need not grow with the
+                      number of samplers (`ChunkStore`, `chunk_owner`).
 Sampler side (`SamplerExchange`) keeps rollouts in its persistent outbox and a background thread
 sends what is due, with exponential backoff while the learner is unreachable; it fetches weights
-chunk by chunk and checks every chunk and the whole against the manifest (a stream can silently
+several chunks at a time and checks every chunk and the whole against the manifest (a stream can silently
 lose its tail, so nothing is trusted unverified). Weight loads follow the same injected-delay
 model as the simulator (`ReloadTimer`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import hashlib
 import logging
 import random
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import msgpack
@@ -42,8 +45,9 @@ from .weights_meta import plan_fetch, weights_metadata
 
 log = logging.getLogger(__name__)
 
-ROLLOUTS, MANIFEST, CHUNK = "hetero.rollouts.v1", "hetero.manifest.v1", "hetero.chunk.v1"
+ROLLOUTS, MANIFEST, CHUNKS = "hetero.rollouts.v1", "hetero.manifest.v1", "hetero.chunks.v1"
 CHUNK_SIZE = 1024 * 1024
+MAX_INDICES = 1 << 16
 MAX_BATCH = 256
 
 
@@ -54,36 +58,87 @@ def _sha(b: bytes) -> str:
 class ChunkStore:
     """The weight blobs of one chain that this peer holds, served chunk by chunk to any peer.
 
-    Requests name (chain, version, index); a peer answers b"" for anything it does not hold.
-    Every byte a fetcher receives is checked against the learner-signed manifest, so a holder
-    cannot serve wrong weights, only fail to help.
+    A request [chain, version, [index, ...], wait] is answered with a stream of those chunks, in
+    order, b"" for each one not held. A version still being downloaded is served chunk by chunk as its
+    verified chunks arrive, and a request with `wait` > 0 for such a version waits (at most
+    `wait`, capped at MAX_WAIT) for the chunk instead of answering b"" at once. That is what lets
+    samplers fetching the same version at the same time share it (see `chunk_owner`). Every byte a
+    fetcher receives is checked against the learner-signed manifest, so a holder cannot serve
+    wrong weights, only fail to help.
     """
+
+    MAX_WAIT = 10.0
 
     def __init__(self, node: SwarmNode) -> None:
         self.chain = ""
         self.blobs: dict[int, bytes] = {}
+        self.partial: dict[int, dict[int, bytes]] = {}
+        """version -> verified chunks of a download in progress."""
         self.served_bytes = 0
-        node.add_handler(CHUNK, self._on_chunk)
+        node.add_stream_handler(CHUNKS, self._on_chunks)
 
     def put(self, chain: str, version: int, blob: bytes) -> None:
         if chain != self.chain:
-            self.chain, self.blobs = chain, {}
+            self.reset(chain)
         self.blobs[version] = blob
+        self.partial.pop(version, None)
 
     def reset(self, chain: str) -> None:
-        self.chain, self.blobs = chain, {}
+        self.chain, self.blobs, self.partial = chain, {}, {}
 
-    async def _on_chunk(self, payload: bytes, remote: str) -> bytes:
+    def retain(self, versions) -> None:
+        """Prune every held version not in `versions` (those the learner no longer lists)."""
+        keep = set(versions)
+        self.blobs = {v: b for v, b in self.blobs.items() if v in keep}
+
+    def begin(self, chain: str, version: int) -> None:
+        if chain != self.chain:
+            self.reset(chain)
+        self.partial.setdefault(version, {})
+
+    def add_chunk(self, chain: str, version: int, index: int, chunk: bytes) -> None:
+        if chain == self.chain and version in self.partial:
+            self.partial[version][index] = chunk
+
+    def abandon(self, version: int) -> None:
+        self.partial.pop(version, None)
+
+    def _lookup(self, chain, version: int, index: int) -> bytes | None:
+        if chain != self.chain:
+            return None
+        blob = self.blobs.get(version)
+        if blob is not None:
+            return blob[index * CHUNK_SIZE : (index + 1) * CHUNK_SIZE] if 0 <= index * CHUNK_SIZE < len(blob) else None
+        return self.partial.get(version, {}).get(index)
+
+    async def _on_chunks(self, payload: bytes, remote: str):
         try:
-            chain, version, index = msgpack.unpackb(payload)
-            blob = self.blobs.get(int(version)) if chain == self.chain else None
-        except Exception:
-            return b""
-        if blob is None or not 0 <= index * CHUNK_SIZE < len(blob):
-            return b""
-        chunk = blob[index * CHUNK_SIZE : (index + 1) * CHUNK_SIZE]
-        self.served_bytes += len(chunk)
-        return chunk
+            chain, version, indices, wait = msgpack.unpackb(payload)
+            version, indices, wait = int(version), [int(i) for i in indices], min(float(wait), self.MAX_WAIT)
+            if len(indices) > MAX_INDICES:
+                raise ValueError(f"more than {MAX_INDICES} chunks in one request")
+        except Exception as e:
+            log.warning("malformed chunk request from %s: %s", remote[-8:], e)
+            return
+        deadline = time.monotonic() + wait
+        for index in indices:
+            chunk = self._lookup(chain, version, index)
+            # a download in progress here: we are fetching this chunk now; wait for it briefly
+            while chunk is None and chain == self.chain and version in self.partial and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+                chunk = self._lookup(chain, version, index)
+            chunk = chunk or b""
+            self.served_bytes += len(chunk)
+            yield chunk
+
+
+def chunk_owner(mates: list[str], version: int, index: int) -> str | None:
+    """The sampler that takes chunk `index` of `version` from the learner; the others take it from
+    that sampler. `mates` are the samplers following the same learner (sorted, so that every one of
+    them computes the same owner without talking). Rotating by version spreads single-chunk deltas.
+    With N mates fetching together, the learner uploads each chunk once instead of N times.
+    """
+    return mates[(index + version) % len(mates)] if mates else None
 
 
 class LearnerExchange:
@@ -175,23 +230,36 @@ class LearnerExchange:
 class SamplerExchange:
     def __init__(self, node: SwarmNode, outbox: Outbox, learner: Callable[[], str | None],
                  weight_delay: DelayConfig = DelayConfig(), rollout_delay: DelayConfig = DelayConfig(),
-                 seed: int = 0, rpc_timeout: float = 30.0) -> None:
+                 seed: int = 0, rpc_timeout: float = 30.0, mates: Callable[[], list[str]] = lambda: [],
+                 parallel: int = 4, peer_wait: float = 5.0) -> None:
         self.node = node
         self.outbox = outbox
         self.learner = learner
         """Returns the peer id of the learner to follow (None while none is known)."""
+        self.mates = mates
+        """Returns the samplers that follow the same learner with the same model (`chunk_owner`)."""
         self._rng = random.Random(seed)
         self._timer = ReloadTimer(weight_delay, self._rng)
         self._rollout_delay = rollout_delay
         self.rpc_timeout = rpc_timeout
+        self.peer_wait = peer_wait
+        """How long to wait for a chunk from a mate that is downloading it right now."""
         self.stats = collections.Counter()
+        self._stats_lock = threading.Lock()
         self._last_reply = 0.0
         self.learner_backlog = 0
         """The learner's backlog from its last ack: samplers pause while it is large (fresher data)."""
         self.store = ChunkStore(node)
+        # several chunk requests in flight: one unary call at a time leaves the link idle between them
+        self._parallel = max(1, parallel)
+        self._pool = ThreadPoolExecutor(self._parallel, thread_name_prefix="chunk-fetch")
         self._stop = threading.Event()
         self._flusher = threading.Thread(target=self._flush_loop, name="outbox-flusher", daemon=True)
         self._flusher.start()
+
+    def _count(self, key: str, n: int = 1) -> None:
+        with self._stats_lock:  # chunk fetches run on several threads
+            self.stats[key] += n
 
     # ---- rollouts ------------------------------------------------------------------------------
     def send_rollouts(self, sender: str, records: list[tuple[str, bytes]]) -> None:
@@ -207,7 +275,7 @@ class SamplerExchange:
                 if not sent:
                     self._stop.wait(0.5)
             except Exception as e:  # the learner is gone or slow: keep the outbox, retry later
-                self.stats["send_failures"] += 1
+                self._count("send_failures")
                 log.warning("could not deliver rollouts to the learner (%s: %s); %d waiting in the outbox, "
                             "retrying in %.0f s", type(e).__name__, e, len(self.outbox), backoff)
                 self._stop.wait(backoff)
@@ -230,8 +298,8 @@ class SamplerExchange:
         self.learner_backlog = int(reply.get("backlog", 0))
         settled = list(reply.get("ok", [])) + list(reply.get("rejected", {}))
         self.outbox.remove(settled)
-        self.stats["delivered"] += len(reply.get("ok", []))
-        self.stats["rejected"] += len(reply.get("rejected", {}))
+        self._count("delivered", len(reply.get("ok", [])))
+        self._count("rejected", len(reply.get("rejected", {})))
         return len(settled) if due else 0
 
     # ---- weights -------------------------------------------------------------------------------
@@ -244,20 +312,22 @@ class SamplerExchange:
             manifest = self._manifest(learner)
             if manifest is None:
                 return None
-            entries = {e["version"]: e for e in manifest["versions"]}
-            wanted = plan_fetch([(v, {"chain": manifest["chain"]}) for v in entries], have_chain, have_version)
-            holders = self._holders(manifest["chain"]) if wanted else {}
-            blobs = [self._download(learner, manifest["chain"], entries[v], holders.get(v, [])) for v in wanted]
+            chain, entries = manifest["chain"], {e["version"]: e for e in manifest["versions"]}
+            wanted = plan_fetch([(v, {"chain": chain}) for v in entries], have_chain, have_version)
+            holders = self._holders(chain) if wanted else {}
+            mates = sorted({*self.mates(), self.node.peer_id}) if wanted else []
+            blobs = [self._download(learner, chain, entries[v], holders.get(v, []), mates) for v in wanted]
         except Exception as e:
-            self.stats["weight_fetch_failures"] += 1
+            self._count("weight_fetch_failures")
             log.warning("weights fetch from %s failed (%s: %s); keeping version %d", learner[-8:],
                         type(e).__name__, e, have_version)
             return None
         self._timer.arm(now)
         for v, blob in zip(wanted, blobs):
-            self.store.put(manifest["chain"], v, blob)
+            self.store.put(chain, v, blob)
         if wanted:
-            self.node.announce_holdings(manifest["chain"], sorted(self.store.blobs))
+            self.store.retain(entries)  # versions the learner no longer lists are of no use to anyone
+            self.node.announce_holdings(chain, sorted(self.store.blobs))
         return blobs or None
 
     def _holders(self, chain: str) -> dict[int, list[str]]:
@@ -278,37 +348,86 @@ class SamplerExchange:
             return None
         record, signer = open_envelope(sealed)
         if signer != learner:
-            self.stats["forged_manifests"] += 1
+            self._count("forged_manifests")
             raise RecordError("signature", f"manifest signed by {signer[-8:]}, not by the learner we follow")
         return msgpack.unpackb(record, raw=False)
 
-    def _download(self, learner: str, chain: str, entry: dict, holders: list[str]) -> bytes:
-        """One version's blob, chunk by chunk: chunk i goes first to holder i mod n (spreading the
-        load), then to the other holders, and to the learner last. Each chunk and the whole are
-        checked against the learner-signed manifest entry; a bad chunk is fetched elsewhere."""
-        parts = []
-        for index, expected in enumerate(entry["chunks"]):
-            order = holders[index % len(holders):] + holders[: index % len(holders)] if holders else []
-            for source in [*order, learner]:
-                try:
-                    chunk = self.node.call(source, CHUNK, msgpack.packb([chain, entry["version"], index]), self.rpc_timeout)
-                except Exception as e:  # a holder that vanished or is slow: try the next one
-                    log.debug("chunk %d from %s failed: %s", index, source[-8:], e)
-                    continue
-                if _sha(chunk) == expected:
-                    self.stats["bytes_from_learner" if source == learner else "bytes_from_holders"] += len(chunk)
-                    break
-                if chunk:
-                    self.stats["bad_chunks"] += 1
-                    log.warning("chunk %d of version %d from %s failed its hash; trying another holder",
-                                index, entry["version"], source[-8:])
-            else:
-                raise RecordError("sizes", f"chunk {index} of version {entry['version']} verified from no source")
-            parts.append(chunk)
-        blob = b"".join(parts)
+    def _download(self, learner: str, chain: str, entry: dict, holders: list[str], mates: list[str]) -> bytes:
+        """One version's blob. The chunks this sampler owns (`chunk_owner`) come first, in a phase
+        of their own: mates that start fetching a moment later are then already downloading theirs
+        when we ask them. The whole is checked against the learner-signed manifest entry."""
+        version, n = entry["version"], len(entry["chunks"])
+        owners = [chunk_owner(mates, version, i) for i in range(n)]
+        mine = [i for i in range(n) if owners[i] in (None, self.node.peer_id)]
+        self.store.begin(chain, version)
+        got: dict[int, bytes] = {}
+        try:
+            for phase in (mine, [i for i in range(n) if i not in set(mine)]):
+                self._gather(learner, chain, entry, phase, holders, owners, got)
+        except Exception:
+            self.store.abandon(version)
+            raise
+        blob = b"".join(got[i] for i in range(n))
         if len(blob) != entry["size"] or _sha(blob) != entry["sha256"]:
+            self.store.abandon(version)
             raise RecordError("sizes", "reassembled weights do not match the manifest")
         return blob
+
+    def _gather(self, learner: str, chain: str, entry: dict, indices: list[int], holders: list[str],
+                owners: list[str | None], got: dict[int, bytes]) -> None:
+        """Fill `got` with verified chunks `indices`, in rounds: from the holders of the whole
+        version (chunk i from holder i+r mod n in round r, spreading the load), then from the chunk's
+        owner when it is a mate that may be downloading it now, the learner last. Each round sends
+        one streaming request per source (several in flight); what a source lacks or spoils is
+        asked of the next round's source."""
+        me = self.node.peer_id
+        rounds = [lambda i, r=r: (holders[(i + r) % len(holders)], 0.0) for r in range(len(holders))]
+        rounds.append(lambda i: (owners[i], self.peer_wait) if owners[i] not in (None, me, learner, *holders)
+                      else (None, 0.0))
+        rounds.append(lambda i: (learner, 0.0))
+        missing = list(indices)
+        for pick in rounds:
+            requests: dict[tuple[str, float], list[int]] = collections.defaultdict(list)
+            for i in missing:
+                source, wait = pick(i)
+                if source is not None:
+                    requests[(source, wait)].append(i)
+            jobs = [(source, wait, part) for (source, wait), idx in requests.items() for part in self._split(idx)]
+            list(self._pool.map(lambda job: self._stream_chunks(*job, chain, entry, got), jobs))
+            missing = [i for i in missing if i not in got]
+            if not missing:
+                return
+        raise RecordError("sizes", f"chunks {missing[:5]} of version {entry['version']} verified from no source")
+
+    def _split(self, indices: list[int]) -> list[list[int]]:
+        """Several streams to one source, interleaved, so a large version keeps the link busy."""
+        k = min(self._parallel, max(1, len(indices) // 2))
+        return [indices[j::k] for j in range(k)]
+
+    def _stream_chunks(self, source: str, wait: float, indices: list[int], chain: str, entry: dict,
+                       got: dict[int, bytes]) -> None:
+        version, pos = entry["version"], 0
+        from_learner = source == self.learner()
+
+        def on_chunk(chunk: bytes) -> None:  # on the swarm loop, as each chunk arrives
+            nonlocal pos
+            if pos >= len(indices):
+                return
+            index, pos = indices[pos], pos + 1
+            if _sha(chunk) == entry["chunks"][index]:
+                got[index] = chunk
+                self.store.add_chunk(chain, version, index, chunk)  # mates may ask for it right away
+                self._count("bytes_from_learner" if from_learner else "bytes_from_holders", len(chunk))
+            elif chunk:
+                self._count("bad_chunks")
+                log.warning("chunk %d of version %d from %s failed its hash; trying another source",
+                            index, version, source[-8:])
+
+        try:  # allow for a slow link: at least 0.2 MB/s per stream
+            self.node.call_stream(source, CHUNKS, msgpack.packb([chain, version, indices, wait]),
+                                  self.rpc_timeout + wait + 5.0 * len(indices), on_chunk)
+        except Exception as e:  # a source that vanished or is slow: the next round asks another
+            log.debug("chunks %s of version %d from %s failed: %s", indices[:3], version, source[-8:], e)
 
     def receive_rollouts(self, receiver: str, max_records: int, timeout: float = 0.0) -> list[bytes]:
         raise NotImplementedError("samplers send rollouts; learners receive them")
@@ -319,3 +438,4 @@ class SamplerExchange:
     def close(self) -> None:
         self._stop.set()
         self._flusher.join(5)
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,6 +1,7 @@
 """Versions over real hivemind RPC between in-process peers: exact deltas, chunks served by other
 holders so the learner's upload stays flat, forged manifests and corrupted chunks refused."""
 
+import threading
 import time
 
 import msgpack
@@ -28,7 +29,9 @@ def peers(tmp_path_factory):
     nodes = [ln] + [SwarmNode(Identity.load_or_create(tmp / f"s{i}.key"), NetworkConfig(initial_peers=ln.maddrs()), "wt")
                     for i in range(2)]
     lx = LearnerExchange(ln, Journal(tmp / "journal.bin"))
-    sxs = [SamplerExchange(n, Outbox(tmp / f"outbox{i}.db"), lambda: ln.peer_id) for i, n in enumerate(nodes[1:])]
+    mates = [n.peer_id for n in nodes[1:]]
+    sxs = [SamplerExchange(n, Outbox(tmp / f"outbox{i}.db"), lambda: ln.peer_id, mates=lambda: mates)
+           for i, n in enumerate(nodes[1:])]
     yield lx, sxs
     for sx in sxs:
         sx.close()
@@ -73,6 +76,11 @@ def test_keyframe_then_deltas_reconstruct_bit_exactly_and_holders_spare_the_lear
     newer = s1.fetch_weights("s", "run1", 3)
     assert [decode_version(b)[0].version for b in newer] == [4]
     assert all(torch.equal(apply_all(got, newer)[k], pub.published[k]) for k in got)
+    # a new keyframe starts the learner's next segment: the sampler prunes what it no longer lists
+    pub.cfg = CodecConfig(codec="int8", keyframe_every=5)
+    lx.publish_weights("l", 5, encode_version(pub.publish(pub.published, 5), BUILTIN_MODEL, "run1", {}))
+    assert [decode_version(b)[0].version for b in s1.fetch_weights("s", "run1", 4)] == [5]
+    assert sorted(s1.store.blobs) == [5]
 
 
 def test_a_corrupted_chunk_from_a_holder_is_fetched_again_elsewhere(peers):
@@ -108,3 +116,35 @@ def test_a_manifest_not_signed_by_the_followed_learner_is_refused(peers, tmp_pat
     before = s1.stats["forged_manifests"]
     assert s1.fetch_weights("s", "", -1) is None
     assert s1.stats["forged_manifests"] == before + 1
+
+
+def publish_big_keyframe(lx, chain: str, mb: int = 4) -> bytes:
+    """A version of several chunks (random fp32 weights), so that mates can split it."""
+    weights = {"w": torch.randn(mb * 256, 1024, generator=torch.Generator().manual_seed(1))}
+    blob = encode_version(Publisher(CodecConfig(keyframe_codec="fp32")).publish(weights, 0), BUILTIN_MODEL, chain, {})
+    lx.publish_weights("l", 0, blob)
+    return blob
+
+
+def test_mates_fetching_at_once_share_chunks_so_the_learner_uploads_one_copy(peers):
+    lx, (s1, s2) = peers
+    blob = publish_big_keyframe(lx, "run5")
+    before, got = lx.store.served_bytes, {}
+    threads = [threading.Thread(target=lambda s=s: got.setdefault(s, s.fetch_weights("s", "", -1))) for s in (s1, s2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert got[s1] == got[s2] == [blob]
+    # each took its own half from the learner and the other half from its mate mid-download
+    assert lx.store.served_bytes - before == len(blob)
+    assert s1.store.served_bytes > 0 and s2.store.served_bytes > 0
+
+
+def test_a_mate_that_is_not_fetching_costs_no_waiting(peers):
+    lx, (s1, s2) = peers
+    blob = publish_big_keyframe(lx, "run6")
+    t0 = time.monotonic()
+    assert s1.fetch_weights("s", "", -1) == [blob]  # s2 owns half the chunks but is idle: the learner serves them
+    assert time.monotonic() - t0 < s1.peer_wait
+    assert s1.store.blobs.keys() == {0}

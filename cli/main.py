@@ -202,6 +202,8 @@ def join(
     client_mode: bool = typer.Option(False, help="Behind NAT with no open port: outgoing connections and relays only."),
     nat: Optional[bool] = typer.Option(None, "--nat/--no-nat", help="UPnP/NAT-PMP port mapping (default: on unless loopback)."),
     follow: Optional[str] = typer.Option(None, help="Sampler: the learner peer id to follow (default: first found)."),
+    engine: Optional[str] = typer.Option(None, help="Sampler: generation engine, 'hf' (default, runs anywhere) or "
+                                         "'vllm' (needs the vllm extra; tune it under [vllm] in --config)."),
     max_steps: Optional[int] = typer.Option(None, help="Learner: stop at this version."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
@@ -213,7 +215,7 @@ def join(
     if public_ip and host.startswith("127."):
         host = "0.0.0.0"
     cfg = load_config(JoinConfig, config, {"role": role, "swarm": swarm, "model": model, "follow": follow,
-                                           "max_steps": max_steps,
+                                           "max_steps": max_steps, "engine": engine,
                                            "workdir": str(workdir) if workdir else f"hetero-node-{role}"})
     cfg.network = _network(host, port, public_ip, initial_peers or cfg.network.initial_peers, client_mode, nat,
                            relay=bool(public_ip) or client_mode)

@@ -18,7 +18,6 @@ stream of the same bytes between the same two peers.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import tempfile
 import threading

@@ -23,6 +23,7 @@ from swarm.outbox import Outbox
 from swarm.p2p import SwarmNode
 from swarm.swarm_exchange import LearnerExchange, SamplerExchange
 
+from .engines.vllm import VLLMConfig
 from .learner import LearnerConfig
 from .models import BUILTIN_MODEL
 from .sampler import SamplerConfig
@@ -40,6 +41,9 @@ class JoinConfig:
     network: NetworkConfig = field(default_factory=NetworkConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    engine: str = "hf"
+    """Sampler: 'hf' (transformers, anywhere) or 'vllm' (the vllm extra; settings in `vllm`)."""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
     weight_delay: DelayConfig = field(default_factory=DelayConfig)
     """Injected delay before a sampler loads newer weights (DESIGN section 5)."""
     rollout_delay: DelayConfig = field(default_factory=DelayConfig)
@@ -194,17 +198,32 @@ class _LearnerTracker:
 
 
 def _make_sampler(cfg: JoinConfig, node: SwarmNode, outbox: Outbox, tracker: _LearnerTracker):
-    from .engines.hf import HFEngine
-    from .models import load_model, load_tokenizer, tokenizer_hash
+    from .models import load_tokenizer, tokenizer_hash
     from .sampler import Sampler
     from .tasks import make_task
 
     exchange = SamplerExchange(node, outbox, lambda: tracker.current, cfg.weight_delay, cfg.rollout_delay, cfg.seed,
                                mates=lambda: tracker.mates)
     tok = load_tokenizer(cfg.model)
-    engine = HFEngine(load_model(cfg.model), tok, cfg.model)
+    engine = make_engine(cfg.engine, cfg.model, tok, cfg.vllm)
     scfg = replace(cfg.sampler, swarm=cfg.swarm, temperature=cfg.learner.temperature)
     return exchange, Sampler(node.peer_id, scfg, make_task(cfg.learner.task), engine, tokenizer_hash(tok))
+
+
+def make_engine(kind: str, model_id: str, tokenizer, vllm: VLLMConfig = VLLMConfig()):
+    if kind == "hf":
+        from .engines.hf import HFEngine
+        from .models import load_model
+
+        return HFEngine(load_model(model_id), tokenizer, model_id)
+    if kind == "vllm":
+        from .engines.vllm import VLLMEngine, vllm_available
+
+        if not vllm_available():
+            raise SystemExit("--engine vllm: vLLM is not installed here (pip install 'hetero-node[vllm]' on a GPU "
+                             "machine; on CPU see README, 'vLLM on CPU')")
+        return VLLMEngine(model_id, tokenizer, vllm)
+    raise SystemExit(f"unknown engine {kind!r}: use 'hf' or 'vllm'")
 
 
 def _sampler_loop(cfg, node, outbox, exchange, sampler, tracker: _LearnerTracker, stop) -> None:
@@ -212,7 +231,7 @@ def _sampler_loop(cfg, node, outbox, exchange, sampler, tracker: _LearnerTracker
     while not stop.is_set():
         now = time.monotonic()
         if now - last_announce > cfg.announce_every_s:
-            node.announce({"role": "sampler", "model_id": cfg.model, "version": sampler.version, "engine": "hf",
+            node.announce({"role": "sampler", "model_id": cfg.model, "version": sampler.version, "engine": cfg.engine,
                            "throughput": round(produced / max(now - t0, 1e-6), 3), "maddrs": node.maddrs(),
                            "learner": tracker.current or ""}, ttl=cfg.peer_ttl_s)
             last_announce = now

@@ -36,7 +36,6 @@ import msgpack
 
 from .delay import DelayConfig, ReloadTimer, sample_delay
 from .envelope import open_envelope, seal
-from .identity import Identity
 from .journal import Journal
 from .outbox import Outbox
 from .p2p import MAX_MESSAGE, SwarmNode

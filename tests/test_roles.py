@@ -2,7 +2,6 @@
 malformed records are dropped and counted while training goes on, and resume is exact."""
 
 import copy
-import random
 
 import msgpack
 import pytest
@@ -14,7 +13,6 @@ from node.models import BUILTIN_MODEL, BUILTIN_MODEL_B, load_model, load_tokeniz
 from node.sampler import Sampler, SamplerConfig
 from node.tasks import ArithmeticTask
 from swarm.memory import MemoryExchange, VirtualClock
-from swarm.records import decode_rollout_group
 
 
 @pytest.fixture(scope="module")

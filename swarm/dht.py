@@ -23,6 +23,7 @@ from hivemind.dht.schema import SchemaValidator, conbytes
 from hivemind.utils import get_dht_time
 
 from .identity import Identity
+from .tally import TallyModel, TallyValidator, tallies_key
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,8 @@ class PeerInfoModel(pydantic.BaseModel):
     maddrs: List[pydantic.StrictStr]
     learner: pydantic.StrictStr = ""
     """For samplers: the learner peer id they follow."""
+    name: pydantic.constr(max_length=64, strict=True) = ""
+    """Optional display name (leaderboard); untrusted text, escaped wherever it is shown."""
     updated: pydantic.StrictFloat = 0.0
     """DHT time of the announcement (status shows 'last seen')."""
 
@@ -57,6 +60,7 @@ class HolderModel(pydantic.BaseModel):
 class SwarmSchema(pydantic.BaseModel):
     peers: Dict[conbytes(regex=rb".*\[owner:.+\]"), PeerInfoModel]
     holders: Dict[conbytes(regex=rb".*\[owner:.+\]"), HolderModel]
+    tallies: Dict[conbytes(regex=rb".*\[owner:.+\]"), TallyModel]
 
 
 @dataclass
@@ -82,7 +86,8 @@ def peers_key(swarm: str) -> str:
 
 def create_dht(identity: Identity, net: NetworkConfig, swarm: str) -> DHT:
     """Start the DHT (a forked process with its p2pd). Create it before CUDA is initialised."""
-    validators = [RSASignatureValidator(identity.dht_private_key()), SchemaValidator(SwarmSchema, prefix=f"hetero_{swarm}")]
+    validators = [RSASignatureValidator(identity.dht_private_key()), SchemaValidator(SwarmSchema, prefix=f"hetero_{swarm}"),
+                  TallyValidator(swarm)]
     announce = [f"/ip4/{net.public_ip}/tcp/{net.port}"] if net.public_ip else None
     return DHT(
         initial_peers=net.initial_peers or None, start=True, record_validators=validators,
@@ -110,7 +115,7 @@ def _live_values(dht: DHT, key: str) -> list[tuple[dict[str, Any], float]]:
 def announce(dht: DHT, identity: Identity, swarm: str, info: dict[str, Any], ttl: float = 60.0) -> bool:
     """Store (or refresh) this peer's PeerInfo, signed, expiring in `ttl` seconds."""
     # every field explicitly: SchemaValidator refuses values that parse to anything different
-    info = {"learner": "", **info, "peer_id": identity.peer_id, "software": SOFTWARE, "protocol": PROTOCOL_VERSION,
+    info = {"learner": "", "name": "", **info, "peer_id": identity.peer_id, "software": SOFTWARE, "protocol": PROTOCOL_VERSION,
             "updated": float(get_dht_time())}
     return bool(dht.store(peers_key(swarm), info, expiration_time=get_dht_time() + ttl, subkey=_owner_subkey(identity)))
 
@@ -135,3 +140,13 @@ def announce_holdings(dht: DHT, identity: Identity, swarm: str, chain: str, vers
 
 def list_holders(dht: DHT, swarm: str) -> list[dict[str, Any]]:
     return [v for v, _ in _live_values(dht, holders_key(swarm))]
+
+
+def publish_tally(dht: DHT, identity: Identity, swarm: str, value: dict[str, Any], ttl: float = 600.0) -> bool:
+    """Store this learner's cumulative tally (swarm/tally.py), signed under its own subkey."""
+    return bool(dht.store(tallies_key(swarm), value, expiration_time=get_dht_time() + ttl, subkey=_owner_subkey(identity)))
+
+
+def list_tallies(dht: DHT, swarm: str) -> list[dict[str, Any]]:
+    """Every live tally the validators accepted (at most one per learner)."""
+    return [v for v, _ in _live_values(dht, tallies_key(swarm))]

@@ -16,7 +16,8 @@ from typing import AsyncIterator, Awaitable, Callable
 from google.protobuf.wrappers_pb2 import BytesValue
 from hivemind.p2p import P2PContext, PeerID
 
-from .dht import NetworkConfig, announce, announce_holdings, create_dht, list_holders, list_peers
+from .dht import (NetworkConfig, announce, announce_holdings, create_dht, list_holders, list_peers, list_tallies,
+                  publish_tally)
 from .identity import Identity
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,12 @@ class SwarmNode:
 
     def holders(self) -> list[dict]:
         return list_holders(self.dht, self.swarm)
+
+    def publish_tally(self, value: dict, ttl: float = 600.0) -> bool:
+        return publish_tally(self.dht, self.identity, self.swarm, value, ttl)
+
+    def tallies(self) -> list[dict]:
+        return list_tallies(self.dht, self.swarm)
 
     def add_handler(self, name: str, handler: Handler) -> None:
         async def _wrapped(request: BytesValue, context: P2PContext) -> BytesValue:

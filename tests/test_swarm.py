@@ -207,7 +207,8 @@ def test_demo_command_learns_summarises_and_leaves_no_process(tmp_path):
                           "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=300,
                          env={**__import__("os").environ, "COLUMNS": "200"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "versions published" in out.stdout and "stopped 3 processes" in out.stdout
+    assert "versions published" in out.stdout and "stopped 4 processes" in out.stdout  # + the leaderboard
+    assert "leaderboard: rollouts the learner accepted" in out.stdout and "demo sampler 0" in out.stdout
     assert "still alive" not in out.stdout
     for line in (tmp_path / "logs").glob("*.log"):
         assert line.stat().st_size > 0

@@ -74,6 +74,8 @@ class ChunkStore:
         self.partial: dict[int, dict[int, bytes]] = {}
         """version -> verified chunks of a download in progress."""
         self.served_bytes = 0
+        self.malformed = 0
+        """Chunk requests refused as malformed (logged with the reason)."""
         node.add_stream_handler(CHUNKS, self._on_chunks)
 
     def put(self, chain: str, version: int, blob: bytes) -> None:
@@ -117,6 +119,7 @@ class ChunkStore:
             if len(indices) > MAX_INDICES:
                 raise ValueError(f"more than {MAX_INDICES} chunks in one request")
         except Exception as e:
+            self.malformed += 1
             log.warning("malformed chunk request from %s: %s", remote[-8:], e)
             return
         deadline = time.monotonic() + wait

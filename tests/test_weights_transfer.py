@@ -148,3 +148,18 @@ def test_a_mate_that_is_not_fetching_costs_no_waiting(peers):
     assert s1.fetch_weights("s", "", -1) == [blob]  # s2 owns half the chunks but is idle: the learner serves them
     assert time.monotonic() - t0 < s1.peer_wait
     assert s1.store.blobs.keys() == {0}
+
+
+def test_malformed_chunk_requests_are_refused_counted_and_serving_goes_on(peers):
+    lx, (s1, _) = peers
+    blob = publish_big_keyframe(lx, "run7", mb=2)
+    learner, before = s1.learner(), lx.store.malformed
+    replies = []
+    for junk in (b"\xc1", msgpack.packb("not a list"), msgpack.packb(["run7", 0, list(range(70_000)), 0.0]),
+                 msgpack.packb(["run7", "zero", [0], 0.0])):
+        s1.node.call_stream(learner, "hetero.chunks.v1", junk, 10, replies.append)
+    assert replies == [] and lx.store.malformed == before + 4
+    # an unknown chain or version gets empty chunks, not an error
+    s1.node.call_stream(learner, "hetero.chunks.v1", msgpack.packb(["other", 0, [0, 1], 0.0]), 10, replies.append)
+    assert replies == [b"", b""]
+    assert s1.fetch_weights("s", "", -1) == [blob]  # and the learner still serves

@@ -12,7 +12,7 @@ This module knows bytes and records, never torch.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import msgpack
@@ -65,7 +65,8 @@ class RolloutGroup:
     protocol: int = PROTOCOL
 
     def encode(self) -> bytes:
-        d = asdict(self)
+        # shallow: asdict() would deep-copy every completion's token lists only to replace them
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["completions"] = [_encode_completion(c) for c in self.completions]
         data = msgpack.packb(d, use_bin_type=True)
         if len(data) > MAX_RECORD_BYTES:

@@ -130,7 +130,7 @@ class VLLMEngine:
 
         self._check_filtering(params)
         # our tokenizer, not vLLM's, so that prompt ids match the learner's and the HF engine's
-        prompt_ids = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        prompt_ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
         greedy_copies = params.n if params.temperature == 0 else 1  # vLLM wants n=1 for greedy
         sp = VSamplingParams(n=params.n // greedy_copies, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
                              max_tokens=params.max_new_tokens, logprobs=0, detokenize=False,
@@ -145,13 +145,14 @@ class VLLMEngine:
     def _to_result(self, prompt: str, prompt_ids: list[int], out, copies: int = 1) -> PromptResult:
         eos = self.tokenizer.eos_token_id
         res = PromptResult(prompt, list(prompt_ids))
-        for o in [o for o in sorted(out.outputs, key=lambda o: o.index) for _ in range(copies)]:
+        outputs = [o for o in sorted(out.outputs, key=lambda o: o.index) for _ in range(copies)]
+        texts = self.tokenizer.batch_decode([list(o.token_ids) for o in outputs], skip_special_tokens=True)
+        for o, text in zip(outputs, texts):
             ids = list(o.token_ids)
-            lps = [step[tok].logprob for step, tok in zip(o.logprobs, ids)]
             res.completions.append(Completion(
                 token_ids=ids,
-                text=self.tokenizer.decode(ids, skip_special_tokens=True),
-                logprobs=lps,
+                text=text,
+                logprobs=[step[tok].logprob for step, tok in zip(o.logprobs, ids)],
                 finish_reason="stop" if ids and ids[-1] == eos else "length",
             ))
         return res

@@ -18,6 +18,7 @@ stream of the same bytes between the same two peers.
 from __future__ import annotations
 
 import argparse
+import collections
 import sys
 import tempfile
 import threading
@@ -109,6 +110,9 @@ def main() -> None:
                 secs = fetch_all(samplers[:n], schedule != "staggered")
                 copies = (lx.store.served_bytes - before) / len(blob)
                 print(f"{n:>3} {schedule:>13} {secs:14.2f} {copies:13.2f}x")
+        stats = sum((x.stats for x in samplers), collections.Counter())
+        print(f"fetch failures {stats['weight_fetch_failures']}, streams that ended early and were asked again "
+              f"{stats['short_streams']}, bad chunks {stats['bad_chunks']}")
         mates[:] = []
         blob = make_blob(args.mb, "raw")
         lx.publish_weights("l", 0, blob)

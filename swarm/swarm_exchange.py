@@ -386,7 +386,8 @@ class SamplerExchange:
         rounds = [lambda i, r=r: (holders[(i + r) % len(holders)], 0.0) for r in range(len(holders))]
         rounds.append(lambda i: (owners[i], self.peer_wait) if owners[i] not in (None, me, learner, *holders)
                       else (None, 0.0))
-        rounds.append(lambda i: (learner, 0.0))
+        # twice: a stream can end early without an error (a reset libp2p stream reads as its end)
+        rounds += [lambda i: (learner, 0.0)] * 2
         missing = list(indices)
         for pick in rounds:
             requests: dict[tuple[str, float], list[int]] = collections.defaultdict(list)
@@ -426,8 +427,11 @@ class SamplerExchange:
                             index, version, source[-8:])
 
         try:  # allow for a slow link: at least 0.2 MB/s per stream
-            self.node.call_stream(source, CHUNKS, msgpack.packb([chain, version, indices, wait]),
-                                  self.rpc_timeout + wait + 5.0 * len(indices), on_chunk)
+            n = self.node.call_stream(source, CHUNKS, msgpack.packb([chain, version, indices, wait]),
+                                      self.rpc_timeout + wait + 5.0 * len(indices), on_chunk)
+            if n < len(indices):
+                self._count("short_streams")
+                log.info("%s sent %d of %d chunks of version %d; asking again", source[-8:], n, len(indices), version)
         except Exception as e:  # a source that vanished or is slow: the next round asks another
             log.debug("chunks %s of version %d from %s failed: %s", indices[:3], version, source[-8:], e)
 

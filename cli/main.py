@@ -285,12 +285,16 @@ def status(
     if as_json:
         typer.echo(json.dumps(peers, indent=1))
         return
-    table = Table(title=f"swarm {swarm!r}: {len(peers)} peers")
-    for col in ("peer", "role", "model", "version", "throughput", "software", "last seen", "expires in"):
+    from rich.markup import escape
+
+    table = Table(title=f"swarm {escape(swarm)!r}: {len(peers)} peers")
+    for col in ("peer", "name", "role", "model", "engine", "version", "throughput", "software", "last seen",
+                "expires in"):
         table.add_column(col)
-    for p in peers:
-        table.add_row(p["peer_id"][-12:], p["role"], p["model_id"], str(p["version"]), f"{p['throughput']:.1f} compl/s",
-                      p["software"], f"{p['last_seen_s']:.0f} s ago", f"{p['expires_in']:.0f} s")
+    for p in peers:  # names and models are other peers' text: never rich markup
+        table.add_row(p["peer_id"][-12:], escape(p.get("name", "")), p["role"], escape(p["model_id"]),
+                      escape(p["engine"]), str(p["version"]), f"{p['throughput']:.1f} compl/s", escape(p["software"]),
+                      f"{p['last_seen_s']:.0f} s ago", f"{p['expires_in']:.0f} s")
     Console().print(table)
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -207,7 +209,7 @@ def test_swarm_tallies_reach_the_page_in_a_real_browser_and_survive_a_restart(tm
     from cli.procs import stop, wait_for_file
     from swarmkit import Swarm, peer_of, start_bootstrap
 
-    name = '<img src=x onerror="window.__pwned=1">bob'
+    name = '[red]<img src=x onerror="window.__pwned=1">bob'  # HTML for the page, rich markup for `status`
     s = Swarm(tmp_path)
     db = tmp_path / "lb" / "leaderboard.db"
     try:
@@ -231,6 +233,9 @@ def test_swarm_tallies_reach_the_page_in_a_real_browser_and_survive_a_restart(tm
         assert peer_of(s, "learner") not in {p["peer_id"] for p in board["peers"]}  # learners are not credited
         shown = _browser_check(url, ARTIFACTS / "leaderboard.png")
         assert shown == name  # shown as text, not run as HTML
+        table = subprocess.run([sys.executable, "-m", "cli.main", "status", "--initial-peers", s.addr],
+                               capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "300"})
+        assert name in table.stdout  # and not taken as rich markup by `status`
         stop([s.nodes.pop("leaderboard")])
         # restart without the swarm: the history is still there
         lb = s.start("leaderboard-again", ["leaderboard", "--serve", "127.0.0.1:0", "--db", str(db),

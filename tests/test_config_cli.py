@@ -66,3 +66,17 @@ def test_simulate_command_with_config_and_flags(tmp_path):
     steps = [json.loads(x) for x in metrics.read_text().splitlines() if '"step"' in x]
     assert [s["version"] for s in steps] == [1, 2, 3, 4]
     assert [s["staleness_mean"] for s in steps] == [0.0, 1.0, 0.0, 1.0]  # reload every 60 s = 2 steps
+
+
+def test_engine_choice_fails_with_advice_not_a_traceback():
+    from node.engines.vllm import vllm_available
+    from node.models import BUILTIN_MODEL, load_tokenizer
+    from node.runner import make_engine
+
+    tok = load_tokenizer(BUILTIN_MODEL)
+    with pytest.raises(SystemExit, match="use 'hf' or 'vllm'"):
+        make_engine("sglang", BUILTIN_MODEL, tok)
+    if not vllm_available():
+        with pytest.raises(SystemExit, match="vLLM is not installed"):
+            make_engine("vllm", BUILTIN_MODEL, tok)
+    assert make_engine("hf", BUILTIN_MODEL, tok).model_id == BUILTIN_MODEL

@@ -103,8 +103,11 @@ class LeaderboardStore:
 
     def set_name(self, peer: str, name: str) -> None:
         name = clean_name(name)
-        if name:
-            with self._lock, self._db:
+        if not name:
+            return
+        with self._lock, self._db:
+            row = self._db.execute("SELECT name FROM names WHERE peer = ?", (peer,)).fetchone()
+            if row is None or row[0] != name:  # every poll sees every name: write only changes
                 self._db.execute("INSERT OR REPLACE INTO names VALUES (?, ?, ?)", (peer, name, time.time()))
 
     def counters(self) -> dict[str, int]:
@@ -137,10 +140,12 @@ class LeaderboardStore:
         with self._lock:
             rows = self._db.execute("SELECT time, learner, peer, rollouts FROM history ORDER BY time, rowid").fetchall()
         latest: dict[tuple[str, str], int] = {}
+        total: dict[str, int] = {}
         out: dict[str, list[tuple[float, int]]] = {}
-        for t, learner, peer, rollouts in rows:
+        for t, learner, peer, rollouts in rows:  # one pass: the page asks for this every few seconds
+            total[peer] = total.get(peer, 0) + rollouts - latest.get((learner, peer), 0)
             latest[(learner, peer)] = rollouts
-            out.setdefault(peer, []).append((t, sum(v for (_, p), v in latest.items() if p == peer)))
+            out.setdefault(peer, []).append((t, total[peer]))
         return out
 
     def close(self) -> None:

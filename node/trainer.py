@@ -17,7 +17,7 @@ import torch
 
 from .algorithms import Algorithm, LossInputs, group_advantages
 from .engines.base import Completion
-from .logprobs import PackedBatch, completion_logprobs, pack
+from .logprobs import PackedBatch, completion_logprobs, completion_span, pack
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +73,8 @@ def build_batch(groups: Sequence[ScoredGroup], normalize_std: bool, pad_id: int)
         raise ValueError("build_batch: do not mix token-level and sequence-level groups in one batch")
     for row, i in enumerate(keep):
         if not seq_level:
-            start = len(prompts[row]) - 1
-            old[row, start : start + len(completions[row])] = torch.tensor(flat[i][1].logprobs, dtype=torch.float32)
+            span = completion_span(len(prompts[row]), len(completions[row]))
+            old[row, span] = torch.tensor(flat[i][1].logprobs, dtype=torch.float32)
     seq_means = None
     if seq_level:
         per_completion = [m for g in groups for m in g.behaviour_seq_logp_mean]

@@ -9,7 +9,7 @@ counted) plus a history of every change, so the board survives restarts and DHT 
 HTTP (stdlib, read-only):
   /                  the page: rank, peer, name, rollouts, tokens, share, first/last seen, models,
                      and a chart of contributions over time; it refreshes itself while open
-  /api/leaderboard   the same as JSON
+  /api/leaderboard   the same as JSON, plus how many tallies were accepted or refused, by reason
   /api/history       cumulative rollouts per peer over time, as JSON
   /chart.svg         the chart
 Display names are untrusted: the page escapes them (server side) and sets them as text (client
@@ -290,7 +290,7 @@ def make_server(store: LeaderboardStore, swarm: str, host: str, port: int, refre
                     self._send(200, "text/html; charset=utf-8", render_page(store.board(), swarm, refresh_s))
                 elif path == "/api/leaderboard":
                     self._send(200, "application/json", json.dumps({"swarm": swarm, **store.board(),
-                                                                    "refused": store.counters()}))
+                                                                    "tallies": store.counters()}))
                 elif path == "/api/history":
                     self._send(200, "application/json", json.dumps(store.history()))
                 elif path == "/chart.svg":

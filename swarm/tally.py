@@ -76,7 +76,6 @@ class TallyValidator(RecordValidatorBase):
 
     def __init__(self, swarm: str) -> None:
         self._key = DHTID.generate(source=tallies_key(swarm)).to_bytes()
-        self.rejected = 0
 
     def validate(self, record: DHTRecord) -> bool:
         if record.key != self._key:
@@ -88,8 +87,7 @@ class TallyValidator(RecordValidatorBase):
                 and isinstance(value.get("peers"), dict) and owner not in value["peers"]
         except Exception:
             ok = False
-        if not ok:
-            self.rejected += 1
+        if not ok:  # refused by every peer; the leaderboard counts what reaches it (leaderboard.py)
             log.debug("refused a tally: its learner is not its signer, or it credits itself")
         return ok
 

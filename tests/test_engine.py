@@ -5,7 +5,7 @@ import torch
 
 from node.engines.base import SamplingParams
 from node.engines.hf import HFEngine
-from node.logprobs import completion_logprobs, pack
+from node.logprobs import completion_logprobs, completion_span, pack
 from node.models import BUILTIN_MODEL, BUILTIN_MODEL_B, load_model, load_tokenizer, resolve_model_path
 
 PROMPTS = ["12+7=", "35+48=", "7*8=", "99+99="]
@@ -44,7 +44,7 @@ def test_learner_recomputes_the_engines_logprobs(engine, temperature, top_p, top
     with torch.no_grad():
         learner = completion_logprobs(engine.model, batch, temperature)
     diffs = [
-        (learner[i, len(p) - 1 : len(p) - 1 + len(c.token_ids)] - torch.tensor(c.logprobs)).abs().max().item()
+        (learner[i, completion_span(len(p), len(c.token_ids))] - torch.tensor(c.logprobs)).abs().max().item()
         for i, (p, c) in enumerate(zip(prompts, comps))
     ]
     with capsys.disabled():

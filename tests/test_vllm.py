@@ -13,7 +13,7 @@ import torch
 
 from node.engines.base import SamplingParams
 from node.engines.vllm import VLLMConfig, vllm_available
-from node.logprobs import completion_logprobs, pack
+from node.logprobs import completion_logprobs, completion_span, pack
 from node.models import BUILTIN_MODEL, load_model, load_tokenizer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed here")]
@@ -42,7 +42,7 @@ def learner_gap(engine, model, results, temperature: float) -> float:
     batch = pack([p for p, _ in rows], [c.token_ids for _, c in rows], engine.tokenizer.pad_token_id)
     with torch.no_grad():
         lp = completion_logprobs(model, batch, temperature)
-    return max((lp[i, len(p) - 1 : len(p) - 1 + len(c.token_ids)] - torch.tensor(c.logprobs)).abs().max().item()
+    return max((lp[i, completion_span(len(p), len(c.token_ids))] - torch.tensor(c.logprobs)).abs().max().item()
                for i, (p, c) in enumerate(rows))
 
 

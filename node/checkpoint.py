@@ -1,92 +1,79 @@
-"""Learner checkpoints that resume exactly: same version sequence, same metrics, no data lost.
+"""Learner checkpoints on disk: what `Learner.state_dict()` holds, written so a crash never leaves half a one.
 
 A checkpoint is a folder `v{version:08d}/` holding
-    model.safetensors   the weights
+    model.safetensors   the weights (tied tensors stored once, their aliases in the metadata)
     optimizer.pt        AdamW state
-    buffer.msgpack      accepted-but-untrained records, as received (re-accepted on load)
-    state.json          version, counters, seen record ids, RNG states
-written to a temporary folder and renamed, so a crash mid-save never leaves a half checkpoint
-that `latest_checkpoint` would pick.
+    buffer.msgpack      accepted-but-untrained records, as received (the learner re-accepts them)
+    state.json          version, counters, seen record ids, RNG states, the runner's extras
+written to a temporary folder and renamed, so `latest_checkpoint` never picks a partial one. Only
+the newest `keep` are kept. This module reads and writes files; the learner owns what is in them.
 """
 
 from __future__ import annotations
 
-import base64
-import collections
 import json
 import os
-import random
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import msgpack
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, save_file
 
-from swarm.records import decode_rollout_group
-from swarm.tally import Tally
-
-if TYPE_CHECKING:
-    from .learner import Learner
+from .weights import retie, untie
 
 
-def save_learner_checkpoint(learner: "Learner", directory: Path) -> Path:
+def save_checkpoint(directory: Path, version: int, state: dict[str, Any], keep: int = 3) -> Path:
+    directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    final = directory / f"v{learner.version:08d}"
-    tmp = directory / f".tmp-v{learner.version:08d}"
+    final, tmp = directory / f"v{version:08d}", directory / f".tmp-v{version:08d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    save_model(learner.model, str(tmp / "model.safetensors"))  # handles tied embeddings
-    torch.save(learner.optimizer.state_dict(), tmp / "optimizer.pt")
-    (tmp / "buffer.msgpack").write_bytes(msgpack.packb([b.raw for b in learner.buffer], use_bin_type=True))
-    state = {
-        "version": learner.version,
-        "drops": dict(learner.drops),
-        "accepted_by_sampler": dict(learner.accepted_by_sampler),
-        "tally": {"peers": learner.tally.peers, "seq": learner.tally.seq},
-        "reward_claim_mismatch": learner.reward_claim_mismatch,
-        "version_clamped": learner.version_clamped,
-        "seen": list(learner.seen),
-        "torch_rng": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
-        "python_rng": _py_rng_to_json(random.getstate()),
-        "extra": learner.checkpoint_extra(),
-    }
-    (tmp / "state.json").write_text(json.dumps(state))
+    tensors, aliases = untie(state["model"])
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"),
+              metadata={"aliases": json.dumps(aliases)})
+    torch.save(state["optimizer"], tmp / "optimizer.pt")
+    (tmp / "buffer.msgpack").write_bytes(msgpack.packb(state["buffer"], use_bin_type=True))
+    (tmp / "state.json").write_text(json.dumps(state["meta"]))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
+    prune_checkpoints(directory, keep)
     return final
 
 
-def _py_rng_to_json(state: tuple) -> list:
-    version, internal, gauss = state
-    return [version, list(internal), gauss]
+def prune_checkpoints(directory: Path, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` complete checkpoints; returns what was deleted."""
+    old = _complete(directory)[:-keep] if keep > 0 else []
+    for path in old:
+        shutil.rmtree(path, ignore_errors=True)
+    return old
 
 
-def _py_rng_from_json(state: list) -> tuple:
-    return (state[0], tuple(state[1]), state[2])
+def _complete(directory: Path) -> list[Path]:
+    return sorted(p for p in Path(directory).glob("v*") if (p / "state.json").exists())
 
 
 def latest_checkpoint(directory: Path) -> Path | None:
-    found = sorted(p for p in Path(directory).glob("v*") if (p / "state.json").exists())
+    found = _complete(directory)
     return found[-1] if found else None
 
 
-def load_learner_checkpoint(learner: "Learner", path: Path) -> None:
-    state = json.loads((path / "state.json").read_text())
-    load_model(learner.model, str(path / "model.safetensors"))
-    learner.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
-    learner.version = state["version"]
-    learner.drops = collections.Counter(state["drops"])
-    learner.accepted_by_sampler = collections.Counter(state["accepted_by_sampler"])
-    learner.tally = Tally(**state.get("tally", {}))
-    learner.reward_claim_mismatch = state["reward_claim_mismatch"]
-    learner.version_clamped = state.get("version_clamped", 0)
-    learner.seen = collections.OrderedDict.fromkeys(state["seen"])
-    torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch_rng"])), dtype=torch.uint8))
-    random.setstate(_py_rng_from_json(state["python_rng"]))
-    learner.restored_extra = state.get("extra", {})
-    learner.buffer.clear()
-    for raw in msgpack.unpackb((path / "buffer.msgpack").read_bytes(), raw=False):
-        # these records were validated and accepted before the save: re-accept without recounting
-        learner._accept(decode_rollout_group(raw), raw, count=False)
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """The state a learner saved at `path` (see `Learner.load_state_dict`)."""
+    path = Path(path)
+    tensors = load_file(str(path / "model.safetensors"))
+    aliases = json.loads(_safetensors_metadata(path / "model.safetensors").get("aliases", "{}"))
+    return {
+        "model": retie(tensors, aliases),
+        "optimizer": torch.load(path / "optimizer.pt", weights_only=True),
+        "buffer": msgpack.unpackb((path / "buffer.msgpack").read_bytes(), raw=False),
+        "meta": json.loads((path / "state.json").read_text()),
+    }
+
+
+def _safetensors_metadata(path: Path) -> dict[str, str]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return f.metadata() or {}

@@ -5,6 +5,7 @@ Greedy by default (temperature 0, one completion each): the number a user compar
 
 from __future__ import annotations
 
+import random
 from typing import Sequence
 
 from .engines.base import Engine, SamplingParams
@@ -19,3 +20,10 @@ def evaluate(engine: Engine, task: Task, problems: Sequence[Problem], max_new_to
     results = engine.generate([p.prompt for p in problems], params)
     hits = sum(task.reward(r.completions[0].text, p.answer) for p, r in zip(problems, results))
     return hits / len(problems)
+
+
+def eval_problems(task: Task, size: int, seed: int = 1234) -> list[Problem]:
+    """The held-out problems every run of `task` evaluates on: the same `size` ones whatever the
+    command, so that eval figures of `local`, `simulate` and the swarm compare."""
+    held = list(task.split("eval"))
+    return random.Random(seed).sample(held, min(size, len(held)))

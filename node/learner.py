@@ -10,15 +10,15 @@ Invariants (what makes off-policy training here correct):
   * a record is validated completely before it is accepted, and once accepted it is kept (in
     the buffer and in checkpoints) until trained on or dropped as stale, never lost.
 
-Routing (DESIGN section 4): rollouts of the learner's own model go to `stale_loss` (GEPO by
+Routing (docs/DESIGN.md, "The algorithms"): rollouts of the learner's own model go to `stale_loss` (GEPO by
 default), rollouts of another model to `foreign_loss` (F-TIS by default); either may be "drop".
 A foreign model with another tokenizer is re-tokenized and corrected at sequence level.
 """
 
 from __future__ import annotations
 
+import base64
 import collections
-import json
 import logging
 import math
 import random
@@ -30,16 +30,18 @@ from typing import Any, Callable
 
 import torch
 
-from swarm.exchange import Exchange
+from swarm.exchange import LearnerLink, WeightVersion
 from swarm.records import RecordError, RolloutGroup, decode_rollout_group
-from swarm.tally import Tally
 
+from .accounting import Tally
 from .algorithms import get_algorithm
+from .config import SamplingConfig
 from .engines.base import Completion
 from .engines.hf import HFEngine
-from .evaluate import evaluate
-from .models import BUILTIN_MODEL, tokenizer_hash
-from .tasks import ArithmeticConfig, DatasetTaskConfig, Task
+from .evaluate import eval_problems, evaluate
+from .metrics import MetricsWriter
+from .models import tokenizer_hash
+from .tasks import Task
 from .trainer import ScoredGroup, TrainPart, build_batch, train_step
 from .weight_codec import CodecConfig, Publisher
 from .weights import encode_version, untie
@@ -51,33 +53,34 @@ DROP = "drop"
 
 @dataclass
 class LearnerConfig:
-    model: str = BUILTIN_MODEL
-    swarm: str = "local"
-    task: ArithmeticConfig | DatasetTaskConfig = field(default_factory=ArithmeticConfig)
+    """The `[learner]` table: how rollouts are corrected and trained on. What the learner trains
+    (model, task, sampling) lives in the top-level config, shared with the samplers."""
+
     stale_loss: str = "gepo"
     """Loss for rollouts of our own model (any version): gepo, grpo, dr_grpo, gspo, pg or drop."""
     stale_options: dict[str, Any] = field(default_factory=dict)
+    """Fields of that loss's config, e.g. {eps = 0.2, beta = 0.005} for GEPO."""
     foreign_loss: str = "ftis"
     """Loss for rollouts of other models: ftis, pg, grpo, ... or drop."""
     foreign_options: dict[str, Any] = field(default_factory=dict)
     accept_models: tuple[str, ...] = ("*",)
     """Foreign model ids whose rollouts are accepted; "*" accepts any."""
     max_staleness: int = 64
+    """Rollouts more than this many versions old are dropped (counted), never trained on."""
     groups_per_step: int = 16
-    temperature: float = 1.0
-    """Sampling temperature the swarm uses; log-probs are computed at it, other records rejected."""
     lr: float = 3e-5
+    """AdamW learning rate (1e-4 and above destabilises the built-in tiny model: measured)."""
     max_grad_norm: float = 1.0
     eval_every: int = 50
+    """Greedy eval on held-out problems every N versions (0: only at the start and the end)."""
     eval_size: int = 300
-    eval_max_new_tokens: int = 6
     max_buffer_groups: int = 4096
     """Bound on accepted-but-untrained groups; beyond it new records are refused (counted), so
     memory stays bounded without dropping anything already accepted."""
-    checkpoint_dir: str | None = None
     checkpoint_every: int = 0
     """Save every N versions (0: only when asked)."""
-    metrics_path: str | None = None
+    keep_checkpoints: int = 3
+    """Checkpoints kept on disk; older ones are deleted."""
     weights: CodecConfig = field(default_factory=CodecConfig)
     """How versions go out: keyframes every N versions, error-feedback deltas in between."""
 
@@ -85,8 +88,10 @@ class LearnerConfig:
         for name, opts in ((self.stale_loss, self.stale_options), (self.foreign_loss, self.foreign_options)):
             if name != DROP:
                 get_algorithm(name).make_config(opts)
-        if self.max_staleness < 0 or self.groups_per_step < 1:
-            raise ValueError("learner: max_staleness must be >= 0 and groups_per_step >= 1")
+        if self.max_staleness < 0 or self.groups_per_step < 1 or self.eval_every < 0 or self.eval_size < 1:
+            raise ValueError("learner: need max_staleness >= 0, groups_per_step >= 1, eval_every >= 0, eval_size >= 1")
+        if self.lr <= 0 or self.max_grad_norm <= 0 or self.keep_checkpoints < 1 or self.checkpoint_every < 0:
+            raise ValueError("learner: need lr > 0, max_grad_norm > 0, keep_checkpoints >= 1, checkpoint_every >= 0")
 
 
 @dataclass
@@ -100,19 +105,26 @@ class BufferedGroup:
 
 
 class Learner:
-    def __init__(self, cfg: LearnerConfig, model, tokenizer, task: Task, exchange: Exchange | None = None,
-                 peer_id: str = "learner") -> None:
+    def __init__(self, cfg: LearnerConfig, model, tokenizer, task: Task, *, model_id: str,
+                 sampling: SamplingConfig = SamplingConfig(), swarm: str = "local", link: LearnerLink | None = None,
+                 peer_id: str = "learner", checkpoint_dir: str | Path | None = None,
+                 metrics: MetricsWriter | None = None) -> None:
         self.cfg = cfg
         self.model = model.eval()
         self.tok = tokenizer
         self.task = task
-        self.exchange = exchange
+        self.model_id = model_id
+        self.sampling = sampling
+        self.swarm = swarm
+        self.link = link
         self.peer_id = peer_id
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
+        self.metrics = metrics
         self.tokenizer_id = tokenizer_hash(tokenizer)
         self.vocab_size = len(tokenizer)
         self.version = 0
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-        self.engine = HFEngine(model, tokenizer, cfg.model)  # for evaluation only
+        self.engine = HFEngine(model, tokenizer, model_id)  # for evaluation only
         self.publisher = Publisher(cfg.weights)
         self.chain = uuid.uuid4().hex[:12]
         """Id of this run's version chain: deltas apply only to weights of the same chain."""
@@ -126,10 +138,8 @@ class Learner:
         self.reward_claim_mismatch = 0
         self.version_clamped = 0
         """Rollouts from a previous run's versions beyond our resumed version (see _accept)."""
-        self.eval_set = random.Random(1234).sample(list(task.split("eval")), min(cfg.eval_size, len(task.split("eval"))))
+        self.eval_set = eval_problems(task, cfg.eval_size)
         self.history: list[dict] = []
-        if cfg.metrics_path:
-            Path(cfg.metrics_path).parent.mkdir(parents=True, exist_ok=True)
         self.on_record: Callable[[dict], None] | None = None
         self.checkpoint_extra: Callable[[], dict] = dict
         """Extra state saved with each checkpoint (the swarm runner saves its journal cursor)."""
@@ -158,7 +168,7 @@ class Learner:
 
     def _check(self, g: RolloutGroup) -> str | None:
         """Semantic checks after the structural ones of swarm.records; a reason code or None."""
-        if g.swarm != self.cfg.swarm:
+        if g.swarm != self.swarm:
             return "wrong_swarm"
         if g.task != self.task.name:
             return "wrong_task"
@@ -167,12 +177,12 @@ class Learner:
         problem = self.task.get(g.prompt_id)
         if problem is None or problem.prompt != g.prompt:
             return "unknown_prompt"
-        own = g.model_id == self.cfg.model
+        own = g.model_id == self.model_id
         if not own and "*" not in self.cfg.accept_models and g.model_id not in self.cfg.accept_models:
             return "unknown_model"
         if own and g.version > self.version and g.chain in ("", self.chain):
             return "future_version"  # this chain never had it: forged or from another learner
-        if not math.isclose(float(g.sampling.get("temperature", -1)), self.cfg.temperature):
+        if not math.isclose(float(g.sampling.get("temperature", -1)), self.sampling.temperature):
             return "wrong_temperature"
         if len(g.completions) < 2:
             return "group_too_small"
@@ -192,7 +202,7 @@ class Learner:
         return None
 
     def _accept(self, g: RolloutGroup, raw: bytes, count: bool = True) -> str | None:
-        own = g.model_id == self.cfg.model
+        own = g.model_id == self.model_id
         route = "stale" if own else ("foreign" if g.tokenizer == self.tokenizer_id else "foreign_seq")
         if self.routes[route] == DROP:
             return "foreign_dropped" if not own else "own_dropped"
@@ -250,7 +260,7 @@ class Learner:
         rec: dict[str, Any] = {"kind": "step", "version": self.version + 1, **self._batch_stats(taken)}
         rec["groups_skipped_zero_var"] = skipped
         if parts:
-            rec.update(train_step(self.model, self.optimizer, parts, self.cfg.temperature, self.cfg.max_grad_norm))
+            rec.update(train_step(self.model, self.optimizer, parts, self.sampling.temperature, self.cfg.max_grad_norm))
         for b in taken:
             self.accepted_by_sampler[b.sampler] += 1
             self.tally.credit(b.sampler, len(b.group.completions), sum(len(c.token_ids) for c in b.group.completions),
@@ -261,8 +271,8 @@ class Learner:
         self._emit(rec)
         if self.cfg.eval_every and self.version % self.cfg.eval_every == 0:
             self.run_eval()
-        if self.cfg.checkpoint_dir and self.cfg.checkpoint_every and self.version % self.cfg.checkpoint_every == 0:
-            self.save_checkpoint(Path(self.cfg.checkpoint_dir))
+        if self.checkpoint_dir and self.cfg.checkpoint_every and self.version % self.cfg.checkpoint_every == 0:
+            self.save_checkpoint(self.checkpoint_dir)
         return rec
 
     def _parts(self, taken: list[BufferedGroup]) -> tuple[list[TrainPart], int]:
@@ -299,22 +309,21 @@ class Learner:
                 "time_s": round(time.time() - self._t0, 2)}
 
     def _publish(self) -> None:
-        if self.exchange is not None:
+        if self.link is not None:
             weights, aliases = untie(self.model.state_dict())
             enc = self.publisher.publish(weights, self.version)
-            self.exchange.publish_weights(self.peer_id, self.version,
-                                          encode_version(enc, self.cfg.model, self.chain, aliases))
+            blob = encode_version(enc, self.model_id, self.chain, aliases)
+            self.link.publish_weights(WeightVersion(self.model_id, self.chain, self.version, enc.base, blob))
 
     def run_eval(self) -> float:
-        acc = evaluate(self.engine, self.task, self.eval_set, self.cfg.eval_max_new_tokens)
+        acc = evaluate(self.engine, self.task, self.eval_set, self.sampling.max_new_tokens)
         self._emit({"kind": "eval", "version": self.version, "eval_acc": acc, "time_s": round(time.time() - self._t0, 2)})
         return acc
 
     def _emit(self, rec: dict) -> None:
         self.history.append(rec)
-        if self.cfg.metrics_path:
-            with open(self.cfg.metrics_path, "a") as f:
-                f.write(json.dumps(rec) + "\n")
+        if self.metrics is not None:
+            self.metrics.write(rec)
         if self.on_record:
             self.on_record(rec)
 
@@ -322,17 +331,67 @@ class Learner:
         """Publish the starting weights (version 0 or the resumed one) so samplers can align."""
         self._publish()
 
-    # ---- checkpoints -----------------------------------------------------------------------------
-    def save_checkpoint(self, directory: Path) -> Path:
-        """weights (safetensors), optimizer, version, counters, RNG and the untrained buffer."""
-        from .checkpoint import save_learner_checkpoint
+    # ---- state -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume exactly: tensors, optimizer, the untrained buffer (records
+        as received) and counters (JSON-able), plus `checkpoint_extra()` from the runner."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "buffer": [b.raw for b in self.buffer],
+            "meta": {
+                "version": self.version,
+                "drops": dict(self.drops),
+                "accepted_by_sampler": dict(self.accepted_by_sampler),
+                "tally": {"peers": self.tally.peers, "seq": self.tally.seq},
+                "reward_claim_mismatch": self.reward_claim_mismatch,
+                "version_clamped": self.version_clamped,
+                "seen": list(self.seen),
+                "extra": self.checkpoint_extra(),
+                "rng": _rng_state(),
+            },
+        }
 
-        return save_learner_checkpoint(self, directory)
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        meta = state["meta"]
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = meta["version"]
+        self.drops = collections.Counter(meta["drops"])
+        self.accepted_by_sampler = collections.Counter(meta["accepted_by_sampler"])
+        self.tally = Tally(**meta.get("tally", {}))
+        self.reward_claim_mismatch = meta["reward_claim_mismatch"]
+        self.version_clamped = meta.get("version_clamped", 0)
+        self.seen = collections.OrderedDict.fromkeys(meta["seen"])
+        self.restored_extra = meta.get("extra", {})
+        _set_rng_state(meta["rng"])
+        self.buffer.clear()
+        for raw in state["buffer"]:
+            # validated and accepted before the save: re-accept without counting twice
+            self._accept(decode_rollout_group(raw), raw, count=False)
+
+    def save_checkpoint(self, directory: Path) -> Path:
+        from .checkpoint import save_checkpoint
+
+        return save_checkpoint(directory, self.version, self.state_dict(), keep=self.cfg.keep_checkpoints)
 
     def load_checkpoint(self, path: Path) -> None:
-        from .checkpoint import load_learner_checkpoint
+        from .checkpoint import load_checkpoint
 
-        load_learner_checkpoint(self, path)
+        self.load_state_dict(load_checkpoint(path))
+
+
+def _rng_state() -> dict[str, Any]:
+    """torch's and Python's RNG states, JSON-able: a resumed run draws what the original would."""
+    version, internal, gauss = random.getstate()
+    return {"torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
+            "python": [version, list(internal), gauss]}
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch"])), dtype=torch.uint8))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
 
 
 def _mean(xs: list[float]) -> float:

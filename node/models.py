@@ -8,6 +8,7 @@ Qwen3-architecture transformer with a character-level tokenizer built locally, w
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import string
 from pathlib import Path
@@ -29,16 +30,30 @@ SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>")
 CHARS = string.digits + "+-*/=()., " + string.ascii_letters + "?!:;'\"\n\\{}[]^_%$#&<>|~`@"
 
 
+class ModelNotFoundError(FileNotFoundError):
+    """A model id that names no model we can load: the message says which, `fix` what to pass."""
+
+    fix = ("give a folder saved with save_pretrained (config.json, weights, tokenizer), a hub id like "
+           "Qwen/Qwen3-0.6B (needs internet), or builtin:tiny-arith")
+
+
 def resolve_model_path(model_id: str) -> str:
-    """Local folder for `builtin:NAME`; anything else is passed to transformers as is."""
+    """Local folder for `builtin:NAME` or a path; anything else is a hub id, passed on as is.
+
+    Checks what can be checked without loading: a builtin or a path-like id must be a folder with
+    a config.json, so a typo fails at once, in one line, not deep inside transformers."""
     if model_id.startswith("builtin:"):
         path = ASSETS / model_id.split(":", 1)[1]
         if not (path / "config.json").exists():
-            raise FileNotFoundError(
-                f"{model_id}: no model at {path}; remake it with `python examples/make_tiny_model.py`"
-            )
+            known = sorted(f"builtin:{p.name}" for p in ASSETS.iterdir() if (p / "config.json").exists())
+            raise ModelNotFoundError(f"no built-in model {model_id!r} (built-in: {', '.join(known)})")
         return str(path)
-    return model_id
+    path = Path(model_id).expanduser()
+    looks_local = model_id.startswith((".", "/", "~")) or path.exists() or model_id.count("/") > 1
+    if looks_local and not (path / "config.json").is_file():
+        why = "no such folder" if not path.exists() else "the folder has no config.json"
+        raise ModelNotFoundError(f"model {model_id!r}: {why}")
+    return str(path) if looks_local else model_id
 
 
 def build_char_tokenizer() -> "PreTrainedTokenizerBase":
@@ -69,10 +84,23 @@ def tokenizer_hash(tok: "PreTrainedTokenizerBase") -> str:
     return hashlib.blake2b(json.dumps(vocab).encode(), digest_size=8).hexdigest()
 
 
+@contextlib.contextmanager
+def _hub_errors(model_id: str):
+    """transformers' OSError for an id it cannot find or download, as one line with the fix."""
+    try:
+        yield
+    except ModelNotFoundError:
+        raise
+    except OSError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelNotFoundError(f"could not load model {model_id!r} ({first})") from e
+
+
 def load_tokenizer(model_id: str) -> "PreTrainedTokenizerBase":
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(resolve_model_path(model_id))
+    with _hub_errors(model_id):
+        tok = AutoTokenizer.from_pretrained(resolve_model_path(model_id))
     if tok.pad_token is None:  # many causal LMs ship without one; generation needs it
         tok.pad_token = tok.eos_token
     return tok
@@ -86,8 +114,7 @@ def load_model(model_id: str, dtype: "torch.dtype | None" = None, device: str = 
 
     hf_logging.disable_progress_bar()  # a bar per load clutters logs of long-running nodes
 
-    model = AutoModelForCausalLM.from_pretrained(
-        resolve_model_path(model_id), dtype=dtype or torch.float32
-    )
+    with _hub_errors(model_id):
+        model = AutoModelForCausalLM.from_pretrained(resolve_model_path(model_id), dtype=dtype or torch.float32)
     log.info("loaded %s: %.2fM parameters", model_id, sum(p.numel() for p in model.parameters()) / 1e6)
     return model.to(device).eval()

@@ -11,13 +11,12 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from dataclasses import dataclass
 
-from swarm.exchange import Exchange
+from swarm.exchange import SamplerLink
 from swarm.records import CompletionRecord, RolloutGroup
-from swarm.weights_meta import weights_metadata
 
-from .engines.base import Engine, SamplingParams
+from .config import SamplingConfig
+from .engines.base import Engine
 from .tasks import PromptStream, Task
 from .weight_codec import apply_version
 from .weights import decode_version, retie
@@ -25,31 +24,18 @@ from .weights import decode_version, retie
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class SamplerConfig:
-    swarm: str = "local"
-    group_size: int = 8
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 6
-    prompts_per_batch: int = 8
-    seed: int = 0
-
-    @property
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(n=self.group_size, temperature=self.temperature, top_p=self.top_p,
-                              top_k=self.top_k, max_new_tokens=self.max_new_tokens)
-
-
 class Sampler:
-    def __init__(self, peer_id: str, cfg: SamplerConfig, task: Task, engine: Engine, tokenizer_id: str) -> None:
+    def __init__(self, peer_id: str, task: Task, engine: Engine, tokenizer_id: str, *,
+                 sampling: SamplingConfig = SamplingConfig(), swarm: str = "local", prompts_per_batch: int = 8,
+                 seed: int = 0) -> None:
         self.peer_id = peer_id
-        self.cfg = cfg
         self.task = task
         self.engine = engine
         self.tokenizer_id = tokenizer_id
-        self.stream = PromptStream(task.split("train"), seed=f"{cfg.seed}:{peer_id}")
+        self.sampling = sampling
+        self.swarm = swarm
+        self.prompts_per_batch = prompts_per_batch
+        self.stream = PromptStream(task.split("train"), seed=f"{seed}:{peer_id}")
         self.stats = {"groups": 0, "completions": 0, "weight_updates": 0, "weights_refused": 0, "chain_breaks": 0}
         self.published: dict | None = None
         """The learner's published weights as reconstructed here (float32), bit-exact."""
@@ -59,35 +45,35 @@ class Sampler:
     def version(self) -> int:
         return self.engine.version
 
-    def maybe_update(self, exchange: Exchange) -> bool:
-        """Apply newer versions of our own model (a keyframe and/or deltas) if the exchange offers them."""
+    def maybe_update(self, link: SamplerLink) -> bool:
+        """Apply newer versions of our own model (a keyframe and/or deltas) if the link offers them."""
         have = self.engine.version if self.published is not None else -1
-        blobs = exchange.fetch_weights(self.peer_id, self.chain, have)
-        if not blobs:
+        versions = link.fetch_weights(self.chain, have)
+        if not versions:
             return False
-        if weights_metadata(blobs[0]).get("model_id") != self.engine.model_id:
+        if versions[0].model_id != self.engine.model_id:
             self.stats["weights_refused"] += 1  # another model's weights: not ours to load
             return False
         published, version, chain, aliases = self.published, have, self.chain, {}
-        for blob in blobs:
-            enc, aliases = decode_version(blob)
-            if enc.base is not None and (enc.base != version or weights_metadata(blob).get("chain") != chain):
+        for wv in versions:
+            if wv.base is not None and (wv.base != version or wv.chain != chain):
                 self.stats["chain_breaks"] += 1  # missed a base: the next fetch starts from a keyframe
                 self.chain = ""
-                log.warning("%s: delta v%d does not apply to v%d; will refetch from a keyframe", self.peer_id, enc.version, version)
+                log.warning("delta v%d does not apply to v%d; will refetch from a keyframe", wv.version, version)
                 return False
-            published = apply_version(published if enc.base is not None else None, enc)
-            version, chain = enc.version, weights_metadata(blob).get("chain", "")
+            enc, aliases = decode_version(wv.blob)
+            published = apply_version(published if wv.base is not None else None, enc)
+            version, chain = wv.version, wv.chain
         self.published, self.chain = published, chain
         self.engine.load_weights(retie(published, aliases), version)
         self.stats["weight_updates"] += 1
-        log.debug("%s: now at version %d", self.peer_id, version)
+        log.debug("now at version %d", version)
         return True
 
     def produce(self, n_prompts: int | None = None) -> list[RolloutGroup]:
         """Generate and score one batch of groups with the current weights."""
-        problems = self.stream.take(n_prompts or self.cfg.prompts_per_batch)
-        params = self.cfg.sampling
+        problems = self.stream.take(n_prompts or self.prompts_per_batch)
+        params = self.sampling.params
         version = self.engine.version  # fixed for the whole batch: weights swap only between batches
         results = self.engine.generate([p.prompt for p in problems], params)
         groups = []
@@ -95,7 +81,7 @@ class Sampler:
             comps = [CompletionRecord(c.text, c.token_ids, c.logprobs, c.finish_reason, self.task.reward(c.text, p.answer))
                      for c in r.completions]
             groups.append(RolloutGroup(
-                id=uuid.uuid4().hex, swarm=self.cfg.swarm, task=self.task.name, prompt_id=p.id, prompt=p.prompt,
+                id=uuid.uuid4().hex, swarm=self.swarm, task=self.task.name, prompt_id=p.id, prompt=p.prompt,
                 model_id=self.engine.model_id, tokenizer=self.tokenizer_id, version=version, sampler=self.peer_id,
                 chain=self.chain,
                 created=time.time(), completions=comps,
@@ -106,9 +92,9 @@ class Sampler:
         self.stats["completions"] += sum(len(g.completions) for g in groups)
         return groups
 
-    def run_once(self, exchange: Exchange, n_prompts: int | None = None) -> int:
+    def run_once(self, link: SamplerLink, n_prompts: int | None = None) -> int:
         """Update if possible, produce one batch, send it; returns the number of groups sent."""
-        self.maybe_update(exchange)
+        self.maybe_update(link)
         groups = self.produce(n_prompts)
-        exchange.send_rollouts(self.peer_id, [(g.id, g.encode()) for g in groups])
+        link.send_rollouts([(g.id, g.encode()) for g in groups])
         return len(groups)

@@ -8,12 +8,11 @@ the same chain) and tied-tensor aliases. Tied tensors (input/output embeddings) 
 from __future__ import annotations
 
 import json
+import struct
 
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
-
-from swarm.weights_meta import weights_metadata
 
 from .weight_codec import EncodedVersion
 
@@ -43,6 +42,16 @@ def encode_version(enc: EncodedVersion, model_id: str, chain: str, aliases: dict
             "codec": enc.codec, "block": str(enc.block), "chain": chain, "aliases": json.dumps(aliases),
             "shapes": json.dumps({k: list(v) for k, v in enc.shapes.items()})}
     return st_save(flat, metadata=meta)
+
+
+def weights_metadata(blob: bytes) -> dict[str, str]:
+    """The safetensors header's __metadata__ of an encoded version, read from the bytes alone."""
+    if len(blob) < 8:
+        raise ValueError("weights blob too short")
+    (n,) = struct.unpack("<Q", blob[:8])
+    if n > len(blob) - 8:
+        raise ValueError("weights blob header is truncated")
+    return json.loads(blob[8 : 8 + n]).get("__metadata__", {})
 
 
 def decode_version(blob: bytes) -> tuple[EncodedVersion, dict[str, str]]:

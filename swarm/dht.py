@@ -63,6 +63,34 @@ class SwarmSchema(pydantic.BaseModel):
     tallies: Dict[conbytes(regex=rb".*\[owner:.+\]"), TallyModel]
 
 
+class SwarmConnectError(ConnectionError):
+    """This peer could not join the swarm: `str(e)` says why, `fix` what to do about it."""
+
+    def __init__(self, what: str, fix: str) -> None:
+        super().__init__(what)
+        self.fix = fix
+
+
+class BadAddressError(ValueError):
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.fix = ("pass the address a bootstrap peer prints at start-up, like "
+                    "/ip4/1.2.3.4/tcp/31337/p2p/QmXyz... (hetero-node bootstrap shows it)")
+
+
+def check_multiaddr(addr: str) -> str:
+    """`addr` if it is a multiaddr that names a peer (/ip4/1.2.3.4/tcp/31337/p2p/Qm...)."""
+    from hivemind.utils.multiaddr import Multiaddr
+
+    try:
+        protocols = {p.name for p in Multiaddr(addr).protocols()}
+    except Exception:
+        raise BadAddressError(f"initial peer {addr!r} is not a multiaddr") from None
+    if "p2p" not in protocols:
+        raise BadAddressError(f"initial peer {addr!r} has no /p2p/<peer id> part")
+    return addr
+
+
 @dataclass
 class NetworkConfig:
     host: str = "127.0.0.1"
@@ -78,6 +106,13 @@ class NetworkConfig:
     client_mode: bool = False
     """Behind NAT with no open port: make outgoing connections only (reached through relays)."""
     initial_peers: list[str] = field(default_factory=list)
+    """Multiaddrs of bootstrap peers, each with its /p2p/<peer id>."""
+
+    def __post_init__(self) -> None:
+        for addr in self.initial_peers:
+            check_multiaddr(addr)
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be 0..65535, not {self.port}")
 
 
 def peers_key(swarm: str) -> str:
@@ -89,6 +124,20 @@ def create_dht(identity: Identity, net: NetworkConfig, swarm: str) -> DHT:
     validators = [RSASignatureValidator(identity.dht_private_key()), SchemaValidator(SwarmSchema, prefix=f"hetero_{swarm}"),
                   TallyValidator(swarm)]
     announce = [f"/ip4/{net.public_ip}/tcp/{net.port}"] if net.public_ip else None
+    try:
+        return _dht(identity, net, validators, announce)
+    except Exception as e:  # hivemind reports both as a failed daemon start
+        if "bootstrap peers" in str(e):
+            raise SwarmConnectError(f"could not reach any of the initial peers {', '.join(net.initial_peers)}",
+                                    "check the address and that the bootstrap peer is running and reachable "
+                                    "(firewall, port); a coordinator prints the address to use") from None
+        if "address already in use" in str(e).lower():
+            raise SwarmConnectError(f"port {net.port} on {net.host} is already in use",
+                                    "pick another --port, or 0 for any free one") from None
+        raise
+
+
+def _dht(identity: Identity, net: NetworkConfig, validators: list, announce: list[str] | None) -> DHT:
     return DHT(
         initial_peers=net.initial_peers or None, start=True, record_validators=validators,
         identity_path=str(identity.path), host_maddrs=[f"/ip4/{net.host}/tcp/{net.port}"],

@@ -11,14 +11,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import AsyncIterator, Awaitable, Callable
+import time
+from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
 from google.protobuf.wrappers_pb2 import BytesValue
 from hivemind.p2p import P2PContext, PeerID
+from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
+from hivemind.utils.multiaddr import Multiaddr
 
 from .dht import (NetworkConfig, announce, announce_holdings, create_dht, list_holders, list_peers, list_tallies,
                   publish_tally)
-from .identity import Identity
+from .identity import Identity, short_id
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +30,7 @@ Handler = Callable[[bytes, str], Awaitable[bytes]]
 """async handler(payload, remote_peer_id) -> reply payload."""
 StreamHandler = Callable[[bytes, str], AsyncIterator[bytes]]
 """async generator handler(payload, remote_peer_id) yielding reply items (each under MAX_MESSAGE)."""
+T = TypeVar("T")
 
 
 class SwarmNode:
@@ -97,7 +101,7 @@ class SwarmNode:
                 n += 1
             return n
 
-        return self.run(_call(), timeout)
+        return self._routed(peer_id, _call, timeout)
 
     def call(self, peer_id: str, name: str, payload: bytes, timeout: float) -> bytes:
         """Call `name` on `peer_id`; raises on timeout or if the peer cannot be reached."""
@@ -106,7 +110,36 @@ class SwarmNode:
                                                          BytesValue(value=payload), BytesValue)
             return reply.value
 
-        return self.run(_call(), timeout)
+        return self._routed(peer_id, _call, timeout)
+
+    def _routed(self, peer_id: str, make_call: Callable[[], Awaitable[T]], timeout: float) -> T:
+        """Run `make_call()` within `timeout`, waiting for a route to `peer_id` first if need be.
+
+        A peer that has just joined knows only its bootstrap peers: libp2p answers "routing: not
+        found" until its routing table learns the target. Rather than fail a user's first call, we
+        dial the target at the addresses it announced in the DHT and retry, within the timeout.
+        """
+        deadline, pause = time.monotonic() + timeout, 0.2
+        while True:
+            try:
+                return self.run(make_call(), max(deadline - time.monotonic(), 0.1))
+            except P2PDaemonError as e:
+                if "routing" not in str(e) or time.monotonic() + pause >= deadline:
+                    raise
+                log.debug("no route to %s yet (%s); dialling its announced addresses", short_id(peer_id), e)
+                self._dial(peer_id, min(5.0, max(deadline - time.monotonic(), 0.1)))
+                time.sleep(pause)
+                pause = min(pause * 2, 2.0)
+
+    def _dial(self, peer_id: str, timeout: float) -> None:
+        """Best effort: connect to `peer_id` at the multiaddrs in its PeerInfo record."""
+        maddrs = [m for p in self.peers() if p.get("peer_id") == peer_id for m in p.get("maddrs", [])]
+        if not maddrs:
+            return
+        try:
+            self.run(self.p2p._client.connect(PeerID.from_base58(peer_id), [Multiaddr(m) for m in maddrs]), timeout)
+        except Exception as e:  # the retry that follows says whether it helped
+            log.debug("dialling %s failed: %s", short_id(peer_id), e)
 
     def shutdown(self, timeout: float = 5.0) -> None:
         """Graceful: stop p2p and the DHT process (which stops its p2pd)."""

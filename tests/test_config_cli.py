@@ -1,82 +1,236 @@
-"""Typed config from TOML + flags, and the CLI (instant --help, real local run)."""
+"""The config tree (TOML + flags, types and ranges checked) and the CLI: instant --help, one clear
+line for every user mistake, a real local and simulated run."""
 
+import json
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from cli.main import app
-from node.config import load_config
+from cli.main import LOSSES, app, main
+from node.config import ConfigError, SamplingConfig, load_config
+from node.learner import LearnerConfig
 from node.local import LocalConfig
 from node.tasks import ArithmeticConfig, DatasetTaskConfig
 
+DEAD_PEER = "/ip4/127.0.0.1/tcp/9/p2p/QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"  # the discard port
 
-def test_toml_then_flags_with_nested_task(tmp_path):
+
+def test_toml_then_flags_with_nested_tables(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"question": "1+1", "answer": "2"}\n')
     f = tmp_path / "run.toml"
-    f.write_text('algorithm = "grpo"\nsteps = 7\n[algorithm_options]\neps_high = 0.28\n'
-                 '[task]\nkind = "arithmetic"\ndigits = 1\nops = ["+"]\n')
-    cfg = load_config(LocalConfig, f, {"steps": 3, "lr": None})
-    assert cfg.algorithm == "grpo" and cfg.steps == 3 and cfg.algorithm_options == {"eps_high": 0.28}
+    f.write_text('steps = 7\n[learner]\nstale_loss = "grpo"\nlr = 1e-5\n[learner.stale_options]\neps_high = 0.28\n'
+                 '[sampling]\ngroup_size = 4\n[task]\nkind = "arithmetic"\ndigits = 1\nops = ["+"]\n')
+    cfg = load_config(LocalConfig, f, {"steps": 3, "learner.lr": None, "sampling.temperature": 0.7})
+    assert cfg.steps == 3 and cfg.learner.stale_loss == "grpo" and cfg.learner.lr == 1e-5
+    assert cfg.learner.stale_options == {"eps_high": 0.28}
+    assert cfg.sampling == SamplingConfig(group_size=4, temperature=0.7)
     assert cfg.task == ArithmeticConfig(digits=1, ops=("+",))
-    f.write_text('[task]\nkind = "dataset"\ntrain_files = ["a.jsonl"]\n')
+    f.write_text(f'[task]\nkind = "dataset"\ntrain_files = ["{tmp_path / "a.jsonl"}"]\n')
     assert isinstance(load_config(LocalConfig, f).task, DatasetTaskConfig)
 
 
-def test_config_errors_say_how_to_fix():
-    with pytest.raises(ValueError, match="valid keys"):
-        load_config(LocalConfig, None, {"stepz": 3})
-    with pytest.raises(ValueError, match="choose one of"):
-        LocalConfig(algorithm="ppo")
-    with pytest.raises(ValueError, match="valid:"):
-        LocalConfig(algorithm="gepo", algorithm_options={"clip": 0.1})
-    with pytest.raises(ValueError, match="group_size"):
-        LocalConfig(group_size=1)
+@pytest.mark.parametrize("toml,match", [
+    ("stepz = 3", r"unknown key\(s\) \['stepz'\]"),
+    ('steps = "ten"', "steps must be an int, not 'ten'"),
+    ("steps = 2.5", "steps must be an int"),
+    ("[learner]\nlr = true", "learner.lr must be a float"),
+    ("[learner]\nmodel = 'x'", r"learner: unknown key\(s\) \['model'\]"),  # no shadowed fields
+    ("[sampling]\ngroup_size = 1", "group_size must be >= 2"),
+    ("[learner]\nstale_loss = 'ppo'", "choose one of"),
+    ("[learner.stale_options]\nclip = 0.1", "valid:"),
+    ("[task]\nkind = 'chess'", "task.kind must be one of"),
+    ("steps = ", "is not valid TOML"),
+])
+def test_config_errors_name_the_file_the_key_and_the_fix(tmp_path, toml, match):
+    f = tmp_path / "bad.toml"
+    f.write_text(toml + "\n")
+    with pytest.raises(ConfigError, match=match) as e:
+        load_config(LocalConfig, f)
+    assert str(f) in str(e.value) and e.value.fix
 
 
-def test_help_is_instant_because_heavy_imports_are_deferred():
+def test_losses_offered_by_the_cli_are_the_registered_ones():
+    from node.algorithms import ALGORITHMS
+
+    assert set(LOSSES) == set(ALGORITHMS)
+
+
+def _cli(capsys, *argv: str) -> tuple[int, list[str]]:
+    code = main(list(argv))
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    return code, err
+
+
+def _one_line(code: int, err: list[str], match: str) -> None:
+    assert code == 2, err
+    assert len(err) == 1 and err[0].startswith("error: ") and " fix: " in err[0], err
+    assert match in err[0], err
+
+
+@pytest.fixture
+def configs(tmp_path):
+    def write(text: str) -> str:
+        path = tmp_path / f"c{len(list(tmp_path.glob('c*.toml')))}.toml"
+        path.write_text(text)
+        return str(path)
+    return write
+
+
+def test_user_mistakes_get_one_line_and_exit_code_2(capsys, tmp_path, configs):
+    busy = socket.create_server(("127.0.0.1", 0))
+    (tmp_path / "exists.toml").write_text("")
+    cases = [
+        (["local", "--model", "/nonexistent/model-dir", "--steps", "1"], "no such folder"),
+        (["local", "--model", "builtin:tiny-chess"], "no built-in model"),
+        (["join", "--role", "trainer"], "'trainer' is not one of 'sampler', 'learner'"),
+        (["join", "--role", "sampler", "--initial-peers", "not-a-multiaddr"], "is not a multiaddr"),
+        (["join", "--role", "sampler", "--initial-peers", "/ip4/127.0.0.1/tcp/9"], "has no /p2p/<peer id>"),
+        (["status", "--initial-peers", "not-a-multiaddr"], "is not a multiaddr"),
+        (["join", "--config", configs("steps = [")], "is not valid TOML"),
+        (["join", "--config", configs("role = 'sampler'\nmax_stepz = 3")], "unknown key(s) ['max_stepz']"),
+        (["local", "--config", configs('steps = "ten"')], "steps must be an int, not 'ten'"),
+        (["local", "--algorithm", "foo"], "'foo' is not one of 'gepo'"),
+        (["local", "--lr", "-1"], "lr > 0"),
+        (["local", "--config", configs('[task]\nkind = "dataset"\ntrain_files = ["missing.jsonl"]')],
+         "missing.jsonl does not exist"),
+        (["local", "--config", str(tmp_path / "nope.toml")], "does not exist"),
+        (["simulate", "--max-delay", "-5"], "--max-delay"),
+        (["simulate", "--stale-loss", "ppo"], "'ppo' is not one of"),
+        (["demo", "--samplers", "0"], "--samplers"),
+        (["join", "--role", "sampler", "--engine", "sglang"], "'sglang' is not one of 'hf', 'vllm'"),
+        (["join", "--role", "sampler", "--name", "x" * 65], "at most 64"),
+        (["join", "--config", configs("swarm = 'x'")], "join needs a role"),
+        (["bootstrap", "--port", "70000"], "--port"),
+        (["leaderboard", "--serve", "nonsense"], "is not HOST:PORT"),
+        (["leaderboard", "--serve", f"127.0.0.1:{busy.getsockname()[1]}", "--db", str(tmp_path / "lb.db")],
+         "cannot serve on 127.0.0.1"),
+        (["plot", str(tmp_path / "no-run")], "no-run"),
+        (["init", "local", "--out", str(tmp_path / "exists.toml")], "already exists"),
+    ]
+    try:
+        for argv, match in cases:
+            code, err = _cli(capsys, *argv)
+            _one_line(code, err, match)
+    finally:
+        busy.close()
+
+
+def test_verbose_shows_the_traceback_too(capsys):
+    code, err = _cli(capsys, "local", "--model", "/nonexistent/model-dir", "-v")
+    assert code == 2 and any("Traceback" in line for line in err) and err[-1].startswith("error: ")
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["join", "--role", "sampler", "--initial-peers", DEAD_PEER], "could not reach any of the initial peers"),
+    (["status", "--initial-peers", DEAD_PEER], "could not reach any of the initial peers"),
+])
+def test_an_unreachable_bootstrap_peer_is_one_line_from_the_installed_command(tmp_path, argv, match):
+    exe = Path(sys.executable).parent / "hetero-node"
+    out = subprocess.run([str(exe), *argv], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    err = [line for line in out.stderr.splitlines() if line.strip()]
+    _one_line(out.returncode, err, match)
+
+
+def test_help_is_instant_and_explains_every_option():
     code = "import sys, cli.main; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
-    out = subprocess.run([sys.executable, "-m", "cli.main", "--help"], capture_output=True, text=True, check=True)
-    assert "demo" in out.stdout and "local" in out.stdout
+    from typer.main import get_command
+
+    group = get_command(app)
+    for name, command in group.commands.items():
+        for param in command.params:
+            if param.name != "help":
+                assert getattr(param, "help", None), f"{name} --{param.name} has no help text"
+    out = subprocess.run([sys.executable, "-m", "cli.main", "join", "--help"], capture_output=True, text=True,
+                         check=True, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    assert "[vllm]" in out.stdout  # rich markup must not eat it
+    out = subprocess.run([sys.executable, "-m", "cli.main", "--version"], capture_output=True, text=True, check=True)
+    assert out.stdout.startswith("hetero-node ")
 
 
-def test_local_command_runs_a_short_real_training(tmp_path):
-    metrics = tmp_path / "runs" / "m.jsonl"  # a folder that does not exist yet, as in examples/local.toml
+@pytest.mark.parametrize("kind,cls", [("local", "node.local:LocalConfig"), ("simulate", "cli.simulate:SimulatorConfig"),
+                                      ("sampler", "cli.roles:JoinConfig"), ("learner", "cli.roles:JoinConfig")])
+def test_init_writes_example_configs_that_load(tmp_path, capsys, kind, cls):
+    import importlib
+
+    out = tmp_path / f"{kind}.toml"
+    assert main(["init", kind, "--out", str(out)]) == 0
+    module, name = cls.split(":")
+    cfg = load_config(getattr(importlib.import_module(module), name), out)
+    if kind in ("sampler", "learner"):
+        assert cfg.role == kind
+
+
+def test_local_command_runs_a_short_real_training(tmp_path, capsys):
+    metrics = tmp_path / "runs" / "m.jsonl"  # a folder that does not exist yet
     cfg = tmp_path / "c.toml"
-    cfg.write_text("prompts_per_step = 4\ngroup_size = 4\neval_size = 20\neval_every = 2\n")
-    res = CliRunner().invoke(app, ["local", "--config", str(cfg), "--steps", "3", "--metrics", str(metrics)])
-    assert res.exit_code == 0, res.output
-    assert "eval accuracy" in res.output
-    lines = metrics.read_text().splitlines()
-    assert sum('"kind": "step"' in x for x in lines) == 3 and sum('"kind": "eval"' in x for x in lines) == 3
+    cfg.write_text("[sampling]\ngroup_size = 4\n[learner]\ngroups_per_step = 4\neval_size = 20\neval_every = 2\n")
+    assert main(["local", "--config", str(cfg), "--steps", "3", "--metrics", str(metrics),
+                 "--tensorboard", str(tmp_path / "tb")]) == 0
+    assert "eval accuracy" in capsys.readouterr().out
+    lines = [json.loads(x) for x in metrics.read_text().splitlines()]
+    assert [r["version"] for r in lines if r["kind"] == "step"] == [1, 2, 3]
+    assert [r["version"] for r in lines if r["kind"] == "eval"] == [0, 2, 3]
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
 
 
-def test_simulate_command_with_config_and_flags(tmp_path):
+def test_simulate_command_with_config_and_flags(tmp_path, capsys):
     cfg = tmp_path / "sim.toml"
     cfg.write_text('seconds_per_step = 30\n[learner]\ngroups_per_step = 4\neval_every = 2\neval_size = 20\n'
-                   '[sampler]\ngroup_size = 4\n'
+                   '[sampling]\ngroup_size = 4\n'
                    '[[samplers]]\nname = "a"\ncount = 2\nweight_delay = { kind = "fixed", fixed_s = 60 }\n')
     metrics = tmp_path / "runs" / "m.jsonl"
-    res = CliRunner().invoke(app, ["simulate", "--config", str(cfg), "--steps", "4", "--stale-loss", "grpo",
-                                   "--metrics", str(metrics)])
-    assert res.exit_code == 0, res.output
-    assert "stale loss grpo" in res.output and "eval accuracy" in res.output
-    import json
+    assert main(["simulate", "--config", str(cfg), "--steps", "4", "--stale-loss", "grpo", "--metrics", str(metrics)]) == 0
+    out = capsys.readouterr().out
+    assert "stale loss grpo" in out and "eval accuracy" in out
     steps = [json.loads(x) for x in metrics.read_text().splitlines() if '"step"' in x]
     assert [s["version"] for s in steps] == [1, 2, 3, 4]
     assert [s["staleness_mean"] for s in steps] == [0.0, 1.0, 0.0, 1.0]  # reload every 60 s = 2 steps
 
 
+def test_local_simulate_and_learner_write_the_same_metric_keys(tmp_path):
+    from cli.simulate import SimSamplerSpec, Simulator, SimulatorConfig
+    from node.local import run_local
+
+    learner = LearnerConfig(groups_per_step=4, eval_every=2, eval_size=10)
+    sampling = SamplingConfig(group_size=4)
+    local = run_local(LocalConfig(learner=learner, sampling=sampling, steps=2))
+    sim = Simulator(SimulatorConfig(learner=learner, sampling=sampling, steps=2, samplers=(SimSamplerSpec(),))).run()
+    for kind in ("step", "eval"):
+        a = set().union(*(r.keys() for r in local if r["kind"] == kind))
+        b = set().union(*(r.keys() for r in sim if r["kind"] == kind))
+        assert {"kind", "version", "time_s"} <= a & b
+        if kind == "step":  # what both loops compute has one name in both
+            assert {"reward", "loss", "grad_norm", "is_weight_mean", "clip_frac", "groups_skipped_zero_var"} <= a & b
+        else:
+            assert a == b == {"kind", "version", "time_s", "eval_acc"}
+
+
 def test_engine_choice_fails_with_advice_not_a_traceback():
+    from node.engines import make_engine
     from node.engines.vllm import vllm_available
     from node.models import BUILTIN_MODEL, load_tokenizer
-    from node.runner import make_engine
 
     tok = load_tokenizer(BUILTIN_MODEL)
-    with pytest.raises(SystemExit, match="use 'hf' or 'vllm'"):
+    with pytest.raises(ConfigError, match="unknown engine"):
         make_engine("sglang", BUILTIN_MODEL, tok)
     if not vllm_available():
-        with pytest.raises(SystemExit, match="vLLM is not installed"):
+        with pytest.raises(ConfigError, match="vLLM is not installed"):
             make_engine("vllm", BUILTIN_MODEL, tok)
     assert make_engine("hf", BUILTIN_MODEL, tok).model_id == BUILTIN_MODEL
+
+
+def test_node_meets_swarm_only_at_the_seam_and_the_records():
+    """node/ imports from swarm/ only the seam (exchange) and the wire records."""
+    import ast
+
+    allowed = {"swarm.exchange", "swarm.records"}
+    for path in (Path(__file__).parent.parent / "node").rglob("*.py"):
+        for stmt in ast.walk(ast.parse(path.read_text())):
+            if isinstance(stmt, ast.ImportFrom) and stmt.module and stmt.module.split(".")[0] == "swarm":
+                assert stmt.module in allowed, f"{path} imports {stmt.module}"
+            if isinstance(stmt, ast.Import):
+                assert not any(a.name.split(".")[0] == "swarm" for a in stmt.names), path

@@ -75,7 +75,7 @@ def test_builtin_models_load_from_local_files_only():
     for mid in (BUILTIN_MODEL, BUILTIN_MODEL_B):
         path = resolve_model_path(mid)
         assert path.endswith(mid.split(":")[1])
-    with pytest.raises(FileNotFoundError, match="make_tiny_model"):
+    with pytest.raises(FileNotFoundError, match="no built-in model .builtin:nope. .built-in: builtin:tiny-arith, "):
         resolve_model_path("builtin:nope")
     m = load_model(BUILTIN_MODEL)
     assert m.config.model_type == "qwen3" and sum(p.numel() for p in m.parameters()) < 2_000_000

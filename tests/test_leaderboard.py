@@ -1,20 +1,27 @@
 """The leaderboard: tallies only learners can sign, a SQLite history, a page checked in a real browser.
 
 Unit tests (fast): the store's rules (newest tally per learner, replays / self-credit / untrusted /
-malformed refused and counted, history kept across a restart), escaping of untrusted names, and
-the DHT validator chain every peer runs (forged, edited, self-crediting tallies refused).
+malformed refused and counted, history kept across a restart), escaping of untrusted names (once,
+in the one place rows are rendered), the HTTP service (the refresh fragment is the first load's
+rows; a port in use fails at once), and the DHT validator chain every peer runs (forged, edited,
+self-crediting tallies refused).
 Integration: real in-process DHT peers refuse forged tallies; a loopback swarm's tallies reach the
 page, checked in headless Chromium (screenshot saved), and survive a restart of the service.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
-import shutil
+import re
+import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -25,10 +32,13 @@ from hivemind.dht.schema import SchemaValidator
 from hivemind.dht.validation import CompositeValidator, DHTRecord
 from hivemind.utils import MSGPackSerializer, get_dht_time
 
+from external import require_chromium
+from node.accounting import Tally
 from swarm.dht import NetworkConfig, SwarmSchema
-from swarm.identity import Identity
-from swarm.leaderboard import LeaderboardStore, clean_name, collect_once, render_chart, render_page
-from swarm.tally import Tally, TallyValidator, owner_peer_id, tallies_key
+from swarm.identity import Identity, short_id
+from swarm.leaderboard import (LeaderboardStore, clean_name, collect_once, make_server, render_chart, render_page,
+                               render_rows, serve)
+from swarm.tally import TallyValidator, owner_peer_id, tallies_key
 
 ARTIFACTS = Path(os.environ.get("HETERO_TEST_ARTIFACTS", Path(__file__).resolve().parents[1] / "runs" / "test-artifacts"))
 
@@ -93,6 +103,101 @@ def test_untrusted_names_are_escaped_in_the_page_and_the_chart(tmp_path):
     assert "<script>" not in chart and "&lt;script&gt;" in chart
     assert clean_name("x" * 100) == "x" * 64
     assert "no accepted rollouts yet" in render_chart({}, {})
+
+
+def test_rows_escape_a_hostile_name_exactly_once_and_the_page_embeds_those_rows(tmp_path):
+    store = LeaderboardStore(tmp_path / "lb.db")
+    peer = "12D3KooWPeerWithALongIdABCDEFGH"
+    store.ingest(tally("L1", 1, {peer: (8, 40)}))
+    store.set_name(peer, '<img src=x onerror="alert(1)">&amp;')
+    rows = render_rows(store.board())
+    assert rows.startswith("<tbody") and rows.endswith("</tbody>")
+    assert '<td class="name">&lt;img src=x onerror=&quot;alert(1)&quot;&gt;&amp;amp;</td>' in rows
+    assert "<img" not in rows and "&amp;lt;" not in rows and "&amp;amp;amp;" not in rows  # escaped once, not twice
+    assert f'<td title="{peer}">{short_id(peer)}</td>' in rows  # short id shown, full id on hover
+    assert 'data-summary="1 peer(s), 8 accepted rollouts, 1 learner(s)."' in rows
+    assert rows in render_page(store.board(), swarm="demo")  # the page's first load is the same fragment
+    plain = LeaderboardStore(tmp_path / "plain.db")
+    plain.ingest(tally("L1", 1, {"A": (8, 40)}))
+    plain.set_name("A", 'Tom & "Jerry"')
+    assert '<td class="name">Tom &amp; &quot;Jerry&quot;</td>' in render_rows(plain.board())
+    assert "&amp;amp;" not in render_page(plain.board(), swarm="demo")
+
+
+def _serving(store: LeaderboardStore):
+    server = make_server(store, "demo", "127.0.0.1", 0, refresh_s=5.0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/"
+
+
+def _get(url: str) -> tuple[str, dict[str, str]]:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return r.read().decode(), dict(r.headers)
+
+
+def test_rows_route_serves_the_rows_of_the_first_render_and_the_csp_allows_only_the_pages_script(tmp_path):
+    store = LeaderboardStore(tmp_path / "lb.db")
+    store.ingest(tally("L1", 1, {"A": (8, 40), "B": (4, 12)}))
+    store.set_name("A", "<b>alice</b>")
+    server, url = _serving(store)
+    try:
+        page, headers = _get(url)
+        rows, _ = _get(url + "rows")
+        assert rows.startswith("<tbody") and rows.count("<tr>") == 2
+        assert rows in page and rows == render_rows(store.board())
+        csp = headers["Content-Security-Policy"]
+        script = re.search(r"<script>(.*?)</script>", page, re.S).group(1)
+        digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+        directives = dict(d.strip().split(" ", 1) for d in csp.split(";"))
+        assert directives["script-src"] == f"'sha256-{digest}'"  # that script runs, no other inline one would
+        assert "innerHTML" in script and "insertCell" not in script  # it swaps server rows in, never builds cells
+        assert json.loads(_get(url + "api/leaderboard")[0])["total_rollouts"] == 12
+        assert _get(url + "chart.svg")[0].startswith("<svg")
+        with pytest.raises(urllib.error.HTTPError) as e:
+            _get(url + "nope")
+        assert e.value.code == 404
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class _FakeSwarm:
+    """A source like SwarmNode: tallies and PeerInfos, without a DHT."""
+
+    def tallies(self) -> list[dict]:
+        return [tally("L1", 1, {"A": (8, 40)})]
+
+    def peers(self) -> list[dict]:
+        return [{"peer_id": "A", "name": "alice"}]
+
+
+def test_serve_collects_from_its_source_until_stopped_and_frees_the_port(tmp_path):
+    store, stop, urls = LeaderboardStore(tmp_path / "lb.db"), threading.Event(), []
+    t = threading.Thread(target=serve, args=(store, "demo", "127.0.0.1", 0, stop),
+                         kwargs={"source": _FakeSwarm(), "poll_s": 0.05, "ready": urls.append}, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 10
+    while not (urls and store.board()["peers"]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    board = json.loads(_get(urls[0] + "api/leaderboard")[0])
+    assert [(p["peer_id"], p["name"], p["rollouts"]) for p in board["peers"]] == [("A", "alice", 8)]
+    stop.set()
+    t.join(timeout=5)
+    assert not t.is_alive()
+    port = int(urls[0].rsplit(":", 1)[1].strip("/"))
+    with socket.create_server(("127.0.0.1", port)):  # released, so a restart can take it again
+        pass
+    assert store.board()["peers"]  # the store is the caller's: still open
+
+
+def test_serve_on_a_port_in_use_raises_oserror_before_anything_starts(tmp_path):
+    store, called = LeaderboardStore(tmp_path / "lb.db"), []
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        start = time.monotonic()
+        with pytest.raises(OSError):
+            serve(store, "demo", "127.0.0.1", taken.getsockname()[1], threading.Event(), source=_FakeSwarm(),
+                  ready=called.append)
+    assert time.monotonic() - start < 2 and not called and not store.board()["peers"]
 
 
 def test_collector_takes_tallies_and_display_names(tmp_path):
@@ -179,11 +284,12 @@ def _browser_check(url: str, shot: Path) -> str:
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
 
+    browser, chromedriver = require_chromium()
     opts = webdriver.ChromeOptions()
-    opts.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
+    opts.binary_location = browser
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1200,800"):
         opts.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver") or "/usr/bin/chromedriver"), options=opts)
+    driver = webdriver.Chrome(service=Service(chromedriver), options=opts)
     try:
         driver.set_page_load_timeout(30)
         driver.get(url)
@@ -191,7 +297,10 @@ def _browser_check(url: str, shot: Path) -> str:
         assert driver.execute_script("return window.__pwned === undefined")  # the name's script never ran
         rows = driver.find_elements(By.CSS_SELECTOR, "#board tbody tr")
         assert rows, "no rows on the page"
-        time.sleep(6)  # one client-side refresh (every 5 s) rebuilds the table from the JSON API
+        driver.execute_script("document.querySelector('#board tbody').dataset.firstLoad = '1'")
+        time.sleep(6)  # one client-side refresh (every 5 s) swaps in the server's rows (GET /rows)
+        assert not driver.find_elements(By.CSS_SELECTOR, "#board tbody[data-first-load]"), "the page never refreshed"
+        assert driver.execute_script("return window.__pwned === undefined")  # nor after the refresh
         rows = driver.find_elements(By.CSS_SELECTOR, "#board tbody tr")
         cells = rows[0].find_elements(By.TAG_NAME, "td")
         assert int(cells[3].text) > 0
@@ -209,6 +318,7 @@ def test_swarm_tallies_reach_the_page_in_a_real_browser_and_survive_a_restart(tm
     from cli.procs import stop, wait_for_file
     from swarmkit import Swarm, peer_of, start_bootstrap
 
+    require_chromium()  # skip before starting a swarm, not after
     name = '[red]<img src=x onerror="window.__pwned=1">bob'  # HTML for the page, rich markup for `status`
     s = Swarm(tmp_path)
     db = tmp_path / "lb" / "leaderboard.db"

@@ -2,16 +2,17 @@
 
 import pytest
 
+from node.learner import LearnerConfig
 from node.local import LocalConfig, run_local
 
 
 @pytest.mark.integration
 @pytest.mark.parametrize("algorithm", ["gepo", "grpo"])
 def test_eval_accuracy_rises(algorithm, tmp_path, capsys):
-    cfg = LocalConfig(algorithm=algorithm, steps=80, eval_every=40, eval_size=300,
+    cfg = LocalConfig(learner=LearnerConfig(stale_loss=algorithm, eval_every=40, eval_size=300), steps=80,
                       metrics_path=str(tmp_path / "m.jsonl"))
     records = run_local(cfg)
-    evals = [(r["step"], r["eval_acc"]) for r in records if r["kind"] == "eval"]
+    evals = [(r["version"], r["eval_acc"]) for r in records if r["kind"] == "eval"]
     with capsys.disabled():
         print(f"\n  {algorithm}: eval accuracy {evals}")
     assert evals[0][0] == 0 and evals[-1][0] == 80

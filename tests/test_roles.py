@@ -10,7 +10,8 @@ import torch
 from node.engines.hf import HFEngine
 from node.learner import Learner, LearnerConfig
 from node.models import BUILTIN_MODEL, BUILTIN_MODEL_B, load_model, load_tokenizer, tokenizer_hash
-from node.sampler import Sampler, SamplerConfig
+from node.config import SamplingConfig
+from node.sampler import Sampler
 from node.tasks import ArithmeticTask
 from swarm.memory import MemoryExchange, VirtualClock
 
@@ -26,10 +27,18 @@ def make_pair(task, tmp_path=None, **learner_kw):
     ex = MemoryExchange(clock)
     tok = load_tokenizer(BUILTIN_MODEL)
     cfg = LearnerConfig(groups_per_step=4, eval_every=0, eval_size=50, lr=1e-4, **learner_kw)
-    learner = Learner(cfg, load_model(BUILTIN_MODEL), tok, task, ex)
-    sampler = Sampler("s0", SamplerConfig(group_size=4, prompts_per_batch=4), task,
-                      HFEngine(load_model(BUILTIN_MODEL), tok, BUILTIN_MODEL), tokenizer_hash(tok))
-    return clock, ex, learner, sampler
+    learner = Learner(cfg, load_model(BUILTIN_MODEL), tok, task, model_id=BUILTIN_MODEL, sampling=SAMPLING, link=ex)
+    sampler = make_sampler("s0", task, BUILTIN_MODEL)
+    return clock, ex.sampler("s0"), learner, sampler
+
+
+SAMPLING = SamplingConfig(group_size=4)
+
+
+def make_sampler(peer: str, task, model_id: str) -> Sampler:
+    tok = load_tokenizer(model_id)
+    return Sampler(peer, task, HFEngine(load_model(model_id), tok, model_id), tokenizer_hash(tok), sampling=SAMPLING,
+                   prompts_per_batch=4)
 
 
 def test_versions_advance_parameters_change_and_samplers_follow(task):
@@ -38,7 +47,7 @@ def test_versions_advance_parameters_change_and_samplers_follow(task):
     before = copy.deepcopy(learner.model.state_dict())
     for _ in range(3):
         sampler.run_once(ex)
-        learner.ingest_many(ex.receive_rollouts("learner", 100))
+        learner.ingest_many(learner.link.receive_rollouts(100))
         rec = learner.step()
         assert rec is not None and rec["version"] == learner.version
     assert learner.version == 3
@@ -60,7 +69,7 @@ def test_stale_records_are_dropped_and_counted(task):
     old = [g.encode() for g in sampler.produce(4)]  # version 0, held back
     for _ in range(3):
         sampler.run_once(ex)
-        learner.ingest_many(ex.receive_rollouts("learner", 100))
+        learner.ingest_many(learner.link.receive_rollouts(100))
         learner.step()
     assert learner.version == 3
     assert all(learner.ingest(r) == "stale" for r in old)
@@ -110,19 +119,18 @@ def test_claimed_rewards_are_recomputed_not_trusted(task):
 
 def test_foreign_model_routes_to_ftis_and_can_be_dropped(task):
     clock, ex, learner, sampler = make_pair(task)
-    tok_b = load_tokenizer(BUILTIN_MODEL_B)
-    foreign = Sampler("b0", SamplerConfig(group_size=4, prompts_per_batch=4), task,
-                      HFEngine(load_model(BUILTIN_MODEL_B), tok_b, BUILTIN_MODEL_B), tokenizer_hash(tok_b))
+    foreign = make_sampler("b0", task, BUILTIN_MODEL_B)
+    foreign_link = learner.link.sampler("b0")
     learner.start()
     sampler.run_once(ex)
-    learner.ingest_many(ex.receive_rollouts("learner", 100))
+    learner.ingest_many(learner.link.receive_rollouts(100))
     learner.step()  # publishes version 1 of the learner's model
-    foreign.run_once(ex)
+    foreign.run_once(foreign_link)
     assert foreign.stats["weights_refused"] == 1 and foreign.version == 0  # not its model: keeps its own weights
     for _ in range(2):
-        foreign.run_once(ex)
+        foreign.run_once(foreign_link)
     sampler.run_once(ex)
-    learner.ingest_many(ex.receive_rollouts("learner", 100))
+    learner.ingest_many(learner.link.receive_rollouts(100))
     while learner.step() is not None:
         pass
     steps = [r for r in learner.history if r["kind"] == "step"]

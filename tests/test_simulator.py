@@ -7,8 +7,10 @@ import pytest
 
 from node.config import load_config
 from node.learner import LearnerConfig
-from node.simulator import SimSamplerSpec, Simulator, SimulatorConfig
+from cli.simulate import SimSamplerSpec, Simulator, SimulatorConfig
+from node.config import SamplingConfig
 from swarm.delay import DelayConfig, lognormal_params, sample_delay
+from swarm.exchange import WeightVersion, plan_fetch
 from swarm.memory import MemoryExchange, VirtualClock
 
 
@@ -28,50 +30,40 @@ def test_lognormal_parameters_match_the_paper():
         DelayConfig(kind="pareto")
 
 
-def blob(version: int, base: int | None, chain: str = "c1") -> bytes:
-    from safetensors.torch import save
-
-    return save({}, metadata={"version": str(version), "base": "" if base is None else str(base), "chain": chain})
-
-
-def versions(blobs):
-    from swarm.weights_meta import weights_metadata
-
-    return [int(weights_metadata(b)["version"]) for b in blobs or []]
+def version(v: int, base: int | None, chain: str = "c1") -> WeightVersion:
+    return WeightVersion("m", chain, v, base, b"")
 
 
 def test_plan_fetch_deltas_or_keyframe():
-    from swarm.weights_meta import plan_fetch
-
-    avail = [(10, {"chain": "c1"}), (11, {"chain": "c1"}), (12, {"chain": "c1"})]
-    assert plan_fetch(avail, "c1", 11) == [12]  # in step: only the newer delta
-    assert plan_fetch(avail, "c1", 12) == []
-    assert plan_fetch(avail, "c1", 7) == [10, 11, 12]  # missed the base: keyframe and all deltas
-    assert plan_fetch(avail, "c0", 11) == [10, 11, 12]  # another chain (learner restarted): same
-    assert plan_fetch([], "c1", 3) == []
+    avail = [10, 11, 12]
+    assert plan_fetch("c1", avail, "c1", 11) == [12]  # in step: only the newer delta
+    assert plan_fetch("c1", avail, "c1", 12) == []
+    assert plan_fetch("c1", avail, "c1", 7) == [10, 11, 12]  # missed the base: keyframe and all deltas
+    assert plan_fetch("c1", avail, "c0", 11) == [10, 11, 12]  # another chain (learner restarted): same
+    assert plan_fetch("c1", [], "c1", 3) == []
 
 
 def test_memory_exchange_follows_the_papers_delay_model():
     clock = VirtualClock()
     ex = MemoryExchange(clock)
-    ex.set_delays("s", weights=DelayConfig(kind="fixed", fixed_s=100))
+    link = ex.sampler("s", weight_delay=DelayConfig(kind="fixed", fixed_s=100),
+                      rollout_delay=DelayConfig(kind="fixed", fixed_s=25))
     loads, have = [], -1
     for t in range(0, 500, 10):
         clock.advance_to(t)
         v = t // 10
-        ex.publish_weights("l", v, blob(v, None if v % 20 == 0 else v - 1))  # a keyframe every 20
-        got = ex.fetch_weights("s", "c1", have)
+        ex.publish_weights(version(v, None if v % 20 == 0 else v - 1))  # a keyframe every 20
+        got = link.fetch_weights("c1", have)
         if got:
-            loads.append((t, versions(got)))
-            have = versions(got)[-1]
+            loads.append((t, [w.version for w in got]))
+            have = got[-1].version
     # every D = 100 s the sampler loads the newest: the deltas since its version, or from a keyframe
     assert loads == [(0, [0]), (100, list(range(1, 11))), (200, [20]),  # 10 < keyframe 20: from the keyframe
                      (300, list(range(21, 31))), (400, [40])]
-    ex.set_delays("s", rollouts=DelayConfig(kind="fixed", fixed_s=25))
-    ex.send_rollouts("s", [("a", b"a"), ("b", b"b")])
-    assert ex.receive_rollouts("l", 10) == []
+    link.send_rollouts([("a", b"a"), ("b", b"b")])
+    assert ex.receive_rollouts(10) == []
     clock.advance_to(clock.now + 25)
-    assert ex.receive_rollouts("l", 1) == [b"a"] and ex.receive_rollouts("l", 10) == [b"b"]
+    assert ex.receive_rollouts(1) == [b"a"] and ex.receive_rollouts(10) == [b"b"]
 
 
 def small(max_delay, steps=6, seed=0, **kw):
@@ -108,12 +100,12 @@ def test_max_staleness_drops_are_counted_in_metrics():
 
 def test_toml_config_with_sampler_tables(tmp_path):
     f = tmp_path / "sim.toml"
-    f.write_text('steps = 3\nmax_delay_steps = 8\n[learner]\nstale_loss = "grpo"\n[sampler]\ngroup_size = 4\n'
+    f.write_text('steps = 3\nmax_delay_steps = 8\n[learner]\nstale_loss = "grpo"\n[sampling]\ngroup_size = 4\n'
                  '[[samplers]]\nname = "a"\ncount = 2\nweight_delay = { kind = "lognormal" }\n'
                  '[[samplers]]\nname = "b"\nmodel = "builtin:tiny-arith-b"\nshare = 0.5\n')
     cfg = load_config(SimulatorConfig, f)
-    assert cfg.learner.stale_loss == "grpo" and cfg.sampler.group_size == 4
+    assert cfg.learner.stale_loss == "grpo" and cfg.sampling.group_size == 4
     assert [s.name for s in cfg.samplers] == ["a", "b"] and cfg.samplers[0].weight_delay.kind == "lognormal"
     sim = Simulator(cfg)
-    assert [s.peer_id for s, _ in sim.samplers] == ["a-0", "a-1", "b"]
+    assert [s.peer_id for s, _, _ in sim.samplers] == ["a-0", "a-1", "b"]
     assert sim._shares() == [7, 6, 3]

@@ -27,7 +27,7 @@ from swarm.records import CompletionRecord, RecordError, RolloutGroup, decode_ro
 
 pytestmark = pytest.mark.integration
 
-LEARNER_TOML = "checkpoint_every = 5\n[learner]\neval_every = 0\nmax_staleness = 1000\ngroups_per_step = 8\n"
+LEARNER_TOML = "[learner]\ncheckpoint_every = 5\neval_every = 0\nmax_staleness = 1000\ngroups_per_step = 8\n"
 
 
 # ---- unit: identity, envelopes -------------------------------------------------------------------

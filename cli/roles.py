@@ -1,0 +1,336 @@
+"""What `hetero-node join` and `bootstrap` run: a role on the real swarm, until told to stop.
+
+This is where a running node is assembled: the swarm side (`SwarmNode`, links, discovery) and the
+node side (`Learner`, `Sampler`, engines) meet here and nowhere else. Order matters: the DHT
+(which forks) starts before the model is loaded; every network wait has a timeout; a peer that
+loses its counterpart waits and retries with backoff and says so; every `status_every_s` a role
+logs one status line, and a summary when it stops; on stop the learner checkpoints, the sampler
+closes its outbox, and the DHT and p2pd are shut down.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from node.config import SamplingConfig, TaskConfig
+from node.engines import ENGINES
+from node.engines.vllm import VLLMConfig
+from node.learner import LearnerConfig
+from node.models import BUILTIN_MODEL
+from node.tasks import ArithmeticConfig
+from swarm.delay import DelayConfig
+from swarm.dht import NetworkConfig
+from swarm.discovery import LearnerTracker
+from swarm.identity import Identity, short_id
+from swarm.journal import Journal
+from swarm.outbox import Outbox
+from swarm.p2p import SwarmNode
+from swarm.swarm_exchange import SwarmLearnerLink, SwarmSamplerLink
+
+log = logging.getLogger("hetero-node")
+
+ROLES = ("sampler", "learner")
+
+
+@dataclass(frozen=True)
+class SamplerRoleConfig:
+    """The `[sampler]` table: how a sampler paces itself and what WAN delay it injects."""
+
+    prompts_per_batch: int = 8
+    """Prompts per generation batch (each gets sampling.group_size completions)."""
+    max_outbox: int = 256
+    """Pause generating while this many rollouts wait undelivered (learner away)."""
+    max_learner_backlog: int = 32
+    """Pause while the learner holds this many untrained groups, so that samplers do not run
+    ahead of the learner and feed it ever staler rollouts (an async level bound)."""
+    weight_delay: DelayConfig = field(default_factory=DelayConfig)
+    """Injected delay before loading newer weights (docs/DESIGN.md, "Delay")."""
+    rollout_delay: DelayConfig = field(default_factory=DelayConfig)
+    """Injected delay before each rollout is sent."""
+
+    def __post_init__(self) -> None:
+        if self.prompts_per_batch < 1 or self.max_outbox < 1 or self.max_learner_backlog < 1:
+            raise ValueError("sampler: prompts_per_batch, max_outbox and max_learner_backlog must be >= 1")
+
+
+@dataclass
+class JoinConfig:
+    role: str = "sampler"
+    """sampler (generate rollouts) or learner (train on them)."""
+    swarm: str = "demo"
+    model: str = BUILTIN_MODEL
+    workdir: str = ""
+    """Identity key, outbox, journal, checkpoints and metrics; default ./hetero-node-<role>."""
+    name: str = ""
+    """Sampler: display name on the leaderboard (at most 64 characters; shown escaped)."""
+    engine: str = "hf"
+    """Sampler: 'hf' (transformers, anywhere) or 'vllm' (the vllm extra; settings in [vllm])."""
+    follow: str | None = None
+    """Learner peer id a sampler follows; default: the first learner found in the swarm."""
+    max_steps: int | None = None
+    """Learner: stop (after a final eval and checkpoint) at this version."""
+    seed: int = 0
+    threads: int | None = None
+    """torch CPU threads (default: $HETERO_NODE_THREADS, else torch's own choice)."""
+    status_every_s: float = 30.0
+    """Seconds between the one-line status reports in the log."""
+    tally_every_s: float = 15.0
+    """Learner: how often it publishes its per-sampler credit to the DHT (the leaderboard reads it)."""
+    announce_every_s: float = 10.0
+    peer_ttl_s: float = 30.0
+    """PeerInfo records expire after this; a vanished peer is forgotten then."""
+    tensorboard: bool = False
+    """Learner: also write TensorBoard event files to <workdir>/tensorboard."""
+    task: TaskConfig = field(default_factory=ArithmeticConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    sampler: SamplerRoleConfig = field(default_factory=SamplerRoleConfig)
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, not {self.role!r}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
+        if len(self.name) > 64:
+            raise ValueError(f"name has {len(self.name)} characters; at most 64")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError("max_steps must be >= 1")
+        if min(self.status_every_s, self.tally_every_s, self.announce_every_s, self.peer_ttl_s) <= 0:
+            raise ValueError("status_every_s, tally_every_s, announce_every_s and peer_ttl_s must be > 0")
+        self.workdir = self.workdir or f"hetero-node-{self.role}"
+
+    @property
+    def identity_path(self) -> Path:
+        return Path(self.workdir) / "identity.key"
+
+
+class Every:
+    """True once every `seconds` (the first call too): the pacing of periodic work in role loops."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self._last = seconds, float("-inf")
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if now - self._last < self.seconds:
+            return False
+        self._last = now
+        return True
+
+
+def _start_node(cfg: JoinConfig) -> SwarmNode:
+    threads = cfg.threads or int(os.environ.get("HETERO_NODE_THREADS", "0"))
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    Path(cfg.workdir).mkdir(parents=True, exist_ok=True)
+    identity = Identity.load_or_create(cfg.identity_path)
+    node = SwarmNode(identity, cfg.network, cfg.swarm)
+    log.info("%s %s joined swarm %r; listening on %s", cfg.role, short_id(node.peer_id), cfg.swarm,
+             " ".join(node.maddrs()))
+    return node
+
+
+def run_bootstrap(identity_path: str, net: NetworkConfig, swarm: str, stop: threading.Event,
+                  on_ready: Callable[[list[str]], None] | None = None) -> None:
+    node = SwarmNode(Identity.load_or_create(identity_path), net, swarm)
+    try:
+        if on_ready:
+            on_ready(node.maddrs())
+        while not stop.is_set():
+            node.announce({"role": "bootstrap", "model_id": "", "version": 0, "engine": "", "throughput": 0.0,
+                           "maddrs": node.maddrs()}, ttl=60)
+            stop.wait(20)
+    finally:
+        node.shutdown()
+
+
+# ---- learner ---------------------------------------------------------------------------------------
+
+def run_learner(cfg: JoinConfig, stop: threading.Event) -> None:
+    node = _start_node(cfg)
+    try:
+        _learner_loop(cfg, node, stop)
+    finally:
+        node.shutdown()
+
+
+def _make_learner(cfg: JoinConfig, node: SwarmNode):
+    from node.checkpoint import latest_checkpoint
+    from node.learner import Learner
+    from node.metrics import MetricsWriter
+    from node.models import load_model, load_tokenizer
+    from node.tasks import make_task
+
+    work = Path(cfg.workdir)
+    metrics = MetricsWriter(work / "metrics.jsonl", work / "tensorboard" if cfg.tensorboard else None)
+    learner = Learner(cfg.learner, load_model(cfg.model), load_tokenizer(cfg.model), make_task(cfg.task),
+                      model_id=cfg.model, sampling=cfg.sampling, swarm=cfg.swarm, peer_id=node.peer_id,
+                      checkpoint_dir=work / "checkpoints", metrics=metrics)
+    ckpt = latest_checkpoint(work / "checkpoints")
+    if ckpt is not None:
+        learner.load_checkpoint(ckpt)
+        log.info("resumed from %s at version %d", ckpt, learner.version)
+    link = SwarmLearnerLink(node, Journal(work / "journal.bin"), cursor=learner.restored_extra.get("journal_cursor", 0),
+                            rejected=learner.drops, untrained=lambda: len(learner.buffer))
+    learner.link = link
+    learner.checkpoint_extra = lambda: {"journal_cursor": link.cursor}
+    return learner, link, ckpt is not None
+
+
+def _learner_loop(cfg: JoinConfig, node: SwarmNode, stop: threading.Event) -> None:
+    learner, link, resumed = _make_learner(cfg, node)
+    report = LearnerReport(learner)
+    learner.start()
+    if not resumed:
+        learner.run_eval()
+    announce, tally, status = Every(cfg.announce_every_s), Every(cfg.tally_every_s), Every(cfg.status_every_s)
+    last_data = time.monotonic()
+    try:
+        while not stop.is_set():
+            if announce():
+                node.announce({"role": "learner", "model_id": cfg.model, "version": learner.version, "engine": "hf",
+                               "throughput": round(report.rate() * cfg.sampling.group_size, 3), "maddrs": node.maddrs()}, ttl=cfg.peer_ttl_s)
+            if tally() and learner.tally.peers:
+                _publish_tally(node, learner, cfg.model)
+            records = link.receive_rollouts(1000, timeout=0.5)
+            if records:
+                learner.ingest_many(records)
+                last_data = time.monotonic()
+            while not _done(cfg, learner) and learner.step() is not None:
+                pass
+            if status():
+                log.info(report.line(time.monotonic() - last_data))
+            if _done(cfg, learner):
+                if learner.history[-1].get("kind") != "eval":
+                    learner.run_eval()
+                log.info("reached version %d: stopping", learner.version)
+                break
+    finally:
+        if learner.tally.peers:
+            _publish_tally(node, learner, cfg.model)
+        learner.save_checkpoint(Path(cfg.workdir) / "checkpoints")
+        learner.metrics.close()
+        log.info(report.summary())
+
+
+def _done(cfg: JoinConfig, learner) -> bool:
+    return cfg.max_steps is not None and learner.version >= cfg.max_steps
+
+
+def _publish_tally(node: SwarmNode, learner, model_id: str) -> None:
+    try:
+        if not node.publish_tally(learner.tally.record(node.peer_id, model_id)):
+            log.warning("the DHT did not store our contribution tally; retrying later")
+    except Exception as e:  # the leaderboard can wait; training must not
+        log.warning("could not publish the contribution tally: %s", e)
+
+
+class LearnerReport:
+    """The learner's status line and exit summary, from its own counters."""
+
+    def __init__(self, learner) -> None:
+        self.learner, self.t0 = learner, time.monotonic()
+        self.v0, self.trained0 = learner.version, self._trained()
+
+    def _trained(self) -> int:
+        return sum(self.learner.accepted_by_sampler.values())
+
+    def _evals(self) -> list[float]:
+        return [r["eval_acc"] for r in self.learner.history if r["kind"] == "eval"]
+
+    def rate(self) -> float:
+        """Groups trained on per second since this session started."""
+        return round((self._trained() - self.trained0) / max(time.monotonic() - self.t0, 1e-6), 3)
+
+    def line(self, idle_s: float) -> str:
+        lr = self.learner
+        steps = [r for r in lr.history if r["kind"] == "step"]
+        evals = self._evals()
+        parts = [f"learner v{lr.version}",
+                 f"reward {steps[-1]['reward']:.2f}" if steps else "reward -",
+                 f"eval {evals[-1]:.1%}" if evals else "eval -",
+                 f"samplers {len(lr.accepted_by_sampler)}",
+                 f"{self.rate() * lr.sampling.group_size:.1f} rollouts/s",
+                 f"buffer {len(lr.buffer)}", f"dropped {sum(lr.drops.values())}"]
+        if idle_s > 30:
+            parts.append(f"no rollouts for {idle_s:.0f} s: waiting for samplers")
+        return " | ".join(parts)
+
+    def summary(self) -> str:
+        lr, evals = self.learner, self._evals()
+        acc = f"eval {evals[0]:.1%} -> {evals[-1]:.1%}" if evals else "no eval"
+        drops = ", ".join(f"{k} {v}" for k, v in sorted(lr.drops.items())) or "none"
+        return (f"learner stopped at version {lr.version} ({lr.version - self.v0} this session, "
+                f"{time.monotonic() - self.t0:.0f} s): {self._trained() - self.trained0} groups trained on from "
+                f"{len(lr.accepted_by_sampler)} samplers; {acc}; dropped: {drops}; checkpoint in "
+                f"{lr.checkpoint_dir}")
+
+
+# ---- sampler ---------------------------------------------------------------------------------------
+
+def run_sampler(cfg: JoinConfig, stop: threading.Event) -> None:
+    node = _start_node(cfg)
+    outbox = Outbox(Path(cfg.workdir) / "outbox.db")
+    link = None
+    try:
+        tracker = LearnerTracker(node, cfg.follow, cfg.model)
+        link = SwarmSamplerLink(node, outbox, lambda: tracker.current, cfg.sampler.weight_delay,
+                                cfg.sampler.rollout_delay, cfg.seed, mates=lambda: tracker.mates)
+        sampler = _make_sampler(cfg, node)
+        _sampler_loop(cfg, node, outbox, link, sampler, tracker, stop)
+    finally:
+        if link is not None:
+            link.close()
+            log.info("sampler stopped: %d rollouts delivered, %d refused by the learner, %d left in the outbox "
+                     "(sent when you join again)", link.rollouts.stats["delivered"], link.rollouts.stats["rejected"],
+                     len(outbox))
+        outbox.close()
+        node.shutdown()
+
+
+def _make_sampler(cfg: JoinConfig, node: SwarmNode):
+    from node.engines import make_engine
+    from node.models import load_tokenizer, tokenizer_hash
+    from node.sampler import Sampler
+    from node.tasks import make_task
+
+    tok = load_tokenizer(cfg.model)
+    engine = make_engine(cfg.engine, cfg.model, tok, cfg.vllm)
+    return Sampler(node.peer_id, make_task(cfg.task), engine, tokenizer_hash(tok), sampling=cfg.sampling,
+                   swarm=cfg.swarm, prompts_per_batch=cfg.sampler.prompts_per_batch, seed=cfg.seed)
+
+
+def _sampler_loop(cfg: JoinConfig, node: SwarmNode, outbox: Outbox, link: SwarmSamplerLink, sampler,
+                  tracker: LearnerTracker, stop: threading.Event) -> None:
+    announce, status = Every(cfg.announce_every_s), Every(cfg.status_every_s)
+    backoff, produced, t0, force = 1.0, 0, time.monotonic(), True
+    while not stop.is_set():
+        rate = produced / max(time.monotonic() - t0, 1e-6)
+        if announce():
+            node.announce({"role": "sampler", "model_id": cfg.model, "version": sampler.version, "engine": cfg.engine,
+                           "throughput": round(rate, 3), "maddrs": node.maddrs(), "name": cfg.name,
+                           "learner": tracker.current or ""}, ttl=cfg.peer_ttl_s)
+        if status():
+            log.info("sampler v%d | sent %d | acknowledged %d | outbox %d | learner %s | %.1f rollouts/s",
+                     sampler.version, produced, link.rollouts.stats["delivered"], len(outbox),
+                     short_id(tracker.current) if tracker.current else "none yet", rate)
+        if tracker.refresh(force=force) is None:
+            log.info("waiting for a learner in swarm %r (retrying in %.0f s)", cfg.swarm, backoff)
+            stop.wait(backoff)
+            backoff, force = min(backoff * 2, 30.0), True
+            continue
+        backoff, force = 1.0, False
+        if len(outbox) >= cfg.sampler.max_outbox or link.learner_backlog >= cfg.sampler.max_learner_backlog:
+            stop.wait(0.2)  # the learner is behind or away: do not generate without bound
+            continue
+        produced += sampler.run_once(link) * cfg.sampling.group_size

@@ -1,0 +1,38 @@
+"""Credit per sampler, kept by the learner: the groups it trained on, and their rollouts and tokens.
+
+Only work the learner trained on is credited (the record passed every check, its reward was
+recomputed, it was not dropped as stale). The learner publishes `record()` as its signed tally in
+the DHT (swarm/tally.py validates it there), where the leaderboard reads it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Tally:
+    """A learner's running credit per sampler (kept in its checkpoints)."""
+
+    peers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    seq: int = 0
+
+    def credit(self, sampler: str, rollouts: int, tokens: int, model_id: str, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        c = self.peers.setdefault(sampler, {"groups": 0, "rollouts": 0, "tokens": 0, "first": now, "last": now,
+                                            "models": []})
+        c["groups"] += 1
+        c["rollouts"] += int(rollouts)
+        c["tokens"] += int(tokens)
+        c["last"] = now
+        if model_id not in c["models"]:
+            c["models"].append(model_id)
+
+    def record(self, learner: str, model_id: str) -> dict[str, Any]:
+        # milliseconds, so that it still grows after a restart from an older checkpoint
+        self.seq = max(self.seq + 1, int(time.time() * 1000))
+        return {"learner": learner, "seq": self.seq, "time": float(time.time()), "model_id": model_id,
+                "peers": {p: {**c, "first": float(c["first"]), "last": float(c["last"]), "models": list(c["models"])}
+                          for p, c in self.peers.items() if p != learner}}

@@ -1,0 +1,149 @@
+"""The leaderboard's memory: learners' tallies and peers' display names, in SQLite.
+
+Learners' tallies are cumulative, so the store keeps, per learner, only the newest one (by its
+sequence number; an older one is a replay and is refused) and sums over learners per peer. It also
+keeps a history row whenever a peer's credit changes, so the board and its chart survive restarts
+of this service and the expiry of the DHT records. Every refusal is counted by reason: the counts
+are the only sign, from outside, that someone is trying to inflate a score.
+
+SQLite with one lock: the collector writes while the HTTP threads read, and the volumes (a row
+per learner and peer) are small.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+import time
+import unicodedata
+from pathlib import Path
+from typing import Any
+
+import pydantic.v1 as pydantic
+
+from ..identity import short_id
+from ..tally import TallyModel
+
+log = logging.getLogger(__name__)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS learners (learner TEXT PRIMARY KEY, seq INTEGER, time REAL, model_id TEXT);
+CREATE TABLE IF NOT EXISTS credits (learner TEXT, peer TEXT, groups_ INTEGER, rollouts INTEGER, tokens INTEGER,
+                                    first REAL, last REAL, models TEXT, PRIMARY KEY (learner, peer));
+CREATE TABLE IF NOT EXISTS history (time REAL, learner TEXT, peer TEXT, rollouts INTEGER, tokens INTEGER);
+CREATE TABLE IF NOT EXISTS names (peer TEXT PRIMARY KEY, name TEXT, updated REAL);
+CREATE TABLE IF NOT EXISTS counters (reason TEXT PRIMARY KEY, n INTEGER);
+"""
+
+
+def clean_name(name: str, limit: int = 64) -> str:
+    """Untrusted display text: no control or format characters, at most `limit` characters.
+    (HTML escaping happens where it is rendered.)"""
+    return "".join(ch for ch in str(name) if unicodedata.category(ch)[0] != "C")[:limit].strip()
+
+
+class LeaderboardStore:
+    def __init__(self, path: str | Path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(path), check_same_thread=False)
+        self._lock = threading.Lock()  # the collector writes while HTTP threads read
+        with self._lock, self._db:
+            self._db.executescript(_SCHEMA)
+
+    def _count(self, reason: str) -> None:
+        self._db.execute("INSERT INTO counters VALUES (?, 1) ON CONFLICT(reason) DO UPDATE SET n = n + 1", (reason,))
+
+    def ingest(self, tally: dict[str, Any], trusted: set[str] | None = None) -> str:
+        """Take one learner's tally; returns 'new', 'unchanged', or why it was refused
+        ('invalid', 'self_credit', 'untrusted', 'replay'), which is also counted."""
+        try:
+            t = TallyModel.parse_obj(tally)
+        except (pydantic.ValidationError, TypeError) as e:
+            return self._refuse("invalid", f"malformed tally: {e}")
+        if t.learner in t.peers:
+            return self._refuse("self_credit", f"learner {short_id(t.learner)} credits itself")
+        if trusted is not None and t.learner not in trusted:
+            return self._refuse("untrusted", f"tally from {short_id(t.learner)}, not a trusted learner")
+        with self._lock, self._db:
+            row = self._db.execute("SELECT seq FROM learners WHERE learner = ?", (t.learner,)).fetchone()
+            if row is not None and t.seq == row[0]:
+                return "unchanged"  # every poll reads every live tally again
+            if row is not None and t.seq < row[0]:
+                self._count("replay")
+                log.warning("refused a replayed tally from %s (seq %d, we have %d)", short_id(t.learner), t.seq, row[0])
+                return "replay"
+            self._replace(t)
+            self._count("accepted")
+        return "new"
+
+    def _replace(self, t: TallyModel) -> None:
+        """Put `t` in place of the learner's previous tally (caller holds the lock and the transaction);
+        a history row only for the peers whose credit changed, so the history grows with work, not polls."""
+        before = dict(self._db.execute("SELECT peer, rollouts FROM credits WHERE learner = ?", (t.learner,)))
+        self._db.execute("INSERT OR REPLACE INTO learners VALUES (?, ?, ?, ?)", (t.learner, t.seq, t.time, t.model_id))
+        self._db.execute("DELETE FROM credits WHERE learner = ?", (t.learner,))
+        for peer, c in t.peers.items():
+            self._db.execute("INSERT INTO credits VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                             (t.learner, peer, c.groups, c.rollouts, c.tokens, c.first, c.last, json.dumps(c.models)))
+            if before.get(peer) != c.rollouts:
+                self._db.execute("INSERT INTO history VALUES (?, ?, ?, ?, ?)",
+                                 (t.time, t.learner, peer, c.rollouts, c.tokens))
+
+    def _refuse(self, reason: str, why: str) -> str:
+        log.warning("refused a tally: %s", why)
+        with self._lock, self._db:
+            self._count(reason)
+        return reason
+
+    def set_name(self, peer: str, name: str) -> None:
+        name = clean_name(name)
+        if not name:
+            return
+        with self._lock, self._db:
+            row = self._db.execute("SELECT name FROM names WHERE peer = ?", (peer,)).fetchone()
+            if row is None or row[0] != name:  # every poll sees every name: write only changes
+                self._db.execute("INSERT OR REPLACE INTO names VALUES (?, ?, ?)", (peer, name, time.time()))
+
+    def counters(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._db.execute("SELECT reason, n FROM counters"))
+
+    def board(self) -> dict[str, Any]:
+        """Per peer, summed over learners, ranked by accepted rollouts."""
+        with self._lock:
+            rows = self._db.execute("SELECT peer, groups_, rollouts, tokens, first, last, models FROM credits").fetchall()
+            names = dict(self._db.execute("SELECT peer, name FROM names"))
+            learners = self._db.execute("SELECT COUNT(*), MAX(time) FROM learners").fetchone()
+        peers: dict[str, dict[str, Any]] = {}
+        for peer, groups, rollouts, tokens, first, last, models in rows:
+            p = peers.setdefault(peer, {"peer_id": peer, "name": names.get(peer, ""), "groups": 0, "rollouts": 0,
+                                        "tokens": 0, "first_seen": first, "last_seen": last, "models": []})
+            p["groups"] += groups
+            p["rollouts"] += rollouts
+            p["tokens"] += tokens
+            p["first_seen"], p["last_seen"] = min(p["first_seen"], first), max(p["last_seen"], last)
+            p["models"] = sorted(set(p["models"]) | set(json.loads(models)))
+        total = sum(p["rollouts"] for p in peers.values())
+        ranked = sorted(peers.values(), key=lambda p: (-p["rollouts"], p["peer_id"]))
+        for i, p in enumerate(ranked, 1):
+            p["rank"], p["share"] = i, (p["rollouts"] / total if total else 0.0)
+        return {"peers": ranked, "total_rollouts": total, "learners": learners[0], "updated": learners[1]}
+
+    def history(self) -> dict[str, list[tuple[float, int]]]:
+        """peer -> [(time, cumulative accepted rollouts summed over learners)], in time order."""
+        with self._lock:
+            rows = self._db.execute("SELECT time, learner, peer, rollouts FROM history ORDER BY time, rowid").fetchall()
+        latest: dict[tuple[str, str], int] = {}
+        total: dict[str, int] = {}
+        out: dict[str, list[tuple[float, int]]] = {}
+        for t, learner, peer, rollouts in rows:  # one pass: the page asks for this every few seconds
+            total[peer] = total.get(peer, 0) + rollouts - latest.get((learner, peer), 0)
+            latest[(learner, peer)] = rollouts
+            out.setdefault(peer, []).append((t, total[peer]))
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

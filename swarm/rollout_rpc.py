@@ -1,0 +1,167 @@
+"""Rollouts over the swarm: signed records from a sampler's outbox to the learner's journal.
+
+  hetero.rollouts.v1  [[record id, envelope], ...] -> {"ok": [ids], "rejected": {id: reason},
+                      "backlog": groups received but not yet trained on}
+
+Learner side (`RolloutReceiver`): each envelope's signature is checked and must be the sampler's
+own; valid records are appended to the journal (fsynced) *before* the ack, so an acknowledged
+rollout survives a learner crash. Sampler side (`RolloutSender`): records wait in a persistent
+outbox and a background thread sends what is due, with exponential backoff while the learner is
+unreachable; a record leaves the outbox only once the learner settled it (ok or rejected).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import random
+import threading
+import time
+from typing import Callable
+
+import msgpack
+
+from .delay import DelayConfig, sample_delay
+from .envelope import open_envelope, seal
+from .identity import short_id
+from .journal import Journal
+from .outbox import Outbox
+from .p2p import MAX_MESSAGE, SwarmNode
+from .records import RecordError, decode_rollout_group
+
+log = logging.getLogger(__name__)
+
+ROLLOUTS = "hetero.rollouts.v1"
+MAX_BATCH = 256
+
+
+class RolloutReceiver:
+    """The learner's side: checks, journals and acknowledges rollout batches."""
+
+    def __init__(self, node: SwarmNode, journal: Journal, cursor: int = 0,
+                 rejected: collections.Counter | None = None, untrained: Callable[[], int] = lambda: 0) -> None:
+        self.journal = journal
+        self.cursor = cursor
+        """Journal records already handed to the learner (stored in its checkpoints)."""
+        self.rejected = rejected if rejected is not None else collections.Counter()
+        """Rejections by reason; the runner passes the learner's counter, so both count together."""
+        self._untrained = untrained
+        node.add_handler(ROLLOUTS, self._on_rollouts)
+
+    async def _on_rollouts(self, payload: bytes, remote: str) -> bytes:
+        try:
+            items = msgpack.unpackb(payload, raw=False)
+            if not isinstance(items, list) or len(items) > MAX_BATCH:
+                raise ValueError("expected a list of at most %d [id, envelope] pairs" % MAX_BATCH)
+        except Exception as e:
+            self.rejected["undecodable"] += 1
+            log.warning("rollout batch from %s is undecodable: %s", short_id(remote), e)
+            return self._reply([], {})
+        ok, rejected, records = [], {}, []
+        for item in items:
+            rid = str(item[0])[:64] if isinstance(item, list) and item else "?"
+            try:
+                records.append(self._open(item, rid))
+                ok.append(rid)
+            except RecordError as e:
+                self.rejected[e.reason] += 1
+                rejected[rid] = e.reason
+                log.warning("rejected rollout %s from %s: %s", rid[:8], short_id(remote), e)
+        if records:
+            self.journal.append(records)  # durable before we acknowledge
+        return self._reply(ok, rejected)
+
+    @staticmethod
+    def _open(item, rid: str) -> bytes:
+        """The record inside one [id, envelope] item, if it is signed by the sampler it names."""
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[1], bytes)):
+            raise RecordError("schema", "item is not [id, envelope]")
+        record, signer = open_envelope(item[1])
+        group = decode_rollout_group(record)
+        if group.sampler != signer:
+            raise RecordError("forged_sender", f"signed by {short_id(signer)}, claims {short_id(group.sampler)}")
+        if group.id != rid:
+            raise RecordError("schema", "outbox id differs from the record id")
+        return record
+
+    def _reply(self, ok: list[str], rejected: dict[str, str]) -> bytes:
+        return msgpack.packb({"ok": ok, "rejected": rejected, "backlog": self.backlog()})
+
+    def backlog(self) -> int:
+        """Rollouts received but not yet trained on (journal not yet read + the learner's buffer);
+        reported in every ack so that samplers can pace themselves."""
+        return len(self.journal) - self.cursor + self._untrained()
+
+    def receive(self, max_records: int, timeout: float = 0.0) -> list[bytes]:
+        deadline = time.monotonic() + timeout
+        while True:
+            out = self.journal.read(self.cursor, max_records)
+            if out or time.monotonic() >= deadline:
+                self.cursor += len(out)
+                return out
+            time.sleep(0.05)
+
+
+class RolloutSender:
+    """The sampler's side: an outbox on disk and a thread that delivers it to the learner."""
+
+    def __init__(self, node: SwarmNode, outbox: Outbox, learner: Callable[[], str | None],
+                 rollout_delay: DelayConfig = DelayConfig(), rng: random.Random | None = None,
+                 rpc_timeout: float = 30.0) -> None:
+        self.node = node
+        self.outbox = outbox
+        self.learner = learner
+        self._rollout_delay = rollout_delay
+        self._rng = rng or random.Random(0)
+        self.rpc_timeout = rpc_timeout
+        self.stats: collections.Counter[str] = collections.Counter()
+        self._last_reply = 0.0
+        self.learner_backlog = 0
+        """The learner's backlog from its last ack: samplers pause while it is large (fresher data)."""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._flush_loop, name="outbox-flusher", daemon=True)
+        self._thread.start()
+
+    def send(self, records: list[tuple[str, bytes]]) -> None:
+        for rid, record in records:
+            self.outbox.put(rid, seal(self.node.identity, record), sample_delay(self._rollout_delay, self._rng))
+
+    def _flush_loop(self) -> None:
+        backoff = 1.0
+        while not self._stop.is_set():
+            try:
+                sent = self.flush_once()
+                backoff = 1.0
+                if not sent:
+                    self._stop.wait(0.5)
+            except Exception as e:  # the learner is gone or slow: keep the outbox, retry later
+                self.stats["send_failures"] += 1
+                log.warning("could not deliver rollouts to the learner (%s: %s); %d waiting in the outbox, "
+                            "retrying in %.0f s", type(e).__name__, e, len(self.outbox), backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    def flush_once(self) -> int:
+        """Send one batch of due records; returns how many the learner settled (ok or rejected)."""
+        learner = self.learner()
+        if learner is None:
+            return 0
+        due = self.outbox.due(MAX_MESSAGE - 64 * 1024, MAX_BATCH)
+        if not due and time.monotonic() - self._last_reply < 1.0:
+            return 0
+        # an empty batch is a cheap poll: it refreshes learner_backlog while we are paused
+        self._last_reply = time.monotonic()
+        reply = msgpack.unpackb(self.node.call(learner, ROLLOUTS, msgpack.packb([[i, e] for i, e in due]),
+                                               self.rpc_timeout), raw=False)
+        for rid, reason in reply.get("rejected", {}).items():
+            log.warning("the learner rejected rollout %s: %s (dropped from the outbox)", rid[:8], reason)
+        self.learner_backlog = int(reply.get("backlog", 0))
+        settled = list(reply.get("ok", [])) + list(reply.get("rejected", {}))
+        self.outbox.remove(settled)
+        self.stats["delivered"] += len(reply.get("ok", []))
+        self.stats["rejected"] += len(reply.get("rejected", {}))
+        return len(settled) if due else 0
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)

@@ -1,0 +1,327 @@
+"""Weight versions over the swarm: a signed manifest and hash-checked chunks served by every holder.
+
+Learner side (`WeightServer`) serves two RPCs:
+  hetero.manifest.v1  -> the manifest of the learner's current chain segment (its last keyframe
+                      and the deltas after it), sealed by the learner: chain id, model, and per
+                      version its base, size, sha256 and per-chunk sha256.
+  hetero.chunks.v1    [chain, version, [index, ...], wait] -> a stream of those chunks (b"" for
+                      one not held). Served by the learner *and* by every sampler for the versions
+                      it holds (announced in the DHT) or is downloading, so the learner's upload
+                      need not grow with the number of samplers (`ChunkStore`, `chunk_owner`).
+Sampler side (`WeightFetcher`): reads the manifest of the learner it follows (refusing one that
+learner did not seal), plans which versions to fetch (`exchange.plan_fetch`), gathers chunks from
+holders, mates and the learner, and checks every chunk and every whole blob against the manifest
+(a stream can silently lose its tail, so nothing is trusted unverified). Weight loads follow the
+same injected-delay model as the simulator (`ReloadTimer`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+import logging
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+import msgpack
+
+from .delay import DelayConfig, ReloadTimer
+from .envelope import open_envelope, seal
+from .exchange import WeightVersion, plan_fetch
+from .identity import short_id
+from .p2p import SwarmNode
+from .records import RecordError
+
+log = logging.getLogger(__name__)
+
+MANIFEST, CHUNKS = "hetero.manifest.v1", "hetero.chunks.v1"
+CHUNK_SIZE = 1024 * 1024
+MAX_INDICES = 1 << 16
+
+
+def _sha(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+class ChunkStore:
+    """The weight blobs of one chain that this peer holds, served chunk by chunk to any peer.
+
+    A request [chain, version, [index, ...], wait] is answered with a stream of those chunks, in
+    order, b"" for each one not held. A version still being downloaded is served chunk by chunk as its
+    verified chunks arrive, and a request with `wait` > 0 for such a version waits (at most
+    `wait`, capped at MAX_WAIT) for the chunk instead of answering b"" at once. That is what lets
+    samplers fetching the same version at the same time share it (see `chunk_owner`). Every byte a
+    fetcher receives is checked against the learner-signed manifest, so a holder cannot serve
+    wrong weights, only fail to help.
+    """
+
+    MAX_WAIT = 10.0
+
+    def __init__(self, node: SwarmNode) -> None:
+        self.chain = ""
+        self.blobs: dict[int, bytes] = {}
+        self.partial: dict[int, dict[int, bytes]] = {}
+        """version -> verified chunks of a download in progress."""
+        self.served_bytes = 0
+        self.malformed = 0
+        """Chunk requests refused as malformed (logged with the reason)."""
+        node.add_stream_handler(CHUNKS, self._on_chunks)
+
+    def put(self, chain: str, version: int, blob: bytes) -> None:
+        if chain != self.chain:
+            self.reset(chain)
+        self.blobs[version] = blob
+        self.partial.pop(version, None)
+
+    def reset(self, chain: str) -> None:
+        self.chain, self.blobs, self.partial = chain, {}, {}
+
+    def retain(self, versions) -> None:
+        """Prune every held version not in `versions` (those the learner no longer lists)."""
+        keep = set(versions)
+        self.blobs = {v: b for v, b in self.blobs.items() if v in keep}
+
+    def begin(self, chain: str, version: int) -> None:
+        if chain != self.chain:
+            self.reset(chain)
+        self.partial.setdefault(version, {})
+
+    def add_chunk(self, chain: str, version: int, index: int, chunk: bytes) -> None:
+        if chain == self.chain and version in self.partial:
+            self.partial[version][index] = chunk
+
+    def abandon(self, version: int) -> None:
+        self.partial.pop(version, None)
+
+    def _lookup(self, chain, version: int, index: int) -> bytes | None:
+        if chain != self.chain:
+            return None
+        blob = self.blobs.get(version)
+        if blob is not None:
+            return blob[index * CHUNK_SIZE : (index + 1) * CHUNK_SIZE] if 0 <= index * CHUNK_SIZE < len(blob) else None
+        return self.partial.get(version, {}).get(index)
+
+    async def _on_chunks(self, payload: bytes, remote: str):
+        try:
+            chain, version, indices, wait = msgpack.unpackb(payload)
+            version, indices, wait = int(version), [int(i) for i in indices], min(float(wait), self.MAX_WAIT)
+            if len(indices) > MAX_INDICES:
+                raise ValueError(f"more than {MAX_INDICES} chunks in one request")
+        except Exception as e:
+            self.malformed += 1
+            log.warning("malformed chunk request from %s: %s", short_id(remote), e)
+            return
+        deadline = time.monotonic() + wait
+        for index in indices:
+            chunk = self._lookup(chain, version, index)
+            # a download in progress here: we are fetching this chunk now; wait for it briefly
+            while chunk is None and chain == self.chain and version in self.partial and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+                chunk = self._lookup(chain, version, index)
+            chunk = chunk or b""
+            self.served_bytes += len(chunk)
+            yield chunk
+
+
+def chunk_owner(mates: list[str], version: int, index: int) -> str | None:
+    """The sampler that takes chunk `index` of `version` from the learner; the others take it from
+    that sampler. `mates` are the samplers following the same learner (sorted, so that every one of
+    them computes the same owner without talking). Rotating by version spreads single-chunk deltas.
+    With N mates fetching together, the learner uploads each chunk once instead of N times.
+    """
+    return mates[(index + version) % len(mates)] if mates else None
+
+
+class WeightServer:
+    """The learner's side: keeps the current chain segment and serves its manifest and chunks."""
+
+    def __init__(self, node: SwarmNode) -> None:
+        self.node = node
+        self.store = ChunkStore(node)
+        self._entries: list[dict] = []
+        self._manifest = b""
+        node.add_handler(MANIFEST, self._on_manifest)
+
+    async def _on_manifest(self, payload: bytes, remote: str) -> bytes:
+        return self._manifest
+
+    def publish(self, wv: WeightVersion) -> None:
+        if wv.base is None:
+            self.store.reset(wv.chain)  # a keyframe starts a new chain segment
+            self._entries = []
+        self.store.put(wv.chain, wv.version, wv.blob)
+        chunks = [wv.blob[i : i + CHUNK_SIZE] for i in range(0, len(wv.blob), CHUNK_SIZE)]
+        self._entries.append({"version": wv.version, "base": -1 if wv.base is None else wv.base, "size": len(wv.blob),
+                              "sha256": _sha(wv.blob), "chunks": [_sha(c) for c in chunks]})
+        manifest = {"model_id": wv.model_id, "chain": wv.chain, "chunk_size": CHUNK_SIZE,
+                    "versions": self._entries, "learner": self.node.peer_id, "time": time.time()}
+        self._manifest = seal(self.node.identity, msgpack.packb(manifest))
+
+
+class WeightFetcher:
+    """A sampler's side: fetches versions from holders, mates and the learner it follows."""
+
+    def __init__(self, node: SwarmNode, learner: Callable[[], str | None], weight_delay: DelayConfig = DelayConfig(),
+                 rng: random.Random | None = None, rpc_timeout: float = 30.0,
+                 mates: Callable[[], list[str]] = lambda: [], parallel: int = 4, peer_wait: float = 5.0) -> None:
+        self.node = node
+        self.learner = learner
+        """Returns the peer id of the learner to follow (None while none is known)."""
+        self.mates = mates
+        """Returns the samplers that follow the same learner with the same model (`chunk_owner`)."""
+        self._timer = ReloadTimer(weight_delay, rng or random.Random(0))
+        self.rpc_timeout = rpc_timeout
+        self.peer_wait = peer_wait
+        """How long to wait for a chunk from a mate that is downloading it right now."""
+        self.stats: collections.Counter[str] = collections.Counter()
+        self._stats_lock = threading.Lock()
+        self.store = ChunkStore(node)
+        # several chunk requests in flight: one call at a time leaves the link idle between them
+        self._parallel = max(1, parallel)
+        self._pool = ThreadPoolExecutor(self._parallel, thread_name_prefix="chunk-fetch")
+
+    def _count(self, key: str, n: int = 1) -> None:
+        with self._stats_lock:  # chunk fetches run on several threads
+            self.stats[key] += n
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def fetch(self, have_chain: str, have_version: int) -> list[WeightVersion] | None:
+        """Versions to apply, in order, to go from `have_version` of `have_chain` to the newest one the
+        learner lists (see `exchange.plan_fetch`), each verified against its sealed manifest; None if
+        there is nothing newer, the injected delay has not passed, or the fetch failed (counted)."""
+        learner = self.learner()
+        now = time.time()
+        if learner is None or not self._timer.due(now):
+            return None
+        try:
+            manifest = self._manifest(learner)
+            if manifest is None:
+                return None
+            chain, entries = manifest["chain"], {e["version"]: e for e in manifest["versions"]}
+            wanted = plan_fetch(chain, list(entries), have_chain, have_version)
+            holders = self._holders(chain) if wanted else {}
+            mates = sorted({*self.mates(), self.node.peer_id}) if wanted else []
+            blobs = [self._download(learner, chain, entries[v], holders.get(v, []), mates) for v in wanted]
+        except Exception as e:  # a learner that vanished, a bad chunk from every source: try later
+            self._count("weight_fetch_failures")
+            log.warning("weights fetch from %s failed (%s: %s); keeping version %d", short_id(learner),
+                        type(e).__name__, e, have_version)
+            return None
+        self._timer.arm(now)
+        for v, blob in zip(wanted, blobs):
+            self.store.put(chain, v, blob)
+        if wanted:
+            self.store.retain(entries)  # versions the learner no longer lists are of no use to anyone
+            self.node.announce_holdings(chain, sorted(self.store.blobs))
+        base = lambda v: None if entries[v]["base"] < 0 else entries[v]["base"]  # noqa: E731
+        return [WeightVersion(manifest["model_id"], chain, v, base(v), blob) for v, blob in zip(wanted, blobs)] or None
+
+    def _holders(self, chain: str) -> dict[int, list[str]]:
+        """version -> peers (other than us) announcing they hold it, in an order of our own."""
+        by_version: dict[int, list[str]] = collections.defaultdict(list)
+        for h in self.node.holders():
+            if h.get("chain") == chain and h.get("peer_id") != self.node.peer_id:
+                for v in h.get("versions", []):
+                    by_version[v].append(h["peer_id"])
+        rng = random.Random(self.node.peer_id)  # each fetcher spreads its load differently
+        for peers in by_version.values():
+            rng.shuffle(peers)
+        return by_version
+
+    def _manifest(self, learner: str) -> dict | None:
+        sealed = self.node.call(learner, MANIFEST, b"", self.rpc_timeout)
+        if not sealed:
+            return None
+        record, signer = open_envelope(sealed)
+        if signer != learner:
+            self._count("forged_manifests")
+            raise RecordError("signature", f"manifest signed by {short_id(signer)}, not by the learner we follow")
+        return msgpack.unpackb(record, raw=False)
+
+    def _download(self, learner: str, chain: str, entry: dict, holders: list[str], mates: list[str]) -> bytes:
+        """One version's blob. The chunks this sampler owns (`chunk_owner`) come first, in a phase
+        of their own: mates that start fetching a moment later are then already downloading theirs
+        when we ask them. The whole is checked against the learner-signed manifest entry."""
+        version, n = entry["version"], len(entry["chunks"])
+        owners = [chunk_owner(mates, version, i) for i in range(n)]
+        mine = [i for i in range(n) if owners[i] in (None, self.node.peer_id)]
+        self.store.begin(chain, version)
+        got: dict[int, bytes] = {}
+        try:
+            for phase in (mine, [i for i in range(n) if i not in set(mine)]):
+                self._gather(learner, chain, entry, phase, holders, owners, got)
+        except Exception:
+            self.store.abandon(version)
+            raise
+        blob = b"".join(got[i] for i in range(n))
+        if len(blob) != entry["size"] or _sha(blob) != entry["sha256"]:
+            self.store.abandon(version)
+            raise RecordError("sizes", "reassembled weights do not match the manifest")
+        return blob
+
+    def _gather(self, learner: str, chain: str, entry: dict, indices: list[int], holders: list[str],
+                owners: list[str | None], got: dict[int, bytes]) -> None:
+        """Fill `got` with verified chunks `indices`, in rounds: from the holders of the whole
+        version (chunk i from holder i+r mod n in round r, spreading the load), then from the chunk's
+        owner when it is a mate that may be downloading it now, the learner last. Each round sends
+        one streaming request per source (several in flight); what a source lacks or spoils is
+        asked of the next round's source."""
+        me = self.node.peer_id
+        rounds = [lambda i, r=r: (holders[(i + r) % len(holders)], 0.0) for r in range(len(holders))]
+        rounds.append(lambda i: (owners[i], self.peer_wait) if owners[i] not in (None, me, learner, *holders)
+                      else (None, 0.0))
+        # twice: a stream can end early without an error (a reset libp2p stream reads as its end)
+        rounds += [lambda i: (learner, 0.0)] * 2
+        missing = list(indices)
+        for pick in rounds:
+            requests: dict[tuple[str, float], list[int]] = collections.defaultdict(list)
+            for i in missing:
+                source, wait = pick(i)
+                if source is not None:
+                    requests[(source, wait)].append(i)
+            jobs = [(source, wait, part) for (source, wait), idx in requests.items() for part in self._split(idx)]
+            list(self._pool.map(lambda job: self._stream_chunks(*job, chain, entry, got), jobs))
+            missing = [i for i in missing if i not in got]
+            if not missing:
+                return
+        raise RecordError("sizes", f"chunks {missing[:5]} of version {entry['version']} verified from no source")
+
+    def _split(self, indices: list[int]) -> list[list[int]]:
+        """Several streams to one source, interleaved, so a large version keeps the link busy."""
+        k = min(self._parallel, max(1, len(indices) // 2))
+        return [indices[j::k] for j in range(k)]
+
+    def _stream_chunks(self, source: str, wait: float, indices: list[int], chain: str, entry: dict,
+                       got: dict[int, bytes]) -> None:
+        version, pos = entry["version"], 0
+        from_learner = source == self.learner()
+
+        def on_chunk(chunk: bytes) -> None:  # on the swarm loop, as each chunk arrives
+            nonlocal pos
+            if pos >= len(indices):
+                return
+            index, pos = indices[pos], pos + 1
+            if _sha(chunk) == entry["chunks"][index]:
+                got[index] = chunk
+                self.store.add_chunk(chain, version, index, chunk)  # mates may ask for it right away
+                self._count("bytes_from_learner" if from_learner else "bytes_from_holders", len(chunk))
+            elif chunk:
+                self._count("bad_chunks")
+                log.warning("chunk %d of version %d from %s failed its hash; trying another source",
+                            index, version, short_id(source))
+
+        try:  # allow for a slow link: at least 0.2 MB/s per stream
+            n = self.node.call_stream(source, CHUNKS, msgpack.packb([chain, version, indices, wait]),
+                                      self.rpc_timeout + wait + 5.0 * len(indices), on_chunk)
+            if n < len(indices):
+                self._count("short_streams")
+                log.info("%s sent %d of %d chunks of version %d; asking again", short_id(source), n, len(indices), version)
+        except Exception as e:  # a source that vanished or is slow: the next round asks another
+            log.debug("chunks %s of version %d from %s failed: %s", indices[:3], version, short_id(source), e)
+

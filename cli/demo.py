@@ -101,7 +101,7 @@ def _summary(console: Console, records: list[dict], names: dict[str, str], wall:
     table.add_row("eval accuracy", f"{evals[0][1]:.1%} -> {evals[-1][1]:.1%} ({(evals[-1][1] - evals[0][1]) * 100:+.1f} points)")
     table.add_row("versions published", str(last["version"]))
     for peer, n in sorted(last["accepted_by_sampler"].items()):
-        table.add_row(f"groups accepted from {names.get(peer, peer[-8:])}", str(n))
+        table.add_row(f"groups accepted from {names.get(peer, short_id(peer))}", str(n))
     total = sum(stale.values())
     table.add_row("staleness (versions)", f"mean {sum(k * v for k, v in stale.items()) / total:.1f}, max {max(stale)}")
     table.add_row("dropped", ", ".join(f"{k}: {v}" for k, v in last["drops"].items()) or "none")
@@ -135,7 +135,7 @@ def _leaderboard(console: Console, url: str, records: list[dict], db: Path, wait
     for col in ("#", "peer", "name", "accepted rollouts", "tokens", "share"):
         table.add_column(col, justify="right" if col in ("#", "accepted rollouts", "tokens", "share") else "left")
     for p in board["peers"]:
-        table.add_row(str(p["rank"]), p["peer_id"][-10:], p["name"], str(p["rollouts"]), str(p["tokens"]),
+        table.add_row(str(p["rank"]), short_id(p["peer_id"]), p["name"], str(p["rollouts"]), str(p["tokens"]),
                       f"{p['share']:.1%}")
     console.print(table)
     console.print(f"It was live at {url} during the demo. Browse it again (history kept in SQLite):\n"

@@ -291,7 +291,7 @@ def run_sampler(cfg: JoinConfig, stop: threading.Event) -> None:
     finally:
         if link is not None:
             link.close()
-            log.info("sampler stopped: %d rollouts delivered, %d refused by the learner, %d left in the outbox "
+            log.info("sampler stopped: %d groups delivered, %d refused by the learner, %d left in the outbox "
                      "(sent when you join again)", link.rollouts.stats["delivered"], link.rollouts.stats["rejected"],
                      len(outbox))
         outbox.close()
@@ -313,16 +313,16 @@ def _make_sampler(cfg: JoinConfig, node: SwarmNode):
 def _sampler_loop(cfg: JoinConfig, node: SwarmNode, outbox: Outbox, link: SwarmSamplerLink, sampler,
                   tracker: LearnerTracker, stop: threading.Event) -> None:
     announce, status = Every(cfg.announce_every_s), Every(cfg.status_every_s)
-    backoff, produced, t0, force = 1.0, 0, time.monotonic(), True
+    backoff, groups, t0, force = 1.0, 0, time.monotonic(), True
     while not stop.is_set():
-        rate = produced / max(time.monotonic() - t0, 1e-6)
+        rate = groups * cfg.sampling.group_size / max(time.monotonic() - t0, 1e-6)  # rollouts/s
         if announce():
             node.announce({"role": "sampler", "model_id": cfg.model, "version": sampler.version, "engine": cfg.engine,
                            "throughput": round(rate, 3), "maddrs": node.maddrs(), "name": cfg.name,
                            "learner": tracker.current or ""}, ttl=cfg.peer_ttl_s)
         if status():
-            log.info("sampler v%d | sent %d | acknowledged %d | outbox %d | learner %s | %.1f rollouts/s",
-                     sampler.version, produced, link.rollouts.stats["delivered"], len(outbox),
+            log.info("sampler v%d | groups made %d | acknowledged %d | outbox %d | learner %s | %.1f rollouts/s",
+                     sampler.version, groups, link.rollouts.stats["delivered"], len(outbox),
                      short_id(tracker.current) if tracker.current else "none yet", rate)
         if tracker.refresh(force=force) is None:
             log.info("waiting for a learner in swarm %r (retrying in %.0f s)", cfg.swarm, backoff)
@@ -333,4 +333,4 @@ def _sampler_loop(cfg: JoinConfig, node: SwarmNode, outbox: Outbox, link: SwarmS
         if len(outbox) >= cfg.sampler.max_outbox or link.learner_backlog >= cfg.sampler.max_learner_backlog:
             stop.wait(0.2)  # the learner is behind or away: do not generate without bound
             continue
-        produced += sampler.run_once(link) * cfg.sampling.group_size
+        groups += sampler.run_once(link)

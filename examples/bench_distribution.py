@@ -33,17 +33,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from node.weight_codec import CodecConfig, Publisher  # noqa: E402
 from node.weights import encode_version  # noqa: E402
 from swarm.dht import NetworkConfig  # noqa: E402
+from swarm.exchange import WeightVersion  # noqa: E402
 from swarm.identity import Identity  # noqa: E402
-from swarm.journal import Journal  # noqa: E402
-from swarm.outbox import Outbox  # noqa: E402
 from swarm.p2p import SwarmNode  # noqa: E402
-from swarm.swarm_exchange import LearnerExchange, SamplerExchange  # noqa: E402
+from swarm.weight_rpc import WeightFetcher, WeightServer  # noqa: E402
 
 
-def make_blob(mb: int, chain: str) -> bytes:
+def make_version(mb: int, chain: str) -> WeightVersion:
+    """Version 0 of `chain`: a keyframe of `mb` MB of random fp32 weights."""
     n = mb * 1024 * 1024 // 4
     weights = {"w": torch.randn(n // 1024, 1024)}
-    return encode_version(Publisher(CodecConfig(keyframe_codec="fp32")).publish(weights, 0), "bench", chain, {})
+    enc = Publisher(CodecConfig(keyframe_codec="fp32")).publish(weights, 0)
+    return WeightVersion("bench", chain, enc.version, enc.base, encode_version(enc, "bench", chain, {}))
 
 
 def fetch_all(samplers, simultaneous: bool) -> float:
@@ -51,14 +52,14 @@ def fetch_all(samplers, simultaneous: bool) -> float:
         s.store.reset("")
     t0 = time.perf_counter()
     if simultaneous:
-        threads = [threading.Thread(target=s.fetch_weights, args=("s", "", -1)) for s in samplers]
+        threads = [threading.Thread(target=s.fetch, args=("", -1)) for s in samplers]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
     else:
         for s in samplers:
-            s.fetch_weights("s", "", -1)
+            s.fetch("", -1)
             time.sleep(0.3)  # let its holder record reach the DHT (counted in the time)
     return time.perf_counter() - t0
 
@@ -90,12 +91,11 @@ def main() -> None:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp())
     ln = SwarmNode(Identity.load_or_create(tmp / "l.key"), NetworkConfig(), "bench")
-    lx = LearnerExchange(ln, Journal(tmp / "j.bin"))
+    lx = WeightServer(ln)
     nodes = [SwarmNode(Identity.load_or_create(tmp / f"s{i}.key"), NetworkConfig(initial_peers=ln.maddrs()), "bench")
              for i in range(max(args.ns))]
     mates: list[str] = []
-    samplers = [SamplerExchange(n, Outbox(tmp / f"o{i}.db"), lambda: ln.peer_id, mates=lambda: mates)
-                for i, n in enumerate(nodes)]
+    samplers = [WeightFetcher(n, lambda: ln.peer_id, mates=lambda: mates) for n in nodes]
     try:
         print(f"version size {args.mb} MB; learner + up to {max(args.ns)} samplers on 127.0.0.1, 2 CPU cores")
         print(f"{'N':>3} {'schedule':>13} {'time to all s':>14} {'learner upload':>15}")
@@ -104,18 +104,19 @@ def main() -> None:
             for schedule in ("staggered", "simultaneous", "no sharing"):
                 run += 1
                 mates[:] = [x.node.peer_id for x in samplers[:n]] if schedule != "no sharing" else []
-                blob = make_blob(args.mb, f"c{run}")
-                lx.publish_weights("l", 0, blob)
+                wv = make_version(args.mb, f"c{run}")
+                lx.publish(wv)
                 before = lx.store.served_bytes
                 secs = fetch_all(samplers[:n], schedule != "staggered")
-                copies = (lx.store.served_bytes - before) / len(blob)
+                copies = (lx.store.served_bytes - before) / len(wv.blob)
                 print(f"{n:>3} {schedule:>13} {secs:14.2f} {copies:13.2f}x")
         stats = sum((x.stats for x in samplers), collections.Counter())
         print(f"fetch failures {stats['weight_fetch_failures']}, streams that ended early and were asked again "
               f"{stats['short_streams']}, bad chunks {stats['bad_chunks']}")
         mates[:] = []
-        blob = make_blob(args.mb, "raw")
-        lx.publish_weights("l", 0, blob)
+        wv = make_version(args.mb, "raw")
+        blob = wv.blob
+        lx.publish(wv)
         rates = {}
         sx = samplers[0]
         sx._holders = lambda chain: {}  # measure the learner path alone
@@ -123,7 +124,7 @@ def main() -> None:
             sx._pool, sx._parallel = ThreadPoolExecutor(parallel), parallel  # as if made with parallel=...
             sx.store.reset("")
             t0 = time.perf_counter()
-            assert sx.fetch_weights("s", "", -1) == [blob]
+            assert [w.blob for w in sx.fetch("", -1) or []] == [blob]
             rates[name] = len(blob) / 1e6 / (time.perf_counter() - t0)
         raw = raw_stream_mb_s(ln, nodes[0], blob)
         print(f"\none peer to one peer, {len(blob) / 1e6:.0f} MB, raw hivemind stream {raw:.0f} MB/s:")

@@ -47,19 +47,22 @@ def main() -> None:
     from vllm import SamplingParams as VSamplingParams
     from vllm.inputs import TokensPrompt
 
+    from node.config import SamplingConfig
     from node.engines.hf import HFEngine
     from node.engines.vllm import VLLMConfig, VLLMEngine
     from node.models import load_model, load_tokenizer, tokenizer_hash
-    from node.sampler import Sampler, SamplerConfig
+    from node.sampler import Sampler
     from node.tasks import ArithmeticConfig, make_task
 
     tok = load_tokenizer(args.model)
     task = make_task(ArithmeticConfig())
-    scfg = SamplerConfig(group_size=args.group, max_new_tokens=args.max_new_tokens, prompts_per_batch=args.prompts)
+    sampling = SamplingConfig(group_size=args.group, max_new_tokens=args.max_new_tokens)
     vllm_engine = VLLMEngine(args.model, tok, VLLMConfig(dtype=args.dtype, max_model_len=256))
     hf_engine = HFEngine(load_model(args.model), tok, args.model)
-    node_vllm = Sampler("bench-vllm", scfg, task, vllm_engine, tokenizer_hash(tok))
-    node_hf = Sampler("bench-hf", scfg, task, hf_engine, tokenizer_hash(tok))
+    node_vllm = Sampler("bench-vllm", task, vllm_engine, tokenizer_hash(tok), sampling=sampling,
+                        prompts_per_batch=args.prompts)
+    node_hf = Sampler("bench-hf", task, hf_engine, tokenizer_hash(tok), sampling=sampling,
+                      prompts_per_batch=args.prompts)
 
     prompts = [p.prompt for p in node_vllm.stream.take(args.prompts)]
     ids = [TokensPrompt(prompt_token_ids=tok(p, add_special_tokens=False)["input_ids"]) for p in prompts]

@@ -60,7 +60,7 @@ def run(model, versions: list[dict], input_ids, name: str) -> None:
 def tiny() -> None:
     from node.learner import LearnerConfig
     from node.models import BUILTIN_MODEL, load_model, load_tokenizer
-    from node.simulator import Simulator, SimulatorConfig
+    from cli.simulate import Simulator, SimulatorConfig
 
     sim = Simulator(SimulatorConfig(learner=LearnerConfig(eval_every=0), steps=10))
     snapshots = [{k: v.clone() for k, v in untie(sim.learner.model.state_dict())[0].items()}]

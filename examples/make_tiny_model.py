@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from node.engines.hf import HFEngine  # noqa: E402
-from node.evaluate import evaluate  # noqa: E402
+from node.evaluate import eval_problems, evaluate  # noqa: E402
 from node.logprobs import completion_logprobs, pack  # noqa: E402
 from node.models import ASSETS, build_char_tokenizer  # noqa: E402
 from node.tasks import ArithmeticConfig, ArithmeticTask  # noqa: E402
@@ -67,8 +67,8 @@ def main() -> None:
     tok = build_char_tokenizer()
     model = make_model(len(tok), args, tok)
     task = ArithmeticTask(ArithmeticConfig())
-    train, held = list(task.split("train")), list(task.split("eval"))
-    eval_set = random.Random(1234).sample(held, args.eval_size)
+    train = list(task.split("train"))
+    eval_set = eval_problems(task, args.eval_size)  # the held-out problems every command evaluates on
     engine = HFEngine(model, tok, f"builtin:{args.name}")
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     out = ASSETS / args.name

@@ -1,6 +1,6 @@
 """Token log-probs of completions, computed one way for samplers and learners alike.
 
-DESIGN section 4: token log-probs come from logits divided by the sampling temperature. The HF
+docs/DESIGN.md, "The algorithms": token log-probs come from logits divided by the sampling temperature. The HF
 engine and the learner both call `completion_logprobs` (or `logprobs_from_logits` for
 logits they already have), so behaviour and learner log-probs on the same weights agree to
 floating-point noise (tests/test_engine.py measures it).

@@ -3,7 +3,7 @@
     groups --build_batch--> TrainBatch (packed sequences, behaviour log-probs, advantages)
            --train_step---> loss.backward(), clip, optimizer.step(), metrics
 
-Advantages are computed per prompt group before anything else (DESIGN section 4); groups with
+Advantages are computed per prompt group before anything else (docs/DESIGN.md, "The algorithms"); groups with
 zero reward variance carry no signal and are skipped and counted, not trained on.
 """
 

@@ -1,4 +1,4 @@
-"""Injected delay, as in the GEPO paper's simulation of a WAN (DESIGN section 5).
+"""Injected delay, as in the GEPO paper's simulation of a WAN (docs/DESIGN.md, "Delay").
 
 A delay model draws D in seconds from a seeded RNG: none, fixed, log-normal given a lower and
 upper bound at a confidence level, or Weibull, optionally capped. The paper's 1.7B setting is

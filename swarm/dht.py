@@ -1,4 +1,4 @@
-"""DHT discovery: signed, schema-validated, expiring PeerInfo records (DESIGN sections 3 and 6).
+"""DHT discovery: signed, schema-validated, expiring PeerInfo records (docs/DESIGN.md, "Dependencies" and "Wire records").
 
 Each peer stores its PeerInfo under the key `hetero_<swarm>_peers` with a subkey holding its own
 public key (`[owner:...]`), so hivemind's RSASignatureValidator makes the record writable only by

@@ -1,4 +1,4 @@
-"""Wire records (DESIGN section 6), msgpack-encoded, validated before anything else sees them.
+"""Wire records (docs/DESIGN.md, "Wire records"), msgpack-encoded, validated before anything else sees them.
 
 A record is a msgpack map. Mandatory fields must be present with the right types; unknown extra
 fields are tolerated (newer peers may add some), so old and new peers interoperate. Numeric

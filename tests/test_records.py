@@ -75,7 +75,7 @@ def test_missing_field_sizes_nan_and_oversize():
 
 
 def test_swarm_layer_knows_bytes_not_torch():
-    """DESIGN section 2: swarm/ knows bytes and records, never torch models or node/ code."""
+    """docs/DESIGN.md, "Layout": swarm/ knows bytes and records, never torch models or node/ code."""
     import ast
     from pathlib import Path
 

@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from cli.simulate import SimSamplerSpec, Simulator, SimulatorConfig  # noqa: E402
 from node.learner import LearnerConfig  # noqa: E402
 from node.models import BUILTIN_MODEL, BUILTIN_MODEL_B  # noqa: E402
-from node.simulator import SimSamplerSpec, Simulator, SimulatorConfig  # noqa: E402
 from swarm.delay import DelayConfig  # noqa: E402
 
 DELAYS = {"online": None, "max delay 8": 8, "max delay 64": 64}
@@ -36,7 +36,7 @@ FOREIGN = ("ftis", "pg", "drop")
 def run_cell(out: Path, name: str, cfg: SimulatorConfig) -> list[dict]:
     path = out / f"{name}.jsonl"
     path.unlink(missing_ok=True)
-    cfg.learner.metrics_path = str(path)
+    cfg.metrics_path = str(path)
     t = time.time()
     history = Simulator(cfg).run()
     evals = [r["eval_acc"] for r in history if r["kind"] == "eval"]

@@ -1,4 +1,4 @@
-"""Group-relative advantages (DESIGN section 4).
+"""Group-relative advantages (docs/DESIGN.md, "The algorithms").
 
 A_i = r_i - mean_group(r), divided by std_group(r) + eps when `normalize_std` (GRPO, GSPO,
 F-TIS by default; GEPO and Dr. GRPO not). std is the unbiased sample std, as in TRL. Groups whose

@@ -30,9 +30,14 @@ def _peer_id(workdir: Path, timeout: float = 60) -> str:
 
 
 def _start_swarm(base: Path, steps: int, n_samplers: int, nodes: list[NodeProcess]) -> tuple[dict[str, str], str]:
+    from swarm.identity import Identity
+
     logs = base / "logs"
+    # the coordinator names the learner its samplers may follow: make the learner's key first
+    learner_id = Identity.load_or_create(base / "learner" / "identity.key").peer_id
     boot = start_node("bootstrap", ["bootstrap", "--port", "0", "--host", "127.0.0.1", "--no-nat",
-                                    "--identity", str(base / "bootstrap.key"), "--addr-file", str(base / "bootstrap.addr")], logs)
+                                    "--identity", str(base / "bootstrap.key"), "--addr-file", str(base / "bootstrap.addr"),
+                                    "--trusted-learner", learner_id], logs)
     nodes.append(boot)
     addr = wait_for_file(base / "bootstrap.addr", 90, boot).decode().split()[0]
     (base / "learner.toml").write_text(LEARNER_TOML)

@@ -229,9 +229,16 @@ def bootstrap(
     initial_peers: Annotated[list[str], typer.Option("--initial-peers", help="Other bootstrap peers to link with (repeat).")] = [],
     nat: NatOpt = None,
     addr_file: Annotated[Optional[Path], typer.Option(help="Also write the multiaddrs to this file (for scripts).")] = None,
+    trusted_learner: Annotated[list[str], typer.Option("--trusted-learner", help="Peer id of a learner this swarm's "
+                                                       "samplers may follow (repeat); signed into the swarm record.")] = [],
+    model: Annotated[str, typer.Option(help="The model id the swarm trains, in the swarm record (informational).")] = "",
     verbose: VerboseOpt = False,
 ) -> None:
-    """Run a coordinator's stable DHT entry point and print the multiaddr others pass as --initial-peers."""
+    """Run a coordinator's stable DHT entry point and print the multiaddr others pass as --initial-peers.
+
+    The coordinator signs the swarm record: the learners (--trusted-learner) samplers may follow.
+    Samplers trust the record of the bootstrap peers they were given, and no other.
+    """
     _setup_logging(verbose)
     from swarm.dht import NetworkConfig
 
@@ -249,7 +256,7 @@ def bootstrap(
             addr_file.write_text("\n".join(maddrs) + "\n")
         _reachability_check(port, public_ip)
 
-    run_bootstrap(str(identity), net, swarm, stop, ready)
+    run_bootstrap(str(identity), net, swarm, stop, ready, list(trusted_learner), model)
 
 
 @app.command()

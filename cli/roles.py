@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import msgpack
+
 from node.config import SamplingConfig, TaskConfig
 from node.engines import ENGINES
 from node.engines.vllm import VLLMConfig
@@ -141,14 +143,21 @@ def _start_node(cfg: JoinConfig) -> SwarmNode:
 
 
 def run_bootstrap(identity_path: str, net: NetworkConfig, swarm: str, stop: threading.Event,
-                  on_ready: Callable[[list[str]], None] | None = None) -> None:
+                  on_ready: Callable[[list[str]], None] | None = None, learners: list[str] = (),
+                  model_id: str = "") -> None:
+    """A coordinator's entry point; it signs the swarm record naming the `learners` samplers follow."""
     node = SwarmNode(Identity.load_or_create(identity_path), net, swarm)
+    if not learners:
+        log.warning("no --trusted-learner given: samplers of swarm %r will follow only a learner they pin "
+                    "with --follow", swarm)
     try:
         if on_ready:
             on_ready(node.maddrs())
         while not stop.is_set():
             node.announce({"role": "bootstrap", "model_id": "", "version": 0, "engine": "", "throughput": 0.0,
                            "maddrs": node.maddrs()}, ttl=60)
+            if learners and not node.publish_swarm_record(list(learners), model_id, ttl=60):
+                log.warning("the DHT did not store the swarm record; retrying in 20 s")
             stop.wait(20)
     finally:
         node.shutdown()
@@ -180,10 +189,20 @@ def _make_learner(cfg: JoinConfig, node: SwarmNode):
     if ckpt is not None:
         learner.load_checkpoint(ckpt)
         log.info("resumed from %s at version %d", ckpt, learner.version)
-    link = SwarmLearnerLink(node, Journal(work / "journal.bin"), cursor=learner.restored_extra.get("journal_cursor", 0),
-                            rejected=learner.drops, untrained=lambda: len(learner.buffer))
+    journal, quarantine = Journal(work / "journal.bin"), Journal(work / "quarantine.bin")
+    link = SwarmLearnerLink(node, journal, cursor=learner.restored_extra.get("journal_cursor", 0),
+                            rejected=learner.drops, untrained=learner.untrained_by, check=learner.precheck,
+                            quota=cfg.learner.quota_per_sampler)
     learner.link = link
-    learner.checkpoint_extra = lambda: {"journal_cursor": link.cursor}
+    learner.quarantine = lambda raw, why: quarantine.append([msgpack.packb([why, raw])])
+    saved = {"cursor": link.cursor}
+
+    def checkpoint_extra() -> dict:
+        saved["cursor"] = link.cursor  # what this checkpoint has consumed: compactable once it is on disk
+        return {"journal_cursor": saved["cursor"]}
+
+    learner.checkpoint_extra = checkpoint_extra
+    learner.compact_journal = lambda: journal.compact(saved["cursor"])
     return learner, link, ckpt is not None
 
 
@@ -208,6 +227,7 @@ def _learner_loop(cfg: JoinConfig, node: SwarmNode, stop: threading.Event) -> No
                 last_data = time.monotonic()
             while not _done(cfg, learner) and learner.step() is not None:
                 pass
+            learner.compact_journal()  # the journal keeps only what no checkpoint holds yet
             if status():
                 log.info(report.line(time.monotonic() - last_data))
             if _done(cfg, learner):

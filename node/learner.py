@@ -49,6 +49,10 @@ from .weights import encode_version, untie
 log = logging.getLogger(__name__)
 
 DROP = "drop"
+MAX_CHARS_PER_TOKEN = 64
+"""Bound on a completion's text per token (the longest tokens of real vocabularies are far shorter)."""
+MAX_CHAINS = 16
+"""Earlier runs' chains remembered (their rollouts may still arrive from samplers' outboxes)."""
 
 
 @dataclass
@@ -74,6 +78,9 @@ class LearnerConfig:
     eval_every: int = 50
     """Greedy eval on held-out problems every N versions (0: only at the start and the end)."""
     eval_size: int = 300
+    quota_per_sampler: int = 64
+    """Groups one sampler may have received and not yet trained on; past it, its sends are answered
+    "busy" (kept in its outbox for later), so one peer's flood slows only that peer."""
     max_buffer_groups: int = 4096
     """Bound on accepted-but-untrained groups; beyond it new records are refused (counted), so
     memory stays bounded without dropping anything already accepted."""
@@ -90,6 +97,8 @@ class LearnerConfig:
                 get_algorithm(name).make_config(opts)
         if self.max_staleness < 0 or self.groups_per_step < 1 or self.eval_every < 0 or self.eval_size < 1:
             raise ValueError("learner: need max_staleness >= 0, groups_per_step >= 1, eval_every >= 0, eval_size >= 1")
+        if self.quota_per_sampler < 1:
+            raise ValueError("learner: quota_per_sampler must be >= 1")
         if self.lr <= 0 or self.max_grad_norm <= 0 or self.keep_checkpoints < 1 or self.checkpoint_every < 0:
             raise ValueError("learner: need lr > 0, max_grad_norm > 0, keep_checkpoints >= 1, checkpoint_every >= 0")
 
@@ -130,6 +139,8 @@ class Learner:
         """Id of this run's version chain: deltas apply only to weights of the same chain."""
         self.routes = {"stale": cfg.stale_loss, "foreign": cfg.foreign_loss, "foreign_seq": cfg.foreign_loss}
         self.buffer: collections.deque[BufferedGroup] = collections.deque()
+        self._buffered: collections.Counter[str] = collections.Counter()
+        """Groups in the buffer per sampler."""
         self.seen: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.drops: collections.Counter[str] = collections.Counter()
         self.accepted_by_sampler: collections.Counter[str] = collections.Counter()
@@ -138,6 +149,11 @@ class Learner:
         self.reward_claim_mismatch = 0
         self.version_clamped = 0
         """Rollouts from a previous run's versions beyond our resumed version (see _accept)."""
+        self.known_chains: dict[str, int] = {}
+        """Chains of this learner's earlier runs (from its checkpoints) -> the last version each
+        reached: their rollouts are sound; rollouts of any other chain are refused."""
+        self.quarantine: Callable[[bytes, str], None] = lambda raw, why: None
+        """Where a record that broke ingest or a step goes, with the reason (never replayed)."""
         self.eval_set = eval_problems(task, cfg.eval_size)
         self.history: list[dict] = []
         self.on_record: Callable[[dict], None] | None = None
@@ -149,14 +165,19 @@ class Learner:
     # ---- ingest ----------------------------------------------------------------------------------
     def ingest(self, data: bytes) -> str | None:
         """Validate and accept one record; returns None if accepted, else the drop reason."""
+        group = None
         try:
             group = decode_rollout_group(data)
             reason = self._check(group)
+            if reason is None:
+                reason = self._accept(group, data)
         except RecordError as e:
-            group, reason = None, e.reason
+            reason = e.reason
             log.warning("rejected a rollout record: %s", e)
-        if reason is None:
-            reason = self._accept(group, data)
+        except Exception as e:  # a record must never crash the learner, now or when the journal replays
+            reason = "quarantined"
+            log.exception("a rollout record broke ingest; quarantined")
+            self.quarantine(data, f"ingest: {type(e).__name__}: {e}")
         if reason is not None:
             self.drops[reason] += 1
             if group is not None:
@@ -165,6 +186,19 @@ class Learner:
 
     def ingest_many(self, records: list[bytes]) -> int:
         return sum(self.ingest(r) is None for r in records)
+
+    def precheck(self, group: RolloutGroup) -> str | None:
+        """The checks of `ingest` without accepting: the swarm runs them before it acknowledges a
+        record, so a refused record never reaches the journal. Never raises."""
+        try:
+            return self._check(group)
+        except Exception:
+            log.exception("checking a rollout record failed")
+            return "internal_error"
+
+    def untrained_by(self, sampler: str) -> int:
+        """Groups of `sampler` accepted and not yet trained on (its share of the buffer)."""
+        return self._buffered[sampler]
 
     def _check(self, g: RolloutGroup) -> str | None:
         """Semantic checks after the structural ones of swarm.records; a reason code or None."""
@@ -180,12 +214,15 @@ class Learner:
         own = g.model_id == self.model_id
         if not own and "*" not in self.cfg.accept_models and g.model_id not in self.cfg.accept_models:
             return "unknown_model"
-        if own and g.version > self.version and g.chain in ("", self.chain):
-            return "future_version"  # this chain never had it: forged or from another learner
+        if own and (reason := self._check_version(g)) is not None:
+            return reason
+        if len(g.completions) != self.sampling.group_size:
+            return "wrong_group_size"
+        too_long = self.sampling.max_new_tokens
+        if any(len(c.token_ids) > too_long or len(c.text) > MAX_CHARS_PER_TOKEN * too_long for c in g.completions):
+            return "too_long"
         if not math.isclose(float(g.sampling.get("temperature", -1)), self.sampling.temperature):
             return "wrong_temperature"
-        if len(g.completions) < 2:
-            return "group_too_small"
         if any(lp > 1e-4 for c in g.completions for lp in c.logprobs):
             return "positive_logprob"
         if any(not c.token_ids for c in g.completions):
@@ -200,6 +237,16 @@ class Learner:
         if own and self.version - g.version > self.cfg.max_staleness:
             return "stale"
         return None
+
+    def _check_version(self, g: RolloutGroup) -> str | None:
+        """A version of this run's chain we have published, of an earlier run's chain up to where
+        it got, or version 0 of no chain (a sampler that has not loaded weights yet)."""
+        if g.chain == "":
+            return None if g.version == 0 else "future_version"
+        last = self.version if g.chain == self.chain else self.known_chains.get(g.chain)
+        if last is None:
+            return "unknown_chain"  # not a chain this learner ever ran: forged or another learner's
+        return "future_version" if g.version > last else None
 
     def _accept(self, g: RolloutGroup, raw: bytes, count: bool = True) -> str | None:
         own = g.model_id == self.model_id
@@ -227,6 +274,7 @@ class Learner:
                 self.version_clamped += 1
         scored = ScoredGroup(g.prompt_id, prompt_ids, comps, rewards, g.model_id, version, seq_means)
         self.buffer.append(BufferedGroup(scored, route, g.sampler, raw))
+        self._buffered[g.sampler] += 1
         self._remember(g.id)
         if count:
             self.reward_claim_mismatch += sum(c.reward != r for c, r in zip(g.completions, rewards))
@@ -243,6 +291,7 @@ class Learner:
         for b in self.buffer:
             if b.route == "stale" and self.version - b.group.version > self.cfg.max_staleness:
                 self.drops["stale"] += 1
+                self._buffered[b.sampler] -= 1
             else:
                 keep.append(b)
         self.buffer = keep
@@ -255,12 +304,17 @@ class Learner:
         """One optimizer step on the oldest `groups_per_step` groups; None if not enough data."""
         if not self.ready():
             return None
-        taken = [self.buffer.popleft() for _ in range(self.cfg.groups_per_step)]
+        taken = self._take(self.cfg.groups_per_step)
         parts, skipped = self._parts(taken)
         rec: dict[str, Any] = {"kind": "step", "version": self.version + 1, **self._batch_stats(taken)}
         rec["groups_skipped_zero_var"] = skipped
-        if parts:
-            rec.update(train_step(self.model, self.optimizer, parts, self.sampling.temperature, self.cfg.max_grad_norm))
+        try:
+            if parts:
+                rec.update(train_step(self.model, self.optimizer, parts, self.sampling.temperature, self.cfg.max_grad_norm))
+        except Exception as e:  # e.g. out of memory: these groups go to quarantine, training goes on
+            log.exception("a step on %d groups failed; they are quarantined, not retried", len(taken))
+            self._quarantine_step(taken, f"step: {type(e).__name__}: {e}")
+            return None
         for b in taken:
             self.accepted_by_sampler[b.sampler] += 1
             self.tally.credit(b.sampler, len(b.group.completions), sum(len(c.token_ids) for c in b.group.completions),
@@ -274,6 +328,30 @@ class Learner:
         if self.checkpoint_dir and self.cfg.checkpoint_every and self.version % self.cfg.checkpoint_every == 0:
             self.save_checkpoint(self.checkpoint_dir)
         return rec
+
+    def _quarantine_step(self, taken: list[BufferedGroup], why: str) -> None:
+        self.model.eval()
+        self.optimizer.zero_grad(set_to_none=True)
+        for b in taken:
+            self.quarantine(b.raw, why)
+        self.drops["quarantined"] += len(taken)
+
+    def _take(self, n: int) -> list[BufferedGroup]:
+        """`n` groups, round-robin over samplers, oldest first within each: no sampler takes more
+        than its share of a step while others have groups waiting, however much it sent."""
+        queues: dict[str, collections.deque[BufferedGroup]] = {}
+        for b in self.buffer:
+            queues.setdefault(b.sampler, collections.deque()).append(b)
+        taken: list[BufferedGroup] = []
+        while len(taken) < n:
+            for q in queues.values():
+                if q and len(taken) < n:
+                    taken.append(q.popleft())
+        chosen = {id(b) for b in taken}
+        self.buffer = collections.deque(b for b in self.buffer if id(b) not in chosen)
+        for b in taken:
+            self._buffered[b.sampler] -= 1
+        return taken
 
     def _parts(self, taken: list[BufferedGroup]) -> tuple[list[TrainPart], int]:
         parts, skipped = [], 0
@@ -349,6 +427,7 @@ class Learner:
                 "seen": list(self.seen),
                 "extra": self.checkpoint_extra(),
                 "rng": _rng_state(),
+                "chains": dict(list({**self.known_chains, self.chain: self.version}.items())[-MAX_CHAINS:]),
             },
         }
 
@@ -365,7 +444,9 @@ class Learner:
         self.seen = collections.OrderedDict.fromkeys(meta["seen"])
         self.restored_extra = meta.get("extra", {})
         _set_rng_state(meta["rng"])
+        self.known_chains = dict(meta.get("chains", {}))
         self.buffer.clear()
+        self._buffered.clear()
         for raw in state["buffer"]:
             # validated and accepted before the save: re-accept without counting twice
             self._accept(decode_rollout_group(raw), raw, count=False)

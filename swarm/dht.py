@@ -23,7 +23,8 @@ from hivemind.dht.schema import SchemaValidator, conbytes
 from hivemind.utils import get_dht_time
 
 from .identity import Identity
-from .tally import TallyModel, TallyValidator, tallies_key
+from .ownership import OwnerValidator
+from .tally import TallyModel, tallies_key
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +58,25 @@ class HolderModel(pydantic.BaseModel):
     versions: List[pydantic.StrictInt]
 
 
+class SwarmRecordModel(pydantic.BaseModel):
+    """What a swarm is, signed by its coordinator (a bootstrap peer's key): the learners samplers
+    may follow. A sampler trusts the coordinators named by its --initial-peers (their /p2p/ ids)."""
+
+    coordinator: pydantic.StrictStr
+    learners: List[pydantic.StrictStr]
+    model_id: pydantic.StrictStr = ""
+    """The model the swarm trains ("" = not fixed)."""
+    updated: pydantic.StrictFloat = 0.0
+
+
+_OWN = conbytes(regex=rb"^\[owner:.+\]$")
+
+
 class SwarmSchema(pydantic.BaseModel):
-    peers: Dict[conbytes(regex=rb".*\[owner:.+\]"), PeerInfoModel]
-    holders: Dict[conbytes(regex=rb".*\[owner:.+\]"), HolderModel]
-    tallies: Dict[conbytes(regex=rb".*\[owner:.+\]"), TallyModel]
+    peers: Dict[_OWN, PeerInfoModel]
+    holders: Dict[_OWN, HolderModel]
+    tallies: Dict[_OWN, TallyModel]
+    swarm: Dict[_OWN, SwarmRecordModel]
 
 
 class SwarmConnectError(ConnectionError):
@@ -122,7 +138,7 @@ def peers_key(swarm: str) -> str:
 def create_dht(identity: Identity, net: NetworkConfig, swarm: str) -> DHT:
     """Start the DHT (a forked process with its p2pd). Create it before CUDA is initialised."""
     validators = [RSASignatureValidator(identity.dht_private_key()), SchemaValidator(SwarmSchema, prefix=f"hetero_{swarm}"),
-                  TallyValidator(swarm)]
+                  OwnerValidator(swarm)]
     announce = [f"/ip4/{net.public_ip}/tcp/{net.port}"] if net.public_ip else None
     try:
         return _dht(identity, net, validators, announce)
@@ -199,3 +215,26 @@ def publish_tally(dht: DHT, identity: Identity, swarm: str, value: dict[str, Any
 def list_tallies(dht: DHT, swarm: str) -> list[dict[str, Any]]:
     """Every live tally the validators accepted (at most one per learner)."""
     return [v for v, _ in _live_values(dht, tallies_key(swarm))]
+
+
+def swarm_key(swarm: str) -> str:
+    return f"hetero_{swarm}_swarm"
+
+
+def publish_swarm_record(dht: DHT, identity: Identity, swarm: str, learners: list[str], model_id: str = "",
+                         ttl: float = 60.0) -> bool:
+    """As this swarm's coordinator, name the learners its samplers may follow (signed, expiring)."""
+    value = {"coordinator": identity.peer_id, "learners": sorted(set(learners)), "model_id": model_id,
+             "updated": float(get_dht_time())}
+    return bool(dht.store(swarm_key(swarm), value, expiration_time=get_dht_time() + ttl, subkey=_owner_subkey(identity)))
+
+
+def trusted_learners(dht: DHT, swarm: str, coordinators: set[str]) -> set[str]:
+    """Learners named by the swarm records of `coordinators` (every other record is ignored)."""
+    return {learner for v, _ in _live_values(dht, swarm_key(swarm)) if v.get("coordinator") in coordinators
+            for learner in v.get("learners", [])}
+
+
+def peer_id_of_maddr(addr: str) -> str:
+    """The /p2p/<peer id> of a bootstrap multiaddr (checked by `check_multiaddr`)."""
+    return addr.rstrip("/").rsplit("/p2p/", 1)[1].split("/")[0]

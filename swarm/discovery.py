@@ -1,4 +1,9 @@
-"""Which learner a sampler follows, and which samplers are its mates, from the DHT's PeerInfo records."""
+"""Which learner a sampler follows, and which samplers are its mates, from the DHT's records.
+
+A peer that merely announces `role = learner` is never followed: a sampler follows a learner its
+swarm's coordinator names in the swarm record it signed (the coordinators are the bootstrap peers
+the sampler was pointed at: the /p2p/ ids of --initial-peers), or one the user pins (--follow).
+"""
 
 from __future__ import annotations
 
@@ -12,14 +17,16 @@ log = logging.getLogger(__name__)
 
 
 class LearnerTracker:
-    """The configured learner, else the first one in the DHT; re-checked every `every` seconds, so
-    that a vanished learner (its record expired) is noticed and a new one found."""
+    """The pinned learner, else the first live learner the coordinators trust; re-checked every
+    `every` seconds, so that a vanished learner (its record expired) is noticed and another found."""
 
     def __init__(self, node: SwarmNode, follow: str | None, model_id: str = "", every: float = 10.0) -> None:
         self.node, self.follow, self.model_id, self.every = node, follow, model_id, every
         self.current: str | None = None
         self.mates: list[str] = []
         """Samplers following the same learner with the same model: they share version downloads."""
+        self.ignored: set[str] = set()
+        """Peers announcing role=learner that nobody we trust named (logged once each)."""
         self._checked = 0.0
 
     def refresh(self, force: bool = False) -> str | None:
@@ -27,8 +34,13 @@ class LearnerTracker:
             return self.current
         self._checked = time.monotonic()
         peers = self.node.peers()
-        learners = [p["peer_id"] for p in peers if p.get("role") == "learner"]
-        pick = self.follow if self.follow in learners else (None if self.follow else (learners[0] if learners else None))
+        live = {p["peer_id"] for p in peers if p.get("role") == "learner"}
+        trusted = {self.follow} if self.follow else self.node.trusted_learners(self.node.coordinators)
+        for impostor in sorted(live - trusted - self.ignored):
+            self.ignored.add(impostor)
+            log.warning("ignoring learner %s: no coordinator we trust names it (bootstrap --trusted-learner), "
+                        "and --follow does not pin it", short_id(impostor))
+        pick = min(live & trusted, default=None)
         self.mates = sorted(p["peer_id"] for p in peers if p.get("role") == "sampler" and p.get("learner") == pick
                             and p.get("model_id") == self.model_id)
         if pick != self.current and pick:

@@ -1,8 +1,11 @@
 """A learner's receive journal: every record is appended (and fsynced) before it is acknowledged.
 
-Records are length-prefixed in one append-only file. A reader keeps a cursor (records consumed);
-a learner stores that cursor in its checkpoint and, after a restart, replays the journal from it,
-so a record acknowledged to a sampler is never lost even if the learner is killed right after.
+Records are length-prefixed in one append-only file whose header holds the global index of its
+first record. A reader keeps a cursor (a global index: records consumed); a learner stores that
+cursor in its checkpoint and, after a restart, replays the journal from it, so a record
+acknowledged to a sampler is never lost even if the learner is killed right after. `compact(upto)`
+drops the records before `upto` (already in a checkpoint), atomically, so the file stays as large
+as the unread tail, not as the whole history.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import threading
 from pathlib import Path
 
 _LEN = struct.Struct("<I")
+_HEADER = struct.Struct("<8sQ")
+_MAGIC = b"HNJRNL01"
 
 
 class Journal:
@@ -20,14 +25,28 @@ class Journal:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._offsets = self._scan()  # byte offset of each complete record
+        if not self.path.exists() or self.path.stat().st_size < _HEADER.size:
+            self._write_file(self.path, 0, [])
+        self.first, self._offsets = self._scan()  # global index of the file's first record; byte offsets
         self._file = open(self.path, "ab")
 
-    def _scan(self) -> list[int]:
-        offsets, pos = [], 0
-        if not self.path.exists():
-            return offsets
+    @staticmethod
+    def _write_file(path: Path, first: int, records: list[bytes]) -> None:
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(_HEADER.pack(_MAGIC, first))
+            for r in records:
+                f.write(_LEN.pack(len(r)) + r)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def _scan(self) -> tuple[int, list[int]]:
         data = self.path.read_bytes()
+        magic, first = _HEADER.unpack_from(data, 0)
+        if magic != _MAGIC:
+            raise ValueError(f"{self.path} is not a hetero-node journal (move it away to start a new one)")
+        offsets, pos = [], _HEADER.size
         while pos + 4 <= len(data):
             (n,) = _LEN.unpack_from(data, pos)
             if pos + 4 + n > len(data):
@@ -37,10 +56,10 @@ class Journal:
         if pos != len(data):
             with open(self.path, "r+b") as f:
                 f.truncate(pos)
-        return offsets
+        return first, offsets
 
     def append(self, records: list[bytes]) -> int:
-        """Durably append; returns the number of records in the journal afterwards."""
+        """Durably append; returns the global index one past the last record."""
         with self._lock:
             pos = self._file.tell()
             for r in records:
@@ -49,16 +68,20 @@ class Journal:
                 pos += 4 + len(r)
             self._file.flush()
             os.fsync(self._file.fileno())
-            return len(self._offsets)
+            return self.first + len(self._offsets)
 
     def __len__(self) -> int:
+        """The global index one past the last record (records ever appended, compacted ones too)."""
         with self._lock:
-            return len(self._offsets)
+            return self.first + len(self._offsets)
 
     def read(self, start: int, max_records: int) -> list[bytes]:
-        """Records start .. start + max_records - 1 (fewer if the journal is shorter)."""
+        """Records start .. start + max_records - 1 (global indices; fewer if the journal is shorter).
+        Records before `first` were compacted away: asking for them is a bug (ValueError)."""
         with self._lock:
-            offsets = self._offsets[start : start + max_records]
+            if start < self.first:
+                raise ValueError(f"journal records before {self.first} were compacted (asked from {start})")
+            offsets = self._offsets[start - self.first : start - self.first + max_records]
         if not offsets:
             return []
         out = []
@@ -68,6 +91,29 @@ class Journal:
                 (n,) = _LEN.unpack(f.read(4))
                 out.append(f.read(n))
         return out
+
+    def compact(self, upto: int) -> int:
+        """Drop the records before global index `upto`; returns how many were dropped."""
+        with self._lock:
+            drop = min(max(upto - self.first, 0), len(self._offsets))
+            if drop == 0:
+                return 0
+            keep_from = self._offsets[drop] if drop < len(self._offsets) else None
+            self._file.close()
+            with open(self.path, "rb") as f:
+                data = f.read()
+            tail = data[keep_from:] if keep_from is not None else b""
+            tmp = self.path.with_suffix(self.path.suffix + ".tmp")
+            with open(tmp, "wb") as f:
+                f.write(_HEADER.pack(_MAGIC, self.first + drop) + tail)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+            shift = (keep_from or 0) - _HEADER.size
+            self.first += drop
+            self._offsets = [o - shift for o in self._offsets[drop:]]
+            self._file = open(self.path, "ab")
+            return drop
 
     def close(self) -> None:
         with self._lock:

@@ -20,7 +20,7 @@ from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
 from hivemind.utils.multiaddr import Multiaddr
 
 from .dht import (NetworkConfig, announce, announce_holdings, create_dht, list_holders, list_peers, list_tallies,
-                  publish_tally)
+                  peer_id_of_maddr, publish_swarm_record, publish_tally, trusted_learners)
 from .identity import Identity, short_id
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,8 @@ class SwarmNode:
     def __init__(self, identity: Identity, net: NetworkConfig, swarm: str) -> None:
         self.identity = identity
         self.swarm = swarm
+        self.coordinators = {peer_id_of_maddr(m) for m in net.initial_peers}
+        """Peers whose swarm record this node trusts: the bootstrap peers it was pointed at."""
         self.dht = create_dht(identity, net, swarm)  # forks: do this before CUDA is initialised
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="swarm-loop", daemon=True)
@@ -71,6 +73,12 @@ class SwarmNode:
 
     def tallies(self) -> list[dict]:
         return list_tallies(self.dht, self.swarm)
+
+    def publish_swarm_record(self, learners: list[str], model_id: str = "", ttl: float = 60.0) -> bool:
+        return publish_swarm_record(self.dht, self.identity, self.swarm, learners, model_id, ttl)
+
+    def trusted_learners(self, coordinators: set[str]) -> set[str]:
+        return trusted_learners(self.dht, self.swarm, coordinators)
 
     def add_handler(self, name: str, handler: Handler) -> None:
         async def _wrapped(request: BytesValue, context: P2PContext) -> BytesValue:

@@ -24,6 +24,11 @@ MAX_RECORD_BYTES = 4 * 1024 * 1024
 MAX_COMPLETIONS = 256
 MAX_TOKENS = 32_768
 MAX_TEXT = 256 * 1024
+MAX_ID = 64
+"""Record ids, peer ids, model ids, chain ids...: a learner keeps many of them (dedupe, counters),
+so each is bounded in bytes."""
+MAX_NAME = 256
+"""Other short strings (swarm, task, prompt id, model id, tokenizer hash)."""
 
 
 class RecordError(ValueError):
@@ -117,6 +122,17 @@ def _decode_completion(d: Any, i: int) -> CompletionRecord:
                             d["finish_reason"], float(d["reward"]))
 
 
+def _check_lengths(d: dict) -> None:
+    for name in ("id", "sampler"):
+        if not 0 < len(d[name]) <= MAX_ID:
+            raise RecordError("oversize", f"record {name} of {len(d[name])} characters (1..{MAX_ID})")
+    for name in ("swarm", "task", "prompt_id", "model_id", "tokenizer"):
+        if len(d[name]) > MAX_NAME:
+            raise RecordError("oversize", f"record {name} of {len(d[name])} characters (at most {MAX_NAME})")
+    if len(d["prompt"]) > MAX_TEXT or len(str(d.get("chain", ""))) > MAX_ID:
+        raise RecordError("oversize", "record prompt or chain too long")
+
+
 def decode_rollout_group(data: bytes) -> RolloutGroup:
     """Bytes -> a structurally valid RolloutGroup, or RecordError with a reason code."""
     if not isinstance(data, (bytes, bytearray)):
@@ -128,6 +144,7 @@ def decode_rollout_group(data: bytes) -> RolloutGroup:
     except Exception as e:  # msgpack raises several types for garbage
         raise RecordError("undecodable", f"{type(e).__name__}: {e}") from None
     _check_fields(d, _GROUP_FIELDS, "record")
+    _check_lengths(d)
     if d.get("protocol", PROTOCOL) != PROTOCOL:
         raise RecordError("protocol", f"protocol {d.get('protocol')!r}, this node speaks {PROTOCOL}")
     if not 1 <= len(d["completions"]) <= MAX_COMPLETIONS:

@@ -1,13 +1,24 @@
 """Rollouts over the swarm: signed records from a sampler's outbox to the learner's journal.
 
   hetero.rollouts.v1  [[record id, envelope], ...] -> {"ok": [ids], "rejected": {id: reason},
-                      "backlog": groups received but not yet trained on}
+                      "busy": [ids], "backlog": this sampler's groups received but not yet trained on}
 
-Learner side (`RolloutReceiver`): each envelope's signature is checked and must be the sampler's
-own; valid records are appended to the journal (fsynced) *before* the ack, so an acknowledged
-rollout survives a learner crash. Sampler side (`RolloutSender`): records wait in a persistent
-outbox and a background thread sends what is due, with exponential backoff while the learner is
-unreachable; a record leaves the outbox only once the learner settled it (ok or rejected).
+Learner side (`RolloutReceiver`): every check happens *before* the acknowledgement, so nothing
+refused ever reaches the journal: the envelope's signature, its signer = the calling peer (libp2p
+authenticates the caller) = the record's `sampler`, the record's structure and bounds, then the
+learner's own checks (`check`: swarm, task, prompt, version and chain, sizes of the swarm's
+sampling settings, duplicates). Valid records are appended to the journal (fsynced) before the ack,
+so an acknowledged rollout survives a learner crash.
+
+Fair share: each sampler may have at most `quota` groups received and not yet trained on (its
+unread journal records plus the learner's buffer). Beyond it the items are answered "busy": not
+refused, not journaled; the sampler keeps them and sends them later. A flooding peer fills only its
+own quota, is answered at once without any decoding, and sees its own backlog, so it pauses; the
+others' records keep flowing.
+
+Sampler side (`RolloutSender`): records wait in a persistent outbox and a background thread sends
+what is due, with exponential backoff while the learner is unreachable; a record leaves the outbox
+only once the learner settled it (ok or rejected).
 """
 
 from __future__ import annotations
@@ -27,7 +38,7 @@ from .identity import short_id
 from .journal import Journal
 from .outbox import Outbox
 from .p2p import MAX_MESSAGE, SwarmNode
-from .records import RecordError, decode_rollout_group
+from .records import MAX_ID, RecordError, RolloutGroup, decode_rollout_group
 
 log = logging.getLogger(__name__)
 
@@ -36,19 +47,35 @@ MAX_BATCH = 256
 
 
 class RolloutReceiver:
-    """The learner's side: checks, journals and acknowledges rollout batches."""
+    """The learner's side: checks, journals and acknowledges rollout batches, a quota per sampler."""
 
     def __init__(self, node: SwarmNode, journal: Journal, cursor: int = 0,
-                 rejected: collections.Counter | None = None, untrained: Callable[[], int] = lambda: 0) -> None:
+                 rejected: collections.Counter | None = None,
+                 untrained: Callable[[str], int] = lambda sampler: 0,
+                 check: Callable[[RolloutGroup], str | None] = lambda group: None, quota: int = 64) -> None:
         self.journal = journal
-        self.cursor = cursor
-        """Journal records already handed to the learner (stored in its checkpoints)."""
+        self.cursor = max(cursor, journal.first)
+        """Journal records already handed to the learner (a global index, saved in its checkpoints)."""
         self.rejected = rejected if rejected is not None else collections.Counter()
         """Rejections by reason; the runner passes the learner's counter, so both count together."""
-        self._untrained = untrained
+        self.busy: collections.Counter[str] = collections.Counter()
+        """Items answered "busy" (over quota), per sampler."""
+        self._untrained, self._check, self.quota = untrained, check, quota
+        self._lock = threading.Lock()
+        self._unread: collections.deque[str] = collections.deque(
+            decode_rollout_group(r).sampler for r in journal.read(self.cursor, len(journal)))
+        """Sampler of each journal record after the cursor, in order (for per-sampler backlogs)."""
         node.add_handler(ROLLOUTS, self._on_rollouts)
 
+    def backlog(self, sampler: str) -> int:
+        """`sampler`'s groups received but not yet trained on: its share of the journal's unread
+        records and of the learner's buffer. Reported in its acks so that it paces itself."""
+        with self._lock:
+            unread = sum(s == sampler for s in self._unread)
+        return unread + self._untrained(sampler)
+
     async def _on_rollouts(self, payload: bytes, remote: str) -> bytes:
+        room = self.quota - self.backlog(remote)
         try:
             items = msgpack.unpackb(payload, raw=False)
             if not isinstance(items, list) or len(items) > MAX_BATCH:
@@ -56,48 +83,58 @@ class RolloutReceiver:
         except Exception as e:
             self.rejected["undecodable"] += 1
             log.warning("rollout batch from %s is undecodable: %s", short_id(remote), e)
-            return self._reply([], {})
-        ok, rejected, records = [], {}, []
+            return self._reply(remote, [], {}, [])
+        ok, rejected, busy, records = [], {}, [], []
         for item in items:
-            rid = str(item[0])[:64] if isinstance(item, list) and item else "?"
+            rid = str(item[0])[:MAX_ID] if isinstance(item, list) and item else "?"
+            if len(records) >= room:  # over its quota: answered at once, nothing decoded or verified
+                busy.append(rid)
+                continue
             try:
-                records.append(self._open(item, rid))
+                records.append(self._open(item, rid, remote))
                 ok.append(rid)
             except RecordError as e:
                 self.rejected[e.reason] += 1
                 rejected[rid] = e.reason
                 log.warning("rejected rollout %s from %s: %s", rid[:8], short_id(remote), e)
+        if busy:
+            self.busy[remote] += len(busy)
+            log.debug("%s is over its quota of %d groups: %d items busy", short_id(remote), self.quota, len(busy))
         if records:
-            self.journal.append(records)  # durable before we acknowledge
-        return self._reply(ok, rejected)
+            with self._lock:
+                self.journal.append(records)  # durable before we acknowledge
+                self._unread.extend([remote] * len(records))
+        return self._reply(remote, ok, rejected, busy)
 
-    @staticmethod
-    def _open(item, rid: str) -> bytes:
-        """The record inside one [id, envelope] item, if it is signed by the sampler it names."""
+    def _open(self, item, rid: str, remote: str) -> bytes:
+        """The record inside one [id, envelope] item, if it passes every check (else RecordError)."""
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[1], bytes)):
             raise RecordError("schema", "item is not [id, envelope]")
         record, signer = open_envelope(item[1])
+        if signer != remote:
+            raise RecordError("forged_sender", f"signed by {short_id(signer)}, sent by {short_id(remote)}")
         group = decode_rollout_group(record)
         if group.sampler != signer:
             raise RecordError("forged_sender", f"signed by {short_id(signer)}, claims {short_id(group.sampler)}")
         if group.id != rid:
             raise RecordError("schema", "outbox id differs from the record id")
+        reason = self._check(group)
+        if reason is not None:
+            raise RecordError(reason, "refused by the learner's checks")
         return record
 
-    def _reply(self, ok: list[str], rejected: dict[str, str]) -> bytes:
-        return msgpack.packb({"ok": ok, "rejected": rejected, "backlog": self.backlog()})
-
-    def backlog(self) -> int:
-        """Rollouts received but not yet trained on (journal not yet read + the learner's buffer);
-        reported in every ack so that samplers can pace themselves."""
-        return len(self.journal) - self.cursor + self._untrained()
+    def _reply(self, remote: str, ok: list[str], rejected: dict[str, str], busy: list[str]) -> bytes:
+        return msgpack.packb({"ok": ok, "rejected": rejected, "busy": busy, "backlog": self.backlog(remote)})
 
     def receive(self, max_records: int, timeout: float = 0.0) -> list[bytes]:
         deadline = time.monotonic() + timeout
         while True:
             out = self.journal.read(self.cursor, max_records)
             if out or time.monotonic() >= deadline:
-                self.cursor += len(out)
+                with self._lock:
+                    self.cursor += len(out)
+                    for _ in out:
+                        self._unread.popleft()
                 return out
             time.sleep(0.05)
 
@@ -160,7 +197,8 @@ class RolloutSender:
         self.outbox.remove(settled)
         self.stats["delivered"] += len(reply.get("ok", []))
         self.stats["rejected"] += len(reply.get("rejected", {}))
-        return len(settled) if due else 0
+        self.stats["busy"] += len(reply.get("busy", []))
+        return len(settled) if due else 0  # 0 when all were busy: the loop pauses before trying again
 
     def close(self) -> None:
         self._stop.set()

@@ -16,14 +16,16 @@ from .exchange import WeightVersion
 from .journal import Journal
 from .outbox import Outbox
 from .p2p import SwarmNode
+from .records import RolloutGroup
 from .rollout_rpc import RolloutReceiver, RolloutSender
 from .weight_rpc import WeightFetcher, WeightServer
 
 
 class SwarmLearnerLink:
     def __init__(self, node: SwarmNode, journal: Journal, cursor: int = 0,
-                 rejected: collections.Counter | None = None, untrained: Callable[[], int] = lambda: 0) -> None:
-        self.rollouts = RolloutReceiver(node, journal, cursor, rejected, untrained)
+                 rejected: collections.Counter | None = None, untrained: Callable[[str], int] = lambda sampler: 0,
+                 check: Callable[[RolloutGroup], str | None] = lambda group: None, quota: int = 64) -> None:
+        self.rollouts = RolloutReceiver(node, journal, cursor, rejected, untrained, check, quota)
         self.weights = WeightServer(node)
 
     @property

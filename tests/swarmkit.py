@@ -49,9 +49,12 @@ class Swarm:
         return json.loads(out.stdout[out.stdout.index("["):])
 
 
-def start_bootstrap(s: Swarm) -> None:
+def start_bootstrap(s: Swarm, learners: tuple[str, ...] = ("learner",)) -> None:
+    """The coordinator, naming the learners (by workdir name; their keys are made here) samplers follow."""
+    trusted = [arg for name in learners
+               for arg in ("--trusted-learner", Identity.load_or_create(s.base / name / "identity.key").peer_id)]
     boot = s.start("bootstrap", ["bootstrap", "--port", "0", "--host", "127.0.0.1", "--no-nat",
-                                 "--identity", str(s.base / "boot.key"), "--addr-file", str(s.base / "boot.addr")])
+                                 "--identity", str(s.base / "boot.key"), "--addr-file", str(s.base / "boot.addr"), *trusted])
     s.addr = wait_for_file(s.base / "boot.addr", 90, boot).decode().split()[0]
 
 

@@ -38,7 +38,8 @@ from swarm.dht import NetworkConfig, SwarmSchema
 from swarm.identity import Identity, short_id
 from swarm.leaderboard import (LeaderboardStore, clean_name, collect_once, make_server, render_chart, render_page,
                                render_rows, serve)
-from swarm.tally import TallyValidator, owner_peer_id, tallies_key
+from swarm.ownership import OwnerValidator, owner_peer_id
+from swarm.tally import tallies_key
 
 ARTIFACTS = Path(os.environ.get("HETERO_TEST_ARTIFACTS", Path(__file__).resolve().parents[1] / "runs" / "test-artifacts"))
 
@@ -212,12 +213,12 @@ def test_collector_takes_tallies_and_display_names(tmp_path):
 
 def _chain(identity: Identity) -> CompositeValidator:
     return CompositeValidator([RSASignatureValidator(identity.dht_private_key()),
-                               SchemaValidator(SwarmSchema, prefix="hetero_t"), TallyValidator("t")])
+                               SchemaValidator(SwarmSchema, prefix="hetero_t"), OwnerValidator("t")])
 
 
-def _record(signer: Identity, owner: Identity, value: dict) -> DHTRecord:
-    subkey = RSASignatureValidator(owner.dht_private_key()).local_public_key
-    record = DHTRecord(DHTID.generate(source=tallies_key("t")).to_bytes(), MSGPackSerializer.dumps(subkey),
+def _record(signer: Identity, owner: Identity, value: dict, key: str = tallies_key("t"), prefix: bytes = b"") -> DHTRecord:
+    subkey = prefix + RSASignatureValidator(owner.dht_private_key()).local_public_key
+    record = DHTRecord(DHTID.generate(source=key).to_bytes(), MSGPackSerializer.dumps(subkey),
                        MSGPackSerializer.dumps(value), get_dht_time() + 60)
     return DHTRecord(record.key, record.subkey, _chain(signer).sign_value(record), record.expiration_time)
 
@@ -358,3 +359,22 @@ def test_swarm_tallies_reach_the_page_in_a_real_browser_and_survive_a_restart(tm
         stop(list(s.nodes.values()))
         alive = [n.name for n in s.nodes.values() if n.group_alive()]
         assert not alive, f"orphaned process groups: {alive}"
+
+
+def test_validators_refuse_a_peer_record_naming_another_peer_and_a_second_subkey_of_one_key(tmp_path):
+    honest, attacker = (Identity.load_or_create(tmp_path / f"{n}.key") for n in ("h", "a"))
+    reader = _chain(Identity.load_or_create(tmp_path / "r.key"))
+
+    def info(peer_id: str, name: str) -> dict:
+        return {"peer_id": peer_id, "role": "sampler", "model_id": "m", "version": 0, "engine": "hf", "throughput": 0.0,
+                "software": "x", "protocol": 1, "maddrs": [], "learner": "", "name": name, "updated": 0.0}
+
+    assert reader.validate(_record(attacker, attacker, info(attacker.peer_id, "me"), "hetero_t_peers"))
+    # under its own key, naming the honest peer (to put its name on the honest peer's leaderboard row)
+    assert not reader.validate(_record(attacker, attacker, info(honest.peer_id, "evil"), "hetero_t_peers"))
+    # a second subkey of the same key (sybil peer records): only exactly [owner:<key>] is accepted
+    assert not reader.validate(_record(attacker, attacker, info(attacker.peer_id, "me"), "hetero_t_peers", b"2"))
+    # a swarm record names its coordinator, and only the signer can be it
+    rec = {"coordinator": attacker.peer_id, "learners": [attacker.peer_id], "model_id": "", "updated": 0.0}
+    assert reader.validate(_record(attacker, attacker, rec, "hetero_t_swarm"))
+    assert not reader.validate(_record(attacker, attacker, {**rec, "coordinator": honest.peer_id}, "hetero_t_swarm"))

@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from swarm.identity import short_id
+
 from .procs import NodeProcess, start_node, stop, wait_for_file
 
 LEARNER_TOML = """\

@@ -192,7 +192,7 @@ def _make_learner(cfg: JoinConfig, node: SwarmNode):
     journal, quarantine = Journal(work / "journal.bin"), Journal(work / "quarantine.bin")
     link = SwarmLearnerLink(node, journal, cursor=learner.restored_extra.get("journal_cursor", 0),
                             rejected=learner.drops, untrained=learner.untrained_by, check=learner.precheck,
-                            quota=cfg.learner.quota_per_sampler)
+                            quota=cfg.learner.quota_per_sampler, rate=cfg.learner.rate_per_sampler)
     learner.link = link
     learner.quarantine = lambda raw, why: quarantine.append([msgpack.packb([why, raw])])
     saved = {"cursor": link.cursor}

@@ -81,6 +81,9 @@ class LearnerConfig:
     quota_per_sampler: int = 64
     """Groups one sampler may have received and not yet trained on; past it, its sends are answered
     "busy" (kept in its outbox for later), so one peer's flood slows only that peer."""
+    rate_per_sampler: float = 64.0
+    """Records per second the learner checks from one sampler (signature, decode, checks); past it
+    they are answered "busy" unread, so a flood cannot eat the learner's CPU."""
     max_buffer_groups: int = 4096
     """Bound on accepted-but-untrained groups; beyond it new records are refused (counted), so
     memory stays bounded without dropping anything already accepted."""
@@ -97,8 +100,8 @@ class LearnerConfig:
                 get_algorithm(name).make_config(opts)
         if self.max_staleness < 0 or self.groups_per_step < 1 or self.eval_every < 0 or self.eval_size < 1:
             raise ValueError("learner: need max_staleness >= 0, groups_per_step >= 1, eval_every >= 0, eval_size >= 1")
-        if self.quota_per_sampler < 1:
-            raise ValueError("learner: quota_per_sampler must be >= 1")
+        if self.quota_per_sampler < 1 or self.rate_per_sampler <= 0:
+            raise ValueError("learner: quota_per_sampler must be >= 1 and rate_per_sampler > 0")
         if self.lr <= 0 or self.max_grad_norm <= 0 or self.keep_checkpoints < 1 or self.checkpoint_every < 0:
             raise ValueError("learner: need lr > 0, max_grad_norm > 0, keep_checkpoints >= 1, checkpoint_every >= 0")
 

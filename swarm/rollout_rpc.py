@@ -11,9 +11,11 @@ sampling settings, duplicates). Valid records are appended to the journal (fsync
 so an acknowledged rollout survives a learner crash.
 
 Fair share: each sampler may have at most `quota` groups received and not yet trained on (its
-unread journal records plus the learner's buffer). Beyond it the items are answered "busy": not
-refused, not journaled; the sampler keeps them and sends them later. A flooding peer fills only its
-own quota, is answered at once without any decoding, and sees its own backlog, so it pauses; the
+unread journal records plus the learner's buffer), and the learner checks at most `rate` of its
+records per second (a token bucket, burst `quota`): checking costs the learner CPU (a signature,
+a decode, a detokenisation) even for records it then refuses. Past either bound the items are
+answered "busy": not refused, not journaled, not even decoded; the sampler keeps them and sends
+them later. A flooding peer fills only its own quota and budget and sees its own backlog; the
 others' records keep flowing.
 
 Sampler side (`RolloutSender`): records wait in a persistent outbox and a background thread sends
@@ -52,15 +54,17 @@ class RolloutReceiver:
     def __init__(self, node: SwarmNode, journal: Journal, cursor: int = 0,
                  rejected: collections.Counter | None = None,
                  untrained: Callable[[str], int] = lambda sampler: 0,
-                 check: Callable[[RolloutGroup], str | None] = lambda group: None, quota: int = 64) -> None:
+                 check: Callable[[RolloutGroup], str | None] = lambda group: None, quota: int = 64,
+                 rate: float = 64.0) -> None:
         self.journal = journal
         self.cursor = max(cursor, journal.first)
         """Journal records already handed to the learner (a global index, saved in its checkpoints)."""
         self.rejected = rejected if rejected is not None else collections.Counter()
         """Rejections by reason; the runner passes the learner's counter, so both count together."""
         self.busy: collections.Counter[str] = collections.Counter()
-        """Items answered "busy" (over quota), per sampler."""
+        """Items (or whole batches, when not even unpacked) answered "busy", per sampler."""
         self._untrained, self._check, self.quota = untrained, check, quota
+        self._budget = TokenBuckets(rate, burst=quota)
         self._lock = threading.Lock()
         self._unread: collections.deque[str] = collections.deque(
             decode_rollout_group(r).sampler for r in journal.read(self.cursor, len(journal)))
@@ -75,7 +79,9 @@ class RolloutReceiver:
         return unread + self._untrained(sampler)
 
     async def _on_rollouts(self, payload: bytes, remote: str) -> bytes:
-        room = self.quota - self.backlog(remote)
+        if self._budget.available(remote) < 1 or self.backlog(remote) >= self.quota:
+            self.busy[remote] += 1
+            return self._reply(remote, [], {}, [])  # not even unpacked: whatever it sent stays its own to resend
         try:
             items = msgpack.unpackb(payload, raw=False)
             if not isinstance(items, list) or len(items) > MAX_BATCH:
@@ -84,10 +90,11 @@ class RolloutReceiver:
             self.rejected["undecodable"] += 1
             log.warning("rollout batch from %s is undecodable: %s", short_id(remote), e)
             return self._reply(remote, [], {}, [])
+        room = self._budget.take(remote, min(len(items), self.quota - self.backlog(remote)))
         ok, rejected, busy, records = [], {}, [], []
         for item in items:
             rid = str(item[0])[:MAX_ID] if isinstance(item, list) and item else "?"
-            if len(records) >= room:  # over its quota: answered at once, nothing decoded or verified
+            if len(ok) + len(rejected) >= room:  # over its quota or budget: nothing decoded or verified
                 busy.append(rid)
                 continue
             try:
@@ -137,6 +144,29 @@ class RolloutReceiver:
                         self._unread.popleft()
                 return out
             time.sleep(0.05)
+
+
+class TokenBuckets:
+    """Per-peer token buckets: `rate` tokens a second, at most `burst` saved up; an LRU of peers."""
+
+    def __init__(self, rate: float, burst: float, max_peers: int = 10_000) -> None:
+        self.rate, self.burst, self.max_peers = rate, burst, max_peers
+        self._buckets: collections.OrderedDict[str, tuple[float, float]] = collections.OrderedDict()
+
+    def available(self, peer: str) -> float:
+        tokens, last = self._buckets.get(peer, (self.burst, time.monotonic()))
+        return min(self.burst, tokens + (time.monotonic() - last) * self.rate)
+
+    def take(self, peer: str, want: int) -> int:
+        """How many of `want` items `peer` may have checked now (each costs one token)."""
+        now = time.monotonic()
+        tokens, last = self._buckets.pop(peer, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - last) * self.rate)
+        grant = max(0, min(want, int(tokens)))
+        self._buckets[peer] = (tokens - grant, now)
+        if len(self._buckets) > self.max_peers:
+            self._buckets.popitem(last=False)
+        return grant
 
 
 class RolloutSender:

@@ -24,8 +24,9 @@ from .weight_rpc import WeightFetcher, WeightServer
 class SwarmLearnerLink:
     def __init__(self, node: SwarmNode, journal: Journal, cursor: int = 0,
                  rejected: collections.Counter | None = None, untrained: Callable[[str], int] = lambda sampler: 0,
-                 check: Callable[[RolloutGroup], str | None] = lambda group: None, quota: int = 64) -> None:
-        self.rollouts = RolloutReceiver(node, journal, cursor, rejected, untrained, check, quota)
+                 check: Callable[[RolloutGroup], str | None] = lambda group: None, quota: int = 64,
+                 rate: float = 64.0) -> None:
+        self.rollouts = RolloutReceiver(node, journal, cursor, rejected, untrained, check, quota, rate)
         self.weights = WeightServer(node)
 
     @property

@@ -25,8 +25,6 @@ from swarm.outbox import Outbox
 from swarmkit import Swarm, peer_of as _peer, start_bootstrap
 from swarm.records import CompletionRecord, RecordError, RolloutGroup, decode_rollout_group
 
-pytestmark = pytest.mark.integration
-
 LEARNER_TOML = "[learner]\ncheckpoint_every = 5\neval_every = 0\nmax_staleness = 1000\ngroups_per_step = 8\n"
 
 
@@ -87,6 +85,7 @@ def swarm(tmp_path_factory):
         assert not alive, f"orphaned process groups: {alive}"
 
 
+@pytest.mark.integration
 def test_discovery_status_shows_every_peer(swarm):
     deadline = time.monotonic() + 90
     while True:
@@ -102,6 +101,7 @@ def test_discovery_status_shows_every_peer(swarm):
     assert by_id[_peer(swarm, "learner")]["role"] == "learner"
 
 
+@pytest.mark.integration
 def test_rollouts_flow_versions_advance_and_foreign_rollouts_go_to_ftis(swarm):
     swarm.wait_version(12, timeout=240)
     steps = [r for r in swarm.metrics() if r["kind"] == "step"]
@@ -138,10 +138,13 @@ def _attack_payloads(attacker: Identity, victim_sampler: str) -> tuple[list, dic
                    "schema": "schema"}
 
 
+@pytest.mark.integration
 def test_forged_and_malformed_records_are_rejected_and_counted(swarm, tmp_path):
     from swarm.p2p import SwarmNode
 
+    swarm.wait_version(1, timeout=180)  # the learner serves its RPCs (alone, this test starts the swarm)
     attacker = Identity.load_or_create(tmp_path / "attacker.key")
+    # a fresh peer that knows only the bootstrap: its first call must wait for a route to the learner
     node = SwarmNode(attacker, NetworkConfig(initial_peers=[swarm.addr]), "demo")
     try:
         items, expected = _attack_payloads(attacker, _peer(swarm, "sampler-a"))
@@ -149,7 +152,7 @@ def test_forged_and_malformed_records_are_rejected_and_counted(swarm, tmp_path):
         reply = msgpack.unpackb(node.call(learner, "hetero.rollouts.v1", msgpack.packb(items), timeout=60), raw=False)
         assert reply["ok"] == [] and reply["rejected"] == expected
         junk = msgpack.unpackb(node.call(learner, "hetero.rollouts.v1", b"\xc1", timeout=60), raw=False)
-        assert junk == {"ok": [], "rejected": {}, "backlog": junk["backlog"]}
+        assert junk == {"ok": [], "rejected": {}, "busy": [], "backlog": junk["backlog"]}
     finally:
         node.shutdown()
     before = swarm.version()
@@ -159,6 +162,7 @@ def test_forged_and_malformed_records_are_rejected_and_counted(swarm, tmp_path):
         assert drops.get(reason, 0) >= 1, (reason, drops)
 
 
+@pytest.mark.integration
 def test_kill9_sampler_learner_keeps_training(swarm):
     victim = swarm.nodes["sampler-b"]
     victim.kill9()  # its DHT process and p2pd survive it: reaped below by process group
@@ -169,6 +173,7 @@ def test_kill9_sampler_learner_keeps_training(swarm):
     swarm.wait_version(v + 4, timeout=120)
 
 
+@pytest.mark.integration
 def test_kill9_learner_restart_redelivers_outbox_nothing_lost_or_counted_twice(swarm):
     learner = swarm.nodes["learner"]
     swarm.wait_version(max(swarm.version() + 2, 7), timeout=120)  # at least one checkpoint exists (every 5)
@@ -194,14 +199,15 @@ def test_kill9_learner_restart_redelivers_outbox_nothing_lost_or_counted_twice(s
     state = json.loads((last / "state.json").read_text())
     journal = Journal(swarm.base / "learner" / "journal.bin")
     cursor = state["extra"]["journal_cursor"]
-    consumed = {decode_rollout_group(r).id for r in journal.read(0, cursor)}
-    pending = len(journal) - cursor  # acknowledged and on disk, replayed at the next start
+    assert 0 < journal.first <= cursor <= len(journal)  # compacted: it keeps what no checkpoint holds
+    consumed = {decode_rollout_group(r).id for r in journal.read(journal.first, cursor - journal.first)}
     buffered = len(msgpack.unpackb((last / "buffer.msgpack").read_bytes()))
     seen = set(state["seen"])
-    assert pending >= 0 and seen == consumed  # every acknowledged rollout the learner read was accepted
+    assert consumed <= seen  # every acknowledged rollout the learner read was accepted
     assert sum(state["accepted_by_sampler"].values()) + buffered == len(seen)  # and trained on once
 
 
+@pytest.mark.integration
 def test_demo_command_learns_summarises_and_leaves_no_process(tmp_path):
     out = subprocess.run([sys.executable, "-m", "cli.main", "demo", "--steps", "30", "--samplers", "1",
                           "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=300,

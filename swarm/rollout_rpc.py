@@ -25,6 +25,7 @@ only once the learner settled it (ok or rejected).
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 import random
@@ -46,6 +47,8 @@ log = logging.getLogger(__name__)
 
 ROLLOUTS = "hetero.rollouts.v1"
 MAX_BATCH = 256
+TARPIT_S = 1.0
+TARPIT_PER_PEER = 4
 
 
 class RolloutReceiver:
@@ -65,6 +68,7 @@ class RolloutReceiver:
         """Items (or whole batches, when not even unpacked) answered "busy", per sampler."""
         self._untrained, self._check, self.quota = untrained, check, quota
         self._budget = TokenBuckets(rate, burst=quota)
+        self._tarpitted: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
         self._unread: collections.deque[str] = collections.deque(
             decode_rollout_group(r).sampler for r in journal.read(self.cursor, len(journal)))
@@ -81,6 +85,7 @@ class RolloutReceiver:
     async def _on_rollouts(self, payload: bytes, remote: str) -> bytes:
         if self._budget.available(remote) < 1 or self.backlog(remote) >= self.quota:
             self.busy[remote] += 1
+            await self._tarpit(remote)
             return self._reply(remote, [], {}, [])  # not even unpacked: whatever it sent stays its own to resend
         try:
             items = msgpack.unpackb(payload, raw=False)
@@ -112,6 +117,21 @@ class RolloutReceiver:
                 self.journal.append(records)  # durable before we acknowledge
                 self._unread.extend([remote] * len(records))
         return self._reply(remote, ok, rejected, busy)
+
+    async def _tarpit(self, remote: str) -> None:
+        """Answer a peer that is over its quota or budget only after TARPIT_S: a peer that calls
+        again at once (a flood) then makes at most a few calls a second, so its bytes stop costing
+        the learner's network stack and event loop. Bounded per peer (a few waiting calls each), so
+        parallel calls cannot pile up here; past that they are answered at once."""
+        if self._tarpitted[remote] >= TARPIT_PER_PEER:
+            return
+        self._tarpitted[remote] += 1
+        try:
+            await asyncio.sleep(TARPIT_S)
+        finally:
+            self._tarpitted[remote] -= 1
+            if not self._tarpitted[remote]:
+                del self._tarpitted[remote]
 
     def _open(self, item, rid: str, remote: str) -> bytes:
         """The record inside one [id, envelope] item, if it passes every check (else RecordError)."""

@@ -1,4 +1,5 @@
-"""A swarm of real node processes on 127.0.0.1 for integration tests (test_swarm, test_vllm)."""
+"""A swarm of real node processes on 127.0.0.1 for integration tests (test_swarm, test_adversary,
+test_leaderboard, test_vllm) and examples/bench_flood.py; and an attacker's forger of rollouts."""
 
 from __future__ import annotations
 
@@ -6,10 +7,15 @@ import json
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from cli.procs import NodeProcess, start_node, wait_for_file
+from node.models import BUILTIN_MODEL, load_tokenizer, tokenizer_hash
+from node.tasks import ArithmeticTask
+from swarm.envelope import seal
 from swarm.identity import Identity
+from swarm.records import CompletionRecord, RolloutGroup
 
 
 class Swarm:
@@ -61,3 +67,34 @@ def start_bootstrap(s: Swarm, learners: tuple[str, ...] = ("learner",)) -> None:
 def peer_of(s: Swarm, name: str) -> str:
     wait_for_file(s.base / name / "identity.key", 60)
     return Identity.load_or_create(s.base / name / "identity.key").peer_id
+
+
+class Forger:
+    """Valid-looking groups of the swarm's task, model and sampling, signed by the attacker."""
+
+    def __init__(self, identity: Identity) -> None:
+        self.identity, self.task, self.tok = identity, ArithmeticTask(), load_tokenizer(BUILTIN_MODEL)
+        self.problems = list(self.task.split("train"))
+
+    def group(self, i: int = 0, **over) -> RolloutGroup:
+        p = self.problems[i % len(self.problems)]
+        ids = self.tok(p.answer, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
+        comps = [CompletionRecord(p.answer, ids, [-0.5] * len(ids), "stop", 1.0) for _ in range(8)]
+        fields = dict(id=uuid.uuid4().hex, swarm="demo", task=self.task.name, prompt_id=p.id, prompt=p.prompt,
+                      model_id=BUILTIN_MODEL, tokenizer=tokenizer_hash(self.tok), version=0, sampler=self.identity.peer_id,
+                      created=time.time(), completions=comps, sampling={"temperature": 1.0}, chain="")
+        return RolloutGroup(**{**fields, **over})
+
+    def item(self, g: RolloutGroup) -> list:
+        return [g.id, seal(self.identity, g.encode())]
+
+
+def flood_rates(metrics: list[dict], peer: str, t0: float, t1: float, t2: float) -> tuple[float, float]:
+    """`peer`'s groups trained on per second (learner clock) in [t0, t1] and in [t1, t2]."""
+    points = [(r["time_s"], r["accepted_by_sampler"].get(peer, 0)) for r in metrics if r["kind"] == "step"]
+
+    def rate(a: float, b: float) -> float:
+        inside = [p for p in points if a <= p[0] <= b]
+        return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0]) if len(inside) > 1 else 0.0
+
+    return rate(t0, t1), rate(t1, t2)

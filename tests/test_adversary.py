@@ -11,20 +11,18 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 
 import msgpack
 import pytest
 
 from cli.procs import stop
-from node.models import BUILTIN_MODEL, load_tokenizer, tokenizer_hash
-from node.tasks import ArithmeticTask
+from node.models import BUILTIN_MODEL
 from swarm.dht import NetworkConfig, peers_key
 from swarm.envelope import seal
 from swarm.identity import Identity
-from swarm.records import CompletionRecord, RolloutGroup
+from swarm.records import CompletionRecord
 from swarm.rollout_rpc import ROLLOUTS
-from swarmkit import Swarm, peer_of, start_bootstrap
+from swarmkit import Forger, Swarm, flood_rates, peer_of, start_bootstrap
 
 LEARNER_TOML = "[learner]\ncheckpoint_every = 10\neval_every = 0\nmax_staleness = 100000\n"
 
@@ -55,38 +53,8 @@ def attacker(swarm, tmp_path_factory):
     node.shutdown()
 
 
-class Forger:
-    """Valid-looking groups of the swarm's task, model and sampling, signed by the attacker."""
-
-    def __init__(self, identity: Identity) -> None:
-        self.identity, self.task, self.tok = identity, ArithmeticTask(), load_tokenizer(BUILTIN_MODEL)
-        self.problems = list(self.task.split("train"))
-
-    def group(self, i: int = 0, **over) -> RolloutGroup:
-        p = self.problems[i % len(self.problems)]
-        ids = self.tok(p.answer, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
-        comps = [CompletionRecord(p.answer, ids, [-0.5] * len(ids), "stop", 1.0) for _ in range(8)]
-        fields = dict(id=uuid.uuid4().hex, swarm="demo", task=self.task.name, prompt_id=p.id, prompt=p.prompt,
-                      model_id=BUILTIN_MODEL, tokenizer=tokenizer_hash(self.tok), version=0, sampler=self.identity.peer_id,
-                      created=time.time(), completions=comps, sampling={"temperature": 1.0}, chain="")
-        return RolloutGroup(**{**fields, **over})
-
-    def item(self, g: RolloutGroup) -> list:
-        return [g.id, seal(self.identity, g.encode())]
-
-
 def _send(node, learner: str, items: list) -> dict:
     return msgpack.unpackb(node.call(learner, ROLLOUTS, msgpack.packb(items), timeout=60), raw=False)
-
-
-def _accepted(swarm: Swarm, peer: str) -> list[tuple[float, int]]:
-    """(learner time_s, groups trained on from `peer`) per step."""
-    return [(r["time_s"], r["accepted_by_sampler"].get(peer, 0)) for r in swarm.metrics() if r["kind"] == "step"]
-
-
-def _rate(points: list[tuple[float, int]], t0: float, t1: float) -> float:
-    inside = [p for p in points if t0 <= p[0] <= t1]
-    return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0]) if len(inside) > 1 else 0.0
 
 
 @pytest.mark.integration
@@ -156,15 +124,16 @@ def test_a_flood_slows_only_the_flooder_and_memory_and_disk_stay_bounded(swarm, 
     t_base = swarm.metrics()[-1]["time_s"]
     time.sleep(30)
     t_flood = swarm.metrics()[-1]["time_s"]
-    counts, stop_flood = {"ok": 0, "busy": 0, "rejected": 0, "calls": 0}, threading.Event()
+    counts, stop_flood = {"ok": 0, "rejected": 0, "calls": 0, "sent": 0}, threading.Event()
 
     def flood() -> None:
         i = 0
         while not stop_flood.is_set():
-            reply = _send(attacker, learner, pool[i % 512: i % 512 + 256])
+            batch = pool[i % 512: i % 512 + 256]
+            reply = _send(attacker, learner, batch)
             i += 256
-            counts["calls"] += 1
-            for k in ("ok", "busy", "rejected"):
+            counts["calls"], counts["sent"] = counts["calls"] + 1, counts["sent"] + len(batch)
+            for k in ("ok", "rejected"):
                 counts[k] += len(reply[k])
 
     thread = threading.Thread(target=flood, daemon=True)
@@ -172,13 +141,13 @@ def test_a_flood_slows_only_the_flooder_and_memory_and_disk_stay_bounded(swarm, 
     time.sleep(30)
     stop_flood.set()
     thread.join(60)
+    counts["busy"] = counts["sent"] - counts["ok"] - counts["rejected"]  # answered busy, mostly unread
     t_end = swarm.metrics()[-1]["time_s"]
-    points = _accepted(swarm, honest)
-    base, during = _rate(points, t_base, t_flood), _rate(points, t_flood, t_end)
+    base, during = flood_rates(swarm.metrics(), honest, t_base, t_flood, t_end)
     rss_mb = int(open(f"/proc/{swarm.nodes['learner'].popen.pid}/status").read().split("VmRSS:")[1].split()[0]) / 1024
     journal_mb = (swarm.base / "learner" / "journal.bin").stat().st_size / 2**20
     with capsys.disabled():
-        print(f"\n  flood: {counts['calls']} calls, {sum(counts[k] for k in ('ok', 'busy', 'rejected'))} records sent "
+        print(f"\n  flood: {counts['calls']} calls, {counts['sent']} records sent "
               f"({counts['ok']} accepted, {counts['busy']} busy, {counts['rejected']} refused) in 30 s; honest sampler "
               f"{base:.2f} -> {during:.2f} groups/s trained on ({during / base:.0%}); learner RSS {rss_mb:.0f} MB, "
               f"journal {journal_mb:.2f} MB")

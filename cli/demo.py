@@ -124,7 +124,8 @@ def _leaderboard(console: Console, url: str, records: list[dict], db: Path, wait
     import urllib.request
 
     steps = [r for r in records if r["kind"] == "step"]
-    want = sum(steps[-1]["accepted_by_sampler"].values()) if steps else 0
+    # credited = trained on: the groups each step took, less those without signal (zero variance)
+    want = sum(r["groups_own"] + r["groups_foreign"] - r["groups_skipped_zero_var"] for r in steps)
     deadline, board = time.monotonic() + wait, None
     while time.monotonic() < deadline:
         try:

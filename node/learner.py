@@ -17,8 +17,10 @@ A foreign model with another tokenizer is re-tokenized and corrected at sequence
 
 from __future__ import annotations
 
+import array
 import base64
 import collections
+import hashlib
 import logging
 import math
 import random
@@ -34,7 +36,7 @@ from swarm.exchange import LearnerLink, WeightVersion
 from swarm.records import RecordError, RolloutGroup, decode_rollout_group
 
 from .accounting import Tally
-from .algorithms import get_algorithm
+from .algorithms import get_algorithm, has_signal
 from .config import SamplingConfig
 from .engines.base import Completion
 from .engines.hf import HFEngine
@@ -145,6 +147,8 @@ class Learner:
         self._buffered: collections.Counter[str] = collections.Counter()
         """Groups in the buffer per sampler."""
         self.seen: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self.seen_content: collections.OrderedDict[str, None] = collections.OrderedDict()
+        """Content keys (prompt + every completion's tokens, in any order) of accepted groups."""
         self.drops: collections.Counter[str] = collections.Counter()
         self.accepted_by_sampler: collections.Counter[str] = collections.Counter()
         self.tally = Tally()
@@ -211,6 +215,8 @@ class Learner:
             return "wrong_task"
         if g.id in self.seen:
             return "duplicate"
+        if _content_key(g) in self.seen_content:
+            return "duplicate_content"  # the same completions under a new id earn nothing twice
         problem = self.task.get(g.prompt_id)
         if problem is None or problem.prompt != g.prompt:
             return "unknown_prompt"
@@ -278,15 +284,17 @@ class Learner:
         scored = ScoredGroup(g.prompt_id, prompt_ids, comps, rewards, g.model_id, version, seq_means)
         self.buffer.append(BufferedGroup(scored, route, g.sampler, raw))
         self._buffered[g.sampler] += 1
-        self._remember(g.id)
+        self._remember(g)
         if count:
             self.reward_claim_mismatch += sum(c.reward != r for c, r in zip(g.completions, rewards))
         return None
 
-    def _remember(self, record_id: str) -> None:
-        self.seen[record_id] = None
-        while len(self.seen) > 200_000:  # bounded: duplicates older than this are caught as stale
-            self.seen.popitem(last=False)
+    def _remember(self, g: RolloutGroup) -> None:
+        self.seen[g.id] = None
+        self.seen_content[_content_key(g)] = None
+        for seen in (self.seen, self.seen_content):
+            while len(seen) > 200_000:  # bounded: duplicates older than this are caught as stale
+                seen.popitem(last=False)
 
     # ---- train -----------------------------------------------------------------------------------
     def _drop_stale_buffered(self) -> None:
@@ -320,8 +328,9 @@ class Learner:
             return None
         for b in taken:
             self.accepted_by_sampler[b.sampler] += 1
-            self.tally.credit(b.sampler, len(b.group.completions), sum(len(c.token_ids) for c in b.group.completions),
-                              b.group.model_id)
+            if has_signal(b.group.rewards):  # credit only what was trained on: zero-variance groups are not
+                self.tally.credit(b.sampler, len(b.group.completions),
+                                  sum(len(c.token_ids) for c in b.group.completions), b.group.model_id)
         self.version += 1
         self._publish()
         rec.update(self._counters())
@@ -428,6 +437,7 @@ class Learner:
                 "reward_claim_mismatch": self.reward_claim_mismatch,
                 "version_clamped": self.version_clamped,
                 "seen": list(self.seen),
+                "seen_content": list(self.seen_content),
                 "extra": self.checkpoint_extra(),
                 "rng": _rng_state(),
                 "chains": dict(list({**self.known_chains, self.chain: self.version}.items())[-MAX_CHAINS:]),
@@ -445,6 +455,7 @@ class Learner:
         self.reward_claim_mismatch = meta["reward_claim_mismatch"]
         self.version_clamped = meta.get("version_clamped", 0)
         self.seen = collections.OrderedDict.fromkeys(meta["seen"])
+        self.seen_content = collections.OrderedDict.fromkeys(meta.get("seen_content", []))
         self.restored_extra = meta.get("extra", {})
         _set_rng_state(meta["rng"])
         self.known_chains = dict(meta.get("chains", {}))
@@ -463,6 +474,15 @@ class Learner:
         from .checkpoint import load_checkpoint
 
         self.load_state_dict(load_checkpoint(path))
+
+
+def _content_key(g: RolloutGroup) -> str:
+    """What a group *is*, whatever its id: its prompt and its completions' tokens, in any order."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(g.prompt_id.encode())
+    for tokens in sorted(array.array("Q", c.token_ids).tobytes() for c in g.completions):
+        h.update(len(tokens).to_bytes(8, "little") + tokens)
+    return h.hexdigest()
 
 
 def _rng_state() -> dict[str, Any]:

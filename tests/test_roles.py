@@ -238,3 +238,21 @@ def test_a_record_that_breaks_ingest_is_quarantined_and_the_learner_goes_on(task
     assert learner.ingest(good[0]) == "quarantined" and "ZeroDivisionError" in quarantined[0]
     monkeypatch.undo()
     assert learner.ingest_many(good[1:]) == 3 and learner.drops["quarantined"] == 1
+
+
+def test_credit_goes_only_to_groups_trained_on_and_never_twice_for_the_same_content(task):
+    clock, ex, learner, sampler = make_pair(task)
+    groups = sampler.produce(4)
+    flat = groups[0]
+    for c in flat.completions:  # random-looking garbage the verifier scores 0: all rewards equal
+        c.text, c.token_ids, c.logprobs = "", [learner.tok.eos_token_id], [-0.5]
+    learner.ingest_many([g.encode() for g in groups])
+    trained = sum(len(set(learner.buffer[i].group.rewards)) > 1 for i in range(4))
+    learner.step()
+    credited = learner.tally.peers.get("s0", {}).get("groups", 0)
+    assert credited == trained and trained < 4  # the zero-variance group was taken, not trained on, not credited
+    again = copy.deepcopy(groups[1])
+    again.id = "same-content-new-id"
+    again.completions = list(reversed(again.completions))  # order does not make it new
+    assert learner.ingest(again.encode()) == "duplicate_content"
+    assert learner.state_dict()["meta"]["seen_content"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Callable
 
-from .advantages import group_advantages
+from .advantages import group_advantages, has_signal
 from .base import AGGREGATIONS, LossInputs, LossOutput
 from .ftis import FTISConfig, ftis_loss
 from .gepo import GEPOConfig, gepo_loss
@@ -61,4 +61,4 @@ def get_algorithm(name: str) -> Algorithm:
         raise ValueError(f"unknown algorithm {name!r}; choose one of {sorted(ALGORITHMS)}") from None
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "LossInputs", "LossOutput", "get_algorithm", "group_advantages"]
+__all__ = ["ALGORITHMS", "Algorithm", "LossInputs", "LossOutput", "get_algorithm", "group_advantages", "has_signal"]

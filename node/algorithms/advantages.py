@@ -26,3 +26,12 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, normalize_s
     adv = centred / (std[inv] + eps) if normalize_std else centred
     adv = torch.where(zero_var, torch.zeros_like(adv), adv)
     return adv.to(rewards.dtype), zero_var
+
+
+def has_signal(rewards: list[float]) -> bool:
+    """False for a group `group_advantages` marks zero_var: fewer than 2 completions, or all rewards
+    equal (sum of squared deviations <= 1e-12). Such a group is never trained on, so never credited."""
+    if len(rewards) < 2:
+        return False
+    mean = sum(rewards) / len(rewards)
+    return sum((r - mean) ** 2 for r in rewards) > 1e-12

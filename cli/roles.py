@@ -202,12 +202,11 @@ def _make_learner(cfg: JoinConfig, node: SwarmNode):
         return {"journal_cursor": saved["cursor"]}
 
     learner.checkpoint_extra = checkpoint_extra
-    learner.compact_journal = lambda: journal.compact(saved["cursor"])
-    return learner, link, ckpt is not None
+    return learner, link, ckpt is not None, lambda: journal.compact(saved["cursor"])
 
 
 def _learner_loop(cfg: JoinConfig, node: SwarmNode, stop: threading.Event) -> None:
-    learner, link, resumed = _make_learner(cfg, node)
+    learner, link, resumed, compact_journal = _make_learner(cfg, node)
     report = LearnerReport(learner)
     learner.start()
     if not resumed:
@@ -227,7 +226,7 @@ def _learner_loop(cfg: JoinConfig, node: SwarmNode, stop: threading.Event) -> No
                 last_data = time.monotonic()
             while not _done(cfg, learner) and learner.step() is not None:
                 pass
-            learner.compact_journal()  # the journal keeps only what no checkpoint holds yet
+            compact_journal()  # the journal keeps only what no checkpoint holds yet
             if status():
                 log.info(report.line(time.monotonic() - last_data))
             if _done(cfg, learner):

@@ -8,7 +8,6 @@ import pytest
 from node.config import load_config
 from node.learner import LearnerConfig
 from cli.simulate import SimSamplerSpec, Simulator, SimulatorConfig
-from node.config import SamplingConfig
 from swarm.delay import DelayConfig, lognormal_params, sample_delay
 from swarm.exchange import WeightVersion, plan_fetch
 from swarm.memory import MemoryExchange, VirtualClock

@@ -95,7 +95,8 @@ class Simulator:
         tok = load_tokenizer(cfg.model)
         self.metrics = MetricsWriter(cfg.metrics_path, cfg.tensorboard_dir)
         self.learner = Learner(cfg.learner, load_model(cfg.model), tok, self.task, model_id=cfg.model,
-                               sampling=cfg.sampling, link=self.exchange, metrics=self.metrics)
+                               sampling=cfg.sampling, link=self.exchange, metrics=self.metrics,
+                               chain=f"sim-seed-{cfg.seed}")  # sampling randomness hangs off the chain
         self.samplers: list[tuple[Sampler, object, float]] = []
         for spec in cfg.samplers:
             for i in range(spec.count):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import array
 import base64
 import collections
+import copy
 import hashlib
 import logging
 import math
@@ -37,6 +38,8 @@ from swarm.records import RecordError, RolloutGroup, decode_rollout_group
 
 from .accounting import Tally
 from .algorithms import get_algorithm, has_signal
+from .audit import RefusalList, VersionArchive, audit_group, group_seeds
+from .checkable import version_nonce
 from .config import SamplingConfig
 from .engines.base import Completion
 from .engines.hf import HFEngine
@@ -46,7 +49,7 @@ from .models import tokenizer_hash
 from .tasks import Task
 from .trainer import ScoredGroup, TrainPart, build_batch, train_step
 from .weight_codec import CodecConfig, Publisher
-from .weights import encode_version, untie
+from .weights import encode_version, retie, untie
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +92,21 @@ class LearnerConfig:
     max_buffer_groups: int = 4096
     """Bound on accepted-but-untrained groups; beyond it new records are refused (counted), so
     memory stays bounded without dropping anything already accepted."""
+    max_logprob_gap: float = 4.0
+    """Own-model sequences whose claimed behaviour log-probs differ from the learner's own by more
+    than this (mean |gap| per token, nats) are dropped from the step and counted against their
+    sampler. Honest gaps come from staleness and engine numerics: at most 2.07 at 64 versions
+    stale (examples/bench_logprob_gap.py); a claim of -18/token is >= 13 away. What passes is
+    still bounded by the dual clip (node/algorithms/base.py)."""
+    audit_first: int = 4
+    """Own-model groups audited for checkable sampling (node/audit.py) from each new sampler..."""
+    audit_rate: float = 0.1
+    """...and the share of its groups audited after those, chosen at random by the learner."""
+    audit_tolerance: float = 1e-3
+    """Slack in CDF units around each token's interval for engine numerics (node/checkable.py)."""
+    audit_logprob_gap: float = 0.25
+    """An audited group also fails if its claimed log-probs are further than this (mean |gap| per
+    token) from ours at the very version it claims: honest engines are within 1e-5 in float32."""
     checkpoint_every: int = 0
     """Save every N versions (0: only when asked)."""
     keep_checkpoints: int = 3
@@ -102,6 +120,10 @@ class LearnerConfig:
                 get_algorithm(name).make_config(opts)
         if self.max_staleness < 0 or self.groups_per_step < 1 or self.eval_every < 0 or self.eval_size < 1:
             raise ValueError("learner: need max_staleness >= 0, groups_per_step >= 1, eval_every >= 0, eval_size >= 1")
+        if not self.max_logprob_gap > 0 or not self.audit_logprob_gap > 0 or self.audit_first < 0 or not 0 <= self.audit_rate <= 1 \
+                or not 0 <= self.audit_tolerance < 1:
+            raise ValueError("learner: need max_logprob_gap > 0, audit_first >= 0, 0 <= audit_rate <= 1, "
+                             "0 <= audit_tolerance < 1")
         if self.quota_per_sampler < 1 or self.rate_per_sampler <= 0:
             raise ValueError("learner: quota_per_sampler must be >= 1 and rate_per_sampler > 0")
         if self.lr <= 0 or self.max_grad_norm <= 0 or self.keep_checkpoints < 1 or self.checkpoint_every < 0:
@@ -116,13 +138,16 @@ class BufferedGroup:
     sampler: str
     raw: bytes
     """The record as received, kept for checkpoints."""
+    chain: str = ""
+    claimed_version: int = 0
+    """The version the record names (group.version may be clamped, see _accept): audits rebuild it."""
 
 
 class Learner:
     def __init__(self, cfg: LearnerConfig, model, tokenizer, task: Task, *, model_id: str,
                  sampling: SamplingConfig = SamplingConfig(), swarm: str = "local", link: LearnerLink | None = None,
                  peer_id: str = "learner", checkpoint_dir: str | Path | None = None,
-                 metrics: MetricsWriter | None = None) -> None:
+                 metrics: MetricsWriter | None = None, chain: str | None = None) -> None:
         self.cfg = cfg
         self.model = model.eval()
         self.tok = tokenizer
@@ -140,8 +165,10 @@ class Learner:
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
         self.engine = HFEngine(model, tokenizer, model_id)  # for evaluation only
         self.publisher = Publisher(cfg.weights)
-        self.chain = uuid.uuid4().hex[:12]
-        """Id of this run's version chain: deltas apply only to weights of the same chain."""
+        self.chain = chain or uuid.uuid4().hex[:12]
+        """Id of this run's version chain: deltas apply only to weights of the same chain. Random
+        by default; a fixed one (the simulator's) makes sampling reproducible, since the versions'
+        nonces (node/checkable.py) hash the published bytes, the chain id among them."""
         self.routes = {"stale": cfg.stale_loss, "foreign": cfg.foreign_loss, "foreign_seq": cfg.foreign_loss}
         self.buffer: collections.deque[BufferedGroup] = collections.deque()
         self._buffered: collections.Counter[str] = collections.Counter()
@@ -161,6 +188,20 @@ class Learner:
         reached: their rollouts are sound; rollouts of any other chain are refused."""
         self.quarantine: Callable[[bytes, str], None] = lambda raw, why: None
         """Where a record that broke ingest or a step goes, with the reason (never replayed)."""
+        weights, self._aliases = untie(model.state_dict())
+        self.archive = VersionArchive(cfg.max_staleness + 1)
+        """Our published versions, rebuilt for audits (node/audit.py); the base model as ("", 0)."""
+        self.archive.put_base(weights)
+        self.refusals = RefusalList(self.checkpoint_dir / "refused.json" if self.checkpoint_dir else None)
+        """Samplers that failed an audit: refused for good, also after a restart."""
+        self.audits: collections.Counter[str] = collections.Counter()
+        """Audits done per sampler (the first `audit_first` of each are always done)."""
+        self.audit_stats = {"audits": 0, "failed": 0, "unauditable": 0, "positions": 0, "time_s": 0.0,
+                            "logprob_gap_max": 0.0}
+        self.gap_drops: collections.Counter[str] = collections.Counter()
+        """Sequences dropped by the log-prob check, per sampler."""
+        self._audit_model = None
+        self._audit_rng = random.SystemRandom()  # the sampler must not predict which groups get audited
         self.eval_set = eval_problems(task, cfg.eval_size)
         self.history: list[dict] = []
         self.on_record: Callable[[dict], None] | None = None
@@ -209,6 +250,8 @@ class Learner:
 
     def _check(self, g: RolloutGroup) -> str | None:
         """Semantic checks after the structural ones of swarm.records; a reason code or None."""
+        if g.sampler in self.refusals:
+            return "refused_sampler"  # failed an audit: nothing of it is taken, ever
         if g.swarm != self.swarm:
             return "wrong_swarm"
         if g.task != self.task.name:
@@ -282,7 +325,7 @@ class Learner:
             if count:
                 self.version_clamped += 1
         scored = ScoredGroup(g.prompt_id, prompt_ids, comps, rewards, g.model_id, version, seq_means)
-        self.buffer.append(BufferedGroup(scored, route, g.sampler, raw))
+        self.buffer.append(BufferedGroup(scored, route, g.sampler, raw, g.chain, g.version))
         self._buffered[g.sampler] += 1
         self._remember(g)
         if count:
@@ -315,7 +358,9 @@ class Learner:
         """One optimizer step on the oldest `groups_per_step` groups; None if not enough data."""
         if not self.ready():
             return None
-        taken = self._take(self.cfg.groups_per_step)
+        taken = self._audit(self._take(self.cfg.groups_per_step))
+        if not taken:
+            return None  # every group taken failed an audit: nothing to train on this time
         parts, skipped = self._parts(taken)
         rec: dict[str, Any] = {"kind": "step", "version": self.version + 1, **self._batch_stats(taken)}
         rec["groups_skipped_zero_var"] = skipped
@@ -326,9 +371,12 @@ class Learner:
             log.exception("a step on %d groups failed; they are quarantined, not retried", len(taken))
             self._quarantine_step(taken, f"step: {type(e).__name__}: {e}")
             return None
+        failed_gap = self._count_gap_drops(taken, rec.get("routes", {}))
         for b in taken:
             self.accepted_by_sampler[b.sampler] += 1
-            if has_signal(b.group.rewards):  # credit only what was trained on: zero-variance groups are not
+            # credit only what was trained on and passed every check: zero-variance groups (garbage
+            # included) carry no gradient, and a group with a sequence over the log-prob gap earns nothing
+            if has_signal(b.group.rewards) and id(b) not in failed_gap:
                 self.tally.credit(b.sampler, len(b.group.completions),
                                   sum(len(c.token_ids) for c in b.group.completions), b.group.model_id)
         self.version += 1
@@ -376,8 +424,80 @@ class Learner:
             batch = build_batch(groups, cfg.normalize_std, self.tok.pad_token_id)
             skipped += len(groups) if batch is None else batch.groups_skipped
             if batch is not None:
-                parts.append(TrainPart(route, batch, algo, cfg))
+                # claimed log-probs are checkable only for our own model (another model's differ by design;
+                # F-TIS caps their weight instead)
+                gap = self.cfg.max_logprob_gap if route == "stale" else None
+                parts.append(TrainPart(route, batch, algo, cfg, gap))
         return parts, skipped
+
+    def _count_gap_drops(self, taken: list[BufferedGroup], routes: dict[str, dict]) -> set[int]:
+        """ids of the taken groups with a sequence dropped by the log-prob check; counted per sampler."""
+        own = [b for b in taken if b.route == "stale"]
+        failed = {id(own[i]) for i in routes.get("stale", {}).get("dropped_groups", [])}
+        for b in own:
+            if id(b) in failed:
+                self.gap_drops[b.sampler] += 1
+                self.drops["logprob_gap"] += 1
+                log.warning("group from %s (v%d): claimed log-probs too far from ours; dropped from the step",
+                            b.sampler, b.claimed_version)
+        return failed
+
+    # ---- audits ----------------------------------------------------------------------------------
+    def _audit(self, taken: list[BufferedGroup]) -> list[BufferedGroup]:
+        """Spot-audit own-model groups (node/audit.py); returns those that may be trained on."""
+        keep = []
+        for b in taken:
+            if b.sampler in self.refusals:
+                continue  # refused earlier in this loop: its other groups go too
+            chosen = b.route == "stale" and (self.audits[b.sampler] < self.cfg.audit_first
+                                             or self._audit_rng.random() < self.cfg.audit_rate)
+            verdict = self._audit_one(b) if chosen else "pass"
+            if verdict == "pass":
+                keep.append(b)
+            elif verdict == "unauditable":
+                self.drops["unauditable"] += 1  # not held any more (an earlier run's chain): not punished
+            else:
+                self.refuse(b.sampler, verdict)
+        return keep
+
+    def _audit_one(self, b: BufferedGroup) -> str:
+        t0 = time.perf_counter()
+        weights = self.archive.weights(b.chain, b.claimed_version)
+        nonce = self.archive.nonce(b.chain, b.claimed_version)
+        if weights is None or nonce is None:
+            self.audit_stats["unauditable"] += 1
+            return "unauditable"
+        if self._audit_model is None:
+            self._audit_model = copy.deepcopy(self.model).eval()
+        self._audit_model.load_state_dict(retie(weights, self._aliases))
+        g = b.group
+        seeds = group_seeds(nonce, g.problem_id, b.sampler, len(g.completions))
+        result = audit_group(self._audit_model, g.prompt_ids, [(c.token_ids, c.logprobs) for c in g.completions], seeds,
+                             self.sampling.params, self.tok.pad_token_id, self.cfg.audit_tolerance)
+        self.audits[b.sampler] += 1
+        st = self.audit_stats
+        st["audits"] += 1
+        st["positions"] += result.positions
+        st["time_s"] += time.perf_counter() - t0
+        if result.passed:
+            st["logprob_gap_max"] = max(st["logprob_gap_max"], result.logprob_gap)  # of honest-looking groups
+        if result.passed and result.logprob_gap <= self.cfg.audit_logprob_gap:
+            return "pass"
+        st["failed"] += 1
+        if not result.passed:
+            return (f"audit failed: {result.failed_positions} of {result.positions} tokens are not the ones its "
+                    f"randomness selects at v{b.claimed_version}")
+        return f"audit failed: claimed log-probs {result.logprob_gap:.3f}/token away from v{b.claimed_version}'s"
+
+    def refuse(self, sampler: str, why: str) -> None:
+        """Refuse `sampler` for good: drop its buffered groups, revoke its credit, persist the refusal."""
+        self.refusals.add(sampler, why)
+        dropped = self._buffered.pop(sampler, 0)
+        self.buffer = collections.deque(b for b in self.buffer if b.sampler != sampler)
+        self.drops["refused_sampler"] += dropped + 1
+        self.tally.peers.pop(sampler, None)
+        log.warning("refused sampler %s for good (%s); %d buffered groups dropped, its credit revoked",
+                    sampler, why, dropped)
 
     def _batch_stats(self, taken: list[BufferedGroup]) -> dict[str, Any]:
         own = [b for b in taken if b.route == "stale"]
@@ -394,6 +514,8 @@ class Learner:
 
     def _counters(self) -> dict[str, Any]:
         return {"drops": dict(self.drops), "accepted_by_sampler": dict(self.accepted_by_sampler),
+                "audit": dict(self.audit_stats), "logprob_gap_drops": dict(self.gap_drops),
+                "refused_samplers": len(self.refusals.refused),
                 "reward_claim_mismatch": self.reward_claim_mismatch, "buffered": len(self.buffer),
                 "version_clamped": self.version_clamped,
                 "time_s": round(time.time() - self._t0, 2)}
@@ -403,6 +525,7 @@ class Learner:
             weights, aliases = untie(self.model.state_dict())
             enc = self.publisher.publish(weights, self.version)
             blob = encode_version(enc, self.model_id, self.chain, aliases)
+            self.archive.put(self.chain, self.version, enc, version_nonce(blob))
             self.link.publish_weights(WeightVersion(self.model_id, self.chain, self.version, enc.base, blob))
 
     def run_eval(self) -> float:
@@ -438,6 +561,9 @@ class Learner:
                 "version_clamped": self.version_clamped,
                 "seen": list(self.seen),
                 "seen_content": list(self.seen_content),
+                "audits": dict(self.audits),
+                "audit_stats": dict(self.audit_stats),
+                "gap_drops": dict(self.gap_drops),
                 "extra": self.checkpoint_extra(),
                 "rng": _rng_state(),
                 "chains": dict(list({**self.known_chains, self.chain: self.version}.items())[-MAX_CHAINS:]),
@@ -456,14 +582,22 @@ class Learner:
         self.version_clamped = meta.get("version_clamped", 0)
         self.seen = collections.OrderedDict.fromkeys(meta["seen"])
         self.seen_content = collections.OrderedDict.fromkeys(meta.get("seen_content", []))
+        self.audits = collections.Counter(meta.get("audits", {}))
+        self.audit_stats.update(meta.get("audit_stats", {}))
+        self.gap_drops = collections.Counter(meta.get("gap_drops", {}))
         self.restored_extra = meta.get("extra", {})
         _set_rng_state(meta["rng"])
         self.known_chains = dict(meta.get("chains", {}))
         self.buffer.clear()
         self._buffered.clear()
         for raw in state["buffer"]:
-            # validated and accepted before the save: re-accept without counting twice
-            self._accept(decode_rollout_group(raw), raw, count=False)
+            # validated and accepted before the save: re-accept without counting twice (but not a
+            # sampler refused since, whose refusal the checkpoint may predate)
+            group = decode_rollout_group(raw)
+            if group.sampler not in self.refusals:
+                self._accept(group, raw, count=False)
+        for sampler in self.refusals.refused:
+            self.tally.peers.pop(sampler, None)
 
     def save_checkpoint(self, directory: Path) -> Path:
         from .checkpoint import save_checkpoint

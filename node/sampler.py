@@ -15,6 +15,7 @@ import uuid
 from swarm.exchange import SamplerLink
 from swarm.records import CompletionRecord, RolloutGroup
 
+from .checkable import BASE_NONCE, completion_seed, version_nonce
 from .config import SamplingConfig
 from .engines.base import Engine
 from .tasks import PromptStream, Task
@@ -40,6 +41,8 @@ class Sampler:
         self.published: dict | None = None
         """The learner's published weights as reconstructed here (float32), bit-exact."""
         self.chain = ""
+        self.nonce = BASE_NONCE
+        """Nonce of the version held (node/checkable.py): the hash of its published bytes."""
 
     @property
     def version(self) -> int:
@@ -54,7 +57,7 @@ class Sampler:
         if versions[0].model_id != self.engine.model_id:
             self.stats["weights_refused"] += 1  # another model's weights: not ours to load
             return False
-        published, version, chain, aliases = self.published, have, self.chain, {}
+        published, version, chain, aliases, nonce = self.published, have, self.chain, {}, self.nonce
         for wv in versions:
             if wv.base is not None and (wv.base != version or wv.chain != chain):
                 self.stats["chain_breaks"] += 1  # missed a base: the next fetch starts from a keyframe
@@ -63,8 +66,8 @@ class Sampler:
                 return False
             enc, aliases = decode_version(wv.blob)
             published = apply_version(published if wv.base is not None else None, enc)
-            version, chain = wv.version, wv.chain
-        self.published, self.chain = published, chain
+            version, chain, nonce = wv.version, wv.chain, version_nonce(wv.blob)
+        self.published, self.chain, self.nonce = published, chain, nonce
         self.engine.load_weights(retie(published, aliases), version)
         self.stats["weight_updates"] += 1
         log.debug("now at version %d", version)
@@ -75,7 +78,10 @@ class Sampler:
         problems = self.stream.take(n_prompts or self.prompts_per_batch)
         params = self.sampling.params
         version = self.engine.version  # fixed for the whole batch: weights swap only between batches
-        results = self.engine.generate([p.prompt for p in problems], params)
+        # checkable sampling: the randomness of each completion comes from the version's nonce, the
+        # prompt, our peer id and the completion's index, so the learner can audit every token
+        seeds = [[completion_seed(self.nonce, p.id, self.peer_id, j) for j in range(params.n)] for p in problems]
+        results = self.engine.generate([p.prompt for p in problems], params, seeds)
         groups = []
         for p, r in zip(problems, results):
             comps = [CompletionRecord(c.text, c.token_ids, c.logprobs, c.finish_reason, self.task.reward(c.text, p.answer))

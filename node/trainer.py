@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import torch
 
 from .algorithms import Algorithm, LossInputs, group_advantages
+from .algorithms.base import seq_mean
 from .engines.base import Completion
 from .logprobs import PackedBatch, completion_logprobs, completion_span, pack
 
@@ -90,6 +91,20 @@ class TrainPart:
     batch: TrainBatch
     algo: Algorithm
     cfg: Any
+    max_logprob_gap: float | None = None
+    """Sequences whose claimed behaviour log-probs are further than this from the learner's own
+    (mean |l^p - l^q| per token, nats) are dropped from the step (None: no check; see logprob_gap)."""
+
+
+def logprob_gap(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """gap_i = mean_t |l^p_{i,t} - l^q_{i,t}|: [B, T] x 2 -> [B], no gradient.
+
+    Behaviour log-probs are the sampler's claim; the learner's own are computed for the step
+    anyway. Honest gaps come from staleness (the weights moved since version v), other engines'
+    numerics and dtypes; they are small (docs/DESIGN.md, "Trust", measures them). A sampler
+    claiming log-probs far below the truth is trying to inflate importance weights.
+    """
+    return seq_mean((logp.detach() - old_logp).abs(), mask)
 
 
 WEIGHTED_METRICS = ("is_weight_mean", "is_weight_var", "clip_frac", "kl_k3", "filtered_frac", "truncated_frac")
@@ -102,21 +117,38 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, parts: 
     Returns the diagnostics averaged over parts (sequence-weighted) and per part under "routes".
     """
     model.train()
-    total = sum(p.batch.advantages.numel() for p in parts)
-    loss = torch.zeros(())
-    routes: dict[str, dict[str, float]] = {}
+    kept = []  # (part, logp, keep [B]) for parts with at least one sequence left
+    routes: dict[str, dict[str, Any]] = {}
     for part in parts:
         b = part.batch
         logp = completion_logprobs(model, b.packed, temperature)
-        out = part.algo.loss(LossInputs(logp, b.old_logp, b.advantages, b.packed.completion_mask, b.group_ids,
-                                        b.old_seq_logp_mean), part.cfg)
-        share = b.advantages.numel() / total
+        keep = torch.ones_like(b.advantages, dtype=torch.bool)
+        if part.max_logprob_gap is not None:
+            gap = logprob_gap(logp, b.old_logp, b.packed.completion_mask)
+            keep = gap <= part.max_logprob_gap  # NaN claims fail this too
+            routes[part.name] = {"logprob_gap_mean": gap.mean().item(), "logprob_gap_max": gap.max().item(),
+                                 "dropped_groups": sorted({int(i) for i in b.group_ids[~keep]})}
+        if keep.any():
+            kept.append((part, logp, keep))
+    total = sum(int(keep.sum()) for _, _, keep in kept)
+    loss = torch.zeros(())
+    for part, logp, keep in kept:
+        b = part.batch
+        seq = b.old_seq_logp_mean[keep] if b.old_seq_logp_mean is not None else None
+        out = part.algo.loss(LossInputs(logp[keep], b.old_logp[keep], b.advantages[keep],
+                                        b.packed.completion_mask[keep], b.group_ids[keep], seq), part.cfg)
+        share = int(keep.sum()) / total
         loss = loss + share * out.loss
-        routes[part.name] = {**out.metrics, "loss": out.loss.item(), "sequences": b.advantages.numel(), "share": share}
+        routes[part.name] = {**routes.get(part.name, {}), **out.metrics, "loss": out.loss.item(),
+                             "sequences": int(keep.sum()), "share": share}
     metrics: dict[str, Any] = {k: sum(r[k] * r["share"] for r in routes.values() if k in r)
                                for k in WEIGHTED_METRICS if any(k in r for r in routes.values())}
     metrics["routes"] = routes
     optimizer.zero_grad(set_to_none=True)
+    if not kept:
+        log.warning("every sequence of the step failed the log-prob check; optimizer step skipped")
+        model.eval()
+        return {**metrics, "loss": float("nan"), "grad_norm": float("nan"), "step_skipped": 1.0}
     if not torch.isfinite(loss):
         # NaN/inf input can give a NaN loss with a *finite* gradient (clamp's backward zeroes the
         # NaN path), so the loss is checked first: one poisoned batch must not move the weights.

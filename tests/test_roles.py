@@ -219,9 +219,8 @@ def test_groups_of_another_size_or_longer_than_max_new_tokens_are_refused(task):
 
 def test_a_step_takes_groups_round_robin_so_a_flood_cannot_take_the_step(task):
     clock, ex, learner, sampler = make_pair(task)
-    flood = [g for _ in range(5) for g in sampler.produce(4)]
-    for g in flood:
-        g.sampler = "flooder"
+    flooder = make_sampler("flooder", task, BUILTIN_MODEL)
+    flood = [g for _ in range(5) for g in flooder.produce(4)]
     honest = sampler.produce(2)
     learner.ingest_many([g.encode() for g in flood] + [g.encode() for g in honest])
     assert learner.untrained_by("flooder") == 20 and learner.untrained_by("s0") == 2
@@ -241,7 +240,7 @@ def test_a_record_that_breaks_ingest_is_quarantined_and_the_learner_goes_on(task
 
 
 def test_credit_goes_only_to_groups_trained_on_and_never_twice_for_the_same_content(task):
-    clock, ex, learner, sampler = make_pair(task)
+    clock, ex, learner, sampler = make_pair(task, audit_first=0, audit_rate=0.0)  # audits would refuse the garbage
     groups = sampler.produce(4)
     flat = groups[0]
     for c in flat.completions:  # random-looking garbage the verifier scores 0: all rewards equal

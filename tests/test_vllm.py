@@ -113,6 +113,53 @@ def test_in_place_weight_update_changes_outputs_and_version(engine, hf):
     assert [r.completions[0].token_ids for r in engine.generate(PROMPTS, greedy)] == before
 
 
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 20, 0.9)])
+def test_checkable_sampling_is_deterministic_and_passes_an_hf_audit(engine, hf, temperature, top_k, top_p, capsys):
+    """Seeded completions are the ones node.checkable prescribes given vLLM's logits: the same on
+    every call, and an HF learner's audit (one forward pass) passes them at the default tolerance.
+    Prints the engine-numerics gaps: tokens where HF's checkable engine, same seeds, picks another,
+    and how far outside a token's CDF interval u_t fell (what the audit's tolerance absorbs)."""
+    from node.checkable import BASE_NONCE, audit_tokens, completion_seed, sampling_probs, uniforms
+    from node.engines.hf import HFEngine
+
+    params = SamplingParams(n=16, temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=8)
+    seeds = [[completion_seed(BASE_NONCE, p, "tester", j) for j in range(params.n)] for p in PROMPTS]
+    res = engine.generate(PROMPTS, params, seeds=seeds)
+    tokens = lambda results: [c.token_ids for r in results for c in r.completions]  # noqa: E731
+    assert tokens(engine.generate(PROMPTS, params, seeds=seeds)) == tokens(res)  # (a) deterministic
+    assert len({tuple(t) for t in tokens(res)}) > 1  # and still sampled
+
+    # (b) the learner's audit: HF logits of the packed prompt+completion at each completion token
+    rows = [(r.prompt_token_ids, c, seeds[i][j]) for i, r in enumerate(res) for j, c in enumerate(r.completions)]
+    batch = pack([p for p, _, _ in rows], [c.token_ids for _, c, _ in rows], engine.tokenizer.pad_token_id)
+    with torch.no_grad():
+        logits = hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
+    span = [logits[i, completion_span(len(p), len(c.token_ids))] for i, (p, c, _) in enumerate(rows)]
+    logits, toks = torch.cat(span), torch.tensor([t for _, c, _ in rows for t in c.token_ids])
+    us = torch.tensor([u for _, c, s in rows for u in uniforms(s, len(c.token_ids))], dtype=torch.float64)
+    passed = audit_tokens(logits, toks, us, temperature, top_k, top_p)
+    probs = sampling_probs(logits, temperature, top_k, top_p)
+    hi = probs.cumsum(-1).gather(-1, toks[:, None]).squeeze(-1)
+    lo = hi - probs.gather(-1, toks[:, None]).squeeze(-1)
+    outside = torch.maximum(lo - us, us - hi).clamp(min=0)  # 0 where u_t is inside the token's interval
+
+    # (c) HF's checkable engine with the same seeds: compare each completion up to its first difference
+    hf_res = HFEngine(hf, engine.tokenizer, BUILTIN_MODEL).generate(PROMPTS, params, seeds=seeds)
+    compared = differ = 0
+    for a, b in zip(tokens(res), tokens(hf_res)):
+        same = next((t for t, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        compared += min(len(a), len(b)) if same is None else same + 1
+        differ += same is not None
+    gap = learner_gap(engine, hf, res, temperature)
+    with capsys.disabled():
+        print(f"\n  vLLM checkable T={temperature} top_k={top_k} top_p={top_p}: {len(toks)} positions audited, "
+              f"{int((outside > 0).sum())} outside their interval (max {outside.max().item():.2e} in CDF units), "
+              f"{int((~passed).sum())} failed at tol 1e-3; vs HF checkable engine: {differ} of {compared} "
+              f"positions differ; max |vLLM - learner| log-prob = {gap:.2e}")
+    assert passed.all()
+    assert gap < TOLERANCE  # behaviour log-probs: log softmax(raw logits / T), unfiltered, as unseeded
+
+
 @pytest.mark.integration
 def test_a_vllm_sampler_takes_part_in_a_loopback_swarm(tmp_path):
     """bootstrap + HF learner + a sampler with `--engine vllm`, all real processes: the learner

@@ -6,6 +6,7 @@ completion tokens; `group_ids` [B] says which completions answer the same prompt
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -14,6 +15,11 @@ LOG_RATIO_MAX = 20.0
 """Log importance ratios are clamped to +-20 (e^20 ~ 5e8) before exp: beyond that a ratio is
 already clipped or truncated by every loss here, and the clamp keeps exp() and its gradient
 finite for extreme log-prob gaps (a -1e4 log-prob from a foreign model is real input)."""
+
+
+DUAL_CLIP = 3.0
+"""Dual-clip bound c (Ye et al. 2020, arXiv 1912.09729): for A < 0 the PPO loss is capped at
+c |A|, so a ratio r > c (behaviour log-probs claimed far below the learner's) has no gradient."""
 
 
 @dataclass
@@ -61,20 +67,40 @@ def k3(log_ratio: torch.Tensor) -> torch.Tensor:
     return torch.exp(d) - d - 1
 
 
+def k3_bounded(log_ratio: torch.Tensor, dual_clip: float = DUAL_CLIP) -> torch.Tensor:
+    """k3 of d = log(q/p) for a *loss* (gradient through p): d is capped at log c first, so its
+    gradient 1 - exp(d) lies in (1 - c, 1] whatever q a sampler claims (unbounded otherwise)."""
+    return k3(log_ratio.clamp(max=math.log(dual_clip)))
+
+
 def group_logsumexp(x: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     """logsumexp of x over each element's group, returned per element: [B] -> [B]."""
     _, inv = torch.unique(group_ids, return_inverse=True)
     n = int(inv.max()) + 1
-    gmax = torch.full((n,), -torch.inf, dtype=x.dtype).scatter_reduce(0, inv, x, "amax")
-    sums = torch.zeros(n, dtype=x.dtype).index_add(0, inv, torch.exp(x - gmax[inv]))
+    gmax = torch.full((n,), -torch.inf, dtype=x.dtype, device=x.device).scatter_reduce(0, inv, x, "amax")
+    sums = torch.zeros(n, dtype=x.dtype, device=x.device).index_add(0, inv, torch.exp(x - gmax[inv]))
     return (torch.log(sums) + gmax)[inv]
 
 
-def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float):
-    """PPO's -min(r A, clip(r, 1-eps_low, 1+eps_high) A) and where the clipped branch bites."""
+def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float,
+                      dual_clip: float = DUAL_CLIP):
+    """Dual-clip PPO, per element:
+
+        L = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)         A >= 0
+        L = min(-min(r A, clip(r, ...) A), -c A)                   A < 0
+
+    and where a clip bites. Plain PPO bounds the gradient weight r of an element only for A > 0
+    (and for r < 1 - eps); for A < 0 the min takes the unclipped branch and r is unbounded, so
+    one sequence with forged behaviour log-probs could set the step's direction. With the dual
+    clip every element's gradient weight is at most max(1 + eps_high, c) |A| for either sign:
+    bounded influence whatever a sampler claims.
+    """
     unclipped = ratio * adv
     clipped = ratio.clamp(1 - eps_low, 1 + eps_high) * adv
-    return -torch.minimum(unclipped, clipped), clipped < unclipped
+    per = -torch.minimum(unclipped, clipped)
+    cap = -dual_clip * adv
+    dual = (adv < 0) & (per > cap)
+    return torch.where(dual, cap, per), (clipped < unclipped) | dual
 
 
 AGGREGATIONS = ("seq_mean", "token_mean", "dr_grpo")

@@ -7,7 +7,9 @@ same prompt:
     E_hat = sum_j q_j^2 / sum_j q_j          (self-normalised estimate of E_q[q])
     w_i   = p_i / E_hat
     L     = mean_i -min(w_i A_i, clip(w_i, 1 - eps, 1 + eps) A_i)
-            + beta * mean_i mean_t [exp(l^q - l^p) - (l^q - l^p) - 1]     (optional k3 KL)
+            + beta * mean_i mean_t k3(min(l^q - l^p, log c))               (optional k3 KL)
+
+with PPO's min dual-clipped for A_i < 0 (base.clipped_surrogate), so every weight is bounded.
 
 Replacing the per-sample q_i by a group constant is what cuts the weight variance once KL(p||q)
 is large (the paper's Theorem 1, checked in tests/test_algorithms.py). Unlike the reference code
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import LOG_RATIO_MAX, LossInputs, LossOutput, clipped_surrogate, frac, group_logsumexp, k3, seq_mean, weight_stats
+from .base import DUAL_CLIP, LOG_RATIO_MAX, LossInputs, LossOutput, clipped_surrogate, frac, group_logsumexp, k3_bounded, seq_mean, weight_stats
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,8 @@ class GEPOConfig:
     beta: float = 0.0
     """Weight of the k3 KL to the sampler's policy; the paper uses 0.005."""
     normalize_std: bool = False
+    dual_clip: float = DUAL_CLIP
+    """Cap c on the loss of negative-advantage sequences (base.clipped_surrogate) and on the KL's ratio."""
 
 
 def gepo_log_weights(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
@@ -43,8 +47,8 @@ def gepo_log_weights(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Ten
 def gepo_loss(inp: LossInputs, cfg: GEPOConfig) -> LossOutput:
     log_w = gepo_log_weights(inp.logp, inp.old_logp, inp.mask, inp.group_ids)
     w = torch.exp(log_w.clamp(-LOG_RATIO_MAX, LOG_RATIO_MAX))  # [B]
-    per_seq, clipped = clipped_surrogate(w, inp.advantages, cfg.eps, cfg.eps)
-    kl_seq = seq_mean(k3(inp.old_logp.detach() - inp.logp), inp.mask)  # [B], grad through l^p
+    per_seq, clipped = clipped_surrogate(w, inp.advantages, cfg.eps, cfg.eps, cfg.dual_clip)
+    kl_seq = seq_mean(k3_bounded(inp.old_logp.detach() - inp.logp, cfg.dual_clip), inp.mask)  # [B], grad via l^p
     loss = per_seq.mean() + cfg.beta * kl_seq.mean() if cfg.beta else per_seq.mean()
     return LossOutput(loss, {
         **weight_stats(w),

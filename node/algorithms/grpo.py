@@ -1,7 +1,7 @@
 """GRPO (Shao et al. 2024, DeepSeekMath), token-level PPO clip on group-relative advantages.
 
     rho_{i,t} = exp(l^p_{i,t} - l^q_{i,t})
-    L = agg_{i,t} -min(rho_{i,t} A_i, clip(rho_{i,t}, 1 - eps_low, 1 + eps_high) A_i)
+    L = agg_{i,t} -min(rho_{i,t} A_i, clip(rho_{i,t}, 1 - eps_low, 1 + eps_high) A_i), dual-clipped at c|A_i| for A_i < 0
 
 `agg` is the paper's mean over a sequence's tokens then over sequences (`seq_mean`), or DAPO's
 `token_mean`, or Dr. GRPO's constant-normaliser `dr_grpo` (base.aggregate). As the
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import LOG_RATIO_MAX, LossInputs, LossOutput, aggregate, clipped_surrogate, frac, k3, seq_mean, weight_stats
+from .base import DUAL_CLIP, LOG_RATIO_MAX, LossInputs, LossOutput, aggregate, clipped_surrogate, frac, k3, seq_mean, weight_stats
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,8 @@ class GRPOConfig:
     dr_grpo_max_tokens: int | None = None
     """Dr. GRPO's constant; None uses the batch's padded completion length."""
     normalize_std: bool = True
+    dual_clip: float = DUAL_CLIP
+    """Cap c on the loss of negative-advantage elements (base.clipped_surrogate)."""
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ class DrGRPOConfig(GRPOConfig):
 def grpo_loss(inp: LossInputs, cfg: GRPOConfig) -> LossOutput:
     log_ratio = (inp.logp - inp.old_logp).clamp(-LOG_RATIO_MAX, LOG_RATIO_MAX)
     ratio = torch.exp(log_ratio)  # [B, T]
-    per_token, clipped = clipped_surrogate(ratio, inp.advantages[:, None], cfg.eps_low, cfg.eps_high)
+    per_token, clipped = clipped_surrogate(ratio, inp.advantages[:, None], cfg.eps_low, cfg.eps_high, cfg.dual_clip)
     loss = aggregate(per_token, inp.mask, cfg.aggregation, cfg.dr_grpo_max_tokens)
     m = inp.mask
     return LossOutput(loss, {

@@ -58,7 +58,11 @@ class Engine(Protocol):
     version: int
     """Policy version of the weights generating right now."""
 
-    def generate(self, prompts: list[str], params: SamplingParams) -> list[PromptResult]:
+    def generate(self, prompts: list[str], params: SamplingParams,
+                 seeds: list[list[bytes]] | None = None) -> list[PromptResult]:
+        """G = params.n completions per prompt. With `seeds` (seeds[i][j] for completion j of
+        prompt i), sampling is checkable (node/checkable.py): token t of that completion is the
+        one `uniforms(seeds[i][j], ...)[t]` selects, so a learner can audit it."""
         ...
 
     def load_weights(self, state_dict: dict, version: int) -> None:

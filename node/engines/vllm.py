@@ -10,6 +10,16 @@ tempered distribution, so:
     `logprobs = "recompute"` and the engine recomputes them with the training code path
     (`node.logprobs.completion_logprobs`) on an HF copy of the same weights.
 
+Checkable sampling (node/checkable.py), when `generate` gets seeds and T > 0: one request per
+completion (n = 1; prefix caching shares the prompt) that vLLM decodes greedily over the row our
+logits processor (`CheckableSampling`) leaves: token t is `pick_tokens` of vLLM's own raw logits
+and u_t, every other token -inf. vLLM draws nothing itself. Its reported log-probs would then be
+those of the one-token row (0), and its engine-wide `logprobs_mode` cannot change per request
+("raw_logprobs" would be right only at T = 1 and break the unseeded path at T != 1), so the
+processor records log softmax(raw logits / T) of the token it picks, from the same row, and the
+engine collects them from the worker (`hetero_take_logprobs`): our convention at every T, top-k
+and top-p included, without the HF copy that 'recompute' needs (which still applies if set).
+
 New versions are loaded in place, between generation batches, by a worker extension
 (`WeightUpdateExtension`) that hands HF-named tensors to the model runner's `reload_weights`
 (vLLM fuses q/k/v and gate/up and re-applies its kernel layout itself); the prefix cache is then
@@ -27,9 +37,15 @@ from dataclasses import dataclass
 
 import torch
 
+from ..checkable import pick_tokens, uniforms
+from ..logprobs import logprobs_from_logits
 from .base import Completion, PromptResult, SamplingParams
 
 log = logging.getLogger(__name__)
+
+_CHECKABLE_LOGPROBS: dict[int, dict[int, float]] = {}
+"""Behaviour log-probs of checkable requests, {row: {position t: log-prob}}: written by
+`CheckableSampling` in vLLM's worker, taken (and cleared) by `hetero_take_logprobs`."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +85,52 @@ class WeightUpdateExtension:
             runner.model.load_weights(weights=iter(weights.items()))
         return len(weights)
 
+    def hetero_take_logprobs(self) -> dict[int, dict[int, float]]:
+        taken = dict(_CHECKABLE_LOGPROBS)
+        _CHECKABLE_LOGPROBS.clear()
+        return taken
+
+
+def _checkable_sampling_class() -> type:
+    from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
+
+    class CheckableSampling(AdapterLogitsProcessor):
+        """vLLM logits processor (one per engine, a state per request): a request whose
+        `extra_args["hetero_checkable"]` is (row, seed hex, T, top_k, top_p) gets token t from
+        node.checkable, given vLLM's raw logits row and u_t; every other token is masked."""
+
+        def is_argmax_invariant(self) -> bool:
+            return False  # it decides the token: vLLM applies it to raw logits, before temperature
+
+        def new_req_logits_processor(self, params):
+            spec = (params.extra_args or {}).get("hetero_checkable")
+            if spec is None:
+                return None  # an ordinary request: untouched
+            row, seed, temperature, top_k, top_p = spec
+            seed = bytes.fromhex(seed)
+
+            def force(output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+                t = len(output_ids)  # tokens generated so far
+                u = torch.tensor(uniforms(seed, 1, t), dtype=torch.float64)
+                token = pick_tokens(logits[None], u, temperature, top_k, top_p)
+                _CHECKABLE_LOGPROBS.setdefault(row, {})[t] = logprobs_from_logits(
+                    logits[None], token.to(logits.device), temperature).item()
+                return torch.full_like(logits, -torch.inf).index_fill_(0, token.to(logits.device), 0.0)
+
+            return force
+
+    CheckableSampling.__module__ = __name__
+    return CheckableSampling
+
+
+def __getattr__(name: str):
+    """`CheckableSampling` (vLLM loads it by name) is built on first use: it subclasses a vLLM
+    class, and this module imports vLLM lazily."""
+    if name == "CheckableSampling":
+        globals()[name] = cls = _checkable_sampling_class()
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 def vllm_available() -> bool:
     try:
@@ -97,7 +159,8 @@ class VLLMEngine:
                        gpu_memory_utilization=cfg.gpu_memory_utilization, enforce_eager=cfg.enforce_eager,
                        seed=cfg.seed, logprobs_mode="processed_logprobs",
                        distributed_executor_backend="uni" if cfg.in_process else None,
-                       worker_extension_cls=f"{__name__}.WeightUpdateExtension")
+                       worker_extension_cls=f"{__name__}.WeightUpdateExtension",
+                       logits_processors=[f"{__name__}:CheckableSampling"])
         self._hf = None
         self._state: dict | None = None
         self.set_logprobs_mode(cfg.logprobs)
@@ -124,35 +187,54 @@ class VLLMEngine:
         self._state = state_dict
         self.version = version
 
-    def generate(self, prompts: list[str], params: SamplingParams) -> list[PromptResult]:
+    def generate(self, prompts: list[str], params: SamplingParams,
+                 seeds: list[list[bytes]] | None = None) -> list[PromptResult]:
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
 
-        self._check_filtering(params)
         # our tokenizer, not vLLM's, so that prompt ids match the learner's and the HF engine's
         prompt_ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
-        greedy_copies = params.n if params.temperature == 0 else 1  # vLLM wants n=1 for greedy
-        sp = VSamplingParams(n=params.n // greedy_copies, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-                             max_tokens=params.max_new_tokens, logprobs=0, detokenize=False,
-                             stop_token_ids=[self.tokenizer.eos_token_id], ignore_eos=False)
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], sp, use_tqdm=False)
-        results = [self._to_result(prompt, ids, out, greedy_copies) for prompt, ids, out in zip(prompts, prompt_ids, outs)]
+        n = params.n
+        common = dict(max_tokens=params.max_new_tokens, detokenize=False,
+                      stop_token_ids=[self.tokenizer.eos_token_id], ignore_eos=False)
+        if seeds is not None and params.temperature > 0:
+            # checkable (module docstring): request row = i * n + j, greedy over our processor's row
+            sps = [VSamplingParams(n=1, temperature=0.0, **common, extra_args={"hetero_checkable": (
+                       i * n + j, seeds[i][j].hex(), params.temperature, params.top_k, params.top_p)})
+                   for i in range(len(prompts)) for j in range(n)]
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids for _ in range(n)],
+                                     sps, use_tqdm=False)
+            taken = self.llm.collective_rpc("hetero_take_logprobs")[0]
+            outputs = [out.outputs[0] for out in outs]
+            logprobs = [[taken[row][t] for t in range(len(o.token_ids))] for row, o in enumerate(outputs)]
+        else:
+            self._check_filtering(params)
+            greedy_copies = n if params.temperature == 0 else 1  # vLLM wants n=1 for greedy
+            sp = VSamplingParams(n=n // greedy_copies, temperature=params.temperature, top_p=params.top_p,
+                                 top_k=params.top_k, logprobs=0, **common)
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], sp, use_tqdm=False)
+            outputs = [o for out in outs for o in sorted(out.outputs, key=lambda o: o.index)
+                       for _ in range(greedy_copies)]
+            logprobs = [[step[tok].logprob for step, tok in zip(o.logprobs, o.token_ids)] for o in outputs]
+        results = [self._to_result(prompt, ids, outputs[i * n:(i + 1) * n], logprobs[i * n:(i + 1) * n])
+                   for i, (prompt, ids) in enumerate(zip(prompts, prompt_ids))]
         if self._hf is not None:
             self._recompute(results, params)
         return results
 
     # ---- helpers -----------------------------------------------------------------------------------
-    def _to_result(self, prompt: str, prompt_ids: list[int], out, copies: int = 1) -> PromptResult:
+    def _to_result(self, prompt: str, prompt_ids: list[int], outputs: list,
+                   logprobs: list[list[float]]) -> PromptResult:
+        """One prompt's completions from vLLM's CompletionOutputs and their behaviour log-probs."""
         eos = self.tokenizer.eos_token_id
         res = PromptResult(prompt, list(prompt_ids))
-        outputs = [o for o in sorted(out.outputs, key=lambda o: o.index) for _ in range(copies)]
         texts = self.tokenizer.batch_decode([list(o.token_ids) for o in outputs], skip_special_tokens=True)
-        for o, text in zip(outputs, texts):
+        for o, text, lps in zip(outputs, texts, logprobs):
             ids = list(o.token_ids)
             res.completions.append(Completion(
                 token_ids=ids,
                 text=text,
-                logprobs=[step[tok].logprob for step, tok in zip(o.logprobs, ids)],
+                logprobs=lps,
                 finish_reason="stop" if ids and ids[-1] == eos else "length",
             ))
         return res

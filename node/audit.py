@@ -1,0 +1,142 @@
+"""Spot audits of checkable sampling (node/checkable.py) and what a failed audit costs.
+
+    archive = VersionArchive(window=64)          # the learner's own published versions
+    archive.put(chain, version, enc, nonce)      # on every publish
+    result = audit_group(model_v, group, nonce, params, tol)   # one forward pass at version v
+
+The learner rebuilds the weights a sampler held at version v from its own keyframes and deltas
+(bit-exact: the same `apply_version` the samplers run), loads them into an audit copy of the
+model and checks that every token of an audited group is the one the seeded randomness selects.
+A sampler whose audited group fails is refused for good: its buffered groups are dropped, its
+credit is revoked, and the refusal is written to disk at once, so a restart keeps it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .checkable import BASE_NONCE, audit_tokens, completion_seed, uniforms
+from .engines.base import SamplingParams
+from .logprobs import completion_span, logprobs_from_logits, pack
+from .weight_codec import EncodedVersion, apply_version
+
+log = logging.getLogger(__name__)
+
+
+class VersionArchive:
+    """The learner's published versions of the last `window` versions, as the encoded keyframes and
+    deltas it sent (plus the base model as chain "" version 0), rebuilt on demand."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self.encoded: dict[tuple[str, int], EncodedVersion] = {}
+        self.nonces: dict[tuple[str, int], bytes] = {}
+        self._cache: tuple[tuple[str, int], dict[str, torch.Tensor]] | None = None
+        """The last version rebuilt: audits of one step mostly hit the same few versions."""
+
+    def put_base(self, weights: dict[str, torch.Tensor]) -> None:
+        """The weights every sampler starts from before it loads a version (chain "", version 0)."""
+        self.encoded[("", 0)] = EncodedVersion(0, None, "fp32", 1, {k: {"v": v.detach().to(torch.float32).cpu().reshape(-1).clone()}
+                                                                    for k, v in weights.items()},
+                                               {k: tuple(v.shape) for k, v in weights.items()})
+        self.nonces[("", 0)] = BASE_NONCE
+
+    def put(self, chain: str, version: int, enc: EncodedVersion, nonce: bytes) -> None:
+        self.encoded[(chain, version)] = enc
+        self.nonces[(chain, version)] = nonce
+        self._prune(chain, version)
+
+    def _prune(self, chain: str, newest: int) -> None:
+        """Keep the base, and of this chain the versions >= newest - window and the keyframe they start from."""
+        oldest = newest - self.window
+        keyframes = [v for (c, v), e in self.encoded.items() if c == chain and e.base is None and v <= oldest]
+        floor = max(keyframes, default=oldest)
+        for key in list(self.encoded):
+            if key != ("", 0) and (key[0] != chain or key[1] < floor):
+                del self.encoded[key], self.nonces[key]
+
+    def nonce(self, chain: str, version: int) -> bytes | None:
+        return self.nonces.get((chain, version))
+
+    def weights(self, chain: str, version: int) -> dict[str, torch.Tensor] | None:
+        """The published weights of (chain, version) exactly as samplers rebuilt them; None if not held."""
+        key = (chain, version)
+        if key not in self.encoded:
+            return None
+        if self._cache is not None and self._cache[0] == key:
+            return self._cache[1]
+        path = [self.encoded[key]]  # back from `version` to the keyframe it builds on
+        while path[-1].base is not None:
+            enc = self.encoded.get((chain, path[-1].base))
+            if enc is None:
+                return None
+            path.append(enc)
+        weights = None
+        for enc in reversed(path):
+            weights = apply_version(weights, enc)
+        self._cache = (key, weights)
+        return weights
+
+
+@dataclass
+class AuditResult:
+    passed: bool
+    positions: int
+    failed_positions: int
+    logprob_gap: float
+    """Mean |claimed - recomputed| behaviour log-prob at the claimed version (engine numerics)."""
+
+
+@torch.no_grad()
+def audit_group(model: torch.nn.Module, prompt_ids: list[int], completions: list[tuple[list[int], list[float]]],
+                seeds: list[bytes], params: SamplingParams, pad_id: int, tol: float) -> AuditResult:
+    """Check that completion j's tokens are those seeds[j] selects under `model` (the weights of
+    the version the group claims): one forward pass over the group."""
+    batch = pack([prompt_ids] * len(completions), [c[0] for c in completions], pad_id)
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits[:, :-1]
+    positions = failed = 0
+    gaps = []
+    for row, ((tokens, claimed), seed) in enumerate(zip(completions, seeds)):
+        span = completion_span(len(prompt_ids), len(tokens))
+        toks = torch.tensor(tokens, device=logits.device)
+        ok = audit_tokens(logits[row, span], toks, torch.tensor(uniforms(seed, len(tokens))), params.temperature,
+                          params.top_k, params.top_p, tol)
+        positions += len(tokens)
+        failed += int((~ok).sum())
+        mine = logprobs_from_logits(logits[row, span], toks, params.logprob_temperature)
+        gaps.append((mine.cpu() - torch.tensor(claimed)).abs().mean().item())
+    return AuditResult(failed == 0, positions, failed, sum(gaps) / max(len(gaps), 1))
+
+
+def group_seeds(nonce: bytes, prompt_id: str, sampler: str, n: int) -> list[bytes]:
+    return [completion_seed(nonce, prompt_id, sampler, j) for j in range(n)]
+
+
+class RefusalList:
+    """Samplers refused for good (a failed audit), with the reason; written through to `path`."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path
+        self.refused: dict[str, str] = {}
+        if path is not None and path.exists():
+            try:
+                self.refused = {str(k): str(v) for k, v in json.loads(path.read_text()).items()}
+            except (OSError, ValueError, AttributeError) as e:  # a damaged file must not stop the learner
+                log.error("could not read the refusal list %s (%s); starting with it empty", path, e)
+
+    def __contains__(self, peer: str) -> bool:
+        return peer in self.refused
+
+    def add(self, peer: str, why: str) -> None:
+        self.refused[peer] = why
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.refused, indent=1))
+            os.replace(tmp, self.path)

@@ -1,0 +1,206 @@
+"""Checked claims and bounded influence: checkable sampling, audits, the log-prob gap, the dual clip."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from node.algorithms import LossInputs, get_algorithm, has_signal
+from node.algorithms.base import clipped_surrogate
+from node.audit import RefusalList, VersionArchive
+from node.checkable import audit_tokens, completion_seed, pick_tokens, sampling_probs, uniforms, version_nonce
+from node.config import SamplingConfig
+from node.learner import Learner, LearnerConfig
+from node.models import BUILTIN_MODEL, load_model, load_tokenizer
+from node.sampler import Sampler
+from node.engines.hf import HFEngine
+from node.models import tokenizer_hash
+from node.tasks import ArithmeticConfig, make_task
+from node.trainer import logprob_gap
+from node.weight_codec import CodecConfig, Publisher, apply_version
+from node.weights import encode_version, untie
+from swarm.memory import MemoryExchange, VirtualClock
+
+LOGITS = torch.log(torch.tensor([[0.2, 0.5, 0.3]]))
+
+
+@pytest.mark.parametrize("u, token", [(0.0, 0), (0.1999, 0), (0.2001, 1), (0.6999, 1), (0.7001, 2), (0.9999, 2)])
+def test_the_uniform_picks_the_token_whose_cdf_interval_holds_it(u, token):
+    # CDF of [0.2, 0.5, 0.3] in vocabulary order: [0, 0.2) -> 0, [0.2, 0.7) -> 1, [0.7, 1) -> 2
+    assert pick_tokens(LOGITS, torch.tensor([u]), 1.0).item() == token
+    assert audit_tokens(LOGITS, torch.tensor([token]), torch.tensor([u]), 1.0, tol=0).item()
+    others = [t for t in range(3) if t != token]
+    assert not audit_tokens(LOGITS.expand(2, 3), torch.tensor(others), torch.tensor([u, u]), 1.0, tol=1e-5).any()
+
+
+def test_audit_tolerance_widens_intervals_and_filters_and_temperature_apply():
+    # u = 0.7005 is token 2's, but within 1e-3 of token 1's interval end: engine numerics allowed
+    assert audit_tokens(LOGITS, torch.tensor([1]), torch.tensor([0.7005]), 1.0, tol=1e-3).item()
+    assert not audit_tokens(LOGITS, torch.tensor([1]), torch.tensor([0.7005]), 1.0, tol=1e-4).item()
+    # top-k 2 keeps tokens 1 and 2: renormalised [0, 0.625, 0.375]; token 0 can never pass
+    p = sampling_probs(LOGITS, 1.0, top_k=2)
+    assert p[0].tolist() == pytest.approx([0.0, 0.625, 0.375])
+    assert not audit_tokens(LOGITS, torch.tensor([0]), torch.tensor([0.0]), 1.0, top_k=2, tol=0.5).item()
+    # top-p 0.6: token 1 (0.5) alone does not reach 0.6, so token 2 (0.3) stays: [0, 0.625, 0.375]
+    assert sampling_probs(LOGITS, 1.0, top_p=0.6)[0].tolist() == pytest.approx([0.0, 0.625, 0.375])
+    # T = 0.5 squares the odds: [0.04, 0.25, 0.09] / 0.38
+    assert sampling_probs(LOGITS, 0.5)[0].tolist() == pytest.approx([0.04 / 0.38, 0.25 / 0.38, 0.09 / 0.38])
+    assert pick_tokens(LOGITS, torch.tensor([0.5]), 0.0).item() == 1  # greedy
+
+
+def test_seeds_and_uniforms_are_fixed_by_nonce_prompt_sampler_and_index():
+    s = completion_seed(b"n" * 16, "arith:1+2", "peer", 0)
+    assert s == completion_seed(b"n" * 16, "arith:1+2", "peer", 0)
+    assert len({s, completion_seed(b"m" * 16, "arith:1+2", "peer", 0), completion_seed(b"n" * 16, "arith:1+3", "peer", 0),
+                completion_seed(b"n" * 16, "arith:1+2", "other", 0), completion_seed(b"n" * 16, "arith:1+2", "peer", 1)}) == 5
+    us = uniforms(s, 1000)
+    assert us[5:7] == uniforms(s, 2, start=5) and all(0 <= u < 1 for u in us)
+    assert abs(sum(us) / len(us) - 0.5) < 0.05
+
+
+def test_the_archive_rebuilds_every_published_version_bit_exactly_and_the_nonce_is_content():
+    model = load_model(BUILTIN_MODEL)
+    pub, archive, sent = Publisher(CodecConfig(keyframe_every=3)), VersionArchive(window=4), {}
+    torch.manual_seed(0)
+    published = None
+    for v in range(9):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 1e-3)
+        weights, aliases = untie(model.state_dict())
+        enc = pub.publish(weights, v)
+        blob = encode_version(enc, BUILTIN_MODEL, "c", aliases)
+        archive.put("c", v, enc, version_nonce(blob))
+        published = apply_version(published if enc.base is not None else None, enc)  # what a sampler holds
+        sent[v] = {k: t.clone() for k, t in published.items()}
+        assert version_nonce(blob) == version_nonce(encode_version(enc, BUILTIN_MODEL, "c", aliases))
+    for v in range(4, 9):  # the window
+        rebuilt = archive.weights("c", v)
+        assert all(torch.equal(rebuilt[k], sent[v][k]) for k in sent[v]), v
+    assert archive.weights("c", 2) is None and archive.weights("other", 8) is None
+
+
+def test_refusals_survive_a_restart_and_a_damaged_file(tmp_path):
+    path = tmp_path / "refused.json"
+    RefusalList(path).add("peerA", "audit failed")
+    assert "peerA" in RefusalList(path)
+    path.write_text("{not json")
+    assert "peerA" not in RefusalList(path)  # logged, not fatal
+
+
+# ---- bounded influence -----------------------------------------------------------------------------
+
+def test_dual_clip_caps_the_loss_of_negative_advantages_and_break_it_to_see():
+    r = torch.tensor([0.5, 1.0, 2.0, 5.0, 100.0])
+    loss, _ = clipped_surrogate(r, torch.full((5,), -1.0), 0.2, 0.2, dual_clip=3.0)
+    # A = -1: -min(-r, -clip(r)) = max(r, clip(r)) = [0.8, 1, 2, 5, 100], then capped at c|A| = 3
+    assert loss.tolist() == pytest.approx([0.8, 1.0, 2.0, 3.0, 3.0])
+    plain, _ = clipped_surrogate(r, torch.full((5,), -1.0), 0.2, 0.2, dual_clip=math.inf)
+    assert plain[-1].item() == pytest.approx(100.0)  # what an unbounded loss lets one sequence do
+    pos, _ = clipped_surrogate(r, torch.ones(5), 0.2, 0.2, dual_clip=3.0)
+    assert pos.tolist() == pytest.approx([-0.5, -1.0, -1.2, -1.2, -1.2])  # A > 0: PPO's own clip
+
+
+def _grad_norm(algo_name: str, claim: float | None, adv: torch.Tensor) -> float:
+    """Gradient norm w.r.t. the learner log-probs of one group of 4 x 5 tokens whose claimed
+    behaviour log-probs are the truth (None) or `claim` per token."""
+    torch.manual_seed(0)
+    logp = (torch.rand(4, 5) * -2).requires_grad_()
+    old = logp.detach().clone() if claim is None else torch.full((4, 5), claim)
+    algo = get_algorithm(algo_name)
+    cfg = algo.make_config({"beta": 0.005} if algo_name == "gepo" else {})
+    out = algo.loss(LossInputs(logp, old, adv, torch.ones(4, 5, dtype=torch.bool), torch.zeros(4, dtype=torch.long)), cfg)
+    out.loss.backward()
+    return logp.grad.norm().item()
+
+
+@pytest.mark.parametrize("algo", ["gepo", "grpo", "dr_grpo", "gspo", "ftis", "pg"])
+def test_a_group_claiming_minus_30_per_token_moves_the_weights_no_more_than_an_honest_group(algo):
+    adv = torch.tensor([1.5, -0.5, -0.5, -0.5])
+    honest, forged = _grad_norm(algo, None, adv), _grad_norm(algo, -30.0, adv)
+    # F-TIS truncates p/g at C = 2, which an honest generator less likely than the learner reaches too
+    bound = get_algorithm("ftis").make_config().cap if algo == "ftis" else 1.0
+    assert forged <= honest * bound * 1.0001, (algo, honest, forged)
+    forged_high = _grad_norm(algo, -1e-6, adv)  # claiming certainty: ratios tiny instead
+    assert forged_high <= honest * 3.0001, (algo, honest, forged_high)
+
+
+def test_logprob_gap_is_the_mean_absolute_difference_per_sequence():
+    logp = torch.tensor([[-1.0, -2.0, 0.0], [-1.0, -1.0, -1.0]])
+    old = torch.tensor([[-3.0, -2.5, 0.0], [-1.0, -19.0, -1.0]])
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    assert logprob_gap(logp, old, mask).tolist() == pytest.approx([(2.0 + 0.5) / 2, 18.0 / 3])
+
+
+# ---- the learner's checks, in process --------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def task():
+    return make_task(ArithmeticConfig())
+
+
+def _pair(task, tmp_path, **kw):
+    torch.manual_seed(0)
+    sampling = SamplingConfig(group_size=4)
+    tok = load_tokenizer(BUILTIN_MODEL)
+    ex = MemoryExchange(VirtualClock())
+    learner = Learner(LearnerConfig(groups_per_step=2, eval_every=0, eval_size=20, **kw), load_model(BUILTIN_MODEL), tok,
+                      task, model_id=BUILTIN_MODEL, sampling=sampling, link=ex, checkpoint_dir=tmp_path)
+    learner.start()
+
+    def sampler(peer):
+        s = Sampler(peer, task, HFEngine(load_model(BUILTIN_MODEL), tok, BUILTIN_MODEL), tokenizer_hash(tok),
+                    sampling=sampling, prompts_per_batch=2)
+        s.maybe_update(ex.sampler(peer))
+        return s
+    return learner, sampler
+
+
+def _trained_groups(learner, recs):
+    while learner.ready():
+        recs.append(learner.step())
+
+
+def test_chosen_completions_fail_the_audit_and_cost_the_sampler_its_place_and_credit(task, tmp_path):
+    learner, sampler = _pair(task, tmp_path)
+    honest, cheat = sampler("honest"), sampler("cheat")
+    learner.ingest_many([g.encode() for g in honest.produce(4)])
+    good = cheat.produce(2)
+    learner.ingest_many([g.encode() for g in good])
+    _trained_groups(learner, [])
+    assert learner.audit_stats["failed"] == 0 and learner.audit_stats["audits"] >= 4
+    chosen = cheat.produce(2)
+    for g in chosen:  # the answer plus one digit, tokens and honest-looking log-probs of a real completion
+        c0 = g.completions[0]
+        for c in g.completions:
+            c.token_ids, c.logprobs, c.text = list(c0.token_ids), list(c0.logprobs), c0.text
+        g.completions[1].token_ids = g.completions[1].token_ids[:1] + [learner.tok.convert_tokens_to_ids("7")]
+        g.completions[1].logprobs = g.completions[1].logprobs[:1] + [-2.0]
+        g.completions[1].text = learner.tok.decode(g.completions[1].token_ids, skip_special_tokens=True)
+    for g in chosen:
+        assert learner.ingest(g.encode()) in (None, "duplicate_content")
+    _trained_groups(learner, [])
+    assert "cheat" in learner.refusals and learner.audit_stats["failed"] >= 1
+    assert "cheat" not in learner.tally.peers and learner.untrained_by("cheat") == 0
+    assert learner.ingest(cheat.produce(1)[0].encode()) == "refused_sampler"
+    again = Learner(learner.cfg, load_model(BUILTIN_MODEL), learner.tok, task, model_id=BUILTIN_MODEL,
+                    sampling=learner.sampling, checkpoint_dir=tmp_path)
+    assert again.ingest(cheat.produce(1)[0].encode()) == "refused_sampler"  # persisted across restarts
+
+
+def test_forged_logprobs_are_dropped_from_the_step_counted_and_not_credited(task, tmp_path):
+    learner, sampler = _pair(task, tmp_path, audit_first=0, audit_rate=0.0)
+    honest, liar = sampler("honest"), sampler("liar")
+    forged = [g for g in liar.produce(12) if has_signal([c.reward for c in g.completions])][:2]  # trained on if honest
+    assert len(forged) == 2
+    for g in forged:
+        for c in g.completions:
+            c.logprobs = [-18.0] * len(c.token_ids)
+    learner.ingest_many([g.encode() for g in forged] + [g.encode() for g in honest.produce(2)])
+    recs = []
+    _trained_groups(learner, recs)
+    assert learner.gap_drops["liar"] == 2 and learner.drops["logprob_gap"] == 2 and "honest" not in learner.gap_drops
+    assert "liar" not in learner.tally.peers
+    assert recs[-1]["routes"]["stale"]["logprob_gap_max"] > 12

@@ -75,13 +75,13 @@ def kill_descendants(pid: int | None = None) -> None:
             pass
 
 
-def start_node(name: str, args: list[str], log_dir: Path, threads: int = 1) -> NodeProcess:
+def start_node(name: str, args: list[str], log_dir: Path, threads: int = 1, module: str = "cli.main") -> NodeProcess:
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HETERO_NODE_THREADS": str(threads),
            "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
     with open(log_path, "ab") as log:
-        popen = subprocess.Popen([sys.executable, "-m", "cli.main", *args], stdout=log, stderr=subprocess.STDOUT,
+        popen = subprocess.Popen([sys.executable, "-m", module, *args], stdout=log, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, env=env, start_new_session=True)
     return NodeProcess(name, popen, log_path)
 

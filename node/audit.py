@@ -13,6 +13,7 @@ credit is revoked, and the refusal is written to disk at once, so a restart keep
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -33,12 +34,14 @@ class VersionArchive:
     """The learner's published versions of the last `window` versions, as the encoded keyframes and
     deltas it sent (plus the base model as chain "" version 0), rebuilt on demand."""
 
-    def __init__(self, window: int) -> None:
+    def __init__(self, window: int, cache: int = 4) -> None:
         self.window = window
+        self.cache = cache
         self.encoded: dict[tuple[str, int], EncodedVersion] = {}
         self.nonces: dict[tuple[str, int], bytes] = {}
-        self._cache: tuple[tuple[str, int], dict[str, torch.Tensor]] | None = None
-        """The last version rebuilt: audits of one step mostly hit the same few versions."""
+        self._cache: collections.OrderedDict[tuple[str, int], dict[str, torch.Tensor]] = collections.OrderedDict()
+        """Versions rebuilt lately (LRU, `cache` of them): audits mostly hit the same few versions,
+        and a rebuild starts from the nearest cached ancestor rather than from the keyframe."""
 
     def put_base(self, weights: dict[str, torch.Tensor]) -> None:
         """The weights every sampler starts from before it loads a version (chain "", version 0)."""
@@ -69,18 +72,21 @@ class VersionArchive:
         key = (chain, version)
         if key not in self.encoded:
             return None
-        if self._cache is not None and self._cache[0] == key:
-            return self._cache[1]
-        path = [self.encoded[key]]  # back from `version` to the keyframe it builds on
-        while path[-1].base is not None:
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key]
+        path = [self.encoded[key]]  # back from `version` to a keyframe or a version rebuilt lately
+        while path[-1].base is not None and (chain, path[-1].base) not in self._cache:
             enc = self.encoded.get((chain, path[-1].base))
             if enc is None:
                 return None
             path.append(enc)
-        weights = None
+        weights = self._cache.get((chain, path[-1].base)) if path[-1].base is not None else None
         for enc in reversed(path):
             weights = apply_version(weights, enc)
-        self._cache = (key, weights)
+        self._cache[key] = weights
+        while len(self._cache) > self.cache:
+            self._cache.popitem(last=False)
         return weights
 
 
@@ -93,25 +99,46 @@ class AuditResult:
     """Mean |claimed - recomputed| behaviour log-prob at the claimed version (engine numerics)."""
 
 
+@dataclass
+class AuditItem:
+    """One group to audit: its prompt, its completions (tokens, claimed log-probs), their seeds."""
+
+    prompt_ids: list[int]
+    completions: list[tuple[list[int], list[float]]]
+    seeds: list[bytes]
+
+
 @torch.no_grad()
+def audit_groups(model: torch.nn.Module, items: list[AuditItem], params: SamplingParams, pad_id: int,
+                 tol: float) -> list[AuditResult]:
+    """Check that each completion's tokens are those its seed selects under `model` (the weights
+    of the version the groups claim): one forward pass over all the groups' rows."""
+    rows = [(it.prompt_ids, toks, claimed, seed) for it in items for (toks, claimed), seed in zip(it.completions, it.seeds)]
+    batch = pack([r[0] for r in rows], [r[1] for r in rows], pad_id)
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits[:, :-1]
+    results, row = [], 0
+    for it in items:
+        positions = failed = 0
+        gaps = []
+        for _ in it.completions:
+            prompt_ids, tokens, claimed, seed = rows[row]
+            span = completion_span(len(prompt_ids), len(tokens))
+            toks = torch.tensor(tokens, device=logits.device)
+            ok = audit_tokens(logits[row, span], toks, torch.tensor(uniforms(seed, len(tokens))), params.temperature,
+                              params.top_k, params.top_p, tol)
+            positions += len(tokens)
+            failed += int((~ok).sum())
+            mine = logprobs_from_logits(logits[row, span], toks, params.logprob_temperature)
+            gaps.append((mine.cpu() - torch.tensor(claimed)).abs().mean().item())
+            row += 1
+        results.append(AuditResult(failed == 0, positions, failed, sum(gaps) / max(len(gaps), 1)))
+    return results
+
+
 def audit_group(model: torch.nn.Module, prompt_ids: list[int], completions: list[tuple[list[int], list[float]]],
                 seeds: list[bytes], params: SamplingParams, pad_id: int, tol: float) -> AuditResult:
-    """Check that completion j's tokens are those seeds[j] selects under `model` (the weights of
-    the version the group claims): one forward pass over the group."""
-    batch = pack([prompt_ids] * len(completions), [c[0] for c in completions], pad_id)
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits[:, :-1]
-    positions = failed = 0
-    gaps = []
-    for row, ((tokens, claimed), seed) in enumerate(zip(completions, seeds)):
-        span = completion_span(len(prompt_ids), len(tokens))
-        toks = torch.tensor(tokens, device=logits.device)
-        ok = audit_tokens(logits[row, span], toks, torch.tensor(uniforms(seed, len(tokens))), params.temperature,
-                          params.top_k, params.top_p, tol)
-        positions += len(tokens)
-        failed += int((~ok).sum())
-        mine = logprobs_from_logits(logits[row, span], toks, params.logprob_temperature)
-        gaps.append((mine.cpu() - torch.tensor(claimed)).abs().mean().item())
-    return AuditResult(failed == 0, positions, failed, sum(gaps) / max(len(gaps), 1))
+    """`audit_groups` for one group."""
+    return audit_groups(model, [AuditItem(prompt_ids, completions, seeds)], params, pad_id, tol)[0]
 
 
 def group_seeds(nonce: bytes, prompt_id: str, sampler: str, n: int) -> list[bytes]:

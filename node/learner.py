@@ -38,7 +38,7 @@ from swarm.records import RecordError, RolloutGroup, decode_rollout_group
 
 from .accounting import Tally
 from .algorithms import get_algorithm, has_signal
-from .audit import RefusalList, VersionArchive, audit_group, group_seeds
+from .audit import AuditItem, AuditResult, RefusalList, VersionArchive, audit_groups, group_seeds
 from .checkable import version_nonce
 from .config import SamplingConfig
 from .engines.base import Completion
@@ -73,7 +73,12 @@ class LearnerConfig:
     """Loss for rollouts of other models: ftis, pg, grpo, ... or drop."""
     foreign_options: dict[str, Any] = field(default_factory=dict)
     accept_models: tuple[str, ...] = ("*",)
-    """Foreign model ids whose rollouts are accepted; "*" accepts any."""
+    """Foreign model ids whose rollouts are accepted; "*" accepts any (that shares our tokenizer,
+    or whose tokenizer is in `foreign_tokenizers`)."""
+    foreign_tokenizers: dict[str, str] = field(default_factory=dict)
+    """Other models' tokenizers, model id -> a local tokenizer folder. Rollouts of a model with
+    another tokenizer are taken only from these: the learner decodes their tokens and checks them
+    against the text (text it cannot check would let a peer claim anything), then re-tokenizes."""
     max_staleness: int = 64
     """Rollouts more than this many versions old are dropped (counted), never trained on."""
     groups_per_step: int = 16
@@ -161,6 +166,8 @@ class Learner:
         self.metrics = metrics
         self.tokenizer_id = tokenizer_hash(tokenizer)
         self.vocab_size = len(tokenizer)
+        self.foreign_toks = {model: _local_tokenizer(path) for model, path in cfg.foreign_tokenizers.items()}
+        """model id -> (its tokenizer, its hash), for checking foreign rollouts' text."""
         self.version = 0
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
         self.engine = HFEngine(model, tokenizer, model_id)  # for evaluation only
@@ -201,6 +208,9 @@ class Learner:
         self.gap_drops: collections.Counter[str] = collections.Counter()
         """Sequences dropped by the log-prob check, per sampler."""
         self._audit_model = None
+        self._audit_loaded: tuple[str, int] | None = None
+        self.train_time_s = 0.0
+        """Seconds spent in optimizer steps (forward, backward, update): what audits are measured against."""
         self._audit_rng = random.SystemRandom()  # the sampler must not predict which groups get audited
         self.eval_set = eval_problems(task, cfg.eval_size)
         self.history: list[dict] = []
@@ -286,6 +296,15 @@ class Learner:
                 return "text_mismatch"
         elif own:
             return "wrong_tokenizer"
+        else:
+            known = self.foreign_toks.get(g.model_id)
+            if known is None or known[1] != g.tokenizer:
+                return "unknown_tokenizer"  # tokens we cannot decode: the text would be unchecked
+            tok = known[0]
+            if any(t >= len(tok) for c in g.completions for t in c.token_ids):
+                return "token_out_of_vocab"
+            if any(tok.decode(c.token_ids, skip_special_tokens=True) != c.text for c in g.completions):
+                return "text_mismatch"
         if own and self.version - g.version > self.cfg.max_staleness:
             return "stale"
         return None
@@ -364,6 +383,7 @@ class Learner:
         parts, skipped = self._parts(taken)
         rec: dict[str, Any] = {"kind": "step", "version": self.version + 1, **self._batch_stats(taken)}
         rec["groups_skipped_zero_var"] = skipped
+        t0 = time.perf_counter()
         try:
             if parts:
                 rec.update(train_step(self.model, self.optimizer, parts, self.sampling.temperature, self.cfg.max_grad_norm))
@@ -371,6 +391,7 @@ class Learner:
             log.exception("a step on %d groups failed; they are quarantined, not retried", len(taken))
             self._quarantine_step(taken, f"step: {type(e).__name__}: {e}")
             return None
+        self.train_time_s += time.perf_counter() - t0
         failed_gap = self._count_gap_drops(taken, rec.get("routes", {}))
         for b in taken:
             self.accepted_by_sampler[b.sampler] += 1
@@ -445,13 +466,20 @@ class Learner:
     # ---- audits ----------------------------------------------------------------------------------
     def _audit(self, taken: list[BufferedGroup]) -> list[BufferedGroup]:
         """Spot-audit own-model groups (node/audit.py); returns those that may be trained on."""
+        chosen = [b for b in taken if b.route == "stale" and (self.audits[b.sampler] < self.cfg.audit_first
+                                                               or self._audit_rng.random() < self.cfg.audit_rate)]
+        # one forward pass per claimed version: its weights are rebuilt and loaded once
+        by_version: dict[tuple[str, int], list[BufferedGroup]] = {}
+        for b in chosen:
+            by_version.setdefault((b.chain, b.claimed_version), []).append(b)
+        verdicts = {}
+        for key, groups in sorted(by_version.items()):
+            verdicts.update(zip(map(id, groups), self._audit_version(key, groups)))
         keep = []
         for b in taken:
+            verdict = verdicts.get(id(b), "pass")
             if b.sampler in self.refusals:
-                continue  # refused earlier in this loop: its other groups go too
-            chosen = b.route == "stale" and (self.audits[b.sampler] < self.cfg.audit_first
-                                             or self._audit_rng.random() < self.cfg.audit_rate)
-            verdict = self._audit_one(b) if chosen else "pass"
+                continue  # refused in this step (another of its groups failed) or earlier
             if verdict == "pass":
                 keep.append(b)
             elif verdict == "unauditable":
@@ -460,28 +488,33 @@ class Learner:
                 self.refuse(b.sampler, verdict)
         return keep
 
-    def _audit_one(self, b: BufferedGroup) -> str:
+    def _audit_version(self, key: tuple[str, int], groups: list[BufferedGroup]) -> list[str]:
+        """Audit groups that claim the same version; a verdict each: pass, unauditable or why it failed."""
         t0 = time.perf_counter()
-        weights = self.archive.weights(b.chain, b.claimed_version)
-        nonce = self.archive.nonce(b.chain, b.claimed_version)
+        weights, nonce = self.archive.weights(*key), self.archive.nonce(*key)
+        st = self.audit_stats
         if weights is None or nonce is None:
-            self.audit_stats["unauditable"] += 1
-            return "unauditable"
+            st["unauditable"] += len(groups)
+            return ["unauditable"] * len(groups)
         if self._audit_model is None:
             self._audit_model = copy.deepcopy(self.model).eval()
-        self._audit_model.load_state_dict(retie(weights, self._aliases))
-        g = b.group
-        seeds = group_seeds(nonce, g.problem_id, b.sampler, len(g.completions))
-        result = audit_group(self._audit_model, g.prompt_ids, [(c.token_ids, c.logprobs) for c in g.completions], seeds,
-                             self.sampling.params, self.tok.pad_token_id, self.cfg.audit_tolerance)
+        if self._audit_loaded != key:
+            self._audit_model.load_state_dict(retie(weights, self._aliases))
+            self._audit_loaded = key
+        items = [AuditItem(b.group.prompt_ids, [(c.token_ids, c.logprobs) for c in b.group.completions],
+                           group_seeds(nonce, b.group.problem_id, b.sampler, len(b.group.completions))) for b in groups]
+        results = audit_groups(self._audit_model, items, self.sampling.params, self.tok.pad_token_id,
+                               self.cfg.audit_tolerance)
+        st["time_s"] += time.perf_counter() - t0
+        return [self._verdict(b, r) for b, r in zip(groups, results)]
+
+    def _verdict(self, b: BufferedGroup, result: AuditResult) -> str:
         self.audits[b.sampler] += 1
         st = self.audit_stats
         st["audits"] += 1
         st["positions"] += result.positions
-        st["time_s"] += time.perf_counter() - t0
-        if result.passed:
-            st["logprob_gap_max"] = max(st["logprob_gap_max"], result.logprob_gap)  # of honest-looking groups
         if result.passed and result.logprob_gap <= self.cfg.audit_logprob_gap:
+            st["logprob_gap_max"] = max(st["logprob_gap_max"], result.logprob_gap)  # honest engines' numerics
             return "pass"
         st["failed"] += 1
         if not result.passed:
@@ -515,6 +548,8 @@ class Learner:
     def _counters(self) -> dict[str, Any]:
         return {"drops": dict(self.drops), "accepted_by_sampler": dict(self.accepted_by_sampler),
                 "audit": dict(self.audit_stats), "logprob_gap_drops": dict(self.gap_drops),
+                "train_time_s": round(self.train_time_s, 3),
+                "credited": {p: c["groups"] for p, c in self.tally.peers.items()},
                 "refused_samplers": len(self.refusals.refused),
                 "reward_claim_mismatch": self.reward_claim_mismatch, "buffered": len(self.buffer),
                 "version_clamped": self.version_clamped,
@@ -617,6 +652,13 @@ def _content_key(g: RolloutGroup) -> str:
     for tokens in sorted(array.array("Q", c.token_ids).tobytes() for c in g.completions):
         h.update(len(tokens).to_bytes(8, "little") + tokens)
     return h.hexdigest()
+
+
+def _local_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return tok, tokenizer_hash(tok)
 
 
 def _rng_state() -> dict[str, Any]:

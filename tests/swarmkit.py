@@ -22,13 +22,18 @@ class Swarm:
     def __init__(self, base: Path) -> None:
         self.base, self.nodes, self.logs = base, {}, base / "logs"
 
-    def start(self, name: str, args: list[str]) -> NodeProcess:
-        self.nodes[name] = start_node(name, args, self.logs)
+    def start(self, name: str, args: list[str], module: str = "cli.main") -> NodeProcess:
+        self.nodes[name] = start_node(name, args, self.logs, module=module)
         return self.nodes[name]
 
     def join(self, name: str, role: str, *extra: str) -> NodeProcess:
         return self.start(name, ["join", "--role", role, "--initial-peers", self.addr, "--no-nat",
                                  "--workdir", str(self.base / name), *extra])
+
+    def join_attacker(self, name: str, mode: str, *extra: str) -> NodeProcess:
+        """A sampler process with its own key whose groups tests/attacker.py tampers with (MODE)."""
+        return self.start(name, [mode, "join", "--role", "sampler", "--initial-peers", self.addr, "--no-nat",
+                                 "--workdir", str(self.base / name), "--name", name, *extra], module="tests.attacker")
 
     def metrics(self) -> list[dict]:
         path = self.base / "learner" / "metrics.jsonl"

@@ -9,7 +9,7 @@ import torch
 
 from node.engines.hf import HFEngine
 from node.learner import Learner, LearnerConfig
-from node.models import BUILTIN_MODEL, BUILTIN_MODEL_B, load_model, load_tokenizer, tokenizer_hash
+from node.models import build_char_tokenizer, BUILTIN_MODEL, BUILTIN_MODEL_B, load_model, load_tokenizer, tokenizer_hash
 from node.config import SamplingConfig
 from node.sampler import Sampler
 from node.tasks import ArithmeticTask
@@ -145,15 +145,36 @@ def test_foreign_model_routes_to_ftis_and_can_be_dropped(task):
     assert picky.ingest(foreign.produce(1)[0].encode()) == "unknown_model"
 
 
-def test_foreign_tokenizer_is_retokenized_and_corrected_at_sequence_level(task):
-    clock, ex, learner, sampler = make_pair(task)
+def load_tokenizer_folder(path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def test_foreign_tokenizer_is_retokenized_and_corrected_at_sequence_level(task, tmp_path):
+    other = build_char_tokenizer()  # another vocabulary: the same characters, ids shifted by one
+    vocab = {t: (i + 1) % len(other) for t, i in other.get_vocab().items()}
+    from tokenizers import models
+    other.backend_tokenizer.model = models.WordLevel(vocab, unk_token="<unk>")
+    other.save_pretrained(tmp_path / "other")
+    other = load_tokenizer_folder(tmp_path / "other")
+    assert tokenizer_hash(other) != tokenizer_hash(load_tokenizer(BUILTIN_MODEL))
+    clock, ex, learner, sampler = make_pair(task, foreign_tokenizers={"other-family/model": str(tmp_path / "other")})
     g = sampler.produce(2)[0]
-    g.model_id, g.tokenizer = "other-family/model", "ffffffffffffffff"
-    g.completions[0].token_ids = [900 + i for i in range(len(g.completions[0].token_ids))]  # its own vocab
+    g.model_id, g.tokenizer = "other-family/model", tokenizer_hash(other)
+    for c in g.completions:  # its own token ids for the same text
+        c.token_ids = other(c.text, add_special_tokens=False)["input_ids"] + [other.eos_token_id]
+        c.logprobs = [-1.0] * len(c.token_ids)
     assert learner.ingest(g.encode()) is None
     b = learner.buffer[-1]
     assert b.route == "foreign_seq" and b.group.behaviour_seq_logp_mean is not None
     assert b.group.completions[0].token_ids[-1] == learner.tok.eos_token_id
+    g = copy.deepcopy(g)
+    c = g.completions[0]
+    g.id, c.token_ids, c.logprobs = "g2", other("9")["input_ids"] + c.token_ids, [-1.0] + c.logprobs  # text unchanged
+    assert learner.ingest(g.encode()) == "text_mismatch"
+    g.model_id = "made-up/model"  # a tokenizer the learner does not hold: its text is unchecked, refused
+    assert learner.ingest(g.encode()) == "unknown_tokenizer"
 
 
 def test_resume_from_checkpoint_continues_the_same_versions_and_metrics(task, tmp_path):

@@ -1,0 +1,94 @@
+"""Spot audits of checkable sampling: detection rate, false-positive rate and cost.
+
+    python examples/bench_audit.py [--steps 200] [--chosen 500]
+
+1. False positives: the simulator trains the built-in model as the demo does (GEPO, the demo's
+   lr and batch) with honest HF samplers, two of them behind by 1-20 versions (log-normal weight delays), and the
+   learner audits *every* own-model group (audit_rate 1) at the version it claims, rebuilt from
+   its own keyframes and deltas. Every failure is a false positive.
+2. Detection: groups whose completions were chosen, not sampled (tests/attacker.py's attack: the
+   answer plus one extra digit, claimed log-prob -2/token), and a subtler chooser that samples
+   honestly and swaps one completion of eight for a correct answer; each audited once.
+3. Cost: audit seconds against the learner's optimizer-step seconds, with every group audited and
+   in a second run at the default audit policy (first 4 groups of each sampler, then 10%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import random
+
+from cli.simulate import SimSamplerSpec, Simulator, SimulatorConfig
+from node.audit import audit_group, group_seeds
+from node.config import SamplingConfig
+from node.learner import LearnerConfig
+from node.models import BUILTIN_MODEL, load_model, load_tokenizer
+from swarm.delay import DelayConfig
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--chosen", type=int, default=500, help="chosen groups audited per attack")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    sampling = SamplingConfig()
+    cfg = SimulatorConfig(
+        learner=LearnerConfig(audit_rate=1.0, eval_every=0, eval_size=50), sampling=sampling, steps=args.steps,
+        samplers=(SimSamplerSpec(count=1), SimSamplerSpec(name="stale", count=2,
+                                                          weight_delay=DelayConfig(kind="lognormal", lower_s=30, upper_s=20 * 30))),
+        seconds_per_step=30)
+    sim = Simulator(cfg)
+    sim.run()
+    learner = sim.learner
+    st, groups = learner.audit_stats, learner.version * learner.cfg.groups_per_step
+    print(f"1. honest HF samplers, {learner.version} versions, staleness up to ~20, every group audited:")
+    print(f"   {st['failed']} failed of {st['audits']} audited groups ({st['positions']} tokens): "
+          f"false-positive rate {st['failed'] / max(st['audits'], 1):.4%} (goal < 0.1%); "
+          f"max claimed-vs-audit log-prob gap {st['logprob_gap_max']:.2e}/token")
+
+    tok, model = load_tokenizer(BUILTIN_MODEL), load_model(BUILTIN_MODEL)
+    engine = sim.samplers[0][0]
+    problems = list(sim.task.split("train"))
+    rng = random.Random(0)
+    params = sampling.params
+    caught = {"answer plus a digit, all 8": 0, "one of 8 swapped for the answer": 0}
+    tried = {"answer plus a digit, all 8": args.chosen, "one of 8 swapped for the answer": 0}
+    for i in range(args.chosen):
+        p = problems[i % len(problems)]
+        seeds = group_seeds(b"\0" * 16, p.id, "chooser", sampling.group_size)
+        prompt_ids = tok(p.prompt, add_special_tokens=False)["input_ids"]
+        chosen = []
+        for _ in range(sampling.group_size):
+            ids = tok(p.answer + str(rng.randrange(10)), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            chosen.append((ids, [-2.0] * len(ids)))
+        r = audit_group(model, prompt_ids, chosen, seeds, params, tok.pad_token_id, learner.cfg.audit_tolerance)
+        caught["answer plus a digit, all 8"] += not r.passed
+        honest = engine.engine.generate([p.prompt], params, [seeds])[0].completions
+        comps = [(c.token_ids, c.logprobs) for c in honest]
+        ids = tok(p.answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        if comps[0][0] != ids:  # only a swap that changes something can be caught
+            comps[0] = (ids, [-0.5] * len(ids))
+            engine.engine.model.eval()
+            r = audit_group(engine.engine.model, prompt_ids, comps, seeds, params, tok.pad_token_id,
+                            learner.cfg.audit_tolerance)
+            caught["one of 8 swapped for the answer"] += not r.passed
+            tried["one of 8 swapped for the answer"] += 1  # (a swap for what was sampled anyway changes nothing)
+    print("2. detection per audited group:")
+    for k, v in caught.items():
+        print(f"   {k}: {v} of {tried[k]} = {v / max(tried[k], 1):.2%} (goal >= 99%)")
+
+    per_audit = st["time_s"] / max(st["audits"], 1)
+    default = Simulator(dataclasses.replace(cfg, learner=LearnerConfig(eval_every=0, eval_size=50)))
+    default.run()
+    d = default.learner
+    print(f"3. cost: every group audited: {per_audit * 1e3:.1f} ms per audited group (one forward pass per claimed "
+          f"version), {learner.audit_stats['time_s'] / learner.train_time_s:.0%} of optimizer-step time; "
+          f"default policy (first 4 per sampler, then 10%): {d.audit_stats['audits']} of "
+          f"{d.version * d.cfg.groups_per_step} groups audited in {d.audit_stats['time_s']:.1f} s against "
+          f"{d.train_time_s:.1f} s of optimizer steps = {d.audit_stats['time_s'] / d.train_time_s:.1%} of learner compute")
+
+if __name__ == "__main__":
+    main()

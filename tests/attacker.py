@@ -1,0 +1,60 @@
+"""An attacker's sampler for tests/test_steering.py: a real `hetero-node join --role sampler`
+process, with its own key, that tampers with its groups before it signs and sends them.
+
+    python -m tests.attacker MODE join --role sampler --initial-peers ... [join options]
+
+MODE (the attacks of issue 13, as a stranger would run them):
+    logprobs   honest tokens, claimed behaviour log-probs of -18/token (inflated importance weights)
+    chosen     completions chosen, not sampled: the answer plus one extra digit (marked wrong),
+               with a realistic claimed log-prob of -2/token
+    garbage    random in-vocabulary tokens, text matching them, log-probs -0.5 (credit farming)
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+
+from node import sampler as sampler_mod
+
+
+def tamper(mode: str, g, sampler) -> None:
+    tok = sampler.engine.tokenizer
+    answer = sampler.task.get(g.prompt_id).answer
+    rng = random.Random(g.id)
+    for c in g.completions:
+        if mode == "logprobs":
+            c.logprobs = [-18.0] * len(c.token_ids)
+        elif mode == "chosen":
+            c.text = answer + str(rng.randrange(10))
+            c.token_ids = tok(c.text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            c.logprobs, c.finish_reason, c.reward = [-2.0] * len(c.token_ids), "stop", 0.0
+        elif mode == "garbage":
+            c.token_ids = [rng.randrange(3, len(tok)) for _ in range(rng.randrange(1, 6))]
+            c.text = tok.decode(c.token_ids, skip_special_tokens=True)
+            c.logprobs, c.finish_reason, c.reward = [-0.5] * len(c.token_ids), "length", 0.0
+        else:
+            raise SystemExit(f"unknown attack mode {mode!r}")
+
+
+def main() -> None:
+    mode, args = sys.argv[1], sys.argv[2:]
+    os.nice(10)  # the attack is in what it sends, not in starving the honest processes of this 2-core machine
+    produce = sampler_mod.Sampler.produce
+
+    def tampered(self, n_prompts=None):
+        groups = produce(self, n_prompts)
+        for g in groups:
+            tamper(mode, g, self)
+        return groups
+
+    sampler_mod.Sampler.produce = tampered
+    from cli.main import main as cli_main
+
+    sys.argv = ["hetero-node", *args]
+    cli_main()
+
+
+if __name__ == "__main__":
+    main()

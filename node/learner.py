@@ -40,7 +40,7 @@ from .accounting import Tally
 from .algorithms import get_algorithm, has_signal
 from .audit import AuditItem, AuditResult, RefusalList, VersionArchive, audit_groups, group_seeds
 from .checkable import version_nonce
-from .config import SamplingConfig
+from .config import ConfigError, SamplingConfig
 from .engines.base import Completion
 from .engines.hf import HFEngine
 from .evaluate import eval_problems, evaluate
@@ -657,7 +657,11 @@ def _content_key(g: RolloutGroup) -> str:
 def _local_tokenizer(path: str):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    try:
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"learner.foreign_tokenizers: cannot load a tokenizer from {path!r} ({type(e).__name__})",
+                          "give a local folder saved with save_pretrained that holds the model's tokenizer") from None
     return tok, tokenizer_hash(tok)
 
 

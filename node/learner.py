@@ -209,6 +209,8 @@ class Learner:
         """Sequences dropped by the log-prob check, per sampler."""
         self._audit_model = None
         self._audit_loaded: tuple[str, int] | None = None
+        self._unaudited: set[int] = set()
+        """ids of this step's groups chosen for an audit whose version we no longer hold."""
         self.train_time_s = 0.0
         """Seconds spent in optimizer steps (forward, backward, update): what audits are measured against."""
         self._audit_rng = random.SystemRandom()  # the sampler must not predict which groups get audited
@@ -377,6 +379,7 @@ class Learner:
         """One optimizer step on the oldest `groups_per_step` groups; None if not enough data."""
         if not self.ready():
             return None
+        self._unaudited = set()
         taken = self._audit(self._take(self.cfg.groups_per_step))
         if not taken:
             return None  # every group taken failed an audit: nothing to train on this time
@@ -397,7 +400,7 @@ class Learner:
             self.accepted_by_sampler[b.sampler] += 1
             # credit only what was trained on and passed every check: zero-variance groups (garbage
             # included) carry no gradient, and a group with a sequence over the log-prob gap earns nothing
-            if has_signal(b.group.rewards) and id(b) not in failed_gap:
+            if has_signal(b.group.rewards) and id(b) not in failed_gap and id(b) not in self._unaudited:
                 self.tally.credit(b.sampler, len(b.group.completions),
                                   sum(len(c.token_ids) for c in b.group.completions), b.group.model_id)
         self.version += 1
@@ -483,7 +486,11 @@ class Learner:
             if verdict == "pass":
                 keep.append(b)
             elif verdict == "unauditable":
-                self.drops["unauditable"] += 1  # not held any more (an earlier run's chain): not punished
+                # made by weights we no longer hold (an earlier run's chain, e.g. before a crash): an
+                # accepted group is never lost, so it is trained on (the gap check and the dual clip
+                # still bound it), but unchecked work earns no credit
+                keep.append(b)
+                self._unaudited.add(id(b))
             else:
                 self.refuse(b.sampler, verdict)
         return keep

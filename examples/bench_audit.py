@@ -43,7 +43,7 @@ def main() -> None:
     sim = Simulator(cfg)
     sim.run()
     learner = sim.learner
-    st, groups = learner.audit_stats, learner.version * learner.cfg.groups_per_step
+    st = learner.audit_stats
     print(f"1. honest HF samplers, {learner.version} versions, staleness up to ~20, every group audited:")
     print(f"   {st['failed']} failed of {st['audits']} audited groups ({st['positions']} tokens): "
           f"false-positive rate {st['failed'] / max(st['audits'], 1):.4%} (goal < 0.1%); "

@@ -30,6 +30,10 @@ class Tally:
         if model_id not in c["models"]:
             c["models"].append(model_id)
 
+    def revoke(self, sampler: str) -> None:
+        """Take back all of `sampler`'s credit (it failed an audit); the next record omits it."""
+        self.peers.pop(sampler, None)
+
     def record(self, learner: str, model_id: str) -> dict[str, Any]:
         # milliseconds, so that it still grows after a restart from an older checkpoint
         self.seq = max(self.seq + 1, int(time.time() * 1000))

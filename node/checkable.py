@@ -4,7 +4,8 @@ audit can tell a sampled completion from a chosen one.
 A sampler does not pick its own random numbers. Completion j of prompt `prompt_id`, made by
 `sampler` with the weights of a published version, uses
 
-    seed_j = H(nonce_v, prompt_id, sampler, j)        nonce_v = H(the version's published tensors)
+    seed_j = H(nonce_v, prompt_id, sampler, j)        nonce_v = H(the version as published),
+                                                       node/weights.py, version_nonce
     u_t    = H(seed_j, t) as a float in [0, 1)        one uniform per generated position t
 
 and takes the token whose interval of the tempered, filtered CDF (vocabulary order) holds u_t:
@@ -26,26 +27,13 @@ the argmax.
 from __future__ import annotations
 
 import hashlib
-import json
 import struct
 
 import torch
 
 SEED_BYTES = 16
+"""Seeds and version nonces (node/weights.py, version_nonce) are this long."""
 
-
-def version_nonce(blob: bytes) -> bytes:
-    """The nonce of a published version: a hash of the bytes samplers receive, with the header's
-    metadata in sorted order (safetensors writes its keys in an order that varies from save to
-    save, and a nonce must be a function of the content for runs to be reproducible)."""
-    (n,) = struct.unpack("<Q", blob[:8]) if len(blob) >= 8 else (len(blob),)
-    try:
-        meta = json.loads(blob[8 : 8 + n]).get("__metadata__", {})
-    except ValueError:
-        meta = {}
-    h = hashlib.blake2b(json.dumps(meta, sort_keys=True).encode(), digest_size=SEED_BYTES)
-    h.update(blob[8 + n :])
-    return h.digest()
 
 
 BASE_NONCE = b"\0" * SEED_BYTES

@@ -39,7 +39,6 @@ from swarm.records import RecordError, RolloutGroup, decode_rollout_group
 from .accounting import Tally
 from .algorithms import get_algorithm, has_signal
 from .audit import AuditItem, AuditResult, RefusalList, VersionArchive, audit_groups, group_seeds
-from .checkable import version_nonce
 from .config import ConfigError, SamplingConfig
 from .engines.base import Completion
 from .engines.hf import HFEngine
@@ -49,7 +48,7 @@ from .models import tokenizer_hash
 from .tasks import Task
 from .trainer import ScoredGroup, TrainPart, build_batch, train_step
 from .weight_codec import CodecConfig, Publisher
-from .weights import encode_version, retie, untie
+from .weights import encode_version, retie, untie, version_nonce
 
 log = logging.getLogger(__name__)
 
@@ -209,8 +208,6 @@ class Learner:
         """Sequences dropped by the log-prob check, per sampler."""
         self._audit_model = None
         self._audit_loaded: tuple[str, int] | None = None
-        self._unaudited: set[int] = set()
-        """ids of this step's groups chosen for an audit whose version we no longer hold."""
         self.train_time_s = 0.0
         """Seconds spent in optimizer steps (forward, backward, update): what audits are measured against."""
         self._audit_rng = random.SystemRandom()  # the sampler must not predict which groups get audited
@@ -379,8 +376,7 @@ class Learner:
         """One optimizer step on the oldest `groups_per_step` groups; None if not enough data."""
         if not self.ready():
             return None
-        self._unaudited = set()
-        taken = self._audit(self._take(self.cfg.groups_per_step))
+        taken, unaudited = self._audit(self._take(self.cfg.groups_per_step))
         if not taken:
             return None  # every group taken failed an audit: nothing to train on this time
         parts, skipped = self._parts(taken)
@@ -400,7 +396,7 @@ class Learner:
             self.accepted_by_sampler[b.sampler] += 1
             # credit only what was trained on and passed every check: zero-variance groups (garbage
             # included) carry no gradient, and a group with a sequence over the log-prob gap earns nothing
-            if has_signal(b.group.rewards) and id(b) not in failed_gap and id(b) not in self._unaudited:
+            if has_signal(b.group.rewards) and id(b) not in failed_gap and id(b) not in unaudited:
                 self.tally.credit(b.sampler, len(b.group.completions),
                                   sum(len(c.token_ids) for c in b.group.completions), b.group.model_id)
         self.version += 1
@@ -467,8 +463,9 @@ class Learner:
         return failed
 
     # ---- audits ----------------------------------------------------------------------------------
-    def _audit(self, taken: list[BufferedGroup]) -> list[BufferedGroup]:
-        """Spot-audit own-model groups (node/audit.py); returns those that may be trained on."""
+    def _audit(self, taken: list[BufferedGroup]) -> tuple[list[BufferedGroup], set[int]]:
+        """Spot-audit own-model groups (node/audit.py); returns those that may be trained on, and
+        the ids of those among them chosen for an audit whose version we no longer hold."""
         chosen = [b for b in taken if b.route == "stale" and (self.audits[b.sampler] < self.cfg.audit_first
                                                                or self._audit_rng.random() < self.cfg.audit_rate)]
         # one forward pass per claimed version: its weights are rebuilt and loaded once
@@ -478,7 +475,7 @@ class Learner:
         verdicts = {}
         for key, groups in sorted(by_version.items()):
             verdicts.update(zip(map(id, groups), self._audit_version(key, groups)))
-        keep = []
+        keep, unaudited = [], set()
         for b in taken:
             verdict = verdicts.get(id(b), "pass")
             if b.sampler in self.refusals:
@@ -490,10 +487,10 @@ class Learner:
                 # accepted group is never lost, so it is trained on (the gap check and the dual clip
                 # still bound it), but unchecked work earns no credit
                 keep.append(b)
-                self._unaudited.add(id(b))
+                unaudited.add(id(b))
             else:
                 self.refuse(b.sampler, verdict)
-        return keep
+        return keep, unaudited
 
     def _audit_version(self, key: tuple[str, int], groups: list[BufferedGroup]) -> list[str]:
         """Audit groups that claim the same version; a verdict each: pass, unauditable or why it failed."""
@@ -535,7 +532,7 @@ class Learner:
         dropped = self._buffered.pop(sampler, 0)
         self.buffer = collections.deque(b for b in self.buffer if b.sampler != sampler)
         self.drops["refused_sampler"] += dropped + 1
-        self.tally.peers.pop(sampler, None)
+        self.tally.revoke(sampler)
         log.warning("refused sampler %s for good (%s); %d buffered groups dropped, its credit revoked",
                     sampler, why, dropped)
 
@@ -639,7 +636,7 @@ class Learner:
             if group.sampler not in self.refusals:
                 self._accept(group, raw, count=False)
         for sampler in self.refusals.refused:
-            self.tally.peers.pop(sampler, None)
+            self.tally.revoke(sampler)
 
     def save_checkpoint(self, directory: Path) -> Path:
         from .checkpoint import save_checkpoint

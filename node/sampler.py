@@ -15,12 +15,12 @@ import uuid
 from swarm.exchange import SamplerLink
 from swarm.records import CompletionRecord, RolloutGroup
 
-from .checkable import BASE_NONCE, completion_seed, version_nonce
+from .checkable import BASE_NONCE, completion_seed
 from .config import SamplingConfig
 from .engines.base import Engine
 from .tasks import PromptStream, Task
 from .weight_codec import apply_version
-from .weights import decode_version, retie
+from .weights import decode_version, retie, version_nonce
 
 log = logging.getLogger(__name__)
 

@@ -7,6 +7,7 @@ the same chain) and tied-tensor aliases. Tied tensors (input/output embeddings) 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 
@@ -14,6 +15,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from .checkable import SEED_BYTES
 from .weight_codec import EncodedVersion
 
 
@@ -44,14 +46,29 @@ def encode_version(enc: EncodedVersion, model_id: str, chain: str, aliases: dict
     return st_save(flat, metadata=meta)
 
 
-def weights_metadata(blob: bytes) -> dict[str, str]:
-    """The safetensors header's __metadata__ of an encoded version, read from the bytes alone."""
+def _header(blob: bytes) -> tuple[dict[str, str], int]:
+    """(the safetensors header's __metadata__, where the tensor data starts), from the bytes alone."""
     if len(blob) < 8:
         raise ValueError("weights blob too short")
     (n,) = struct.unpack("<Q", blob[:8])
     if n > len(blob) - 8:
         raise ValueError("weights blob header is truncated")
-    return json.loads(blob[8 : 8 + n]).get("__metadata__", {})
+    return json.loads(blob[8 : 8 + n]).get("__metadata__", {}), 8 + n
+
+
+def weights_metadata(blob: bytes) -> dict[str, str]:
+    """The safetensors header's __metadata__ of an encoded version, read from the bytes alone."""
+    return _header(blob)[0]
+
+
+def version_nonce(blob: bytes) -> bytes:
+    """The nonce of a published version (node/checkable.py): a hash of its metadata, in sorted order
+    (safetensors writes the keys in an order that varies from save to save, and a nonce must be a
+    function of the content for runs to be reproducible), and of its tensor data."""
+    meta, data = _header(blob)
+    h = hashlib.blake2b(json.dumps(meta, sort_keys=True).encode(), digest_size=SEED_BYTES)
+    h.update(memoryview(blob)[data:])
+    return h.digest()
 
 
 def decode_version(blob: bytes) -> tuple[EncodedVersion, dict[str, str]]:

@@ -10,7 +10,7 @@ import time
 import uuid
 from pathlib import Path
 
-from cli.procs import NodeProcess, start_node, wait_for_file
+from cli.procs import NodeProcess, start_node, stop, wait_for_file
 from node.models import BUILTIN_MODEL, load_tokenizer, tokenizer_hash
 from node.tasks import ArithmeticTask
 from swarm.envelope import seal
@@ -34,6 +34,17 @@ class Swarm:
         """A sampler process with its own key whose groups tests/attacker.py tampers with (MODE)."""
         return self.start(name, [mode, "join", "--role", "sampler", "--initial-peers", self.addr, "--no-nat",
                                  "--workdir", str(self.base / name), "--name", name, *extra], module="tests.attacker")
+
+    def start_learner(self, toml: str, *extra: str) -> NodeProcess:
+        """The learner, with `toml` as its config file (written to the swarm's folder)."""
+        (self.base / "learner.toml").write_text(toml)
+        return self.join("learner", "learner", "--config", str(self.base / "learner.toml"), *extra)
+
+    def stop_all(self) -> None:
+        """SIGTERM (then SIGKILL) every node's process group, and check that none is left running."""
+        stop(list(self.nodes.values()))
+        alive = [n.name for n in self.nodes.values() if n.group_alive()]
+        assert not alive, f"orphaned process groups: {alive}"
 
     def metrics(self) -> list[dict]:
         path = self.base / "learner" / "metrics.jsonl"

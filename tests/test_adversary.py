@@ -32,15 +32,12 @@ def swarm(tmp_path_factory):
     s = Swarm(tmp_path_factory.mktemp("adversary"))
     try:
         start_bootstrap(s)
-        (s.base / "learner.toml").write_text(LEARNER_TOML)
-        s.join("learner", "learner", "--config", str(s.base / "learner.toml"))
+        s.start_learner(LEARNER_TOML)
         s.join("honest", "sampler", "--name", "honest")
         s.wait_version(3, timeout=240)
         yield s
     finally:
-        stop(list(s.nodes.values()))
-        alive = [n.name for n in s.nodes.values() if n.group_alive()]
-        assert not alive, f"orphaned process groups: {alive}"
+        s.stop_all()
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import torch
 from node.algorithms import LossInputs, get_algorithm, has_signal
 from node.algorithms.base import clipped_surrogate
 from node.audit import RefusalList, VersionArchive
-from node.checkable import audit_tokens, completion_seed, pick_tokens, sampling_probs, uniforms, version_nonce
+from node.checkable import audit_tokens, completion_seed, pick_tokens, sampling_probs, uniforms
 from node.config import SamplingConfig
 from node.learner import Learner, LearnerConfig
 from node.models import BUILTIN_MODEL, load_model, load_tokenizer
@@ -20,7 +20,7 @@ from node.models import tokenizer_hash
 from node.tasks import ArithmeticConfig, make_task
 from node.trainer import logprob_gap
 from node.weight_codec import CodecConfig, Publisher, apply_version
-from node.weights import encode_version, untie
+from node.weights import encode_version, untie, version_nonce
 from swarm.memory import MemoryExchange, VirtualClock
 
 LOGITS = torch.log(torch.tensor([[0.2, 0.5, 0.3]]))

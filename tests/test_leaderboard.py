@@ -356,9 +356,7 @@ def test_swarm_tallies_reach_the_page_in_a_real_browser_and_survive_a_restart(tm
         assert again["peer_id"] == me and again["rollouts"] >= top["rollouts"]
         assert len(_get_json(url2 + "api/history")[me]) >= 1
     finally:
-        stop(list(s.nodes.values()))
-        alive = [n.name for n in s.nodes.values() if n.group_alive()]
-        assert not alive, f"orphaned process groups: {alive}"
+        s.stop_all()
 
 
 def test_validators_refuse_a_peer_record_naming_another_peer_and_a_second_subkey_of_one_key(tmp_path):

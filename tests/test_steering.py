@@ -17,7 +17,6 @@ import uuid
 import msgpack
 import pytest
 
-from cli.procs import stop
 from node.checkable import BASE_NONCE
 from node.engines.hf import HFEngine
 from node.models import BUILTIN_MODEL, load_model, load_tokenizer, tokenizer_hash
@@ -38,8 +37,7 @@ def _run(base, attack: bool) -> dict:
     s = Swarm(base)
     try:
         start_bootstrap(s)
-        (s.base / "learner.toml").write_text(LEARNER_TOML)
-        s.join("learner", "learner", "--config", str(s.base / "learner.toml"))
+        s.start_learner(LEARNER_TOML)
         s.join("honest", "sampler", "--name", "honest")
         out: dict = {}
         if attack:
@@ -59,9 +57,7 @@ def _run(base, attack: bool) -> dict:
         out["peers"] = {name: peer_of(s, name) for name in ("honest", *(MODES if attack else ()))}
         return out
     finally:
-        stop(list(s.nodes.values()))
-        alive = [n.name for n in s.nodes.values() if n.group_alive()]
-        assert not alive, f"orphaned process groups: {alive}"
+        s.stop_all()
 
 
 def _in_process_attacks(s: Swarm) -> dict[str, str]:

@@ -73,16 +73,13 @@ def swarm(tmp_path_factory):
     s = Swarm(tmp_path_factory.mktemp("swarm"))
     try:
         start_bootstrap(s)
-        (s.base / "learner.toml").write_text(LEARNER_TOML)
-        s.join("learner", "learner", "--config", str(s.base / "learner.toml"))
+        s.start_learner(LEARNER_TOML)
         s.join("sampler-a", "sampler")
         s.join("sampler-b", "sampler")
         s.join("sampler-x", "sampler", "--model", "builtin:tiny-arith-b")
         yield s
     finally:
-        stop(list(s.nodes.values()))
-        alive = [n.name for n in s.nodes.values() if n.group_alive()]
-        assert not alive, f"orphaned process groups: {alive}"
+        s.stop_all()
 
 
 @pytest.mark.integration

@@ -43,9 +43,10 @@ from .base import Completion, PromptResult, SamplingParams
 
 log = logging.getLogger(__name__)
 
-_CHECKABLE_LOGPROBS: dict[int, dict[int, float]] = {}
-"""Behaviour log-probs of checkable requests, {row: {position t: log-prob}}: written by
-`CheckableSampling` in vLLM's worker, taken (and cleared) by `hetero_take_logprobs`."""
+_CHECKABLE_LOGPROBS: dict[int, dict[int, torch.Tensor]] = {}
+"""Behaviour log-probs of checkable requests, {row: {position t: 0-d tensor on the logits' device}}:
+written by `CheckableSampling` in vLLM's worker (kept as tensors: no device sync per token), taken
+(and cleared) by `hetero_take_logprobs` once per generate call."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,8 @@ class WeightUpdateExtension:
         return len(weights)
 
     def hetero_take_logprobs(self) -> dict[int, dict[int, float]]:
-        taken = dict(_CHECKABLE_LOGPROBS)
+        taken = {row: dict(zip(sorted(lps), torch.stack([lps[t] for t in sorted(lps)]).tolist()))
+                 for row, lps in _CHECKABLE_LOGPROBS.items()}
         _CHECKABLE_LOGPROBS.clear()
         return taken
 
@@ -113,9 +115,9 @@ def _checkable_sampling_class() -> type:
                 t = len(output_ids)  # tokens generated so far
                 u = torch.tensor(uniforms(seed, 1, t), dtype=torch.float64)
                 token = pick_tokens(logits[None], u, temperature, top_k, top_p)
-                _CHECKABLE_LOGPROBS.setdefault(row, {})[t] = logprobs_from_logits(
-                    logits[None], token.to(logits.device), temperature).item()
-                return torch.full_like(logits, -torch.inf).index_fill_(0, token.to(logits.device), 0.0)
+                token = token.to(logits.device)
+                _CHECKABLE_LOGPROBS.setdefault(row, {})[t] = logprobs_from_logits(logits[None], token, temperature)[0]
+                return torch.full_like(logits, -torch.inf).index_fill_(0, token, 0.0)
 
             return force
 

@@ -2,7 +2,8 @@
 
     archive = VersionArchive(window=64)          # the learner's own published versions
     archive.put(chain, version, enc, nonce)      # on every publish
-    result = audit_group(model_v, group, nonce, params, tol)   # one forward pass at version v
+    model_v.load_state_dict(archive.weights(chain, v))
+    results = audit_groups(model_v, items, params, pad_id, tol)   # one forward pass for v's groups
 
 The learner rebuilds the weights a sampler held at version v from its own keyframes and deltas
 (bit-exact: the same `apply_version` the samplers run), loads them into an audit copy of the
@@ -25,7 +26,7 @@ import torch
 from .checkable import BASE_NONCE, audit_tokens, completion_seed, uniforms
 from .engines.base import SamplingParams
 from .logprobs import completion_span, logprobs_from_logits, pack
-from .weight_codec import EncodedVersion, apply_version
+from .weight_codec import CodecConfig, EncodedVersion, Publisher, apply_version
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +46,7 @@ class VersionArchive:
 
     def put_base(self, weights: dict[str, torch.Tensor]) -> None:
         """The weights every sampler starts from before it loads a version (chain "", version 0)."""
-        self.encoded[("", 0)] = EncodedVersion(0, None, "fp32", 1, {k: {"v": v.detach().to(torch.float32).cpu().reshape(-1).clone()}
-                                                                    for k, v in weights.items()},
-                                               {k: tuple(v.shape) for k, v in weights.items()})
+        self.encoded[("", 0)] = Publisher(CodecConfig(keyframe_codec="fp32")).publish(weights, 0)  # an exact keyframe
         self.nonces[("", 0)] = BASE_NONCE
 
     def put(self, chain: str, version: int, enc: EncodedVersion, nonce: bytes) -> None:

@@ -64,6 +64,8 @@ def test_the_archive_rebuilds_every_published_version_bit_exactly_and_the_nonce_
     model = load_model(BUILTIN_MODEL)
     pub, archive, sent = Publisher(CodecConfig(keyframe_every=3)), VersionArchive(window=4), {}
     torch.manual_seed(0)
+    base = {k: t.clone() for k, t in untie(model.state_dict())[0].items()}
+    archive.put_base(base)
     published = None
     for v in range(9):
         with torch.no_grad():
@@ -80,6 +82,7 @@ def test_the_archive_rebuilds_every_published_version_bit_exactly_and_the_nonce_
         rebuilt = archive.weights("c", v)
         assert all(torch.equal(rebuilt[k], sent[v][k]) for k in sent[v]), v
     assert archive.weights("c", 2) is None and archive.weights("other", 8) is None
+    assert all(torch.equal(archive.weights("", 0)[k], base[k]) for k in base)  # the base model stays, exactly
 
 
 def test_refusals_survive_a_restart_and_a_damaged_file(tmp_path):

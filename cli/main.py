@@ -41,6 +41,11 @@ SwarmOpt = Annotated[str, typer.Option(help="Swarm name: the DHT keys this swarm
 MetricsOpt = Annotated[Optional[Path], typer.Option(help="Per-step metrics, JSONL (plot with `hetero-node plot`).")]
 TensorboardOpt = Annotated[Optional[Path], typer.Option(help="Also write TensorBoard event files to this folder.")]
 SeedOpt = Annotated[Optional[int], typer.Option(help="Random seed (default: the config's, else 0).")]
+DeviceOpt = Annotated[Optional[str], typer.Option(
+    help="Where to compute: auto (a CUDA GPU where torch sees one, else the CPU), cpu, cuda or cuda:N.")]
+DtypeOpt = Annotated[Optional[str], typer.Option(
+    help="Compute dtype: auto (bfloat16 on a GPU, float32 on a CPU), float32 or bfloat16. Learners keep "
+         "float32 master weights and optimizer state either way.")]
 
 
 def _version(show: bool) -> None:
@@ -110,6 +115,8 @@ def local(
     metrics: MetricsOpt = None,
     tensorboard: TensorboardOpt = None,
     seed: SeedOpt = None,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
     """Single-process on-policy RL with any model and task: config file first, then these flags."""
@@ -119,10 +126,13 @@ def local(
     cfg = _load(LocalConfig, config, {
         "model": model, "learner.stale_loss": algorithm, "steps": steps, "learner.lr": lr,
         "time_budget_s": time_budget, "metrics_path": _str(metrics), "tensorboard_dir": _str(tensorboard), "seed": seed,
+        "device": device, "dtype": dtype,
     })
+    from node.device import resolve
     from node.models import resolve_model_path
 
     resolve_model_path(cfg.model)  # a wrong path fails now, in one line, not after the imports
+    resolve(cfg.device, cfg.dtype)  # so does a GPU this machine does not have
     from functools import partial
 
     from node.local import run_local
@@ -280,6 +290,8 @@ def join(
     name: Annotated[Optional[str], typer.Option(help="Sampler: public display name on the leaderboard (at most 64 characters).")] = None,
     max_steps: Annotated[Optional[int], typer.Option(min=1, help="Learner: stop at this version.")] = None,
     tensorboard: Annotated[Optional[bool], typer.Option("--tensorboard/--no-tensorboard", help="Learner: also write TensorBoard event files to WORKDIR/tensorboard.")] = None,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
     """Join a swarm as a sampler or a learner and work until stopped (Ctrl-C or SIGTERM: graceful).
@@ -293,13 +305,16 @@ def join(
         host = "0.0.0.0"
     cfg = _load(JoinConfig, config, {
         "role": role, "swarm": swarm, "model": model, "follow": follow, "max_steps": max_steps, "engine": engine,
-        "name": name, "workdir": _str(workdir), "tensorboard": tensorboard,
+        "name": name, "workdir": _str(workdir), "tensorboard": tensorboard, "device": device, "dtype": dtype,
         **_network(host, port, public_ip, initial_peers, client_mode, nat, relay=bool(public_ip) or client_mode)})
     if role is None and (config is None or "role" not in _toml_keys(config)):
         raise UserError("join needs a role", "add --role sampler or --role learner (or role = ... in --config)")
     from node.models import resolve_model_path
 
+    from node.device import resolve
+
     resolve_model_path(cfg.model)  # a wrong model fails now, before the swarm is joined
+    resolve(cfg.device, cfg.dtype)  # so does a GPU this machine does not have
     stop = _stop_on_signals()
     _reachability_check(port, public_ip)
     (run_learner if cfg.role == "learner" else run_sampler)(cfg, stop)

@@ -21,6 +21,7 @@ from typing import Callable
 import msgpack
 
 from node.config import SamplingConfig, TaskConfig
+from node.device import check_spec, resolve
 from node.engines import ENGINES
 from node.engines.vllm import VLLMConfig
 from node.learner import LearnerConfig
@@ -71,6 +72,11 @@ class JoinConfig:
     """Identity key, outbox, journal, checkpoints and metrics; default ./hetero-node-<role>."""
     name: str = ""
     """Sampler: display name on the leaderboard (at most 64 characters; shown escaped)."""
+    device: str = "auto"
+    """auto (a CUDA GPU where torch sees one, else the CPU), cpu, cuda or cuda:N."""
+    dtype: str = "auto"
+    """Compute dtype: auto (bfloat16 on a GPU, float32 on a CPU), float32 or bfloat16. A learner
+    keeps float32 master weights and computes in this dtype; a sampler holds its weights in it."""
     engine: str = "hf"
     """Sampler: 'hf' (transformers, anywhere) or 'vllm' (the vllm extra; settings in [vllm])."""
     follow: str | None = None
@@ -99,6 +105,7 @@ class JoinConfig:
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, not {self.role!r}")
+        check_spec(self.device, self.dtype)
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
         if len(self.name) > 64:
@@ -180,11 +187,16 @@ def _make_learner(cfg: JoinConfig, node: SwarmNode):
     from node.models import load_model, load_tokenizer
     from node.tasks import make_task
 
+    import torch
+
     work = Path(cfg.workdir)
     metrics = MetricsWriter(work / "metrics.jsonl", work / "tensorboard" if cfg.tensorboard else None)
-    learner = Learner(cfg.learner, load_model(cfg.model), load_tokenizer(cfg.model), make_task(cfg.task),
+    place = resolve(cfg.device, cfg.dtype)
+    log.info("learner computes on %s (float32 master weights)", place)
+    tok = load_tokenizer(cfg.model)
+    learner = Learner(cfg.learner, load_model(cfg.model, torch.float32, place.device), tok, make_task(cfg.task, tok),
                       model_id=cfg.model, sampling=cfg.sampling, swarm=cfg.swarm, peer_id=node.peer_id,
-                      checkpoint_dir=work / "checkpoints", metrics=metrics)
+                      checkpoint_dir=work / "checkpoints", metrics=metrics, compute_dtype=place.autocast_dtype)
     ckpt = latest_checkpoint(work / "checkpoints")
     if ckpt is not None:
         learner.load_checkpoint(ckpt)
@@ -324,8 +336,8 @@ def _make_sampler(cfg: JoinConfig, node: SwarmNode):
     from node.tasks import make_task
 
     tok = load_tokenizer(cfg.model)
-    engine = make_engine(cfg.engine, cfg.model, tok, cfg.vllm)
-    return Sampler(node.peer_id, make_task(cfg.task), engine, tokenizer_hash(tok), sampling=cfg.sampling,
+    engine = make_engine(cfg.engine, cfg.model, tok, cfg.vllm, placement=resolve(cfg.device, cfg.dtype))
+    return Sampler(node.peer_id, make_task(cfg.task, tok), engine, tokenizer_hash(tok), sampling=cfg.sampling,
                    swarm=cfg.swarm, prompts_per_batch=cfg.sampler.prompts_per_batch, seed=cfg.seed)
 
 

@@ -91,8 +91,8 @@ class Simulator:
         torch.set_num_threads(cfg.threads)
         self.clock = VirtualClock()
         self.exchange = MemoryExchange(self.clock, seed=cfg.seed)
-        self.task = make_task(cfg.task)
         tok = load_tokenizer(cfg.model)
+        self.task = make_task(cfg.task, tok)
         self.metrics = MetricsWriter(cfg.metrics_path, cfg.tensorboard_dir)
         self.learner = Learner(cfg.learner, load_model(cfg.model), tok, self.task, model_id=cfg.model,
                                sampling=cfg.sampling, link=self.exchange, metrics=self.metrics,

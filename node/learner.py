@@ -46,7 +46,7 @@ from .evaluate import eval_problems, evaluate
 from .metrics import MetricsWriter
 from .models import tokenizer_hash
 from .tasks import Task
-from .trainer import ScoredGroup, TrainPart, build_batch, train_step
+from .trainer import ScoredGroup, StepOptions, TrainPart, build_batch, train_step
 from .weight_codec import CodecConfig, Publisher
 from .weights import encode_version, retie, untie, version_nonce
 
@@ -84,6 +84,13 @@ class LearnerConfig:
     lr: float = 3e-5
     """AdamW learning rate (1e-4 and above destabilises the built-in tiny model: measured)."""
     max_grad_norm: float = 1.0
+    max_tokens_per_microbatch: int = 16384
+    """Padded tokens per forward/backward (node/trainer.py): bounds the learner's activation
+    memory whatever groups_per_step and the completion lengths are; the step is the same (the
+    gradients accumulate to the full batch's). 0: the whole step in one pass."""
+    gradient_checkpointing: bool = False
+    """Recompute each layer's activations in backward (transformers' gradient checkpointing):
+    about a third more compute for far less activation memory on long completions."""
     eval_every: int = 50
     """Greedy eval on held-out problems every N versions (0: only at the start and the end)."""
     eval_size: int = 300
@@ -130,6 +137,8 @@ class LearnerConfig:
                              "0 <= audit_tolerance < 1")
         if self.quota_per_sampler < 1 or self.rate_per_sampler <= 0:
             raise ValueError("learner: quota_per_sampler must be >= 1 and rate_per_sampler > 0")
+        if self.max_tokens_per_microbatch < 0:
+            raise ValueError("learner: max_tokens_per_microbatch must be >= 0 (0: the whole step at once)")
         if self.lr <= 0 or self.max_grad_norm <= 0 or self.keep_checkpoints < 1 or self.checkpoint_every < 0:
             raise ValueError("learner: need lr > 0, max_grad_norm > 0, keep_checkpoints >= 1, checkpoint_every >= 0")
 
@@ -151,9 +160,15 @@ class Learner:
     def __init__(self, cfg: LearnerConfig, model, tokenizer, task: Task, *, model_id: str,
                  sampling: SamplingConfig = SamplingConfig(), swarm: str = "local", link: LearnerLink | None = None,
                  peer_id: str = "learner", checkpoint_dir: str | Path | None = None,
-                 metrics: MetricsWriter | None = None, chain: str | None = None) -> None:
+                 metrics: MetricsWriter | None = None, chain: str | None = None,
+                 compute_dtype: torch.dtype | None = None) -> None:
+        """`model` sits on the device it trains on, in float32 (master weights); `compute_dtype`
+        (e.g. bfloat16 on a GPU) is what its forward runs in, under autocast."""
         self.cfg = cfg
         self.model = model.eval()
+        if cfg.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.step_options = StepOptions(cfg.max_tokens_per_microbatch or None, compute_dtype)
         self.tok = tokenizer
         self.task = task
         self.model_id = model_id
@@ -385,7 +400,8 @@ class Learner:
         t0 = time.perf_counter()
         try:
             if parts:
-                rec.update(train_step(self.model, self.optimizer, parts, self.sampling.temperature, self.cfg.max_grad_norm))
+                rec.update(train_step(self.model, self.optimizer, parts, self.sampling.temperature, self.cfg.max_grad_norm,
+                                      self.step_options))
         except Exception as e:  # e.g. out of memory: these groups go to quarantine, training goes on
             log.exception("a step on %d groups failed; they are quarantined, not retried", len(taken))
             self._quarantine_step(taken, f"step: {type(e).__name__}: {e}")

@@ -19,13 +19,14 @@ import torch
 
 from .algorithms import get_algorithm
 from .config import SamplingConfig, TaskConfig
+from .device import check_spec, resolve
 from .engines.hf import HFEngine
 from .evaluate import eval_problems, evaluate
 from .learner import DROP, LearnerConfig
 from .metrics import MetricsWriter
 from .models import BUILTIN_MODEL, load_model, load_tokenizer
 from .tasks import ArithmeticConfig, PromptStream, make_task
-from .trainer import ScoredGroup, TrainPart, build_batch, train_step
+from .trainer import ScoredGroup, StepOptions, TrainPart, build_batch, train_step
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,10 @@ class LocalConfig:
     """Stop after this many seconds (a final evaluation still runs)."""
     seed: int = 0
     threads: int = 2
+    device: str = "cpu"
+    """cpu, cuda, cuda:N or auto (node/device.py); the learner keeps float32 master weights."""
+    dtype: str = "auto"
+    """Compute dtype of the forward: auto (bfloat16 on a GPU, float32 on a CPU), float32 or bfloat16."""
     metrics_path: str | None = None
     """JSONL file with one line per step (and per evaluation)."""
     tensorboard_dir: str | None = None
@@ -52,6 +57,7 @@ class LocalConfig:
     def __post_init__(self) -> None:
         if self.learner.stale_loss == DROP:
             raise ValueError("learner.stale_loss: 'drop' would train on nothing; choose a loss")
+        check_spec(self.device, self.dtype)
         if self.steps < 1 or self.threads < 1 or (self.time_budget_s is not None and self.time_budget_s <= 0):
             raise ValueError("need steps >= 1, threads >= 1 and time_budget_s > 0")
 
@@ -61,8 +67,10 @@ def run_local(cfg: LocalConfig, on_record: Callable[[dict], None] | None = None)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
-    tok, model = load_tokenizer(cfg.model), load_model(cfg.model)
-    task = make_task(cfg.task)
+    place = resolve(cfg.device, cfg.dtype)
+    tok, model = load_tokenizer(cfg.model), load_model(cfg.model, torch.float32, place.device)
+    task = make_task(cfg.task, tok)
+    options = StepOptions(cfg.learner.max_tokens_per_microbatch or None, place.autocast_dtype)
     lc = cfg.learner
     algo = get_algorithm(lc.stale_loss)
     algo_cfg = algo.make_config(lc.stale_options)
@@ -96,7 +104,7 @@ def run_local(cfg: LocalConfig, on_record: Callable[[dict], None] | None = None)
             batch = build_batch(groups, algo_cfg.normalize_std, tok.pad_token_id)
             if batch is not None:
                 part = TrainPart(lc.stale_loss, batch, algo, algo_cfg)
-                m = train_step(model, optimizer, [part], cfg.sampling.temperature, lc.max_grad_norm)
+                m = train_step(model, optimizer, [part], cfg.sampling.temperature, lc.max_grad_norm, options)
                 m.pop("routes")
                 rec.update(m)
             rec["groups_skipped_zero_var"] = len(groups) - (batch.groups_used if batch is not None else 0)

@@ -1,9 +1,15 @@
 """Token log-probs of completions, computed one way for samplers and learners alike.
 
-docs/DESIGN.md, "The algorithms": token log-probs come from logits divided by the sampling temperature. The HF
-engine and the learner both call `completion_logprobs` (or `logprobs_from_logits` for
-logits they already have), so behaviour and learner log-probs on the same weights agree to
-floating-point noise (tests/test_engine.py measures it).
+docs/DESIGN.md, "The algorithms": token log-probs come from logits divided by the sampling
+temperature. The HF engine and the learner both go through `logprobs_from_logits`, so behaviour
+and learner log-probs on the same weights agree to floating-point noise (tests/test_engine.py
+measures it).
+
+Memory at LLM scale: the learner needs log-probs of completion tokens only, and never the
+[B, L, V] logits (151k vocabulary x 128 completions x 1k tokens is ~80 GB in float32).
+`completion_logprobs` runs the transformer body, keeps the hidden states of completion positions,
+and applies the output head in chunks of positions; with gradients on, each chunk is
+checkpointed, so at most one chunk's [chunk, V] logits exist at a time, forward or backward.
 """
 
 from __future__ import annotations
@@ -11,6 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.utils.checkpoint import checkpoint
+
+HEAD_CHUNK_BYTES = 1 << 28
+"""Float32 logits per output-head chunk (256 MiB: ~440 positions of a 151k vocabulary)."""
 
 
 def logprobs_from_logits(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -31,6 +41,15 @@ class PackedBatch:
     attention_mask: torch.Tensor
     completion_mask: torch.Tensor
 
+    def rows(self, idx: list[int]) -> "PackedBatch":
+        """The rows `idx`, trimmed to their own longest row (right padding makes that a column cut)."""
+        sel = torch.tensor(idx, dtype=torch.long, device=self.input_ids.device)
+        L = int(self.attention_mask[sel].sum(-1).max())
+        return PackedBatch(self.input_ids[sel, :L], self.attention_mask[sel, :L], self.completion_mask[sel, : max(L - 1, 1)])
+
+    def to(self, device: torch.device | str) -> "PackedBatch":
+        return PackedBatch(self.input_ids.to(device), self.attention_mask.to(device), self.completion_mask.to(device))
+
 
 def completion_span(prompt_len: int, n_tokens: int) -> slice:
     """Where a completion's tokens sit in a packed row of next-token log-probs ([B, L-1]): the
@@ -38,30 +57,80 @@ def completion_span(prompt_len: int, n_tokens: int) -> slice:
     return slice(prompt_len - 1, prompt_len - 1 + n_tokens)
 
 
-def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int) -> PackedBatch:
+def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int,
+         device: torch.device | str = "cpu") -> PackedBatch:
     """Right-pad prompt+completion token lists into one batch (see PackedBatch)."""
     if len(prompts) != len(completions):
         raise ValueError("pack: one prompt per completion")
     lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
     L = max(lengths)
-    ids = torch.full((len(prompts), L), pad_id, dtype=torch.long)
-    att = torch.zeros((len(prompts), L), dtype=torch.long)
-    cmask = torch.zeros((len(prompts), max(L - 1, 1)), dtype=torch.bool)
+    ids = torch.full((len(prompts), L), pad_id, dtype=torch.long, device=device)
+    att = torch.zeros((len(prompts), L), dtype=torch.long, device=device)
+    cmask = torch.zeros((len(prompts), max(L - 1, 1)), dtype=torch.bool, device=device)
     for i, (p, c) in enumerate(zip(prompts, completions)):
         if not p:
             raise ValueError("pack: a prompt must have at least one token")
-        ids[i, : len(p) + len(c)] = torch.tensor(p + c, dtype=torch.long)
+        ids[i, : len(p) + len(c)] = torch.tensor(p + c, dtype=torch.long, device=device)
         att[i, : len(p) + len(c)] = 1
         cmask[i, completion_span(len(p), len(c))] = True
     return PackedBatch(ids, att, cmask)
 
 
-def completion_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: float) -> torch.Tensor:
-    """Per-position log-probs of the next token under `model`; [B, L-1], zero where masked.
+def _head_logprobs(hidden: torch.Tensor, tokens: torch.Tensor, head: torch.nn.Linear,
+                   temperature: float, softcap: float | None) -> torch.Tensor:
+    """log-probs of `tokens` [N] from final hidden states [N, H] through the output head."""
+    logits = head(hidden).float()  # a fresh tensor that nothing else holds: scaled in place
+    if softcap:  # Gemma-style final logit soft-capping is part of the model's distribution
+        logits = torch.tanh(logits / softcap) * softcap
+    if temperature != 1.0:
+        logits = logits.div_(temperature)
+    return torch.log_softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
-    Differentiable: the learner calls it with grad enabled, samplers under no_grad.
+
+class CompletionLogprobs(torch.nn.Module):
+    """A causal LM as a module whose forward is `completion_logprobs`.
+
+    FSDP2 (node/distributed.py) shards this as its root: its hooks then gather the embedding,
+    final norm and head weights around the whole computation, the chunked head included, which
+    calling the LM's body and head separately would bypass."""
+
+    def __init__(self, lm: torch.nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_mask: torch.Tensor,
+                temperature: float) -> torch.Tensor:
+        return completion_logprobs(self.lm, PackedBatch(input_ids, attention_mask, completion_mask), temperature)
+
+
+def completion_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: float,
+                        chunk_bytes: int | None = None) -> torch.Tensor:
+    """Per-position log-probs of the next token under `model`; [B, L-1] float32, zero where masked.
+
+    Differentiable: the learner calls it with grad enabled, samplers and audits under no_grad.
+    Only completion positions go through the output head (see the module docstring); a model whose
+    head is not a plain linear layer takes the full-logits path.
     """
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
-    logits = out.logits[:, :-1]  # predicts input_ids[:, 1:]
-    lp = logprobs_from_logits(logits, batch.input_ids[:, 1:], temperature)
-    return lp * batch.completion_mask
+    if isinstance(model, CompletionLogprobs):
+        return model(batch.input_ids, batch.attention_mask, batch.completion_mask, temperature)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    body = getattr(model, "base_model", None)
+    targets = batch.input_ids[:, 1:]
+    if not isinstance(head, torch.nn.Linear) or body is None or body is model:
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+        return logprobs_from_logits(out.logits[:, :-1], targets, temperature) * batch.completion_mask
+    hidden = body(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).last_hidden_state
+    mask = batch.completion_mask
+    h, tok = hidden[:, :-1][mask], targets[mask]  # [N, H], [N]: completion positions only
+    softcap = getattr(model.config, "final_logit_softcapping", None)
+    chunk = max(1, (chunk_bytes or HEAD_CHUNK_BYTES) // (4 * head.out_features))
+    pieces = []
+    for s in range(0, h.shape[0], chunk):
+        args = (h[s : s + chunk], tok[s : s + chunk], head, temperature, softcap)
+        if torch.is_grad_enabled() and h.requires_grad:
+            # recompute this chunk's logits in backward instead of keeping [chunk, V] per chunk
+            pieces.append(checkpoint(_head_logprobs, *args, use_reentrant=False))
+        else:
+            pieces.append(_head_logprobs(*args))
+    lp = torch.cat(pieces) if pieces else h.new_zeros(0, dtype=torch.float32)
+    return torch.zeros(mask.shape, dtype=torch.float32, device=lp.device).masked_scatter(mask, lp)

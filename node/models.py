@@ -106,6 +106,35 @@ def load_tokenizer(model_id: str) -> "PreTrainedTokenizerBase":
     return tok
 
 
+def eos_token_ids(tokenizer: "PreTrainedTokenizerBase", model_id: str) -> list[int]:
+    """The token ids a completion stops on: the tokenizer's EOS first, then those of the model's
+    `generation_config.json` (an int or a list), without repeats.
+
+    Instruct models stop on more than one id (Qwen3: <|im_end|> and <|endoftext|>), and their
+    tokenizer names only one. The generation config is read from the model's folder, or from the
+    local hub cache for a hub id; never from the network. A model without one (or one that cannot
+    be read) stops on the tokenizer's EOS alone.
+    """
+    ids = [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
+    local = False
+    try:
+        path = resolve_model_path(model_id)
+        local = Path(path).is_dir()
+        if local and not (Path(path) / "generation_config.json").is_file():
+            return ids
+        from transformers import GenerationConfig
+
+        gen = GenerationConfig.from_pretrained(path, local_files_only=True).eos_token_id
+    except Exception as e:  # a hub id not in the local cache, or a generation config that does not parse
+        (log.warning if local else log.debug)(
+            "%s: generation config not read (%s); stopping on the tokenizer's EOS only", model_id, e)
+        return ids
+    for i in [] if gen is None else [gen] if isinstance(gen, int) else gen:
+        if int(i) not in ids:
+            ids.append(int(i))
+    return ids
+
+
 def load_model(model_id: str, dtype: "torch.dtype | None" = None, device: str = "cpu") -> "PreTrainedModel":
     """A causal LM in eval mode on `device` (float32 on CPU unless `dtype` says otherwise)."""
     import torch

@@ -1,7 +1,14 @@
 """From scored rollout groups to one optimizer step; shared by the local loop and the learner role.
 
     groups --build_batch--> TrainBatch (packed sequences, behaviour log-probs, advantages)
-           --train_step---> loss.backward(), clip, optimizer.step(), metrics
+           --train_step---> micro-batches under a token budget: forward, loss, backward each
+                            (gradients accumulate), then clip, optimizer.step(), metrics
+
+Memory follows the token budget, not the batch: `plan_microbatches` cuts a step into micro-batches
+of at most `max_tokens` padded tokens (a group may be split), and every loss takes the whole
+batch's normalisers and group statistics (node/algorithms/base.py), so the accumulated gradient
+is the full batch's gradient (tests/test_trainer.py checks it for every loss). Under FSDP the
+micro-batches are dealt out over ranks (`Collective`, node/distributed.py).
 
 Advantages are computed per prompt group before anything else (docs/DESIGN.md, "The algorithms"); groups with
 zero reward variance carry no signal and are skipped and counted, not trained on.
@@ -11,12 +18,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import torch
 
 from .algorithms import Algorithm, LossInputs, group_advantages
-from .algorithms.base import seq_mean
+from .algorithms.base import BatchShape, group_log_e_hat, seq_mean
 from .engines.base import Completion
 from .logprobs import PackedBatch, completion_logprobs, completion_span, pack
 
@@ -54,9 +61,10 @@ class TrainBatch:
 
 
 def build_batch(groups: Sequence[ScoredGroup], normalize_std: bool, pad_id: int) -> TrainBatch | None:
-    """Pack the groups that carry signal; None if none does."""
-    rewards = torch.tensor([r for g in groups for r in g.rewards], dtype=torch.float32)
-    gids = torch.tensor([i for i, g in enumerate(groups) for _ in g.completions])
+    """Pack the groups that carry signal; None if none does. Tensors are on the CPU: train_step
+    moves each micro-batch to the model's device, so a step's batch never sits whole on a GPU."""
+    rewards = torch.tensor([r for g in groups for r in g.rewards], dtype=torch.float32, device="cpu")
+    gids = torch.tensor([i for i, g in enumerate(groups) for _ in g.completions], dtype=torch.long, device="cpu")
     if rewards.numel() == 0:
         return None
     adv, zero_var = group_advantages(rewards, gids, normalize_std)
@@ -75,11 +83,11 @@ def build_batch(groups: Sequence[ScoredGroup], normalize_std: bool, pad_id: int)
     for row, i in enumerate(keep):
         if not seq_level:
             span = completion_span(len(prompts[row]), len(completions[row]))
-            old[row, span] = torch.tensor(flat[i][1].logprobs, dtype=torch.float32)
+            old[row, span] = torch.tensor(flat[i][1].logprobs, dtype=torch.float32, device="cpu")
     seq_means = None
     if seq_level:
         per_completion = [m for g in groups for m in g.behaviour_seq_logp_mean]
-        seq_means = torch.tensor([per_completion[i] for i in keep], dtype=torch.float32)
+        seq_means = torch.tensor([per_completion[i] for i in keep], dtype=torch.float32, device="cpu")
     return TrainBatch(packed, old, adv[keep], gids[keep], seq_means, len(groups) - skipped, skipped)
 
 
@@ -110,57 +118,201 @@ def logprob_gap(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) 
 WEIGHTED_METRICS = ("is_weight_mean", "is_weight_var", "clip_frac", "kl_k3", "filtered_frac", "truncated_frac")
 
 
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, parts: Sequence[TrainPart],
-               temperature: float, max_grad_norm: float = 1.0) -> dict[str, Any]:
-    """One optimizer step on all `parts`; each part's loss is weighted by its number of sequences.
+class Collective(Protocol):
+    """What train_step needs of a process group (node/distributed.py implements it over torch.distributed)."""
 
-    Returns the diagnostics averaged over parts (sequence-weighted) and per part under "routes".
+    rank: int
+    world: int
+
+    def all_gather_object(self, obj: Any) -> list[Any]: ...
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """How a step is computed; none of it changes the result beyond float rounding."""
+
+    max_tokens_per_microbatch: int | None = None
+    """Padded tokens (rows x longest row) per forward/backward; None: the whole step at once."""
+    autocast_dtype: torch.dtype | None = None
+    """Compute dtype of the forward (bfloat16 on GPUs); master weights stay as they are (float32)."""
+
+
+def plan_microbatches(lengths: Sequence[int], max_tokens: int | None) -> list[list[int]]:
+    """Rows into micro-batches of at most `max_tokens` padded tokens (rows x longest row).
+
+    Longest rows first, so rows of similar length share a micro-batch and padding stays small; a
+    row longer than the budget gets a micro-batch of its own. Which rows share a micro-batch does
+    not change the step (losses use whole-batch normalisers)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    if max_tokens is None:
+        return [order] if order else []
+    plan: list[list[int]] = []
+    for i in order:  # lengths fall, so the first row of a micro-batch is its longest
+        if plan and (len(plan[-1]) + 1) * lengths[plan[-1][0]] <= max_tokens:
+            plan[-1].append(i)
+        else:
+            plan.append([i])
+    return plan
+
+
+@dataclass
+class _Work:
+    part: int
+    rows: list[int]
+
+
+def _deal(parts: Sequence[TrainPart], max_tokens: int | None, world: int) -> list[list[_Work | None]]:
+    """Every part's micro-batches dealt round-robin over `world` ranks, padded with None so that
+    every rank runs the same number of forward/backward passes (FSDP's collectives pair up)."""
+    work = [_Work(p, rows) for p, part in enumerate(parts)
+            for rows in plan_microbatches(part.batch.packed.attention_mask.sum(-1).tolist(), max_tokens)]
+    per_rank = [work[r::world] for r in range(world)]
+    n = max(len(w) for w in per_rank)
+    return [w + [None] * (n - len(w)) for w in per_rank]
+
+
+def _part_context(part: TrainPart) -> tuple[BatchShape, torch.Tensor]:
+    b = part.batch
+    return BatchShape.of(b.packed.completion_mask), group_log_e_hat(b.old_logp, b.packed.completion_mask, b.group_ids)
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, parts: Sequence[TrainPart],
+               temperature: float, max_grad_norm: float = 1.0, options: StepOptions = StepOptions(),
+               dist: Collective | None = None) -> dict[str, Any]:
+    """One optimizer step on all `parts`; part p's loss is weighted by its share of the sequences.
+
+    Sequences that fail their part's log-prob check contribute nothing (the normalisers are the
+    whole batch's, so the others' weights do not grow). A non-finite loss or gradient norm skips
+    the optimizer step. Returns the diagnostics averaged over parts (sequence-weighted) and per
+    part under "routes". With `dist`, every rank calls this with the same parts and does its share.
     """
+    rank, world = (dist.rank, dist.world) if dist is not None else (0, 1)
+    device = next(model.parameters()).device
+    total = sum(int(p.batch.advantages.numel()) for p in parts)
+    contexts = [_part_context(p) for p in parts]
+    mine = _deal(parts, options.max_tokens_per_microbatch, world)[rank] if parts else []
+    optimizer.zero_grad(set_to_none=True)
     model.train()
-    kept = []  # (part, logp, keep [B]) for parts with at least one sequence left
-    routes: dict[str, dict[str, Any]] = {}
-    for part in parts:
-        b = part.batch
-        logp = completion_logprobs(model, b.packed, temperature)
-        keep = torch.ones_like(b.advantages, dtype=torch.bool)
-        if part.max_logprob_gap is not None:
-            gap = logprob_gap(logp, b.old_logp, b.packed.completion_mask)
-            keep = gap <= part.max_logprob_gap  # NaN claims fail this too
-            routes[part.name] = {"logprob_gap_mean": gap.mean().item(), "logprob_gap_max": gap.max().item(),
-                                 "dropped_groups": sorted({int(i) for i in b.group_ids[~keep]})}
-        if keep.any():
-            kept.append((part, logp, keep))
-    total = sum(int(keep.sum()) for _, _, keep in kept)
-    loss = torch.zeros(())
-    for part, logp, keep in kept:
-        b = part.batch
-        seq = b.old_seq_logp_mean[keep] if b.old_seq_logp_mean is not None else None
-        out = part.algo.loss(LossInputs(logp[keep], b.old_logp[keep], b.advantages[keep],
-                                        b.packed.completion_mask[keep], b.group_ids[keep], seq), part.cfg)
-        share = int(keep.sum()) / total
-        loss = loss + share * out.loss
-        routes[part.name] = {**routes.get(part.name, {}), **out.metrics, "loss": out.loss.item(),
-                             "sequences": int(keep.sum()), "share": share}
-    metrics: dict[str, Any] = {k: sum(r[k] * r["share"] for r in routes.values() if k in r)
+    acc = _Accumulator(len(parts))
+    try:
+        for work in mine:
+            loss = _microbatch(model, parts, contexts, work, temperature, total, options, device, acc)
+            if loss is not None:
+                # summed over ranks, not averaged: each rank's loss is its share of the whole step's
+                (loss * world).backward()
+    finally:
+        model.eval()
+    routes, ok, kept = acc.result(parts, dist)
+    metrics: dict[str, Any] = {k: sum(r[k] * r["share"] for r in routes.values() if k in r and r.get("share"))
                                for k in WEIGHTED_METRICS if any(k in r for r in routes.values())}
     metrics["routes"] = routes
-    optimizer.zero_grad(set_to_none=True)
     if not kept:
         log.warning("every sequence of the step failed the log-prob check; optimizer step skipped")
-        model.eval()
+        optimizer.zero_grad(set_to_none=True)
         return {**metrics, "loss": float("nan"), "grad_norm": float("nan"), "step_skipped": 1.0}
-    if not torch.isfinite(loss):
+    loss_value = sum(r.get("loss", 0.0) * r.get("share", 0.0) for r in routes.values())
+    if not ok:
         # NaN/inf input can give a NaN loss with a *finite* gradient (clamp's backward zeroes the
-        # NaN path), so the loss is checked first: one poisoned batch must not move the weights.
-        log.warning("non-finite loss (%s); optimizer step skipped", loss.item())
-        model.eval()
+        # NaN path), so the loss is checked: one poisoned batch must not move the weights.
+        log.warning("non-finite loss; optimizer step skipped")
+        optimizer.zero_grad(set_to_none=True)
         return {**metrics, "loss": float("nan"), "grad_norm": float("nan"), "step_skipped": 1.0}
-    loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    model.eval()
+    grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: a DTensor
     if not torch.isfinite(grad_norm):
         log.warning("non-finite gradient norm (%s); optimizer step skipped", grad_norm.item())
         optimizer.zero_grad(set_to_none=True)
-        return {**metrics, "loss": loss.item(), "grad_norm": float("nan"), "step_skipped": 1.0}
+        return {**metrics, "loss": loss_value, "grad_norm": float("nan"), "step_skipped": 1.0}
     optimizer.step()
-    return {**metrics, "loss": loss.item(), "grad_norm": grad_norm.item(), "step_skipped": 0.0}
+    return {**metrics, "loss": loss_value, "grad_norm": grad_norm.item(), "step_skipped": 0.0}
+
+
+def _microbatch(model, parts, contexts, work: _Work | None, temperature: float, total: int,
+                options: StepOptions, device: torch.device, acc: "_Accumulator") -> torch.Tensor | None:
+    """Forward one micro-batch and return its share of the step's loss (None: nothing to backward).
+
+    An idle rank (work None) runs a one-token forward with a zero loss: FSDP's gathers and
+    reductions need every rank in every pass."""
+    if work is None:
+        ids = torch.zeros((1, 2), dtype=torch.long, device=device)
+        batch = PackedBatch(ids, torch.ones_like(ids), torch.ones((1, 1), dtype=torch.bool, device=device))
+        with torch.autocast(device.type, options.autocast_dtype or torch.float32, enabled=options.autocast_dtype is not None):
+            return completion_logprobs(model, batch, temperature).sum() * 0.0
+    part, (whole, log_e_hat) = parts[work.part], contexts[work.part]
+    b, rows = part.batch, work.rows
+    packed = b.packed.rows(rows).to(device)
+    width = packed.completion_mask.shape[1]
+    with torch.autocast(device.type, options.autocast_dtype or torch.float32, enabled=options.autocast_dtype is not None):
+        logp = completion_logprobs(model, packed, temperature)
+    sel = torch.tensor(rows, dtype=torch.long, device="cpu")
+    old = b.old_logp[sel, :width].to(device)
+    keep = torch.ones(len(rows), dtype=torch.bool, device=device)
+    if part.max_logprob_gap is not None:
+        gap = logprob_gap(logp, old, packed.completion_mask)
+        keep = gap <= part.max_logprob_gap  # NaN claims fail this too
+        acc.gaps(work.part, gap, b.group_ids[sel][~keep.cpu()])
+    if not keep.any():
+        return logp.sum() * 0.0
+    k = keep.nonzero().squeeze(-1)
+    kc = k.cpu()
+    seq = b.old_seq_logp_mean[sel][kc].to(device) if b.old_seq_logp_mean is not None else None
+    out = part.algo.loss(LossInputs(logp[k], old[k], b.advantages[sel][kc].to(device), packed.completion_mask[k],
+                                    b.group_ids[sel][kc].to(device), seq, whole=whole,
+                                    log_e_hat=log_e_hat[sel][kc].to(device)), part.cfg)
+    share = whole.sequences / total
+    loss = share * out.loss
+    finite = bool(torch.isfinite(loss))
+    acc.add(work.part, out, len(kc), finite)
+    return loss if finite else logp.sum() * 0.0
+
+
+class _Accumulator:
+    """Per-part sums over this rank's micro-batches, merged over ranks at the end of the step."""
+
+    def __init__(self, n_parts: int) -> None:
+        self.loss = [0.0] * n_parts  # the part's loss: micro-batch losses sum to it (shared normalisers)
+        self.seqs = [0] * n_parts
+        self.metric_sums: list[dict[str, float]] = [{} for _ in range(n_parts)]  # sequence-weighted
+        self.gap_sum, self.gap_n, self.gap_max = [0.0] * n_parts, [0] * n_parts, [float("-inf")] * n_parts
+        self.dropped: list[set[int]] = [set() for _ in range(n_parts)]
+        self.finite = True
+
+    def gaps(self, p: int, gap: torch.Tensor, dropped_groups: torch.Tensor) -> None:
+        g = gap.detach().float().cpu()
+        self.gap_sum[p] += float(g.nan_to_num(nan=float("inf")).sum())
+        self.gap_n[p] += g.numel()
+        self.gap_max[p] = max(self.gap_max[p], float(g.nan_to_num(nan=float("inf")).max()))
+        self.dropped[p] |= {int(i) for i in dropped_groups}
+
+    def add(self, p: int, out, n: int, finite: bool) -> None:
+        self.finite &= finite
+        self.loss[p] += out.loss.item() if finite else 0.0
+        self.seqs[p] += n
+        for k, v in out.metrics.items():
+            self.metric_sums[p][k] = self.metric_sums[p].get(k, 0.0) + v * n
+
+    def result(self, parts: Sequence[TrainPart], dist: Collective | None) -> tuple[dict[str, dict], bool, int]:
+        mine = [self.loss, self.seqs, self.metric_sums, self.gap_sum, self.gap_n, self.gap_max, self.dropped, self.finite]
+        everyone = dist.all_gather_object(mine) if dist is not None else [mine]
+        routes: dict[str, dict[str, Any]] = {}
+        total = sum(int(p.batch.advantages.numel()) for p in parts)
+        for i, part in enumerate(parts):
+            seqs = sum(e[1][i] for e in everyone)
+            r: dict[str, Any] = {}
+            if part.max_logprob_gap is not None:
+                n = sum(e[4][i] for e in everyone)
+                r.update(logprob_gap_mean=sum(e[3][i] for e in everyone) / max(n, 1),
+                         logprob_gap_max=max(e[5][i] for e in everyone),
+                         dropped_groups=sorted(set().union(*(e[6][i] for e in everyone))))
+            if seqs:
+                sums: dict[str, float] = {}
+                for e in everyone:
+                    for k, v in e[2][i].items():
+                        sums[k] = sums.get(k, 0.0) + v
+                share = int(part.batch.advantages.numel()) / total
+                # the part's loss on its own scale (per its whole batch), as a single-batch step reports it
+                r.update({k: v / seqs for k, v in sums.items()}, loss=sum(e[0][i] for e in everyone),
+                         sequences=seqs, share=share)
+            if r:
+                routes[part.name] = r
+        return routes, all(e[7] for e in everyone), sum(sum(e[1]) for e in everyone)

@@ -84,7 +84,7 @@ def decode_tensor(parts: dict[str, torch.Tensor], codec: str, block: int, shape:
     elif codec == "int8":
         flat = _int8_decode(parts["q"], parts["scale"], block)
     else:
-        flat = torch.zeros(n, dtype=torch.float32)
+        flat = torch.zeros(n, dtype=torch.float32, device=parts["q"].device)
         flat[parts["idx"].long()] = _int8_decode(parts["q"], parts["scale"], block)
     if flat.numel() != n:
         raise ValueError(f"decoded {flat.numel()} values for shape {shape}")

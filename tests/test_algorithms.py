@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from node.algorithms import get_algorithm, group_advantages
-from node.algorithms.base import LossInputs, aggregate, group_logsumexp
+from node.algorithms.base import BatchShape, LossInputs, aggregate, group_logsumexp
 from node.algorithms.ftis import FTISConfig, ftis_loss
 from node.algorithms.gepo import GEPOConfig, gepo_loss
 from node.algorithms.grpo import GRPOConfig, grpo_loss
@@ -54,7 +54,7 @@ def grpo_case():
 def test_grpo_hand_values_each_aggregation():
     # per-token losses: row0 [-min(2, 1.2), -min(1, 1)] = [-1.2, -1]; row1 -min(-1.6, -1.2) = 1.6
     for agg, expected in [("seq_mean", (-1.1 + 1.6) / 2), ("token_mean", (-1.2 - 1 + 1.6) / 3),
-                          ("dr_grpo", (-1.2 - 1 + 1.6) / (2 * 3))]:
+                          ("dr_grpo", (-1.2 - 1 + 1.6) / (2 * 2))]:  # constant: B x the longest completion
         out = grpo_loss(grpo_case(), GRPOConfig(aggregation=agg))
         assert out.loss.item() == pytest.approx(expected), agg
     out = grpo_loss(grpo_case(), GRPOConfig())
@@ -68,7 +68,7 @@ def test_grpo_asymmetric_clip_and_dr_grpo_preset():
     dr = get_algorithm("dr_grpo")
     cfg = dr.make_config()
     assert cfg.aggregation == "dr_grpo" and cfg.normalize_std is False
-    assert dr.loss(grpo_case(), cfg).loss.item() == pytest.approx(-0.6 / 6)
+    assert dr.loss(grpo_case(), cfg).loss.item() == pytest.approx(-0.6 / 4)
 
 
 def test_grpo_gradient_direction_and_stop_gradient():
@@ -285,4 +285,4 @@ def test_shape_checks_and_helpers():
     x = torch.tensor([0.0, ln(3.0), 5.0])
     assert group_logsumexp(x, torch.tensor([1, 1, 4])).tolist() == pytest.approx([ln(4.0), ln(4.0), 5.0])
     with pytest.raises(ValueError, match="aggregation"):
-        aggregate(torch.zeros(1, 1), torch.ones(1, 1, dtype=torch.bool), "sum")
+        aggregate(torch.zeros(1, 1), torch.ones(1, 1, dtype=torch.bool), "sum", BatchShape(1, 1, 1))

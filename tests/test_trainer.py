@@ -65,3 +65,123 @@ def test_non_finite_behaviour_logprobs_skip_the_step_without_touching_weights(mo
     metrics = train_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3), [TrainPart("grpo", batch, algo, algo.make_config())], 1.0)
     assert metrics["step_skipped"] == 1
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+# ---- micro-batches: the same step under any token budget -------------------------------------
+
+def _groups(tok, n_groups=3, size=4, seed=0):
+    """Groups with completions of different lengths, rewards with signal, behaviour log-probs near
+    (not at) the model's: ratios differ from 1, so clipping and the GEPO/F-TIS weights all act."""
+    g = torch.Generator().manual_seed(seed)
+    ids = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    groups = []
+    for k in range(n_groups):
+        comps = []
+        for j in range(size):
+            toks = ids(str(1000 * (k + 1) + 37 * j)[: 1 + (j + k) % 4]) + [1]
+            lps = (-1.5 - torch.rand(len(toks), generator=g)).tolist()
+            comps.append(comp(toks, lps))
+        rewards = [float((j + k) % 2) for j in range(size)]
+        groups.append(ScoredGroup(f"p{k}", ids(f"{k + 3}*{k + 7}="), comps, rewards, "m", 0))
+    return groups
+
+
+def _grads_after(model0, parts, options):
+    model = type(model0)(model0.config)
+    model.load_state_dict(model0.state_dict())
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # a step that moves nothing: the grads stay to compare
+    metrics = train_step(model, opt, parts, temperature=0.7, max_grad_norm=1e9, options=options)
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, metrics
+
+
+@pytest.mark.parametrize("name,options", [
+    ("grpo", {}), ("grpo", {"aggregation": "token_mean"}), ("dr_grpo", {}), ("gspo", {"eps_low": 0.2, "eps_high": 0.2}),
+    ("gepo", {"beta": 0.05}), ("ftis", {}), ("pg", {}),
+])
+def test_micro_batches_give_the_full_batch_gradient_for_every_loss(model_and_tok, name, options):
+    from node.trainer import StepOptions, plan_microbatches
+
+    model, tok = model_and_tok
+    algo = get_algorithm(name)
+    cfg = algo.make_config(options)
+    groups = _groups(tok)
+    liar = groups[1].completions[2]
+    liar.logprobs = [-18.0] * len(liar.token_ids)  # fails the log-prob check: dropped in both runs alike
+    batch = build_batch(groups, cfg.normalize_std, tok.pad_token_id)
+    gap = 4.0 if name != "ftis" else None
+    parts = [TrainPart(name, batch, algo, cfg, gap)]
+    full, m_full = _grads_after(model, parts, StepOptions())
+    lengths = batch.packed.attention_mask.sum(-1).tolist()
+    budget = 2 * max(lengths)  # two rows per micro-batch: groups of 4 are split
+    plan = plan_microbatches(lengths, budget)
+    assert len(plan) >= 5 and any(len({int(batch.group_ids[i]) for i in rows}) > 1 for rows in plan)
+    assert any(len([r for rows in plan for r in rows if int(batch.group_ids[r]) == g]) > max(map(len, plan))
+               for g in range(3))  # some group is spread over several micro-batches
+    micro, m_micro = _grads_after(model, parts, StepOptions(max_tokens_per_microbatch=budget))
+    assert full.keys() == micro.keys() and len(full) > 10
+    for n in full:
+        torch.testing.assert_close(micro[n], full[n], rtol=1e-4, atol=1e-7, msg=n)
+    assert m_micro["loss"] == pytest.approx(m_full["loss"], rel=1e-5, abs=1e-7)
+    if gap is not None:
+        assert m_full["routes"][name]["dropped_groups"] == m_micro["routes"][name]["dropped_groups"]
+        assert 1 in m_full["routes"][name]["dropped_groups"]
+
+
+def test_micro_batches_across_two_parts_weight_each_part_by_its_share(model_and_tok):
+    from node.trainer import StepOptions
+
+    model, tok = model_and_tok
+    gepo, ftis = get_algorithm("gepo"), get_algorithm("ftis")
+    b1 = build_batch(_groups(tok, 2, 4, seed=1), False, tok.pad_token_id)
+    b2 = build_batch(_groups(tok, 1, 6, seed=2), True, tok.pad_token_id)
+    parts = [TrainPart("stale", b1, gepo, gepo.make_config(), 4.0), TrainPart("foreign", b2, ftis, ftis.make_config())]
+    full, _ = _grads_after(model, parts, StepOptions())
+    micro, _ = _grads_after(model, parts, StepOptions(max_tokens_per_microbatch=12))
+    for n in full:
+        torch.testing.assert_close(micro[n], full[n], rtol=1e-4, atol=1e-7, msg=n)
+
+
+def test_plan_microbatches_respects_the_budget_and_keeps_every_row_once():
+    from node.trainer import plan_microbatches
+
+    lengths = [5, 17, 3, 9, 9, 40, 1]
+    plan = plan_microbatches(lengths, 20)
+    assert sorted(i for rows in plan for i in rows) == list(range(7))
+    for rows in plan:
+        assert len(rows) * max(lengths[i] for i in rows) <= 20 or len(rows) == 1
+    assert [5] in plan  # longer than the budget: alone
+    assert plan_microbatches(lengths, None) == [[5, 1, 3, 4, 0, 2, 6]]
+    assert plan_microbatches([], 10) == []
+
+
+# ---- devices: every tensor the node makes sits on its inputs' device -------------------------
+
+def test_no_tensor_is_made_off_its_inputs_device(model_and_tok):
+    """With torch's default device set to `meta`, a tensor made without an explicit device lands
+    on meta and fails at once against the CPU inputs: this catches each place that would put a
+    tensor on the wrong GPU (or the CPU) once inputs live on cuda:N."""
+    from node.trainer import StepOptions
+    from node.weight_codec import CodecConfig, Publisher, apply_version
+
+    model, tok = model_and_tok
+    groups = _groups(tok)
+    algos = [(n, get_algorithm(n)) for n in ("grpo", "dr_grpo", "gspo", "gepo", "ftis", "pg")]
+    batches = [build_batch(groups, a.make_config().normalize_std, tok.pad_token_id) for _, a in algos]
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.set_default_device("meta")
+    try:
+        for (name, algo), batch in zip(algos, batches):
+            for budget in (None, 30):
+                m = train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), [TrainPart(name, batch, algo, algo.make_config(), 4.0)],
+                               1.0, options=StepOptions(max_tokens_per_microbatch=budget))
+                assert m["step_skipped"] == 0 and math.isfinite(m["loss"]), name
+                assert all(p.grad is None or p.grad.device.type == "cpu" for p in model.parameters())
+        pub = Publisher(CodecConfig(codec="topk_int8", keyframe_every=2))
+        for v in range(3):
+            enc = pub.publish({k: t + v for k, t in state.items()}, v)
+            assert all(t.device.type == "cpu" for t in apply_version(pub.published if enc.base is None else None, enc).values()
+                       ) if enc.base is None else True
+        assert all(t.device.type == "cpu" for t in pub.published.values())
+    finally:
+        torch.set_default_device(None)
+        model.load_state_dict(state)

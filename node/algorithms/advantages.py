@@ -17,10 +17,10 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, normalize_s
     _, inv = torch.unique(group_ids, return_inverse=True)
     n = int(inv.max()) + 1 if inv.numel() else 0
     r = rewards.double()
-    count = torch.zeros(n, dtype=r.dtype).index_add(0, inv, torch.ones_like(r))
-    mean = torch.zeros(n, dtype=r.dtype).index_add(0, inv, r) / count
+    count = torch.zeros(n, dtype=r.dtype, device=r.device).index_add(0, inv, torch.ones_like(r))
+    mean = torch.zeros(n, dtype=r.dtype, device=r.device).index_add(0, inv, r) / count
     centred = r - mean[inv]
-    sq = torch.zeros(n, dtype=r.dtype).index_add(0, inv, centred**2)
+    sq = torch.zeros(n, dtype=r.dtype, device=r.device).index_add(0, inv, centred**2)
     std = torch.sqrt(sq / (count - 1).clamp(min=1))
     zero_var = (sq[inv] <= 1e-12) | (count[inv] < 2)
     adv = centred / (std[inv] + eps) if normalize_std else centred

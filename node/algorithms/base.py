@@ -2,6 +2,14 @@
 
 Shapes: B sequences (completions), T completion positions (padded). `mask` [B, T] marks real
 completion tokens; `group_ids` [B] says which completions answer the same prompt.
+
+Micro-batches: a loss may see only some rows of the step's batch (node/trainer.py splits a step
+under a token budget, and may split a group). Every loss is a sum of per-row terms over fixed
+normalisers plus group statistics of the *behaviour* log-probs, so `LossInputs.whole` (the step's
+shape) and `LossInputs.log_e_hat` (its group statistics) are all a micro-batch needs: the
+micro-batch losses then sum to the whole batch's loss, and their gradients to its gradient.
+Every tensor made here lives on the inputs' device (tests/test_algorithms.py checks that with
+torch's default device set to `meta`).
 """
 
 from __future__ import annotations
@@ -22,6 +30,23 @@ DUAL_CLIP = 3.0
 c |A|, so a ratio r > c (behaviour log-probs claimed far below the learner's) has no gradient."""
 
 
+@dataclass(frozen=True)
+class BatchShape:
+    """The step's whole batch, as the normalisers of a loss computed on part of it need it."""
+
+    sequences: int
+    """B: sequence means (GRPO's seq_mean, GEPO, GSPO) divide by it."""
+    tokens: int
+    """Completion tokens: DAPO's token_mean divides by it."""
+    completion_len: int
+    """Longest completion: Dr. GRPO's constant when its config gives none."""
+
+    @classmethod
+    def of(cls, mask: torch.Tensor) -> "BatchShape":
+        lengths = mask.sum(-1)
+        return cls(int(mask.shape[0]), int(lengths.sum()), max(int(lengths.max()) if lengths.numel() else 0, 1))
+
+
 @dataclass
 class LossInputs:
     logp: torch.Tensor
@@ -37,6 +62,11 @@ class LossInputs:
     old_seq_logp_mean: torch.Tensor | None = None
     """[B] optional: behaviour mean token log-prob on the *behaviour model's own* tokenization,
     for foreign rollouts whose tokenizer differs (F-TIS then works at sequence level)."""
+    whole: BatchShape | None = None
+    """The step's batch when these rows are a micro-batch of it; None: these rows are the batch."""
+    log_e_hat: torch.Tensor | None = None
+    """[B] log E_hat of each row's group (group_log_e_hat) over the whole batch; None: computed
+    from these rows, which must then hold whole groups."""
 
     def __post_init__(self) -> None:
         B, T = self.logp.shape
@@ -46,6 +76,8 @@ class LossInputs:
         if self.advantages.shape != (B,) or self.group_ids.shape != (B,):
             raise ValueError("advantages and group_ids must be [B]")
         self.mask = self.mask.bool()
+        if self.whole is None:
+            self.whole = BatchShape.of(self.mask)
 
 
 @dataclass
@@ -82,6 +114,15 @@ def group_logsumexp(x: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     return (torch.log(sums) + gmax)[inv]
 
 
+def group_log_e_hat(old_logp: torch.Tensor, mask: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """GEPO's group expectation log E_hat = log(sum_j q_j^2 / sum_j q_j), per row: [B, T] -> [B].
+
+    q_j = exp(mean_t l^q_{j,t}) is completion j's length-normalised behaviour probability; only
+    behaviour log-probs enter, so it is known before any forward pass (and for split groups)."""
+    lq = seq_mean(old_logp, mask).detach()
+    return group_logsumexp(2 * lq, group_ids) - group_logsumexp(lq, group_ids)
+
+
 def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float,
                       dual_clip: float = DUAL_CLIP):
     """Dual-clip PPO, per element:
@@ -106,8 +147,14 @@ def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, ep
 AGGREGATIONS = ("seq_mean", "token_mean", "dr_grpo")
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, how: str, max_tokens: int | None = None) -> torch.Tensor:
-    """Reduce a [B, T] per-token loss to a scalar.
+def batch_mean(per_seq: torch.Tensor, whole: BatchShape) -> torch.Tensor:
+    """sum_i x_i / B over the whole batch's B (these rows' share of the batch mean)."""
+    return per_seq.sum() / whole.sequences
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, how: str, whole: BatchShape,
+              max_tokens: int | None = None) -> torch.Tensor:
+    """Reduce a [B, T] per-token loss to these rows' share of the whole batch's scalar.
 
     seq_mean   (GRPO): mean over a sequence's tokens, then over sequences.
     token_mean (DAPO): sum over all tokens / number of tokens.
@@ -115,11 +162,11 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, how: str, max_tokens:
                so long wrong answers are not favoured by length normalisation.
     """
     if how == "seq_mean":
-        return seq_mean(per_token, mask).mean()
+        return batch_mean(seq_mean(per_token, mask), whole)
     if how == "token_mean":
-        return (per_token * mask).sum() / mask.sum().clamp(min=1)
+        return (per_token * mask).sum() / max(whole.tokens, 1)
     if how == "dr_grpo":
-        return (per_token * mask).sum() / (mask.shape[0] * (max_tokens or mask.shape[1]))
+        return (per_token * mask).sum() / (whole.sequences * (max_tokens or whole.completion_len))
     raise ValueError(f"aggregation must be one of {AGGREGATIONS}, not {how!r}")
 
 

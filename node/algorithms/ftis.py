@@ -56,7 +56,7 @@ def ftis_loss(inp: LossInputs, cfg: FTISConfig) -> LossOutput:
     adv = torch.where(filtered, torch.zeros_like(inp.advantages), inp.advantages)
     ratio = torch.exp(inp.logp - inp.logp.detach())  # value 1, gradient d l^p
     per_token, clipped = clipped_surrogate(ratio, adv[:, None], cfg.eps, cfg.eps)
-    loss = aggregate(w * per_token, inp.mask, cfg.aggregation, cfg.dr_grpo_max_tokens)
+    loss = aggregate(w * per_token, inp.mask, cfg.aggregation, inp.whole, cfg.dr_grpo_max_tokens)
     m = inp.mask
     return LossOutput(loss, {
         **weight_stats(w[m]),

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import DUAL_CLIP, LOG_RATIO_MAX, LossInputs, LossOutput, clipped_surrogate, frac, group_logsumexp, k3_bounded, seq_mean, weight_stats
+from .base import (DUAL_CLIP, LOG_RATIO_MAX, LossInputs, LossOutput, batch_mean, clipped_surrogate, frac, group_log_e_hat,
+                   k3_bounded, seq_mean, weight_stats)
 
 
 @dataclass(frozen=True)
@@ -36,20 +37,23 @@ class GEPOConfig:
     """Cap c on the loss of negative-advantage sequences (base.clipped_surrogate) and on the KL's ratio."""
 
 
-def gepo_log_weights(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    """log w_i = mean_t l^p_{i,t} - log E_hat(group of i); [B, T] x 2 -> [B], grad through l^p only."""
-    lp = seq_mean(logp, mask)
-    lq = seq_mean(old_logp, mask).detach()
-    log_e_hat = group_logsumexp(2 * lq, group_ids) - group_logsumexp(lq, group_ids)
-    return lp - log_e_hat
+def gepo_log_weights(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, group_ids: torch.Tensor,
+                     log_e_hat: torch.Tensor | None = None) -> torch.Tensor:
+    """log w_i = mean_t l^p_{i,t} - log E_hat(group of i); [B, T] x 2 -> [B], grad through l^p only.
+
+    `log_e_hat` [B]: the groups' E_hat from the whole batch when these rows are a micro-batch
+    that may hold part of a group (node/trainer.py); computed from these rows otherwise."""
+    if log_e_hat is None:
+        log_e_hat = group_log_e_hat(old_logp, mask, group_ids)
+    return seq_mean(logp, mask) - log_e_hat
 
 
 def gepo_loss(inp: LossInputs, cfg: GEPOConfig) -> LossOutput:
-    log_w = gepo_log_weights(inp.logp, inp.old_logp, inp.mask, inp.group_ids)
+    log_w = gepo_log_weights(inp.logp, inp.old_logp, inp.mask, inp.group_ids, inp.log_e_hat)
     w = torch.exp(log_w.clamp(-LOG_RATIO_MAX, LOG_RATIO_MAX))  # [B]
     per_seq, clipped = clipped_surrogate(w, inp.advantages, cfg.eps, cfg.eps, cfg.dual_clip)
     kl_seq = seq_mean(k3_bounded(inp.old_logp.detach() - inp.logp, cfg.dual_clip), inp.mask)  # [B], grad via l^p
-    loss = per_seq.mean() + cfg.beta * kl_seq.mean() if cfg.beta else per_seq.mean()
+    loss = batch_mean(per_seq + cfg.beta * kl_seq if cfg.beta else per_seq, inp.whole)
     return LossOutput(loss, {
         **weight_stats(w),
         "clip_frac": frac(clipped),

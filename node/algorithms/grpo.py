@@ -24,7 +24,7 @@ class GRPOConfig:
     eps_high: float = 0.2
     aggregation: str = "seq_mean"
     dr_grpo_max_tokens: int | None = None
-    """Dr. GRPO's constant; None uses the batch's padded completion length."""
+    """Dr. GRPO's constant; None uses the step's longest completion (base.BatchShape)."""
     normalize_std: bool = True
     dual_clip: float = DUAL_CLIP
     """Cap c on the loss of negative-advantage elements (base.clipped_surrogate)."""
@@ -43,7 +43,7 @@ def grpo_loss(inp: LossInputs, cfg: GRPOConfig) -> LossOutput:
     log_ratio = (inp.logp - inp.old_logp).clamp(-LOG_RATIO_MAX, LOG_RATIO_MAX)
     ratio = torch.exp(log_ratio)  # [B, T]
     per_token, clipped = clipped_surrogate(ratio, inp.advantages[:, None], cfg.eps_low, cfg.eps_high, cfg.dual_clip)
-    loss = aggregate(per_token, inp.mask, cfg.aggregation, cfg.dr_grpo_max_tokens)
+    loss = aggregate(per_token, inp.mask, cfg.aggregation, inp.whole, cfg.dr_grpo_max_tokens)
     m = inp.mask
     return LossOutput(loss, {
         **weight_stats(ratio[m]),

@@ -26,7 +26,7 @@ class PGConfig:
 def pg_loss(inp: LossInputs, cfg: PGConfig) -> LossOutput:
     ratio = torch.exp(inp.logp - inp.logp.detach())
     per_token = -ratio * inp.advantages[:, None]
-    loss = aggregate(per_token, inp.mask, cfg.aggregation, cfg.dr_grpo_max_tokens)
+    loss = aggregate(per_token, inp.mask, cfg.aggregation, inp.whole, cfg.dr_grpo_max_tokens)
     return LossOutput(loss, {
         "is_weight_mean": 1.0, "is_weight_var": 0.0, "clip_frac": 0.0,
         "kl_k3": seq_mean(k3(inp.old_logp.detach() - inp.logp).detach(), inp.mask).mean().item(),

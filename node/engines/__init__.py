@@ -7,15 +7,20 @@ from .base import Completion, Engine, PromptResult, SamplingParams
 ENGINES = ("hf", "vllm")
 
 
-def make_engine(kind: str, model_id: str, tokenizer, vllm=None) -> Engine:
-    """The engine `kind` serving `model_id`; a ConfigError (with the fix) if it cannot run here."""
+def make_engine(kind: str, model_id: str, tokenizer, vllm=None, placement=None) -> Engine:
+    """The engine `kind` serving `model_id`; a ConfigError (with the fix) if it cannot run here.
+
+    `placement` (node.device.Placement; default CPU float32) is where the HF engine's weights live
+    and their dtype; vLLM places itself (its own [vllm] settings)."""
     from ..config import ConfigError
 
     if kind == "hf":
         from ..models import load_model
         from .hf import HFEngine
 
-        return HFEngine(load_model(model_id), tokenizer, model_id)
+        if placement is None:
+            return HFEngine(load_model(model_id), tokenizer, model_id)
+        return HFEngine(load_model(model_id, placement.dtype, placement.device), tokenizer, model_id)
     if kind == "vllm":
         from .vllm import VLLMConfig, VLLMEngine, vllm_available
 

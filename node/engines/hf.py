@@ -1,12 +1,21 @@
 """Batched sampling with Hugging Face transformers' `generate`, on CPU or GPU.
 
 The default engine: works wherever torch does. Prompts are left-padded (as generation needs) and
-each is repeated G times; behaviour log-probs come from `generate`'s raw logits through the same
-`logprobs_from_logits` the learner uses.
+each is repeated G times. One sampling path for every mode: our logits processor (`PickTokens`)
+picks each row's next token with `node.checkable.pick_tokens` (greedy at T = 0; at T > 0 the
+uniform u_t through the tempered, filtered CDF, where u_t is the seeded one of checkable sampling
+or a draw of torch's generator otherwise), masks every other token, and records the token's
+behaviour log-prob from the raw logits row through the same `logprobs_from_logits` the learner
+uses; `generate` then runs greedy over the one token left. So no [rows, steps, V] logits are ever
+kept: completions of thousands of tokens cost one [rows] float per step beyond the KV cache.
+
+Completions stop on any of the model's EOS ids (`node.models.eos_token_ids`: the tokenizer's and
+those of the model's generation config).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
@@ -19,13 +28,18 @@ log = logging.getLogger(__name__)
 
 
 class HFEngine:
-    def __init__(self, model, tokenizer, model_id: str, version: int = 0, max_batch: int = 256) -> None:
+    def __init__(self, model, tokenizer, model_id: str, version: int = 0, max_batch: int = 256,
+                 eos_ids: list[int] | None = None) -> None:
+        from ..models import eos_token_ids
+
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.model_id = model_id
         self.version = version
         self.max_batch = max_batch
         """Most sequences (prompts x G) per `generate` call; bounds memory."""
+        self.eos_ids = list(eos_ids) if eos_ids is not None else eos_token_ids(tokenizer, model_id)
+        """A completion ends at the first of these (the tokenizer's EOS and the generation config's)."""
 
     def load_weights(self, state_dict: dict, version: int) -> None:
         self.model.load_state_dict(state_dict, strict=True)
@@ -49,68 +63,99 @@ class HFEngine:
         tok.padding_side = "left"
         enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         enc = {k: v.to(self.model.device) for k, v in enc.items()}
-        greedy = params.temperature == 0
-        checkable = seeds is not None and not greedy
-        processors = LogitsProcessorList()
-        if checkable:
-            # our processor picks each token from the seeded uniforms and masks the rest, so
-            # generate() runs greedy over one copy of each prompt per completion: no randomness of its own
-            processors.append(CheckableSampling([s for row in seeds for s in row], enc["input_ids"].shape[1], params))
-        sampled = not greedy and not checkable
-        copies = 1 if sampled else params.n  # generate() wants num_return_sequences=1 unless it samples
+        prompt_len = enc["input_ids"].shape[1]
+        row_seeds = [s for row in seeds for s in row] if seeds is not None and params.temperature > 0 else None
+        picker = PickTokens(params, prompt_len, row_seeds)
+        # our processor decides every token, so generate() runs greedy over G copies of each prompt
         gen_cfg = GenerationConfig(
-            do_sample=sampled,
-            temperature=params.temperature if sampled else None,
-            top_p=params.top_p if sampled else None,
-            top_k=params.top_k if sampled else None,
+            do_sample=False,
             max_new_tokens=params.max_new_tokens,
-            num_return_sequences=params.n // copies,
+            num_return_sequences=1,
             pad_token_id=tok.pad_token_id,
-            eos_token_id=tok.eos_token_id,
-            output_logits=True,
+            eos_token_id=self.eos_ids or None,
+            output_logits=False,
+            output_scores=False,
             return_dict_in_generate=True,
         )
-        rows = {k: v.repeat_interleave(copies, dim=0) for k, v in enc.items()} if copies > 1 else enc
-        out = self.model.generate(**rows, generation_config=gen_cfg, logits_processor=processors)
-        prompt_len = enc["input_ids"].shape[1]
+        rows = {k: v.repeat_interleave(params.n, dim=0) for k, v in enc.items()}
+        with _bare_generation_defaults(self.model):
+            out = self.model.generate(**rows, generation_config=gen_cfg, logits_processor=LogitsProcessorList([picker]))
         new_tokens = out.sequences[:, prompt_len:]  # [B*G, steps]
-        logits = torch.stack(out.logits, dim=1)  # [B*G, steps, V], raw (before processors)
-        logps = logprobs_from_logits(logits, new_tokens, params.logprob_temperature).cpu()
-        return self._to_results(prompts, enc, new_tokens.cpu(), logps, params.n)
+        logps = picker.logprobs(new_tokens.shape)
+        return self._to_results(prompts, enc, new_tokens.cpu(), logps.cpu(), params.n)
 
     def _to_results(self, prompts, enc, new_tokens, logps, n) -> list[PromptResult]:
-        eos = self.tokenizer.eos_token_id
+        eos = set(self.eos_ids)
         results = []
         for i, prompt in enumerate(prompts):
             prompt_ids = enc["input_ids"][i][enc["attention_mask"][i].bool()].tolist()
             res = PromptResult(prompt, prompt_ids)
             for row in range(i * n, (i + 1) * n):
                 ids = new_tokens[row].tolist()
-                stop = ids.index(eos) + 1 if eos in ids else len(ids)
+                stop = next((k + 1 for k, t in enumerate(ids) if t in eos), len(ids))
                 ids = ids[:stop]
                 res.completions.append(Completion(
                     token_ids=ids,
                     text=self.tokenizer.decode(ids, skip_special_tokens=True),
                     logprobs=logps[row, :stop].tolist(),
-                    finish_reason="stop" if ids and ids[-1] == eos else "length",
+                    finish_reason="stop" if ids and ids[-1] in eos else "length",
                 ))
             results.append(res)
         return results
 
 
-class CheckableSampling:
-    """A transformers logits processor that draws token t of row r as node.checkable prescribes
-    (the seeded uniform u_t through the tempered, filtered CDF) and masks every other token."""
+@contextlib.contextmanager
+def _bare_generation_defaults(model):
+    """The model's own generation defaults (a hub model's temperature, top-k, repetition penalty...)
+    would fill every field our GenerationConfig leaves unset, and any logits processor they add
+    would run before ours and change the logits it samples from and scores. SamplingParams say
+    everything, so generate() sees transformers' neutral defaults instead, for the call."""
+    from transformers import GenerationConfig
 
-    def __init__(self, seeds: list[bytes], prompt_len: int, params: SamplingParams) -> None:
-        self.seeds = seeds
-        self.prompt_len = prompt_len
+    saved = getattr(model, "generation_config", None)
+    model.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        model.generation_config = saved
+
+
+class PickTokens:
+    """A transformers logits processor that picks each row's next token itself and masks the rest.
+
+    Token t of row r is `pick_tokens(raw logits, u)`: greedy at T = 0; otherwise u is the seeded
+    uniform `uniforms(seeds[r], 1, t)` of checkable sampling (node/checkable.py) when seeds are
+    given, or a draw of torch's generator (seeded by `torch.manual_seed`) when not. The chosen
+    token's log softmax(raw logits / T) is recorded per step ([rows] float32, on the logits'
+    device; no sync per token). Rows that finished keep being scored (generate pads them); their
+    values past the stop are cut by the engine.
+    """
+
+    def __init__(self, params: SamplingParams, prompt_len: int, seeds: list[bytes] | None = None) -> None:
         self.params = params
+        self.prompt_len = prompt_len
+        self.seeds = seeds
+        self.steps: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        t = input_ids.shape[1] - self.prompt_len
-        us = torch.tensor([uniforms(seed, 1, t)[0] for seed in self.seeds], dtype=torch.float64)
         p = self.params
-        chosen = pick_tokens(scores, us, p.temperature, p.top_k, p.top_p)
-        forced = torch.full_like(scores, -torch.inf)
-        return forced.scatter(-1, chosen[:, None].to(scores.device), 0.0)
+        us = None
+        if p.temperature > 0:
+            if self.seeds is not None:
+                t = input_ids.shape[1] - self.prompt_len
+                us = torch.tensor([uniforms(seed, 1, t)[0] for seed in self.seeds], dtype=torch.float64,
+                                  device=scores.device)
+            else:
+                us = torch.rand(scores.shape[0], dtype=torch.float64, device=scores.device)
+        chosen = pick_tokens(scores, us, p.temperature, p.top_k, p.top_p).to(scores.device)
+        self.steps.append(logprobs_from_logits(scores, chosen, p.logprob_temperature))
+        return torch.full_like(scores, -torch.inf).scatter_(-1, chosen[:, None], 0.0)
+
+    def logprobs(self, shape: tuple[int, int] | torch.Size) -> torch.Tensor:
+        """The recorded log-probs, [rows, steps] float32 (steps = tokens generate() returned)."""
+        rows, steps = shape
+        if len(self.steps) != steps:  # one call per generated token; anything else is a transformers change
+            raise RuntimeError(f"HF engine: {len(self.steps)} log-prob steps for {steps} generated tokens")
+        if not steps:
+            return torch.zeros(rows, 0)
+        return torch.stack(self.steps, dim=1)

@@ -143,11 +143,14 @@ def vllm_available() -> bool:
 
 
 class VLLMEngine:
-    def __init__(self, model_id: str, tokenizer, cfg: VLLMConfig = VLLMConfig(), version: int = 0) -> None:
-        from ..models import resolve_model_path
+    def __init__(self, model_id: str, tokenizer, cfg: VLLMConfig = VLLMConfig(), version: int = 0,
+                 eos_ids: list[int] | None = None) -> None:
+        from ..models import eos_token_ids, resolve_model_path
 
         self.model_id = model_id
         self.tokenizer = tokenizer
+        self.eos_ids = list(eos_ids) if eos_ids is not None else eos_token_ids(tokenizer, model_id)
+        """A completion ends at the first of these (the tokenizer's EOS and the generation config's)."""
         self.cfg = cfg
         self.version = version
         self._warned_filtered = False
@@ -198,7 +201,7 @@ class VLLMEngine:
         prompt_ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
         n = params.n
         common = dict(max_tokens=params.max_new_tokens, detokenize=False,
-                      stop_token_ids=[self.tokenizer.eos_token_id], ignore_eos=False)
+                      stop_token_ids=list(self.eos_ids), ignore_eos=False)
         if seeds is not None and params.temperature > 0:
             # checkable (module docstring): request row = i * n + j, greedy over our processor's row
             sps = [VSamplingParams(n=1, temperature=0.0, **common, extra_args={"hetero_checkable": (
@@ -228,7 +231,7 @@ class VLLMEngine:
     def _to_result(self, prompt: str, prompt_ids: list[int], outputs: list,
                    logprobs: list[list[float]]) -> PromptResult:
         """One prompt's completions from vLLM's CompletionOutputs and their behaviour log-probs."""
-        eos = self.tokenizer.eos_token_id
+        eos = set(self.eos_ids)
         res = PromptResult(prompt, list(prompt_ids))
         texts = self.tokenizer.batch_decode([list(o.token_ids) for o in outputs], skip_special_tokens=True)
         for o, text, lps in zip(outputs, texts, logprobs):
@@ -237,7 +240,7 @@ class VLLMEngine:
                 token_ids=ids,
                 text=text,
                 logprobs=lps,
-                finish_reason="stop" if ids and ids[-1] == eos else "length",
+                finish_reason="stop" if ids and ids[-1] in eos else "length",
             ))
         return res
 

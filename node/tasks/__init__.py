@@ -7,10 +7,12 @@ from .rewards import exact_int_match, load_reward, math_verify_reward
 from .stream import PromptStream
 
 
-def make_task(cfg: ArithmeticConfig | DatasetTaskConfig) -> Task:
+def make_task(cfg: ArithmeticConfig | DatasetTaskConfig, tokenizer=None) -> Task:
+    """The task `cfg` describes. `tokenizer` (the model's) renders a dataset task's prompts with its
+    chat template (node/tasks/dataset.py); the arithmetic task's prompts are plain text always."""
     if isinstance(cfg, ArithmeticConfig):
         return ArithmeticTask(cfg)
-    return DatasetTask(cfg)
+    return DatasetTask(cfg, tokenizer)
 
 
 __all__ = [

@@ -1,0 +1,87 @@
+"""Qwen3-shaped models with random weights, built from a config on the spot (never downloaded).
+
+    model = build("qwen3-0.6b")            # torch model, float32, random weights
+    groups = synthetic_groups(tok_or_vocab, n_groups, group_size, prompt_len, completion_len)
+
+The shapes are those of the published Qwen3 configs (hidden size, layers, heads, vocabulary of
+151,936 tokens); speed and memory depend on shapes, not on what the weights learned.
+"""
+
+from __future__ import annotations
+
+import torch
+
+SHAPES: dict[str, dict] = {
+    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
+    "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
+    # a tiny body under a Qwen3-sized vocabulary: the output head dominates memory (tests)
+    "wide-vocab-tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=32, vocab_size=151936, tie_word_embeddings=False),
+}
+
+
+def build(shape: str, max_positions: int = 40960, seed: int = 0) -> torch.nn.Module:
+    """A Qwen3ForCausalLM of `shape` in float32 with random weights, in eval mode."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(**SHAPES[shape], max_position_embeddings=max_positions, rope_theta=1_000_000.0,
+                      pad_token_id=0, eos_token_id=1, bos_token_id=None)
+    torch.manual_seed(seed)
+    return Qwen3ForCausalLM(cfg).eval()
+
+
+def parameters(shape: str) -> int:
+    """Parameter count of a shape (tied embeddings counted once), without building it."""
+    s = SHAPES[shape]
+    h, f, n, v = s["hidden_size"], s["intermediate_size"], s["num_hidden_layers"], s["vocab_size"]
+    q, kv = s["num_attention_heads"] * s["head_dim"], s["num_key_value_heads"] * s["head_dim"]
+    layer = h * (q + 2 * kv) + q * h + 3 * h * f + 2 * h + 2 * s["head_dim"]
+    return n * layer + v * h * (1 if s["tie_word_embeddings"] else 2) + h
+
+
+def synthetic_groups(vocab: int, n_groups: int, group_size: int, prompt_len: int, completion_len: int, seed: int = 0):
+    """Scored groups of random tokens (rewards alternate, behaviour log-probs near -log V): the
+    shapes of a real step, for timing and memory."""
+    from node.engines.base import Completion
+    from node.trainer import ScoredGroup
+
+    g = torch.Generator().manual_seed(seed)
+    groups = []
+    for k in range(n_groups):
+        prompt = torch.randint(2, vocab, (prompt_len,), generator=g).tolist()
+        comps = []
+        for j in range(group_size):
+            toks = torch.randint(2, vocab, (completion_len,), generator=g).tolist()
+            lps = (-torch.rand(completion_len, generator=g) - 11.5).tolist()  # ~ log(1 / 151936)
+            comps.append(Completion(toks, "", lps, "length"))
+        groups.append(ScoredGroup(f"p{k}", prompt, comps, [float(j % 2) for j in range(group_size)], "bench", 0))
+    return groups
+
+
+def tokenizer(vocab: int):
+    """A word-level tokenizer of exactly `vocab` tokens: the built-in model's characters, then
+    filler tokens; prompts of plain text tokenize to characters, as with the built-in model."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from node.models import CHARS, SPECIAL_TOKENS
+
+    names = [*SPECIAL_TOKENS, *CHARS]
+    names += [f"<t{i}>" for i in range(vocab - len(names))]
+    core = Tokenizer(models.WordLevel({t: i for i, t in enumerate(names)}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>",
+                                   padding_side="left", model_max_length=40960)
+
+
+def save(shape: str, folder: str, dtype: torch.dtype = torch.bfloat16) -> str:
+    """Write a shaped model (random weights, `dtype`) and its tokenizer as a model folder that
+    every engine loads like a downloaded one (e.g. `examples/bench_vllm.py --model FOLDER`)."""
+    model = build(shape).to(dtype)
+    model.config.dtype = dtype
+    model.save_pretrained(folder)
+    tokenizer(model.config.vocab_size).save_pretrained(folder)
+    return folder

@@ -1,0 +1,77 @@
+"""Where a node computes and in which precision: `--device` and `--dtype`, for every role.
+
+    auto   -> CUDA (the current GPU) in bfloat16 where torch sees one, else CPU in float32
+    cpu | cuda | cuda:N, and float32 | bfloat16
+
+The learner keeps float32 *master* weights and optimizer state wherever it runs and computes its
+forward in the compute dtype under autocast (node/trainer.StepOptions), so bfloat16 changes
+speed and memory, not what the optimizer accumulates. Samplers hold their weights in the compute
+dtype (the view they sample with).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DEVICES = "auto, cpu, cuda or cuda:N"
+DTYPES = ("auto", "float32", "bfloat16")
+
+
+class DeviceError(ValueError):
+    """A --device/--dtype a user must change: the message says what is wrong, `fix` what to pass."""
+
+    def __init__(self, what: str, fix: str) -> None:
+        super().__init__(what)
+        self.fix = fix
+
+
+def check_spec(device: str, dtype: str) -> None:
+    """Syntax only (no GPU probing): for config validation on any machine."""
+    if device not in ("auto", "cpu", "cuda") and not (device.startswith("cuda:") and device[5:].isdigit()):
+        raise DeviceError(f"device {device!r} is not one of {DEVICES}", "pass --device auto (or cpu, cuda, cuda:1)")
+    if dtype not in DTYPES:
+        raise DeviceError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}", "pass --dtype auto (or float32, bfloat16)")
+
+
+@dataclass(frozen=True)
+class Placement:
+    device: torch.device
+    dtype: torch.dtype
+    """The compute dtype: autocast's on a learner, the weights' on a sampler."""
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        """What the learner's forward runs in under autocast; None: plain float32."""
+        return None if self.dtype == torch.float32 else self.dtype
+
+    def __str__(self) -> str:
+        name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "CPU"
+        return f"{self.device} ({name}), {str(self.dtype).removeprefix('torch.')}"
+
+
+def resolve(device: str = "auto", dtype: str = "auto") -> Placement:
+    """The device and compute dtype a spec names on this machine, or DeviceError (one line + fix)."""
+    check_spec(device, dtype)
+    has_cuda = torch.cuda.is_available()
+    if device == "auto":
+        dev = torch.device("cuda", torch.cuda.current_device()) if has_cuda else torch.device("cpu")
+    else:
+        dev = torch.device(device)
+        if dev.type == "cuda" and not has_cuda:
+            raise DeviceError(f"--device {device}: torch sees no CUDA GPU here (torch {torch.__version__})",
+                              "use --device auto or cpu, or install a CUDA build of torch")
+        if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise DeviceError(f"--device {device}: this machine has {torch.cuda.device_count()} GPU(s)",
+                              f"use cuda:0 .. cuda:{torch.cuda.device_count() - 1}")
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    if dtype == "auto":
+        dt = torch.bfloat16 if dev.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+    else:
+        dt = getattr(torch, dtype)
+    if dt == torch.bfloat16 and dev.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise DeviceError(f"--dtype bfloat16: {torch.cuda.get_device_name(dev)} has no bfloat16 support",
+                          "use --dtype float32 (or auto)")
+    return Placement(dev, dt)

@@ -1,0 +1,187 @@
+"""FSDP2 on 2 gloo ranks under torchrun trains exactly as one process does (node/distributed.py).
+
+Each test starts `torchrun --standalone --nproc-per-node 2 tests/fsdp_worker.py MODE OUT` as real
+processes; rank 0 saves the gathered weights, optimizer state and metrics, and the test compares
+them with the same steps run here, in one process, without FSDP and without micro-batches. The
+model is the built-in tiny Qwen3 (tied embeddings) in float64: see fsdp_worker.DTYPE.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+WORKER = Path(__file__).with_name("fsdp_worker.py")
+ROOT = WORKER.parents[1]
+TIMEOUT_S = 240
+
+
+@pytest.fixture(scope="module")
+def reference():
+    sys.path.insert(0, str(WORKER.parent))
+    import fsdp_worker
+
+    return fsdp_worker, fsdp_worker.reference()
+
+
+def _torchrun(tmp_path: Path, mode: str, *args: str) -> dict:
+    """Run the worker on 2 ranks; rank 0's saved results. Leftover processes are killed by PID."""
+    out = tmp_path / f"{mode}.pt"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(WORKER), mode, str(out), *args]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)  # torchrun stops its workers on SIGTERM
+        try:
+            output, _ = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            output = ""
+        pytest.fail(f"torchrun {mode} did not finish in {TIMEOUT_S} s:\n{output[-4000:]}")
+    finally:
+        _kill(proc, sorted(tmp_path.glob(f"{out.name}.rank*.pid")))
+    print(f"torchrun {mode}: {time.monotonic() - t0:.1f} s")
+    assert proc.returncode == 0, f"torchrun {mode} exited with {proc.returncode}:\n{output[-6000:]}"
+    return torch.load(out, weights_only=False)
+
+
+def _kill(proc: subprocess.Popen, pid_files: list[Path]) -> None:
+    """torchrun (its own session) and its workers (a session each) if still running."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    for f in pid_files:
+        pid = int(f.read_text())
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue  # gone
+        if WORKER.name.encode() in cmdline:  # not a reused PID
+            os.kill(pid, signal.SIGKILL)
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def _assert_same(weights: dict, ref_weights: dict, what: str) -> float:
+    assert list(weights) == list(ref_weights), what  # the unwrapped HF model's names and order, tied head included
+    for k in ref_weights:
+        torch.testing.assert_close(weights[k], ref_weights[k], rtol=1e-4, atol=1e-6, msg=f"{what}: {k}")
+    assert weights["lm_head.weight"] is weights["model.embed_tokens.weight"], "tied weights gathered as one tensor"
+    diff = _max_diff(weights, ref_weights)
+    print(f"{what}: max |w_2ranks - w_1process| = {diff:.3g}")
+    return diff
+
+
+def _assert_same_optimizer(optim: dict, ref_optim: dict, what: str) -> None:
+    """AdamW's state, keyed by parameter name; exp_avg is not scale invariant (a gradient off by the
+    world size would show here, not in the weights)."""
+    assert optim["state"].keys() == ref_optim["state"].keys()
+    assert optim["param_groups"][0]["params"] == ref_optim["param_groups"][0]["params"]
+    for k, st in ref_optim["state"].items():
+        assert float(optim["state"][k]["step"]) == float(st["step"])
+        for n in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(optim["state"][k][n], st[n], rtol=1e-4, atol=1e-9, msg=f"{what}: {k}.{n}")
+
+
+def _assert_same_metrics(metrics: list[dict], ref_metrics: list[dict]) -> None:
+    for m, r in zip(metrics, ref_metrics, strict=True):
+        assert m["step_skipped"] == r["step_skipped"] == 0
+        assert m["grad_norm"] == pytest.approx(r["grad_norm"], rel=1e-6)  # clipped in every step
+        assert m["loss"] == pytest.approx(r["loss"], rel=1e-5)  # log-probs are float32
+        assert m["routes"]["stale"]["dropped_groups"] == r["routes"]["stale"]["dropped_groups"] == [1]
+        assert m["routes"]["stale"]["sequences"] == r["routes"]["stale"]["sequences"]
+
+
+@pytest.mark.integration
+def test_two_ranks_train_the_same_weights_as_one_process(reference, tmp_path):
+    from node.models import BUILTIN_MODEL, load_model, load_tokenizer
+    from node.trainer import _deal, plan_microbatches
+
+    worker, ref = reference
+    t0 = time.monotonic()
+    # the steps are cut fine: every rank runs several micro-batches, groups are split, an idle rank
+    # runs the dummy pass in some step
+    tok, base = load_tokenizer(BUILTIN_MODEL), load_model(BUILTIN_MODEL, worker.DTYPE)
+    idle = 0
+    for s in range(worker.STEPS):
+        parts = worker.make_parts(tok, base, s)
+        batch = parts[0].batch
+        plan = plan_microbatches(batch.packed.attention_mask.sum(-1).tolist(), worker.BUDGET)
+        assert len(plan) >= 6
+        assert sum(len({int(batch.group_ids[i]) for i in rows}) > 1 for rows in plan) >= 1
+        dealt = _deal(parts, worker.BUDGET, 2)
+        assert all(sum(w is not None for w in rank) >= 3 for rank in dealt)
+        idle += sum(w is None for rank in dealt for w in rank)
+    assert idle >= 1
+
+    got = _torchrun(tmp_path, "spmd")
+    ref_weights, ref_optim, _ = ref[-1]
+    _assert_same(got["weights"], ref_weights, f"after {worker.STEPS} steps")
+    _assert_same_optimizer(got["optim"], ref_optim, "optimizer")
+    _assert_same_metrics(got["metrics"], [m for _, _, m in ref])
+    print(f"test took {time.monotonic() - t0:.1f} s")
+
+
+@pytest.mark.integration
+def test_rank0_leads_a_follower_through_steps_state_gathers_and_a_resume(reference, tmp_path):
+    worker, ref = reference
+    t0 = time.monotonic()
+    one_process = tmp_path / "one_process_after_2_steps.pt"  # a checkpoint of a learner in one process
+    torch.save({"weights": ref[1][0], "optim": ref[1][1]}, one_process)
+    got = _torchrun(tmp_path, "leader", str(one_process))
+    _assert_same(got["weights2"], ref[1][0], "Leader, after 2 steps")
+    _assert_same_optimizer(got["optim2"], ref[1][1], "Leader's optimizer state after 2 steps")
+    _assert_same(got["weights3"], ref[2][0], "Leader, after 3 steps")
+    # step 3 again after loading the state gathered after step 2: what the first step 3 gave
+    for k, v in got["weights3"].items():
+        torch.testing.assert_close(got["weights3_again"][k], v, rtol=0, atol=1e-12, msg=k)
+    # ... and after loading the one-process checkpoint: the one-process step 3
+    _assert_same(got["weights3_resumed"], ref[2][0], "Leader, step 3 resumed from one process's checkpoint")
+    _assert_same_metrics(got["metrics"], [m for _, _, m in ref])
+    print(f"test took {time.monotonic() - t0:.1f} s")
+
+
+def test_one_process_needs_no_process_group_and_its_state_round_trips(monkeypatch):
+    """Without torchrun the same calls work on the plain model: the learner has one code path."""
+    from node.distributed import decoder_layers, full_state_dict, init_from_env, load_full_state, optimizer_state
+    from node.models import BUILTIN_MODEL, load_model
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert init_from_env("cpu") is None
+    with pytest.raises(ValueError, match="no decoder layers"):
+        decoder_layers(torch.nn.Linear(2, 2))
+    lm = load_model(BUILTIN_MODEL)
+    assert len(decoder_layers(lm)) == lm.config.num_hidden_layers
+    opt = torch.optim.AdamW(lm.parameters(), lr=1e-3, weight_decay=0.0)
+    loss = lambda: sum(p.square().sum() for p in lm.parameters())  # noqa: E731
+    loss().backward()
+    opt.step()
+    weights = {k: v.clone() for k, v in full_state_dict(lm).items()}
+    assert list(weights) == list(lm.state_dict())
+    optim = optimizer_state(lm, opt)
+    assert "lm_head.weight" not in optim["state"] and float(optim["state"]["model.norm.weight"]["step"]) == 1
+    opt.zero_grad()
+    loss().backward()
+    opt.step()  # a snapshot: the step does not change what optimizer_state returned
+    assert float(optim["state"]["model.norm.weight"]["step"]) == 1
+    load_full_state(lm, opt, weights, optim)
+    assert all(torch.equal(v, weights[k]) for k, v in lm.state_dict().items())
+    assert float(opt.state[lm.model.norm.weight]["step"]) == 1
+    assert torch.equal(opt.state[lm.model.norm.weight]["exp_avg"], optim["state"]["model.norm.weight"]["exp_avg"])
+    fresh = torch.optim.AdamW(lm.parameters(), lr=1e-3, weight_decay=0.0)  # a learner resuming at start-up
+    load_full_state(lm, fresh, None, optim)
+    assert all(torch.equal(v, weights[k]) for k, v in lm.state_dict().items())  # the weights stay
+    assert torch.equal(fresh.state[lm.lm_head.weight]["exp_avg_sq"], optim["state"]["model.embed_tokens.weight"]["exp_avg_sq"])

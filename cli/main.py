@@ -44,8 +44,9 @@ SeedOpt = Annotated[Optional[int], typer.Option(help="Random seed (default: the 
 DeviceOpt = Annotated[Optional[str], typer.Option(
     help="Where to compute: auto (a CUDA GPU where torch sees one, else the CPU), cpu, cuda or cuda:N.")]
 DtypeOpt = Annotated[Optional[str], typer.Option(
-    help="Compute dtype: auto (bfloat16 on a GPU, float32 on a CPU), float32 or bfloat16. Learners keep "
-         "float32 master weights and optimizer state either way.")]
+    help="Compute dtype: auto (a learner on a GPU: bfloat16; otherwise float32, samplers included, whose "
+         "tokens learners audit in float32), float32 or bfloat16. Learners keep float32 master weights and "
+         "optimizer state either way.")]
 
 
 def _version(show: bool) -> None:
@@ -289,6 +290,8 @@ def join(
              "table of --config).")] = None,
     name: Annotated[Optional[str], typer.Option(help="Sampler: public display name on the leaderboard (at most 64 characters).")] = None,
     max_steps: Annotated[Optional[int], typer.Option(min=1, help="Learner: stop at this version.")] = None,
+    nproc_per_node: Annotated[Optional[int], typer.Option(min=1, help="Learner: train on N processes (GPUs) with "
+        "FSDP2; starts torchrun, whose rank 0 joins the swarm.")] = None,
     tensorboard: Annotated[Optional[bool], typer.Option("--tensorboard/--no-tensorboard", help="Learner: also write TensorBoard event files to WORKDIR/tensorboard.")] = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
@@ -306,6 +309,7 @@ def join(
     cfg = _load(JoinConfig, config, {
         "role": role, "swarm": swarm, "model": model, "follow": follow, "max_steps": max_steps, "engine": engine,
         "name": name, "workdir": _str(workdir), "tensorboard": tensorboard, "device": device, "dtype": dtype,
+        "nproc_per_node": nproc_per_node,
         **_network(host, port, public_ip, initial_peers, client_mode, nat, relay=bool(public_ip) or client_mode)})
     if role is None and (config is None or "role" not in _toml_keys(config)):
         raise UserError("join needs a role", "add --role sampler or --role learner (or role = ... in --config)")
@@ -315,9 +319,25 @@ def join(
 
     resolve_model_path(cfg.model)  # a wrong model fails now, before the swarm is joined
     resolve(cfg.device, cfg.dtype)  # so does a GPU this machine does not have
+    if cfg.nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
+        raise typer.Exit(_torchrun(cfg.nproc_per_node))
     stop = _stop_on_signals()
     _reachability_check(port, public_ip)
     (run_learner if cfg.role == "learner" else run_sampler)(cfg, stop)
+
+
+def _torchrun(nproc: int) -> int:
+    """This same command under torchrun, one process per rank; SIGINT/SIGTERM are passed on (each
+    rank stops gracefully: rank 0 checkpoints, then releases the others)."""
+    import signal
+    import subprocess
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "cli.main", *sys.argv[1:]]
+    proc = subprocess.Popen(cmd)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda s, _f: proc.send_signal(s))
+    return proc.wait()
 
 
 def _toml_keys(path: Path) -> set[str]:

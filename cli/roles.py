@@ -75,12 +75,16 @@ class JoinConfig:
     device: str = "auto"
     """auto (a CUDA GPU where torch sees one, else the CPU), cpu, cuda or cuda:N."""
     dtype: str = "auto"
-    """Compute dtype: auto (bfloat16 on a GPU, float32 on a CPU), float32 or bfloat16. A learner
-    keeps float32 master weights and computes in this dtype; a sampler holds its weights in it."""
+    """Compute dtype: float32 or bfloat16; auto is bfloat16 for a learner on a GPU (float32 master
+    weights, bfloat16 forward) and float32 otherwise, samplers included (audits compare sampled
+    tokens with the learner's float32 distribution)."""
     engine: str = "hf"
     """Sampler: 'hf' (transformers, anywhere) or 'vllm' (the vllm extra; settings in [vllm])."""
     follow: str | None = None
     """Learner peer id a sampler follows; default: the first learner found in the swarm."""
+    nproc_per_node: int = 1
+    """Learner: processes (GPUs) one learner trains on, with FSDP2 under torchrun; rank 0 is the
+    swarm peer. `join` starts torchrun itself when this is > 1."""
     max_steps: int | None = None
     """Learner: stop (after a final eval and checkpoint) at this version."""
     seed: int = 0
@@ -110,6 +114,8 @@ class JoinConfig:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
         if len(self.name) > 64:
             raise ValueError(f"name has {len(self.name)} characters; at most 64")
+        if self.nproc_per_node < 1 or (self.nproc_per_node > 1 and self.role != "learner"):
+            raise ValueError("nproc_per_node must be >= 1, and > 1 only for a learner")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError("max_steps must be >= 1")
         if min(self.status_every_s, self.tally_every_s, self.announce_every_s, self.peer_ttl_s) <= 0:
@@ -173,14 +179,53 @@ def run_bootstrap(identity_path: str, net: NetworkConfig, swarm: str, stop: thre
 # ---- learner ---------------------------------------------------------------------------------------
 
 def run_learner(cfg: JoinConfig, stop: threading.Event) -> None:
+    """One learner process; under torchrun (WORLD_SIZE > 1) rank 0 is the swarm peer and leads,
+    the other ranks only follow its training steps (node/distributed.py) and join no swarm."""
+    from node.distributed import init_from_env
+
+    place = resolve(cfg.device, cfg.dtype)
+    coll = init_from_env(place.device.type)
+    if coll is not None and coll.rank > 0:
+        try:
+            _learner_follower(cfg, coll)
+        finally:
+            coll.close()
+        return
     node = _start_node(cfg)
     try:
-        _learner_loop(cfg, node, stop)
+        _learner_loop(cfg, node, stop, coll)
     finally:
         node.shutdown()
+        if coll is not None:
+            coll.close()
 
 
-def _make_learner(cfg: JoinConfig, node: SwarmNode):
+def _sharded_trainer(cfg: JoinConfig, coll):
+    """This rank's FSDP2 shard of the model and its AdamW (float32 master weights; bfloat16
+    compute through FSDP's mixed-precision policy where the dtype says so)."""
+    import torch
+
+    from node.distributed import shard
+    from node.models import load_model
+
+    place = resolve(cfg.device, cfg.dtype)
+    lm = load_model(cfg.model, torch.float32, coll.device)
+    if cfg.learner.gradient_checkpointing:
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    module = shard(lm, param_dtype=place.autocast_dtype)
+    return module, torch.optim.AdamW(module.parameters(), lr=cfg.learner.lr, weight_decay=0.0)
+
+
+def _learner_follower(cfg: JoinConfig, coll) -> None:
+    from node.distributed import follow
+
+    module, optimizer = _sharded_trainer(cfg, coll)
+    log.info("learner rank %d of %d: following rank 0", coll.rank, coll.world)
+    steps = follow(module, optimizer, coll)
+    log.info("learner rank %d: stopped after %d steps", coll.rank, steps)
+
+
+def _make_learner(cfg: JoinConfig, node: SwarmNode, coll=None):
     from node.checkpoint import latest_checkpoint
     from node.learner import Learner
     from node.metrics import MetricsWriter
@@ -194,9 +239,16 @@ def _make_learner(cfg: JoinConfig, node: SwarmNode):
     place = resolve(cfg.device, cfg.dtype)
     log.info("learner computes on %s (float32 master weights)", place)
     tok = load_tokenizer(cfg.model)
+    leader = None
+    if coll is not None:
+        from node.distributed import Leader
+
+        leader = Leader(*_sharded_trainer(cfg, coll), coll)
+        log.info("learner rank 0 of %d: FSDP2 over %d processes", coll.world, coll.world)
     learner = Learner(cfg.learner, load_model(cfg.model, torch.float32, place.device), tok, make_task(cfg.task, tok),
                       model_id=cfg.model, sampling=cfg.sampling, swarm=cfg.swarm, peer_id=node.peer_id,
-                      checkpoint_dir=work / "checkpoints", metrics=metrics, compute_dtype=place.autocast_dtype)
+                      checkpoint_dir=work / "checkpoints", metrics=metrics,
+                      compute_dtype=None if leader else place.autocast_dtype, leader=leader)
     ckpt = latest_checkpoint(work / "checkpoints")
     if ckpt is not None:
         learner.load_checkpoint(ckpt)
@@ -217,8 +269,8 @@ def _make_learner(cfg: JoinConfig, node: SwarmNode):
     return learner, link, ckpt is not None, lambda: journal.compact(saved["cursor"])
 
 
-def _learner_loop(cfg: JoinConfig, node: SwarmNode, stop: threading.Event) -> None:
-    learner, link, resumed, compact_journal = _make_learner(cfg, node)
+def _learner_loop(cfg: JoinConfig, node: SwarmNode, stop: threading.Event, coll=None) -> None:
+    learner, link, resumed, compact_journal = _make_learner(cfg, node, coll)
     report = LearnerReport(learner)
     learner.start()
     if not resumed:
@@ -239,6 +291,8 @@ def _learner_loop(cfg: JoinConfig, node: SwarmNode, stop: threading.Event) -> No
             while not _done(cfg, learner) and learner.step() is not None:
                 pass
             compact_journal()  # the journal keeps only what no checkpoint holds yet
+            if learner.leader is not None:
+                learner.leader.keepalive()
             if status():
                 log.info(report.line(time.monotonic() - last_data))
             if _done(cfg, learner):
@@ -250,6 +304,8 @@ def _learner_loop(cfg: JoinConfig, node: SwarmNode, stop: threading.Event) -> No
         if learner.tally.peers:
             _publish_tally(node, learner, cfg.model)
         learner.save_checkpoint(Path(cfg.workdir) / "checkpoints")
+        if learner.leader is not None:
+            learner.leader.stop()
         learner.metrics.close()
         log.info(report.summary())
 
@@ -336,7 +392,12 @@ def _make_sampler(cfg: JoinConfig, node: SwarmNode):
     from node.tasks import make_task
 
     tok = load_tokenizer(cfg.model)
-    engine = make_engine(cfg.engine, cfg.model, tok, cfg.vllm, placement=resolve(cfg.device, cfg.dtype))
+    # auto is float32 for samplers on every device: learners audit sampled tokens against their
+    # float32 distribution, and bfloat16 numerics move the CDF intervals by more than the
+    # audit's tolerance on some tokens (docs/DESIGN.md, "Scale"); bfloat16 only when asked for
+    place = resolve(cfg.device, "float32" if cfg.dtype == "auto" else cfg.dtype)
+    log.info("sampler generates on %s", place)
+    engine = make_engine(cfg.engine, cfg.model, tok, cfg.vllm, placement=place)
     return Sampler(node.peer_id, make_task(cfg.task, tok), engine, tokenizer_hash(tok), sampling=cfg.sampling,
                    swarm=cfg.swarm, prompts_per_batch=cfg.sampler.prompts_per_batch, seed=cfg.seed)
 

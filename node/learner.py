@@ -161,9 +161,14 @@ class Learner:
                  sampling: SamplingConfig = SamplingConfig(), swarm: str = "local", link: LearnerLink | None = None,
                  peer_id: str = "learner", checkpoint_dir: str | Path | None = None,
                  metrics: MetricsWriter | None = None, chain: str | None = None,
-                 compute_dtype: torch.dtype | None = None) -> None:
+                 compute_dtype: torch.dtype | None = None, leader=None) -> None:
         """`model` sits on the device it trains on, in float32 (master weights); `compute_dtype`
-        (e.g. bfloat16 on a GPU) is what its forward runs in, under autocast."""
+        (e.g. bfloat16 on a GPU) is what its forward runs in, under autocast.
+
+        `leader` (node.distributed.Leader): this is rank 0 of an FSDP2 learner. The ranks train
+        the sharded copy together; `model` is then an unsharded copy that the gathered weights
+        are loaded into after every step, for evaluation, audits and publishing."""
+        self.leader = leader
         self.cfg = cfg
         self.model = model.eval()
         if cfg.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
@@ -400,11 +405,12 @@ class Learner:
         t0 = time.perf_counter()
         try:
             if parts:
-                rec.update(train_step(self.model, self.optimizer, parts, self.sampling.temperature, self.cfg.max_grad_norm,
-                                      self.step_options))
+                rec.update(self._train(parts))
         except Exception as e:  # e.g. out of memory: these groups go to quarantine, training goes on
             log.exception("a step on %d groups failed; they are quarantined, not retried", len(taken))
             self._quarantine_step(taken, f"step: {type(e).__name__}: {e}")
+            if self.leader is not None:
+                raise  # the ranks are out of step now: end the job (torchrun restarts it from a checkpoint)
             return None
         self.train_time_s += time.perf_counter() - t0
         failed_gap = self._count_gap_drops(taken, rec.get("routes", {}))
@@ -423,6 +429,14 @@ class Learner:
             self.run_eval()
         if self.checkpoint_dir and self.cfg.checkpoint_every and self.version % self.cfg.checkpoint_every == 0:
             self.save_checkpoint(self.checkpoint_dir)
+        return rec
+
+    def _train(self, parts: list[TrainPart]) -> dict[str, Any]:
+        if self.leader is None:
+            return train_step(self.model, self.optimizer, parts, self.sampling.temperature, self.cfg.max_grad_norm,
+                              self.step_options)
+        rec = self.leader.step(parts, self.sampling.temperature, self.cfg.max_grad_norm, self.step_options)
+        self.model.load_state_dict(self.leader.state_dict())  # the gathered weights: what we publish
         return rec
 
     def _quarantine_step(self, taken: list[BufferedGroup], why: str) -> None:
@@ -605,7 +619,7 @@ class Learner:
         as received) and counters (JSON-able), plus `checkpoint_extra()` from the runner."""
         return {
             "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self.leader.optimizer_state() if self.leader else self.optimizer.state_dict(),
             "buffer": [b.raw for b in self.buffer],
             "meta": {
                 "version": self.version,
@@ -628,7 +642,10 @@ class Learner:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         meta = state["meta"]
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.leader is not None:
+            self.leader.load(state["model"], state["optimizer"])
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.version = meta["version"]
         self.drops = collections.Counter(meta["drops"])
         self.accepted_by_sampler = collections.Counter(meta["accepted_by_sampler"])

@@ -185,3 +185,27 @@ def test_one_process_needs_no_process_group_and_its_state_round_trips(monkeypatc
     load_full_state(lm, fresh, None, optim)
     assert all(torch.equal(v, weights[k]) for k, v in lm.state_dict().items())  # the weights stay
     assert torch.equal(fresh.state[lm.lm_head.weight]["exp_avg_sq"], optim["state"]["model.embed_tokens.weight"]["exp_avg_sq"])
+
+
+@pytest.mark.integration
+def test_two_rank_learner_trains_in_a_loopback_swarm(tmp_path):
+    """`hetero-node join --role learner --nproc-per-node 2` starts torchrun; rank 0 joins the
+    swarm, takes rollouts from a real sampler and leads rank 1 through FSDP2 steps; it publishes
+    versions the sampler follows, and stops at --max-steps with a checkpoint (both ranks exit)."""
+    from tests.swarmkit import Swarm, start_bootstrap
+
+    s = Swarm(tmp_path)
+    try:
+        start_bootstrap(s)
+        learner = s.start_learner("[learner]\neval_every = 0\neval_size = 30\nmax_tokens_per_microbatch = 256\n",
+                                  "--nproc-per-node", "2", "--max-steps", "8", "--device", "cpu")
+        s.join("sampler", "sampler")
+        assert s.wait_version(8, timeout=420) >= 8
+        assert learner.popen.wait(timeout=180) == 0
+        steps = [r for r in s.metrics() if r["kind"] == "step"]
+        assert len(steps) == 8 and all(r["step_skipped"] == 0 and r["grad_norm"] > 0 for r in steps)
+        log = learner.log_path.read_text()
+        assert "FSDP2 over 2 processes" in log and "learner rank 1: stopped after 8 steps" in log
+        assert list((tmp_path / "learner" / "checkpoints").glob("*"))
+    finally:
+        s.stop_all()

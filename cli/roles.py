@@ -187,20 +187,20 @@ def run_learner(cfg: JoinConfig, stop: threading.Event) -> None:
     coll = init_from_env(place.device.type)
     if coll is not None and coll.rank > 0:
         try:
-            _learner_follower(cfg, coll)
+            _learner_follower(cfg, place, coll)
         finally:
             coll.close()
         return
     node = _start_node(cfg)
     try:
-        _learner_loop(cfg, node, stop, coll)
+        _learner_loop(cfg, node, stop, place, coll)
     finally:
         node.shutdown()
         if coll is not None:
             coll.close()
 
 
-def _sharded_trainer(cfg: JoinConfig, coll):
+def _sharded_trainer(cfg: JoinConfig, place, coll):
     """This rank's FSDP2 shard of the model and its AdamW (float32 master weights; bfloat16
     compute through FSDP's mixed-precision policy where the dtype says so)."""
     import torch
@@ -208,7 +208,6 @@ def _sharded_trainer(cfg: JoinConfig, coll):
     from node.distributed import shard
     from node.models import load_model
 
-    place = resolve(cfg.device, cfg.dtype)
     lm = load_model(cfg.model, torch.float32, coll.device)
     if cfg.learner.gradient_checkpointing:
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -216,16 +215,16 @@ def _sharded_trainer(cfg: JoinConfig, coll):
     return module, torch.optim.AdamW(module.parameters(), lr=cfg.learner.lr, weight_decay=0.0)
 
 
-def _learner_follower(cfg: JoinConfig, coll) -> None:
+def _learner_follower(cfg: JoinConfig, place, coll) -> None:
     from node.distributed import follow
 
-    module, optimizer = _sharded_trainer(cfg, coll)
+    module, optimizer = _sharded_trainer(cfg, place, coll)
     log.info("learner rank %d of %d: following rank 0", coll.rank, coll.world)
     steps = follow(module, optimizer, coll)
     log.info("learner rank %d: stopped after %d steps", coll.rank, steps)
 
 
-def _make_learner(cfg: JoinConfig, node: SwarmNode, coll=None):
+def _make_learner(cfg: JoinConfig, node: SwarmNode, place, coll=None):
     from node.checkpoint import latest_checkpoint
     from node.learner import Learner
     from node.metrics import MetricsWriter
@@ -236,14 +235,13 @@ def _make_learner(cfg: JoinConfig, node: SwarmNode, coll=None):
 
     work = Path(cfg.workdir)
     metrics = MetricsWriter(work / "metrics.jsonl", work / "tensorboard" if cfg.tensorboard else None)
-    place = resolve(cfg.device, cfg.dtype)
     log.info("learner computes on %s (float32 master weights)", place)
     tok = load_tokenizer(cfg.model)
     leader = None
     if coll is not None:
         from node.distributed import Leader
 
-        leader = Leader(*_sharded_trainer(cfg, coll), coll)
+        leader = Leader(*_sharded_trainer(cfg, place, coll), coll)
         log.info("learner rank 0 of %d: FSDP2 over %d processes", coll.world, coll.world)
     learner = Learner(cfg.learner, load_model(cfg.model, torch.float32, place.device), tok, make_task(cfg.task, tok),
                       model_id=cfg.model, sampling=cfg.sampling, swarm=cfg.swarm, peer_id=node.peer_id,
@@ -269,8 +267,8 @@ def _make_learner(cfg: JoinConfig, node: SwarmNode, coll=None):
     return learner, link, ckpt is not None, lambda: journal.compact(saved["cursor"])
 
 
-def _learner_loop(cfg: JoinConfig, node: SwarmNode, stop: threading.Event, coll=None) -> None:
-    learner, link, resumed, compact_journal = _make_learner(cfg, node, coll)
+def _learner_loop(cfg: JoinConfig, node: SwarmNode, stop: threading.Event, place, coll=None) -> None:
+    learner, link, resumed, compact_journal = _make_learner(cfg, node, place, coll)
     report = LearnerReport(learner)
     learner.start()
     if not resumed:

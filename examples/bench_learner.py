@@ -87,7 +87,7 @@ def bare_step(model, parts, options: StepOptions, device) -> None:
     model.train()
     for rows in plan_microbatches(b.attention_mask.sum(-1).tolist(), options.max_tokens_per_microbatch):
         mb = b.rows(rows).to(device)
-        with torch.autocast(device.type, options.autocast_dtype or torch.float32, enabled=options.autocast_dtype is not None):
+        with options.autocast(device):
             out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, labels=mb.input_ids, use_cache=False)
         out.loss.backward()
     model.zero_grad(set_to_none=True)
@@ -170,9 +170,10 @@ def main() -> None:
     peak_tflops = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in gpu), None)
     for name, tps, peak in rows:
         mfu = f"{6 * n_params * tps / (peak_tflops * 1e12):6.1%}" if peak_tflops and place.dtype == torch.bfloat16 else "     -"
-        print(f"{name:14}{tps:10.1f}{peak / 2**30:11.2f} GiB {mfu}")
-    print(f"learner / bare: {rows[0][1] / rows[1][1]:.2f}x tokens/s (goal >= 0.9x), "
-          f"{rows[0][2] / max(rows[1][2], 1):.2f}x peak memory")
+        print(f"{name:14}{tps:10.1f}{max(peak, 0) / 2**30:11.2f} GiB {mfu}")
+    memory = (f", {rows[0][2] / rows[1][2]:.2f}x peak memory" if rows[1][2] > 2**20
+              else " (peak memory below what this measure resolves)")
+    print(f"learner / bare: {rows[0][1] / rows[1][1]:.2f}x tokens/s (goal >= 0.9x){memory}")
     if args.sampler_prompts:
         model.to(place.dtype)
         tps = sampler_tokens_per_s(model, vocab, place.device, args.sampler_prompts, args.group_size, args.sampler_tokens)

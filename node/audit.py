@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from .checkable import BASE_NONCE, audit_tokens, completion_seed, uniforms
+from .checkable import BASE_NONCE, audit_tokens, uniforms
 from .engines.base import SamplingParams
-from .logprobs import completion_span, logprobs_from_logits, pack
+from .logprobs import completion_logits, logprobs_from_logits, pack
 from .weight_codec import CodecConfig, EncodedVersion, Publisher, apply_version
 
 log = logging.getLogger(__name__)
@@ -113,24 +113,28 @@ def audit_groups(model: torch.nn.Module, items: list[AuditItem], params: Samplin
     """Check that each completion's tokens are those its seed selects under `model` (the weights
     of the version the groups claim): one forward pass over all the groups' rows."""
     rows = [(it.prompt_ids, toks, claimed, seed) for it in items for (toks, claimed), seed in zip(it.completions, it.seeds)]
-    batch = pack([r[0] for r in rows], [r[1] for r in rows], pad_id)
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits[:, :-1]
+    device = next(model.parameters()).device
+    batch = pack([r[0] for r in rows], [r[1] for r in rows], pad_id).to(device)
+    # every completion position in row-major order (the order of completion_mask and of the rows)
+    tokens = torch.tensor([t for r in rows for t in r[1]], dtype=torch.long, device=device)
+    us = torch.tensor([u for r in rows for u in uniforms(r[3], len(r[1]))], dtype=torch.float64, device=device)
+    claimed = torch.tensor([c for r in rows for c in r[2]], dtype=torch.float32, device=device)
+    ok, mine = torch.ones_like(tokens, dtype=torch.bool), torch.zeros_like(claimed)
+    for sl, logits in completion_logits(model, batch):  # whole distributions, chunk by chunk
+        ok[sl] = audit_tokens(logits, tokens[sl], us[sl], params.temperature, params.top_k, params.top_p, tol)
+        mine[sl] = logprobs_from_logits(logits, tokens[sl], params.logprob_temperature)
+    lengths = torch.tensor([len(r[1]) for r in rows], device=device)
+    row_of = torch.repeat_interleave(torch.arange(len(rows), device=device), lengths)
+    failed = torch.zeros(len(rows), device=device).index_add_(0, row_of, (~ok).float())
+    gap = torch.zeros(len(rows), device=device).index_add_(0, row_of, (mine - claimed).abs()) / lengths.clamp(min=1)
+    failed, gap = failed.long().tolist(), gap.tolist()  # one transfer for the whole audit
     results, row = [], 0
     for it in items:
-        positions = failed = 0
-        gaps = []
-        for _ in it.completions:
-            prompt_ids, tokens, claimed, seed = rows[row]
-            span = completion_span(len(prompt_ids), len(tokens))
-            toks = torch.tensor(tokens, device=logits.device)
-            ok = audit_tokens(logits[row, span], toks, torch.tensor(uniforms(seed, len(tokens))), params.temperature,
-                              params.top_k, params.top_p, tol)
-            positions += len(tokens)
-            failed += int((~ok).sum())
-            mine = logprobs_from_logits(logits[row, span], toks, params.logprob_temperature)
-            gaps.append((mine.cpu() - torch.tensor(claimed)).abs().mean().item())
-            row += 1
-        results.append(AuditResult(failed == 0, positions, failed, sum(gaps) / max(len(gaps), 1)))
+        n = len(it.completions)
+        bad = sum(failed[row : row + n])
+        results.append(AuditResult(bad == 0, sum(len(r[1]) for r in rows[row : row + n]), bad,
+                                   sum(gap[row : row + n]) / max(n, 1)))
+        row += n
     return results
 
 
@@ -138,10 +142,6 @@ def audit_group(model: torch.nn.Module, prompt_ids: list[int], completions: list
                 seeds: list[bytes], params: SamplingParams, pad_id: int, tol: float) -> AuditResult:
     """`audit_groups` for one group."""
     return audit_groups(model, [AuditItem(prompt_ids, completions, seeds)], params, pad_id, tol)[0]
-
-
-def group_seeds(nonce: bytes, prompt_id: str, sampler: str, n: int) -> list[bytes]:
-    return [completion_seed(nonce, prompt_id, sampler, j) for j in range(n)]
 
 
 class RefusalList:

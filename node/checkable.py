@@ -48,6 +48,11 @@ def completion_seed(nonce: bytes, prompt_id: str, sampler: str, index: int) -> b
     return h.digest()
 
 
+def group_seeds(nonce: bytes, prompt_id: str, sampler: str, n: int) -> list[bytes]:
+    """The seeds of a group's n completions (what the sampler draws with and the auditor checks)."""
+    return [completion_seed(nonce, prompt_id, sampler, j) for j in range(n)]
+
+
 def uniforms(seed: bytes, n: int, start: int = 0) -> list[float]:
     """u_t for t in [start, start + n): 53 random bits of H(seed, t) each, in [0, 1)."""
     out = []

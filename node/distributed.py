@@ -223,10 +223,10 @@ def load_full_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer | 
         osd: dict[str, Any] = {}
         if optim_state:
             osd = _rename_optim(optim_state, lambda k: _add(k, module))
-            # the optimizer keeps unsharded tensors (AdamW's scalar `step`) as given and updates
-            # them in place: copy those, so that the caller's state stays what it was
-            osd["state"] = {k: {n: v.clone() if isinstance(v, torch.Tensor) and v.dim() == 0 else v
-                                for n, v in st.items()} for k, st in osd["state"].items()}
+            # the optimizer may keep tensors as given (unsharded: all of them; sharded: AdamW's scalar
+            # `step`) and update them in place: copy them, so that the caller's state stays what it was
+            osd["state"] = {k: {n: v.clone() if isinstance(v, torch.Tensor) else v for n, v in st.items()}
+                            for k, st in osd["state"].items()}
         # gradients left from a step would make torch skip creating a fresh optimizer's state
         optimizer.zero_grad(set_to_none=True)
         set_optimizer_state_dict(module, optimizer, osd, options=opts)

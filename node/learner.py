@@ -38,7 +38,8 @@ from swarm.records import RecordError, RolloutGroup, decode_rollout_group
 
 from .accounting import Tally
 from .algorithms import get_algorithm, has_signal
-from .audit import AuditItem, AuditResult, RefusalList, VersionArchive, audit_groups, group_seeds
+from .audit import AuditItem, AuditResult, RefusalList, VersionArchive, audit_groups
+from .checkable import group_seeds
 from .config import ConfigError, SamplingConfig
 from .engines.base import Completion
 from .engines.hf import HFEngine
@@ -505,22 +506,17 @@ class Learner:
         verdicts = {}
         for key, groups in sorted(by_version.items()):
             verdicts.update(zip(map(id, groups), self._audit_version(key, groups)))
-        keep, unaudited = [], set()
         for b in taken:
             verdict = verdicts.get(id(b), "pass")
-            if b.sampler in self.refusals:
-                continue  # refused in this step (another of its groups failed) or earlier
-            if verdict == "pass":
-                keep.append(b)
-            elif verdict == "unauditable":
-                # made by weights we no longer hold (an earlier run's chain, e.g. before a crash): an
-                # accepted group is never lost, so it is trained on (the gap check and the dual clip
-                # still bound it), but unchecked work earns no credit
-                keep.append(b)
-                unaudited.add(id(b))
-            else:
+            if verdict not in ("pass", "unauditable") and b.sampler not in self.refusals:
                 self.refuse(b.sampler, verdict)
-        return keep, unaudited
+        # all refusals first: a sampler's group that passed (or was not chosen) is not kept when
+        # another of its groups in this step failed
+        keep = [b for b in taken if b.sampler not in self.refusals]
+        # "unauditable": made by weights we no longer hold (an earlier run's chain, e.g. before a
+        # crash); an accepted group is never lost, so it is trained on (the gap check and the dual
+        # clip still bound it), but unchecked work earns no credit
+        return keep, {id(b) for b in keep if verdicts.get(id(b)) == "unauditable"}
 
     def _audit_version(self, key: tuple[str, int], groups: list[BufferedGroup]) -> list[str]:
         """Audit groups that claim the same version; a verdict each: pass, unauditable or why it failed."""

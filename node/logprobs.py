@@ -15,6 +15,7 @@ checkpointed, so at most one chunk's [chunk, V] logits exist at a time, forward 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -57,31 +58,36 @@ def completion_span(prompt_len: int, n_tokens: int) -> slice:
     return slice(prompt_len - 1, prompt_len - 1 + n_tokens)
 
 
-def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int,
-         device: torch.device | str = "cpu") -> PackedBatch:
+def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int) -> PackedBatch:
     """Right-pad prompt+completion token lists into one batch (see PackedBatch)."""
     if len(prompts) != len(completions):
         raise ValueError("pack: one prompt per completion")
     lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
     L = max(lengths)
-    ids = torch.full((len(prompts), L), pad_id, dtype=torch.long, device=device)
-    att = torch.zeros((len(prompts), L), dtype=torch.long, device=device)
-    cmask = torch.zeros((len(prompts), max(L - 1, 1)), dtype=torch.bool, device=device)
+    ids = torch.full((len(prompts), L), pad_id, dtype=torch.long, device="cpu")
+    att = torch.zeros((len(prompts), L), dtype=torch.long, device="cpu")
+    cmask = torch.zeros((len(prompts), max(L - 1, 1)), dtype=torch.bool, device="cpu")
     for i, (p, c) in enumerate(zip(prompts, completions)):
         if not p:
             raise ValueError("pack: a prompt must have at least one token")
-        ids[i, : len(p) + len(c)] = torch.tensor(p + c, dtype=torch.long, device=device)
+        ids[i, : len(p) + len(c)] = torch.tensor(p + c, dtype=torch.long, device="cpu")
         att[i, : len(p) + len(c)] = 1
         cmask[i, completion_span(len(p), len(c))] = True
     return PackedBatch(ids, att, cmask)
 
 
+def _head_logits(hidden: torch.Tensor, head: torch.nn.Linear, softcap: float | None) -> torch.Tensor:
+    """Float32 logits [N, V] of final hidden states [N, H] through the output head."""
+    logits = head(hidden).float()
+    if softcap:  # Gemma-style final logit soft-capping is part of the model's distribution
+        logits = torch.tanh(logits / softcap) * softcap
+    return logits
+
+
 def _head_logprobs(hidden: torch.Tensor, tokens: torch.Tensor, head: torch.nn.Linear,
                    temperature: float, softcap: float | None) -> torch.Tensor:
     """log-probs of `tokens` [N] from final hidden states [N, H] through the output head."""
-    logits = head(hidden).float()  # a fresh tensor that nothing else holds: scaled in place
-    if softcap:  # Gemma-style final logit soft-capping is part of the model's distribution
-        logits = torch.tanh(logits / softcap) * softcap
+    logits = _head_logits(hidden, head, softcap)  # a fresh tensor that nothing else holds: scaled in place
     if temperature != 1.0:
         logits = logits.div_(temperature)
     return torch.log_softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
@@ -103,8 +109,34 @@ class CompletionLogprobs(torch.nn.Module):
         return completion_logprobs(self.lm, PackedBatch(input_ids, attention_mask, completion_mask), temperature)
 
 
-def completion_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: float,
-                        chunk_bytes: int | None = None) -> torch.Tensor:
+def _split(model: torch.nn.Module) -> tuple[torch.nn.Module | None, torch.nn.Linear | None, int]:
+    """(body, head, positions per head chunk) of an HF causal LM; (None, None, 0) for a model
+    whose head is not a plain linear layer (it takes the full-logits path)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    body = getattr(model, "base_model", None)
+    if not isinstance(head, torch.nn.Linear) or body is None or body is model:
+        return None, None, 0
+    return body, head, max(1, HEAD_CHUNK_BYTES // (4 * head.out_features))
+
+
+@torch.no_grad()
+def completion_logits(model: torch.nn.Module, batch: PackedBatch) -> Iterator[tuple[slice, torch.Tensor]]:
+    """Raw float32 logits of the completion positions (in `completion_mask`'s row-major order), in
+    chunks under HEAD_CHUNK_BYTES: (slice of those positions, [chunk, V]). For audits, which need
+    whole next-token distributions; never the [B, L, V] logits of a head-chunkable model."""
+    body, head, chunk = _split(model)
+    mask = batch.completion_mask
+    if body is None:
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+        yield slice(0, int(mask.sum())), logits[:, :-1][mask].float()
+        return
+    h = body(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).last_hidden_state[:, :-1][mask]
+    softcap = getattr(model.config, "final_logit_softcapping", None)
+    for s in range(0, h.shape[0], chunk):
+        yield slice(s, s + chunk), _head_logits(h[s : s + chunk], head, softcap)
+
+
+def completion_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: float) -> torch.Tensor:
     """Per-position log-probs of the next token under `model`; [B, L-1] float32, zero where masked.
 
     Differentiable: the learner calls it with grad enabled, samplers and audits under no_grad.
@@ -113,17 +145,15 @@ def completion_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature:
     """
     if isinstance(model, CompletionLogprobs):
         return model(batch.input_ids, batch.attention_mask, batch.completion_mask, temperature)
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    body = getattr(model, "base_model", None)
+    body, head, chunk = _split(model)
     targets = batch.input_ids[:, 1:]
-    if not isinstance(head, torch.nn.Linear) or body is None or body is model:
+    if body is None:
         out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
         return logprobs_from_logits(out.logits[:, :-1], targets, temperature) * batch.completion_mask
     hidden = body(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).last_hidden_state
     mask = batch.completion_mask
     h, tok = hidden[:, :-1][mask], targets[mask]  # [N, H], [N]: completion positions only
     softcap = getattr(model.config, "final_logit_softcapping", None)
-    chunk = max(1, (chunk_bytes or HEAD_CHUNK_BYTES) // (4 * head.out_features))
     pieces = []
     for s in range(0, h.shape[0], chunk):
         args = (h[s : s + chunk], tok[s : s + chunk], head, temperature, softcap)

@@ -15,7 +15,7 @@ import uuid
 from swarm.exchange import SamplerLink
 from swarm.records import CompletionRecord, RolloutGroup
 
-from .checkable import BASE_NONCE, completion_seed
+from .checkable import BASE_NONCE, group_seeds
 from .config import SamplingConfig
 from .engines.base import Engine
 from .tasks import PromptStream, Task
@@ -80,7 +80,7 @@ class Sampler:
         version = self.engine.version  # fixed for the whole batch: weights swap only between batches
         # checkable sampling: the randomness of each completion comes from the version's nonce, the
         # prompt, our peer id and the completion's index, so the learner can audit every token
-        seeds = [[completion_seed(self.nonce, p.id, self.peer_id, j) for j in range(params.n)] for p in problems]
+        seeds = [group_seeds(self.nonce, p.id, self.peer_id, params.n) for p in problems]
         results = self.engine.generate([p.prompt for p in problems], params, seeds)
         groups = []
         for p, r in zip(problems, results):

@@ -136,6 +136,10 @@ class StepOptions:
     autocast_dtype: torch.dtype | None = None
     """Compute dtype of the forward (bfloat16 on GPUs); master weights stay as they are (float32)."""
 
+    def autocast(self, device: torch.device) -> torch.autocast:
+        """The forward's autocast context (a no-op without a compute dtype)."""
+        return torch.autocast(device.type, self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None)
+
 
 def plan_microbatches(lengths: Sequence[int], max_tokens: int | None) -> list[list[int]]:
     """Rows into micro-batches of at most `max_tokens` padded tokens (rows x longest row).
@@ -236,13 +240,13 @@ def _microbatch(model, parts, contexts, work: _Work | None, temperature: float, 
     if work is None:
         ids = torch.zeros((1, 2), dtype=torch.long, device=device)
         batch = PackedBatch(ids, torch.ones_like(ids), torch.ones((1, 1), dtype=torch.bool, device=device))
-        with torch.autocast(device.type, options.autocast_dtype or torch.float32, enabled=options.autocast_dtype is not None):
+        with options.autocast(device):
             return completion_logprobs(model, batch, temperature).sum() * 0.0
     part, (whole, log_e_hat) = parts[work.part], contexts[work.part]
     b, rows = part.batch, work.rows
     packed = b.packed.rows(rows).to(device)
     width = packed.completion_mask.shape[1]
-    with torch.autocast(device.type, options.autocast_dtype or torch.float32, enabled=options.autocast_dtype is not None):
+    with options.autocast(device):
         logp = completion_logprobs(model, packed, temperature)
     sel = torch.tensor(rows, dtype=torch.long, device="cpu")
     old = b.old_logp[sel, :width].to(device)

@@ -193,6 +193,29 @@ def test_chosen_completions_fail_the_audit_and_cost_the_sampler_its_place_and_cr
     assert again.ingest(cheat.produce(1)[0].encode()) == "refused_sampler"  # persisted across restarts
 
 
+def test_a_sampler_refused_in_a_step_earns_nothing_for_its_other_groups_of_that_step(task, tmp_path):
+    """An unaudited honest group and a failing one from the same sampler in one step: the refusal
+    covers both (before, the honest one was kept and credited after the credit had been revoked)."""
+    learner, sampler = _pair(task, tmp_path, audit_first=0, audit_rate=0.5)
+    x = sampler("x")
+    good, bad = [g for g in x.produce(16) if has_signal([c.reward for c in g.completions])][:2]
+    c0 = bad.completions[0]  # a chosen completion: another's tokens with one digit changed
+    bad.completions[1].token_ids, bad.completions[1].logprobs, bad.completions[1].text = list(c0.token_ids), list(c0.logprobs), c0.text
+    bad.completions[2].token_ids = bad.completions[2].token_ids[:1] + [learner.tok.convert_tokens_to_ids("7")]
+    bad.completions[2].logprobs = bad.completions[2].logprobs[:1] + [-2.0]
+    bad.completions[2].text = learner.tok.decode(bad.completions[2].token_ids, skip_special_tokens=True)
+    assert [learner.ingest(g.encode()) for g in (good, bad)] == [None, None]
+    draws = iter([0.9, 0.0])  # the learner's audit draws: the good group is not audited, the bad one is
+
+    class Scripted:
+        def random(self):
+            return next(draws)
+    learner._audit_rng = Scripted()
+    assert learner.step() is None  # nothing of a sampler refused in this step is trained on
+    assert "x" in learner.refusals and learner.audit_stats["failed"] == 1
+    assert "x" not in learner.tally.peers and learner.accepted_by_sampler["x"] == 0
+
+
 def test_forged_logprobs_are_dropped_from_the_step_counted_and_not_credited(task, tmp_path):
     learner, sampler = _pair(task, tmp_path, audit_first=0, audit_rate=0.0)
     honest, liar = sampler("honest"), sampler("liar")

@@ -18,9 +18,8 @@ def make_engine(kind: str, model_id: str, tokenizer, vllm=None, placement=None) 
         from ..models import load_model
         from .hf import HFEngine
 
-        if placement is None:
-            return HFEngine(load_model(model_id), tokenizer, model_id)
-        return HFEngine(load_model(model_id, placement.dtype, placement.device), tokenizer, model_id)
+        where = {} if placement is None else {"dtype": placement.dtype, "device": placement.device}
+        return HFEngine(load_model(model_id, **where), tokenizer, model_id)
     if kind == "vllm":
         from .vllm import VLLMConfig, VLLMEngine, vllm_available
 

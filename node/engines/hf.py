@@ -147,7 +147,7 @@ class PickTokens:
                                   device=scores.device)
             else:
                 us = torch.rand(scores.shape[0], dtype=torch.float64, device=scores.device)
-        chosen = pick_tokens(scores, us, p.temperature, p.top_k, p.top_p).to(scores.device)
+        chosen = pick_tokens(scores, us, p.temperature, p.top_k, p.top_p)
         self.steps.append(logprobs_from_logits(scores, chosen, p.logprob_temperature))
         return torch.full_like(scores, -torch.inf).scatter_(-1, chosen[:, None], 0.0)
 

@@ -39,6 +39,7 @@ PANELS: tuple[tuple[str, str, str], ...] = (
     ("is_weight_var", "Importance-weight variance", "variance"),
     ("kl_k3", "KL to sampling policy (k3)", "KL"),
     ("clip_frac", "Clipped fraction", "fraction"),
+    ("weights_bytes_vs_bf16", "Published version size (vs a full bf16 copy)", "fraction"),
 )
 SMOOTH_MIN_POINTS = 20
 """Step series with at least this many points are drawn faint (raw) plus a moving average."""

@@ -5,7 +5,7 @@
     model_v.load_state_dict(archive.weights(chain, v))
     results = audit_groups(model_v, items, params, pad_id, tol)   # one forward pass for v's groups
 
-The learner rebuilds the weights a sampler held at version v from its own keyframes and deltas
+The learner rebuilds the weights a sampler held at version v from its own keyframes and patches
 (bit-exact: the same `apply_version` the samplers run), loads them into an audit copy of the
 model and checks that every token of an audited group is the one the seeded randomness selects.
 A sampler whose audited group fails is refused for good: its buffered groups are dropped, its
@@ -26,42 +26,47 @@ import torch
 from .checkable import BASE_NONCE, audit_tokens, uniforms
 from .engines.base import SamplingParams
 from .logprobs import completion_logits, logprobs_from_logits, pack
-from .weight_codec import CodecConfig, EncodedVersion, Publisher, apply_version
+from .weight_codec import EncodedVersion, Layout, apply_version, make_view
 
 log = logging.getLogger(__name__)
 
 
 class VersionArchive:
     """The learner's published versions of the last `window` versions, as the encoded keyframes and
-    deltas it sent (plus the base model as chain "" version 0), rebuilt on demand."""
+    patches it sent (plus the base model as chain "" version 0), rebuilt on demand."""
 
     def __init__(self, window: int, cache: int = 4) -> None:
         self.window = window
         self.cache = cache
         self.encoded: dict[tuple[str, int], EncodedVersion] = {}
-        self.nonces: dict[tuple[str, int], bytes] = {}
-        self._cache: collections.OrderedDict[tuple[str, int], dict[str, torch.Tensor]] = collections.OrderedDict()
-        """Versions rebuilt lately (LRU, `cache` of them): audits mostly hit the same few versions,
+        self.nonces: dict[tuple[str, int], bytes] = {("", 0): BASE_NONCE}
+        self._base: tuple[Layout, torch.Tensor] | None = None
+        self._cache: collections.OrderedDict[tuple[str, int], torch.Tensor] = collections.OrderedDict()
+        """Flat views rebuilt lately (LRU, `cache` of them): audits mostly hit the same few versions,
         and a rebuild starts from the nearest cached ancestor rather than from the keyframe."""
 
     def put_base(self, weights: dict[str, torch.Tensor]) -> None:
-        """The weights every sampler starts from before it loads a version (chain "", version 0)."""
-        self.encoded[("", 0)] = Publisher(CodecConfig(keyframe_codec="fp32")).publish(weights, 0)  # an exact keyframe
-        self.nonces[("", 0)] = BASE_NONCE
+        """The weights every sampler starts from before it loads a version (chain "", version 0):
+        kept as they are, in float32."""
+        self._base = Layout.of(weights), make_view(weights, torch.float32).cpu()
 
     def put(self, chain: str, version: int, enc: EncodedVersion, nonce: bytes) -> None:
         self.encoded[(chain, version)] = enc
         self.nonces[(chain, version)] = nonce
         self._prune(chain, version)
 
+    def holds(self, chain: str, version: int) -> bool:
+        return (chain, version) in self.encoded
+
     def _prune(self, chain: str, newest: int) -> None:
-        """Keep the base, and of this chain the versions >= newest - window and the keyframe they start from."""
+        """Keep, of this chain, the versions >= newest - window and the keyframe they start from."""
         oldest = newest - self.window
         keyframes = [v for (c, v), e in self.encoded.items() if c == chain and e.base is None and v <= oldest]
         floor = max(keyframes, default=oldest)
         for key in list(self.encoded):
-            if key != ("", 0) and (key[0] != chain or key[1] < floor):
+            if key[0] != chain or key[1] < floor:
                 del self.encoded[key], self.nonces[key]
+                self._cache.pop(key, None)
 
     def nonce(self, chain: str, version: int) -> bytes | None:
         return self.nonces.get((chain, version))
@@ -69,24 +74,26 @@ class VersionArchive:
     def weights(self, chain: str, version: int) -> dict[str, torch.Tensor] | None:
         """The published weights of (chain, version) exactly as samplers rebuilt them; None if not held."""
         key = (chain, version)
+        if key == ("", 0) and self._base is not None:
+            return self._base[0].tensors(self._base[1])
         if key not in self.encoded:
             return None
         if key in self._cache:
             self._cache.move_to_end(key)
-            return self._cache[key]
+            return self.encoded[key].layout.tensors(self._cache[key])
         path = [self.encoded[key]]  # back from `version` to a keyframe or a version rebuilt lately
         while path[-1].base is not None and (chain, path[-1].base) not in self._cache:
             enc = self.encoded.get((chain, path[-1].base))
             if enc is None:
                 return None
             path.append(enc)
-        weights = self._cache.get((chain, path[-1].base)) if path[-1].base is not None else None
+        flat = self._cache.get((chain, path[-1].base)) if path[-1].base is not None else None
         for enc in reversed(path):
-            weights = apply_version(weights, enc)
-        self._cache[key] = weights
+            flat = apply_version(flat, enc)
+        self._cache[key] = flat
         while len(self._cache) > self.cache:
             self._cache.popitem(last=False)
-        return weights
+        return self.encoded[key].layout.tensors(flat)
 
 
 @dataclass

@@ -48,7 +48,7 @@ from .metrics import MetricsWriter
 from .models import tokenizer_hash
 from .tasks import Task
 from .trainer import ScoredGroup, StepOptions, TrainPart, build_batch, train_step
-from .weight_codec import CodecConfig, Publisher
+from .weight_codec import Publisher, PublishConfig, publish_due
 from .weights import encode_version, retie, untie, version_nonce
 
 log = logging.getLogger(__name__)
@@ -123,8 +123,9 @@ class LearnerConfig:
     """Save every N versions (0: only when asked)."""
     keep_checkpoints: int = 3
     """Checkpoints kept on disk; older ones are deleted."""
-    weights: CodecConfig = field(default_factory=CodecConfig)
-    """How versions go out: keyframes every N versions, error-feedback deltas in between."""
+    weights: PublishConfig = field(default_factory=PublishConfig)
+    """How versions go out: the view samplers run, lossless patches of it between keyframes, and how
+    often (every N steps, seconds or an upload budget)."""
 
     def __post_init__(self) -> None:
         for name, opts in ((self.stale_loss, self.stale_options), (self.foreign_loss, self.foreign_options)):
@@ -191,7 +192,9 @@ class Learner:
         self.version = 0
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
         self.engine = HFEngine(model, tokenizer, model_id)  # for evaluation only
-        self.publisher = Publisher(cfg.weights)
+        self.publisher = Publisher(cfg.weights, cfg.weights.view_dtype(next(model.parameters()).device))
+        self._last_publish = (0, 0.0, 0)
+        """(version, time.monotonic(), bytes) of the last version published: `publish_due`'s inputs."""
         self.chain = chain or uuid.uuid4().hex[:12]
         """Id of this run's version chain: deltas apply only to weights of the same chain. Random
         by default; a fixed one (the simulator's) makes sampling reproducible, since the versions'
@@ -334,7 +337,13 @@ class Learner:
         it got, or version 0 of no chain (a sampler that has not loaded weights yet)."""
         if g.chain == "":
             return None if g.version == 0 else "future_version"
-        last = self.version if g.chain == self.chain else self.known_chains.get(g.chain)
+        if g.chain == self.chain:
+            if g.version > (self.publisher.version or 0):
+                return "future_version"
+            # versions between published ones (publish cadence) were never sent: no sampler held one
+            recent = self.version - g.version <= self.cfg.max_staleness
+            return "unpublished_version" if recent and not self.archive.holds(g.chain, g.version) else None
+        last = self.known_chains.get(g.chain)
         if last is None:
             return "unknown_chain"  # not a chain this learner ever ran: forged or another learner's
         return "future_version" if g.version > last else None
@@ -423,7 +432,7 @@ class Learner:
                 self.tally.credit(b.sampler, len(b.group.completions),
                                   sum(len(c.token_ids) for c in b.group.completions), b.group.model_id)
         self.version += 1
-        self._publish()
+        rec.update(self._maybe_publish())
         rec.update(self._counters())
         self._emit(rec)
         if self.cfg.eval_every and self.version % self.cfg.eval_every == 0:
@@ -585,13 +594,23 @@ class Learner:
                 "version_clamped": self.version_clamped,
                 "time_s": round(time.time() - self._t0, 2)}
 
-    def _publish(self) -> None:
-        if self.link is not None:
-            weights, aliases = untie(self.model.state_dict())
-            enc = self.publisher.publish(weights, self.version)
-            blob = encode_version(enc, self.model_id, self.chain, aliases)
-            self.archive.put(self.chain, self.version, enc, version_nonce(blob))
-            self.link.publish_weights(WeightVersion(self.model_id, self.chain, self.version, enc.base, blob))
+    def _maybe_publish(self) -> dict[str, Any]:
+        """Publish this version if the cadence (`[learner.weights]`) allows; its figures for the metrics."""
+        version, at, nbytes = self._last_publish
+        if not publish_due(self.cfg.weights, self.version - version, time.monotonic() - at, nbytes):
+            return {}
+        return self._publish()
+
+    def _publish(self) -> dict[str, Any]:
+        if self.link is None:
+            return {}
+        weights, aliases = untie(self.model.state_dict())
+        enc = self.publisher.publish(weights, self.version)
+        blob = encode_version(enc, self.model_id, self.chain, aliases)
+        self.archive.put(self.chain, self.version, enc, version_nonce(blob))
+        self.link.publish_weights(WeightVersion(self.model_id, self.chain, self.version, enc.base, blob))
+        self._last_publish = (self.version, time.monotonic(), len(blob))
+        return {**{k: round(v, 6) if isinstance(v, float) else v for k, v in enc.stats.items()}, "weights_bytes": len(blob)}
 
     def run_eval(self) -> float:
         acc = evaluate(self.engine, self.task, self.eval_set, self.sampling.max_new_tokens)
@@ -607,7 +626,10 @@ class Learner:
 
     def start(self) -> None:
         """Publish the starting weights (version 0 or the resumed one) so samplers can align."""
-        self._publish()
+        stats = self._publish()
+        if stats:
+            log.info("published version %d: a %s keyframe of %.1f MB", self.version, self.publisher.view_name,
+                     stats["weights_bytes"] / 1e6)
 
     # ---- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -38,8 +38,8 @@ class Sampler:
         self.prompts_per_batch = prompts_per_batch
         self.stream = PromptStream(task.split("train"), seed=f"{seed}:{peer_id}")
         self.stats = {"groups": 0, "completions": 0, "weight_updates": 0, "weights_refused": 0, "chain_breaks": 0}
-        self.published: dict | None = None
-        """The learner's published weights as reconstructed here (float32), bit-exact."""
+        self.published = None
+        """The learner's published view as rebuilt here (a flat tensor in the view's dtype, bit-exact)."""
         self.chain = ""
         self.nonce = BASE_NONCE
         """Nonce of the version held (node/checkable.py): the hash of its published bytes."""
@@ -49,7 +49,9 @@ class Sampler:
         return self.engine.version
 
     def maybe_update(self, link: SamplerLink) -> bool:
-        """Apply newer versions of our own model (a keyframe and/or deltas) if the link offers them."""
+        """Apply newer versions of our own model (a keyframe and/or patches) if the link offers them.
+        A version that does not decode, or rebuilds a view whose digest is not the published one,
+        is refused (counted) and the next fetch starts from a keyframe; the weights held stay."""
         have = self.engine.version if self.published is not None else -1
         versions = link.fetch_weights(self.chain, have)
         if not versions:
@@ -57,18 +59,24 @@ class Sampler:
         if versions[0].model_id != self.engine.model_id:
             self.stats["weights_refused"] += 1  # another model's weights: not ours to load
             return False
-        published, version, chain, aliases, nonce = self.published, have, self.chain, {}, self.nonce
+        published, version, chain, aliases, nonce, layout = self.published, have, self.chain, {}, self.nonce, None
         for wv in versions:
             if wv.base is not None and (wv.base != version or wv.chain != chain):
                 self.stats["chain_breaks"] += 1  # missed a base: the next fetch starts from a keyframe
                 self.chain = ""
                 log.warning("delta v%d does not apply to v%d; will refetch from a keyframe", wv.version, version)
                 return False
-            enc, aliases = decode_version(wv.blob)
-            published = apply_version(published if wv.base is not None else None, enc)
-            version, chain, nonce = wv.version, wv.chain, version_nonce(wv.blob)
+            try:
+                enc, aliases = decode_version(wv.blob)
+                published = apply_version(published if wv.base is not None else None, enc)
+            except ValueError as e:
+                self.stats["weights_refused"] += 1
+                self.chain = ""
+                log.warning("version %d of the learner's weights is refused: %s", wv.version, e)
+                return False
+            version, chain, nonce, layout = wv.version, wv.chain, version_nonce(wv.blob), enc.layout
         self.published, self.chain, self.nonce = published, chain, nonce
-        self.engine.load_weights(retie(published, aliases), version)
+        self.engine.load_weights(retie(layout.tensors(published), aliases), version)
         self.stats["weight_updates"] += 1
         log.debug("now at version %d", version)
         return True

@@ -1,8 +1,10 @@
-"""Weights as bytes for the exchange: one encoded version (keyframe or delta) in safetensors format.
+"""Weights as bytes for the exchange: one encoded version (keyframe or patch) in safetensors format.
 
-The header metadata carries model id, version, base (empty for a keyframe), codec, block size,
-tensor shapes, the learner's chain id (one per learner start: a delta only applies to weights of
-the same chain) and tied-tensor aliases. Tied tensors (input/output embeddings) travel once.
+Two uint8 tensors, `positions` and `values` (node/weight_codec.py), and header metadata: model id,
+version, base (empty for a keyframe), the view's dtype, the layout (tensor names and shapes in
+order), counts and byte planes, the view's digest, the learner's chain id (one per learner start:
+a patch only applies to weights of the same chain) and tied-tensor aliases. Tied tensors
+(input/output embeddings) travel once.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from .checkable import SEED_BYTES
-from .weight_codec import EncodedVersion
+from .weight_codec import VIEWS, EncodedVersion, Layout
 
 
 def untie(state_dict: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -39,11 +41,15 @@ def retie(tensors: dict[str, torch.Tensor], aliases: dict[str, str]) -> dict[str
 
 
 def encode_version(enc: EncodedVersion, model_id: str, chain: str, aliases: dict[str, str]) -> bytes:
-    flat = {f"{name}::{part}": t.contiguous() for name, parts in enc.tensors.items() for part, t in parts.items()}
+    tensors = {"positions": torch.frombuffer(bytearray(enc.positions), dtype=torch.uint8) if enc.positions
+               else torch.zeros(0, dtype=torch.uint8),
+               "values": torch.frombuffer(bytearray(enc.values), dtype=torch.uint8) if enc.values
+               else torch.zeros(0, dtype=torch.uint8)}
     meta = {"model_id": model_id, "version": str(enc.version), "base": "" if enc.base is None else str(enc.base),
-            "codec": enc.codec, "block": str(enc.block), "chain": chain, "aliases": json.dumps(aliases),
-            "shapes": json.dumps({k: list(v) for k, v in enc.shapes.items()})}
-    return st_save(flat, metadata=meta)
+            "view": enc.view, "chain": chain, "aliases": json.dumps(aliases), "count": str(enc.count),
+            "position_planes": str(enc.position_planes), "value_planes": str(enc.value_planes), "digest": enc.digest,
+            "layout": json.dumps([[n, list(s)] for n, s in zip(enc.layout.names, enc.layout.shapes)])}
+    return st_save(tensors, metadata=meta)
 
 
 def _header(blob: bytes) -> tuple[dict[str, str], int]:
@@ -72,12 +78,18 @@ def version_nonce(blob: bytes) -> bytes:
 
 
 def decode_version(blob: bytes) -> tuple[EncodedVersion, dict[str, str]]:
+    """(the encoded version, tied-tensor aliases); ValueError on a blob that is not one."""
     meta = weights_metadata(blob)
-    tensors: dict[str, dict[str, torch.Tensor]] = {}
-    for key, t in st_load(blob).items():
-        name, part = key.rsplit("::", 1)
-        tensors.setdefault(name, {})[part] = t
-    shapes = {k: tuple(v) for k, v in json.loads(meta["shapes"]).items()}
-    enc = EncodedVersion(int(meta["version"]), int(meta["base"]) if meta["base"] else None, meta["codec"],
-                         int(meta["block"]), tensors, shapes)
-    return enc, json.loads(meta.get("aliases", "{}"))
+    try:
+        tensors = st_load(blob)
+        layout = json.loads(meta["layout"])
+        enc = EncodedVersion(int(meta["version"]), int(meta["base"]) if meta["base"] else None, meta["view"],
+                             Layout(tuple(str(n) for n, _ in layout), tuple(tuple(int(d) for d in s) for _, s in layout)),
+                             int(meta["count"]), tensors["positions"].numpy().tobytes(), int(meta["position_planes"]),
+                             tensors["values"].numpy().tobytes(), int(meta["value_planes"]), meta["digest"])
+        aliases = json.loads(meta.get("aliases", "{}"))
+    except (KeyError, TypeError, json.JSONDecodeError) as e:
+        raise ValueError(f"not an encoded weights version: {type(e).__name__}: {e}") from e
+    if enc.view not in VIEWS:
+        raise ValueError(f"unknown view dtype {enc.view!r}")
+    return enc, aliases

@@ -18,13 +18,16 @@ import pytest
 from cli.procs import stop
 from node.models import BUILTIN_MODEL
 from swarm.dht import NetworkConfig, peers_key
-from swarm.envelope import seal
+from swarm.envelope import open_envelope, seal
 from swarm.identity import Identity
 from swarm.records import CompletionRecord
 from swarm.rollout_rpc import ROLLOUTS
+from swarm.weight_rpc import MANIFEST
 from swarmkit import Forger, Swarm, flood_rates, peer_of, start_bootstrap
 
-LEARNER_TOML = "[learner]\ncheckpoint_every = 10\neval_every = 0\nmax_staleness = 100000\n"
+# a version every 2 steps: versions in between were never published, and a claim of one is refused
+LEARNER_TOML = ("[learner]\ncheckpoint_every = 10\neval_every = 0\nmax_staleness = 100000\n"
+                "[learner.weights]\nevery_steps = 2\n")
 
 
 @pytest.fixture(scope="module")
@@ -81,14 +84,18 @@ def test_oversized_forged_and_unknown_version_records_are_refused_before_the_ack
     huge_id = forger.group(id="x" * (1 << 20))
     future = forger.group(version=10**9, chain="made-up")
     small = forger.group(completions=forger.group().completions[:2])
+    # the learner's chain, from its signed manifest: v1 lies between published v0 and v2
+    manifest = msgpack.unpackb(open_envelope(attacker.call(learner, MANIFEST, b"", timeout=30))[0], raw=False)
+    assert 1 not in [e["version"] for e in manifest["versions"]]
+    unpublished = forger.group(version=1, chain=manifest["chain"])
     reply = _send(attacker, learner, [forger.item(long), [huge_id.id[:64], seal(attacker.identity, huge_id.encode())],
-                                      forger.item(future), forger.item(small)])
+                                      forger.item(future), forger.item(small), forger.item(unpublished)])
     assert reply["ok"] == [] and sorted(reply["rejected"].values()) == sorted(
-        ["too_long", "oversize", "unknown_chain", "wrong_group_size"])
+        ["too_long", "oversize", "unknown_chain", "wrong_group_size", "unpublished_version"])
     before = swarm.version()
     swarm.wait_version(before + 2, timeout=120)  # alive and training
     drops = swarm.metrics()[-1]["drops"] if swarm.metrics()[-1]["kind"] == "step" else {}
-    for reason in ("too_long", "unknown_chain", "wrong_group_size", "oversize"):
+    for reason in ("too_long", "unknown_chain", "wrong_group_size", "oversize", "unpublished_version"):
         assert drops.get(reason, 0) >= 1, (reason, drops)
 
 

@@ -19,7 +19,7 @@ from node.engines.hf import HFEngine
 from node.models import tokenizer_hash
 from node.tasks import ArithmeticConfig, make_task
 from node.trainer import logprob_gap
-from node.weight_codec import CodecConfig, Publisher, apply_version
+from node.weight_codec import Publisher, PublishConfig, apply_version
 from node.weights import encode_version, untie, version_nonce
 from swarm.memory import MemoryExchange, VirtualClock
 
@@ -62,7 +62,7 @@ def test_seeds_and_uniforms_are_fixed_by_nonce_prompt_sampler_and_index():
 
 def test_the_archive_rebuilds_every_published_version_bit_exactly_and_the_nonce_is_content():
     model = load_model(BUILTIN_MODEL)
-    pub, archive, sent = Publisher(CodecConfig(keyframe_every=3)), VersionArchive(window=4), {}
+    pub, archive, sent = Publisher(PublishConfig(view="bfloat16", keyframe_every=3), torch.bfloat16), VersionArchive(window=4), {}
     torch.manual_seed(0)
     base = {k: t.clone() for k, t in untie(model.state_dict())[0].items()}
     archive.put_base(base)
@@ -76,7 +76,7 @@ def test_the_archive_rebuilds_every_published_version_bit_exactly_and_the_nonce_
         blob = encode_version(enc, BUILTIN_MODEL, "c", aliases)
         archive.put("c", v, enc, version_nonce(blob))
         published = apply_version(published if enc.base is not None else None, enc)  # what a sampler holds
-        sent[v] = {k: t.clone() for k, t in published.items()}
+        sent[v] = {k: t.clone() for k, t in enc.layout.tensors(published).items()}
         assert version_nonce(blob) == version_nonce(encode_version(enc, BUILTIN_MODEL, "c", aliases))
     for v in range(4, 9):  # the window
         rebuilt = archive.weights("c", v)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from node.models import BUILTIN_MODEL, load_model
-from node.weight_codec import CodecConfig, Publisher, apply_version
+from node.weight_codec import Publisher, PublishConfig, apply_version
 from node.weights import decode_version, encode_version, untie
 from swarm.dht import NetworkConfig
 from swarm.envelope import seal
@@ -46,7 +46,7 @@ def blobs_of(versions):
 
 def publish_versions(lx, n, chain):
     weights, aliases = untie(load_model(BUILTIN_MODEL).state_dict())
-    pub = Publisher(CodecConfig(codec="int8", keyframe_every=100))
+    pub = Publisher(PublishConfig(view="float32", keyframe_bytes=100), torch.float32)
     gen = torch.Generator().manual_seed(0)
     for v in range(n):
         weights = {k: t + 1e-3 * torch.randn(t.shape, generator=gen) for k, t in weights.items()}
@@ -68,7 +68,7 @@ def test_keyframe_then_deltas_reconstruct_bit_exactly_and_holders_spare_the_lear
     blobs = blobs_of(s1.fetch("", -1))  # nothing held yet: the keyframe and every delta
     assert [decode_version(b)[0].version for b in blobs] == [0, 1, 2, 3]
     got = apply_all(None, blobs)
-    assert all(torch.equal(got[k], pub.published[k]) for k in got)
+    assert torch.equal(got, pub.published)
     uploaded = lx.store.served_bytes
     assert uploaded == sum(len(b) for b in blobs) and s1.stats["bytes_from_holders"] == 0
     time.sleep(0.5)  # s1's holder record reaches the DHT
@@ -77,13 +77,13 @@ def test_keyframe_then_deltas_reconstruct_bit_exactly_and_holders_spare_the_lear
     assert lx.store.served_bytes == uploaded  # the second sampler got every byte from the first
     assert s2.stats["bytes_from_holders"] == uploaded and s1.store.served_bytes == uploaded
     # one more version: only the new delta travels
-    publish(lx, 4, pub.publish({k: t + 1e-3 for k, t in pub.published.items()}, 4), "run1", {})
+    publish(lx, 4, pub.publish({k: t + 1e-3 for k, t in pub.layout.tensors(pub.published).items()}, 4), "run1", {})
     newer = blobs_of(s1.fetch("run1", 3))
     assert [decode_version(b)[0].version for b in newer] == [4]
-    assert all(torch.equal(apply_all(got, newer)[k], pub.published[k]) for k in got)
+    assert torch.equal(apply_all(got, newer), pub.published)
     # a new keyframe starts the learner's next segment: the sampler prunes what it no longer lists
-    pub.cfg = CodecConfig(codec="int8", keyframe_every=5)
-    publish(lx, 5, pub.publish(pub.published, 5), "run1", {})
+    pub.cfg = PublishConfig(view="float32", keyframe_every=1)
+    publish(lx, 5, pub.publish(pub.layout.tensors(pub.published), 5), "run1", {})
     assert [decode_version(b)[0].version for b in blobs_of(s1.fetch("run1", 4))] == [5]
     assert sorted(s1.store.blobs) == [5]
 
@@ -129,7 +129,7 @@ def test_a_manifest_not_signed_by_the_followed_learner_is_refused(peers, tmp_pat
 def publish_big_keyframe(lx, chain: str, mb: int = 4) -> bytes:
     """A version of several chunks (random fp32 weights), so that mates can split it."""
     weights = {"w": torch.randn(mb * 256, 1024, generator=torch.Generator().manual_seed(1))}
-    return publish(lx, 0, Publisher(CodecConfig(keyframe_codec="fp32")).publish(weights, 0), chain, {})
+    return publish(lx, 0, Publisher(PublishConfig(view="float32"), torch.float32).publish(weights, 0), chain, {})
 
 
 @pytest.mark.integration

@@ -199,11 +199,12 @@ def _stop_on_signals():
 
 
 def _network(host: str, port: int, public_ip: Optional[str], initial_peers: list[str], client_mode: bool,
-             nat: Optional[bool], relay: bool) -> dict:
+             nat: Optional[bool], relay: bool, announce: list[str] = ()) -> dict:
     """The [network] table's overrides from flags (validated with the rest of the config)."""
     loopback = host.startswith("127.") and not public_ip
     return {"network.host": host, "network.port": port, "network.public_ip": public_ip,
             "network.initial_peers": list(initial_peers) or None, "network.client_mode": client_mode,
+            "network.announce_maddrs": list(announce) or None,
             "network.nat_port_map": (not loopback) if nat is None else nat,
             "network.use_relay": relay or client_mode, "network.use_auto_relay": client_mode}
 
@@ -228,6 +229,8 @@ HostOpt = Annotated[str, typer.Option(help="Listen address: 127.0.0.1 (this mach
 PortOpt = Annotated[int, typer.Option(min=0, max=65535, help="TCP port to listen on (0 picks a free one).")]
 PublicIpOpt = Annotated[Optional[str], typer.Option(help="Public IP to announce to peers (then listens on all interfaces).")]
 NatOpt = Annotated[Optional[bool], typer.Option("--nat/--no-nat", help="UPnP/NAT-PMP port mapping (default: on unless loopback).")]
+AnnounceOpt = Annotated[list[str], typer.Option("--announce-maddr", help="Announce this multiaddr instead of the listen "
+                                                "address, e.g. /ip4/1.2.3.4/tcp/31337 behind a port forward or proxy (repeat).")]
 
 
 @app.command()
@@ -243,6 +246,7 @@ def bootstrap(
     trusted_learner: Annotated[list[str], typer.Option("--trusted-learner", help="Peer id of a learner this swarm's "
                                                        "samplers may follow (repeat); signed into the swarm record.")] = [],
     model: Annotated[str, typer.Option(help="The model id the swarm trains, in the swarm record (informational).")] = "",
+    announce_maddr: AnnounceOpt = [],
     verbose: VerboseOpt = False,
 ) -> None:
     """Run a coordinator's stable DHT entry point and print the multiaddr others pass as --initial-peers.
@@ -256,7 +260,8 @@ def bootstrap(
     from .roles import run_bootstrap
 
     net = _load(NetworkConfig, None, {k.split(".", 1)[1]: v for k, v in
-                                      _network(host, port, public_ip, initial_peers, False, nat, True).items()})
+                                      _network(host, port, public_ip, initial_peers, False, nat, True,
+                                                       announce_maddr).items()})
     stop = _stop_on_signals()
 
     def ready(maddrs: list[str]) -> None:
@@ -284,6 +289,7 @@ def join(
     public_ip: PublicIpOpt = None,
     client_mode: Annotated[bool, typer.Option(help="Behind NAT with no open port: outgoing connections and relays only.")] = False,
     nat: NatOpt = None,
+    announce_maddr: AnnounceOpt = [],
     follow: Annotated[Optional[str], typer.Option(help="Sampler: the learner peer id to follow (default: the first found).")] = None,
     engine: Annotated[Optional[Literal["hf", "vllm"]], typer.Option(
         help="Sampler: generation engine, hf (runs anywhere) or vllm (GPU; the vllm extra; tune it in the \\[vllm] "
@@ -310,7 +316,8 @@ def join(
         "role": role, "swarm": swarm, "model": model, "follow": follow, "max_steps": max_steps, "engine": engine,
         "name": name, "workdir": _str(workdir), "tensorboard": tensorboard, "device": device, "dtype": dtype,
         "nproc_per_node": nproc_per_node,
-        **_network(host, port, public_ip, initial_peers, client_mode, nat, relay=bool(public_ip) or client_mode)})
+        **_network(host, port, public_ip, initial_peers, client_mode, nat, relay=bool(public_ip) or client_mode,
+                   announce=announce_maddr)})
     if role is None and (config is None or "role" not in _toml_keys(config)):
         raise UserError("join needs a role", "add --role sampler or --role learner (or role = ... in --config)")
     from node.models import resolve_model_path

@@ -107,6 +107,21 @@ def check_multiaddr(addr: str) -> str:
     return addr
 
 
+def check_announce_maddr(addr: str) -> str:
+    """`addr` if it is a multiaddr with a TCP port other than 0 (what hivemind can announce)."""
+    from hivemind.utils.multiaddr import Multiaddr
+
+    try:
+        port = int(Multiaddr(addr).value_for_protocol("tcp"))
+    except Exception:
+        port = 0
+    if port == 0:
+        e = BadAddressError(f"announce address {addr!r} is not a multiaddr with an explicit /tcp/<port>")
+        e.fix = "announce where peers reach this one, e.g. --announce-maddr /ip4/1.2.3.4/tcp/31337"
+        raise e
+    return addr
+
+
 @dataclass
 class NetworkConfig:
     host: str = "127.0.0.1"
@@ -123,10 +138,15 @@ class NetworkConfig:
     """Behind NAT with no open port: make outgoing connections only (reached through relays)."""
     initial_peers: list[str] = field(default_factory=list)
     """Multiaddrs of bootstrap peers, each with its /p2p/<peer id>."""
+    announce_maddrs: list[str] = field(default_factory=list)
+    """Announce exactly these multiaddrs (with an explicit port, e.g. /ip4/1.2.3.4/tcp/4001) instead of the
+    listen address: a port forward or proxy in front of this peer (examples/wan.py's delaying relay)."""
 
     def __post_init__(self) -> None:
         for addr in self.initial_peers:
             check_multiaddr(addr)
+        for addr in self.announce_maddrs:
+            check_announce_maddr(addr)
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be 0..65535, not {self.port}")
 
@@ -139,7 +159,7 @@ def create_dht(identity: Identity, net: NetworkConfig, swarm: str) -> DHT:
     """Start the DHT (a forked process with its p2pd). Create it before CUDA is initialised."""
     validators = [RSASignatureValidator(identity.dht_private_key()), SchemaValidator(SwarmSchema, prefix=f"hetero_{swarm}"),
                   OwnerValidator(swarm)]
-    announce = [f"/ip4/{net.public_ip}/tcp/{net.port}"] if net.public_ip else None
+    announce = list(net.announce_maddrs) + ([f"/ip4/{net.public_ip}/tcp/{net.port}"] if net.public_ip else [])
     try:
         return _dht(identity, net, validators, announce)
     except Exception as e:  # hivemind reports both as a failed daemon start
@@ -157,7 +177,7 @@ def _dht(identity: Identity, net: NetworkConfig, validators: list, announce: lis
     return DHT(
         initial_peers=net.initial_peers or None, start=True, record_validators=validators,
         identity_path=str(identity.path), host_maddrs=[f"/ip4/{net.host}/tcp/{net.port}"],
-        announce_maddrs=announce, nat_port_map=net.nat_port_map, use_relay=net.use_relay,
+        announce_maddrs=announce or None, nat_port_map=net.nat_port_map, use_relay=net.use_relay,
         use_auto_relay=net.use_auto_relay, client_mode=net.client_mode, startup_timeout=30,
     )
 

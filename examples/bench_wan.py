@@ -1,0 +1,367 @@
+"""How fast a new version spreads to N samplers across an emulated WAN, and what it costs the learner.
+
+    sudo python examples/bench_wan.py [--samplers 8] [--rate-mbit 100] [--rtt-ms 80] [--loss 0]
+                                      [--patch-mb 12] [--versions 6] [--interval 20] [--blob-dir DIR]
+
+Every peer is a real process in a network namespace of its own on `examples/wan.py`'s emulated WAN
+(shaped veth links, a relay that adds the RTT; its docstring says what is and is not modelled): a
+bootstrap, a learner that runs `WeightServer`, and N fetch-only samplers that run the real
+`WeightFetcher` (holders, mates, `chunk_owner`) with a `LearnerTracker` pinned to the learner, once a
+second, as a sampler between batches does. The learner publishes a small keyframe v0, waits until every
+sampler holds it, then one patch every `--interval` seconds: `--patch-mb` MB of random bytes (spread
+depends on the size, not the content), or the files of `--blob-dir` (v1, v2, ... in the order of the
+number in their names; a v0 there is used as the keyframe), e.g. real encoded 0.6B patches.
+
+Printed per version: seconds until 50 / 90 / 100% of the samplers hold it (verified; a sampler
+polls once a second, so up to 1 s of it is the poll), the median time one fetch took, the learner's
+upload in copies of the version (counted by its ChunkStore, and on the wire at the relay: libp2p's
+framing and encryption included), the largest download of one sampler in copies (verified bytes, and
+on the wire), beside the physical limit (one copy at the link rate plus one RTT); and the staleness
+the samplers see (learner's newest version minus the one held, sampled every second). Last, the
+goals beside the measured figures. Needs root (network namespaces); says why and exits otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import re
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from examples.wan import Wan, received_by, sent_by, skip_reason  # noqa: E402
+
+SWARM, MODEL = "bench", "bench-model"
+GOAL_SPREAD_S, GOAL_UPLOAD, GOAL_DOWNLOAD = 60.0, 1.2, 1.0
+
+
+# ---- the roles, each in its own namespace -----------------------------------------------------------
+
+def _stop_event() -> threading.Event:
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def _node(args, workdir: Path):
+    from swarm.dht import NetworkConfig
+    from swarm.identity import Identity
+    from swarm.p2p import SwarmNode
+
+    net = NetworkConfig(host=args.host, port=args.port, announce_maddrs=[args.announce],
+                        initial_peers=[args.boot] if args.boot else [])
+    return SwarmNode(Identity.load_or_create(workdir / "identity.key"), net, SWARM)
+
+
+def _event(path: Path, **fields) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps({"t": time.time(), **fields}) + "\n")
+
+
+def role_bootstrap(args) -> None:
+    stop, work = _stop_event(), Path(args.dir) / "bootstrap"
+    node = _node(args, work)
+    try:
+        (work / "addr").write_text(node.maddrs()[0])
+        while not stop.is_set():
+            node.announce({"role": "bootstrap", "model_id": "", "version": 0, "engine": "", "throughput": 0.0,
+                           "maddrs": node.maddrs()}, ttl=60)
+            stop.wait(20)
+    finally:
+        node.shutdown()
+
+
+def _blobs(args) -> tuple[bytes, list[bytes]]:
+    """The keyframe v0 and the patches v1..vK: files of --blob-dir, else random bytes."""
+    if not args.blob_dir:
+        return os.urandom(int(args.keyframe_mb * 2**20)), [os.urandom(int(args.patch_mb * 2**20))
+                                                           for _ in range(args.versions)]
+    files = {int(m.group(1)): f for f in Path(args.blob_dir).iterdir() if (m := re.search(r"(\d+)", f.name))}
+    key = files.pop(0).read_bytes() if 0 in files else os.urandom(int(args.keyframe_mb * 2**20))
+    return key, [files[v].read_bytes() for v in sorted(files)][: args.versions]
+
+
+def role_learner(args) -> None:
+    from swarm.exchange import WeightVersion
+    from swarm.weight_rpc import WeightServer
+
+    stop, work = _stop_event(), Path(args.dir) / "learner"
+    events = work / "events.jsonl"
+    keyframe, patches = _blobs(args)
+    node = _node(args, work)
+    server = WeightServer(node)
+    chain, newest = uuid.uuid4().hex, {"v": 0}
+
+    def announce_forever() -> None:  # so that samplers' trackers see a live learner
+        while not stop.is_set():
+            node.announce({"role": "learner", "model_id": MODEL, "version": newest["v"], "engine": "",
+                           "throughput": 0.0, "maddrs": node.maddrs()}, ttl=30)
+            stop.wait(5)
+
+    threading.Thread(target=announce_forever, name="announce", daemon=True).start()
+    try:
+        for v, blob in enumerate([keyframe, *patches]):
+            if v == 1 and not _wait_file(Path(args.dir) / "go", 600, stop):
+                return
+            server.publish(WeightVersion(MODEL, chain, v, None if v == 0 else v - 1, blob))
+            newest["v"] = v
+            _event(events, event="publish", version=v, size=len(blob), served=server.store.served_bytes)
+            deadline = time.monotonic() + (args.interval if v else 0)
+            while time.monotonic() < deadline and not stop.is_set():
+                _event(events, event="served", served=server.store.served_bytes)
+                stop.wait(0.5)
+        _event(events, event="published_all", served=server.store.served_bytes)
+        while not stop.is_set():
+            _event(events, event="served", served=server.store.served_bytes)
+            stop.wait(0.5)
+    finally:
+        _event(events, event="end", served=server.store.served_bytes)
+        node.shutdown()
+
+
+def _wait_file(path: Path, timeout: float, stop: threading.Event) -> bool:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if stop.is_set() or time.monotonic() > deadline:
+            return False
+        stop.wait(0.2)
+    return True
+
+
+def role_sampler(args) -> None:
+    from swarm.discovery import LearnerTracker
+    from swarm.weight_rpc import WeightFetcher
+
+    stop, work = _stop_event(), Path(args.dir) / args.name
+    node = _node(args, work)
+    tracker = LearnerTracker(node, args.follow, MODEL, every=5.0)
+    fetcher = WeightFetcher(node, lambda: tracker.current, mates=lambda: tracker.mates)
+    chain, version, last_announce = "", -1, 0.0
+    try:
+        while not stop.is_set():
+            t0 = time.time()
+            tracker.refresh()
+            if t0 - last_announce > 5 and tracker.current:  # mates find each other by these records
+                node.announce({"role": "sampler", "model_id": MODEL, "version": max(version, 0), "engine": "",
+                               "throughput": 0.0, "maddrs": node.maddrs(), "learner": tracker.current}, ttl=30)
+                last_announce = t0
+            (work / "mates.json").write_text(json.dumps(tracker.mates))  # the driver waits until all agree
+            before = dict(fetcher.stats)
+            got = fetcher.fetch(chain, version) if tracker.current else None
+            if got:
+                chain, version = got[-1].chain, got[-1].version
+                _event(work / "fetches.jsonl", versions=[w.version for w in got], sizes=[len(w.blob) for w in got],
+                       started=t0, **{k: fetcher.stats[k] - before.get(k, 0) for k in
+                                      ("bytes_from_learner", "bytes_from_holders", "weight_fetch_failures")})
+            # free: each sampler on its own 1 s cycle (as independent samplers are); sync: all at each
+            # whole second of the shared clock, as if told of a new version at the same instant
+            stop.wait(1.0 - time.time() % 1.0 if args.sync_polls else max(0.05, 1.0 - (time.time() - t0)))
+    finally:
+        fetcher.close()
+        node.shutdown()
+
+
+# ---- the driver -------------------------------------------------------------------------------------
+
+def _role_args(wan: Wan, i: int, out: Path, boot: str | None) -> list[str]:
+    return ["--dir", str(out), "--host", wan.ip(i), "--port", str(31337), "--announce", wan.maddr(i),
+            *(["--boot", boot] if boot else [])]
+
+
+def _mates(out: Path, name: str) -> list[str]:
+    try:
+        return json.loads((out / name / "mates.json").read_text())
+    except (OSError, ValueError):  # not written yet, or being written
+        return []
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def _held(out: Path, name: str) -> dict[int, float]:
+    """version -> time sampler `name` first held it (verified)."""
+    held: dict[int, float] = {}
+    for r in _jsonl(out / name / "fetches.jsonl"):
+        for v in r["versions"]:
+            held.setdefault(v, r["t"])
+    return held
+
+
+def _wait(cond, timeout: float, what: str, procs) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        dead = [p.name for p in procs if p.popen.poll() is not None]
+        if dead:
+            raise RuntimeError(f"{', '.join(dead)} exited early; logs in {procs[0].log_path.parent}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} within {timeout:.0f} s; logs in {procs[0].log_path.parent}")
+        time.sleep(0.5)
+
+
+def run(args) -> None:
+    from swarm.identity import Identity
+
+    reason = skip_reason()
+    if reason:
+        sys.exit(f"bench_wan: {reason}")
+    out = Path(args.out or tempfile.mkdtemp(prefix="bench-wan-"))
+    names = [f"s{k}" for k in range(args.samplers)]
+    learner_id = Identity.load_or_create(out / "learner" / "identity.key").peer_id
+    sampler_ids = sorted(Identity.load_or_create(out / n / "identity.key").peer_id for n in names)
+    me = [sys.executable, str(Path(__file__).resolve())]
+    relay_series: list[tuple[float, dict]] = []
+    with Wan(2 + args.samplers, args.rate_mbit, args.rtt_ms, args.loss, workdir=out / "wan") as wan:
+        logs = out / "logs"
+        boot = wan.spawn("bootstrap", wan.ns(0), [*me, "bootstrap", *_role_args(wan, 0, out, None)], logs)
+        _wait(lambda: (out / "bootstrap" / "addr").exists(), 120, "the bootstrap did not start", [boot])
+        addr = (out / "bootstrap" / "addr").read_text().strip()
+        roles = [wan.spawn("learner", wan.ns(1), [*me, "learner", *_role_args(wan, 1, out, addr), *_learner_flags(args)],
+                           logs)]
+        roles += [wan.spawn(n, wan.ns(2 + k), [*me, "sampler", *_role_args(wan, 2 + k, out, addr), "--name", n,
+                                               "--follow", learner_id, *(["--sync-polls"] if args.sync_polls else [])],
+                                  logs) for k, n in enumerate(names)]
+        print(f"{args.samplers} samplers, learner and bootstrap in namespaces of {wan.tag}; logs in {logs}")
+        _wait(lambda: all(0 in _held(out, n) for n in names), 300, "not every sampler got v0", roles)
+        t_v0 = time.monotonic()
+        # steady state: every sampler knows all its mates (their DHT records), so that all compute
+        # the same chunk owners; before that, a version costs the learner more (mates disagree on owners)
+        _wait(lambda: all(_mates(out, n) == sampler_ids for n in names), 120, "samplers did not agree on mates", roles)
+        print(f"every sampler holds v0 and knows its {args.samplers} mates ({time.monotonic() - t_v0:.0f} s after the "
+              f"last got v0); the learner publishes a patch every {args.interval:g} s")
+        (out / "go").touch()
+
+        def published_all() -> bool:
+            relay_series.append((time.time(), wan.relay_stats()))
+            return any(e["event"] == "published_all" for e in _jsonl(out / "learner" / "events.jsonl"))
+
+        _wait(published_all, args.interval * (args.versions + 2) + 120, "the learner did not publish every version",
+              roles)
+        last = max(e["version"] for e in _jsonl(out / "learner" / "events.jsonl") if e["event"] == "publish")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not all(last in _held(out, n) for n in names):
+            relay_series.append((time.time(), wan.relay_stats()))
+            time.sleep(0.5)
+        relay_series.append((time.time(), wan.relay_stats()))
+    report(args, out, names, relay_series, wan)
+
+
+def _learner_flags(args) -> list[str]:
+    return ["--patch-mb", str(args.patch_mb), "--keyframe-mb", str(args.keyframe_mb), "--versions", str(args.versions),
+            "--interval", str(args.interval), *(["--blob-dir", args.blob_dir] if args.blob_dir else [])]
+
+
+def _at(series: list[tuple[float, int]], t: float) -> int:
+    """The last value of a (time, cumulative value) series at or before `t`."""
+    before = [v for s, v in series if s <= t]
+    return before[-1] if before else 0
+
+
+def report(args, out: Path, names: list[str], relay_series: list[tuple[float, dict]], wan: Wan) -> None:
+    events = _jsonl(out / "learner" / "events.jsonl")
+    pubs = {e["version"]: e for e in events if e["event"] == "publish"}
+    served = [(e["t"], e["served"]) for e in events if "served" in e]
+    up_wire = [(t, sent_by(s, 1)) for t, s in relay_series]
+    down_wire = {n: [(t, received_by(s, 2 + k)) for t, s in relay_series] for k, n in enumerate(names)}
+    held = {n: _held(out, n) for n in names}
+    fetches = {n: _jsonl(out / n / "fetches.jsonl") for n in names}
+    end = relay_series[-1][0]
+    versions = sorted(v for v in pubs if v > 0)
+    print(f"\n{args.samplers} samplers, {args.rate_mbit:g} Mbit/s each way, {args.rtt_ms:g} ms RTT, loss {args.loss:g}, "
+          f"polls {'in sync' if args.sync_polls else 'free'}; limit = one copy at the link rate + 1 RTT")
+    print(f"{'ver':>3} {'MB':>6} {'limit s':>7} {'50% s':>6} {'90% s':>6} {'100% s':>6} {'held':>5} "
+          f"{'fetch s':>7} {'upload x':>8} {'wire x':>6} {'max down x':>10} {'wire x':>6}")
+    rows = []
+    for v in versions:
+        t0, size = pubs[v]["t"], pubs[v]["size"]
+        t1 = pubs[v + 1]["t"] if v + 1 in pubs else end
+        times = sorted(h[v] - t0 for h in held.values() if v in h)
+        pct = [(times[math.ceil(q * len(names)) - 1] if len(times) >= math.ceil(q * len(names)) else math.inf)
+               for q in (0.5, 0.9, 1.0)]
+        upload = (_at(served, t1) - _at(served, t0)) / size
+        wire_up = (_at(up_wire, t1) - _at(up_wire, t0)) / size
+        down = max((sum(r["bytes_from_learner"] + r["bytes_from_holders"] for r in fetches[n] if r["versions"] == [v])
+                    for n in names), default=0) / size
+        wire_down = max(_at(down_wire[n], t1) - _at(down_wire[n], t0) for n in names) / size
+        took = [r["t"] - r["started"] for n in names for r in fetches[n] if r["versions"] == [v]]
+        rows.append((pct, upload, wire_up, down, wire_down))
+        print(f"{v:>3} {size / 2**20:6.1f} {wan.one_copy_s(size):7.2f} {_s(pct[0]):>6} {_s(pct[1]):>6} {_s(pct[2]):>6} "
+              f"{len(times):>2}/{len(names):<2} {statistics.median(took) if took else math.nan:7.2f} {upload:8.2f} "
+              f"{wire_up:6.2f} {down:10.2f} {wire_down:6.2f}")
+    stale = _staleness(pubs, held, end)
+    print(f"staleness samplers see (newest published - held, every second from v1 on, {len(stale)} samples): "
+          f"mean {statistics.fmean(stale):.2f}, p90 {_q(stale, 0.9)}, max {max(stale)}")
+    spread90 = max(r[0][1] for r in rows)
+    print(f"\ngoals:  >= 90% of samplers hold each version within {GOAL_SPREAD_S:.0f} s: worst {_s(spread90)} s "
+          f"[{'met' if spread90 <= GOAL_SPREAD_S else 'MISSED'}]")
+    worst_up = max(max(r[1], r[2]) for r in rows)
+    print(f"        learner upload <= {GOAL_UPLOAD} copies per version: worst {worst_up:.2f} (ChunkStore and wire) "
+          f"[{'met' if worst_up <= GOAL_UPLOAD else 'MISSED'}]")
+    worst_down = max(r[3] for r in rows)
+    worst_wire = max(r[4] for r in rows)
+    print(f"        no sampler downloads more than {GOAL_DOWNLOAD:g} copy: worst {worst_down:.2f} verified, {worst_wire:.2f} "
+          f"on the wire with framing, encryption and the DHT [{'met' if worst_down <= GOAL_DOWNLOAD + 1e-9 else 'MISSED'}]")
+    print(f"records and logs: {out}")
+
+
+def _staleness(pubs: dict, held: dict[str, dict[int, float]], end: float) -> list[int]:
+    t, out = pubs[1]["t"], []
+    while t <= end:
+        newest = max(v for v, e in pubs.items() if e["t"] <= t)
+        for h in held.values():
+            out.append(newest - max((v for v, ht in h.items() if ht <= t), default=-1))
+        t += 1.0
+    return out
+
+
+def _q(xs: list[int], q: float) -> int:
+    return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def _s(x: float) -> str:
+    return "never" if math.isinf(x) else f"{x:.2f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("role", nargs="?", default="run", choices=["run", "bootstrap", "learner", "sampler"],
+                    help="run (the benchmark); the others are its processes")
+    ap.add_argument("--samplers", type=int, default=8)
+    ap.add_argument("--rate-mbit", type=float, default=100.0)
+    ap.add_argument("--rtt-ms", type=float, default=80.0)
+    ap.add_argument("--loss", type=float, default=0.0, help="per segment (examples/wan.py: what stands in for it)")
+    ap.add_argument("--patch-mb", type=float, default=12.0)
+    ap.add_argument("--keyframe-mb", type=float, default=1.0)
+    ap.add_argument("--versions", type=int, default=6)
+    ap.add_argument("--interval", type=float, default=20.0, help="seconds between patches")
+    ap.add_argument("--blob-dir", help="real encoded versions: files v1..vK (and v0, the keyframe)")
+    ap.add_argument("--out", help="records and logs (default: a new temp folder)")
+    ap.add_argument("--sync-polls", action="store_true", help="samplers poll at the same instants (an experiment: "
+                    "as if every sampler learnt of a new version at once); default: each on its own 1 s cycle")
+    # the roles' own flags
+    for flag in ("--dir", "--host", "--announce", "--boot", "--name", "--follow"):
+        ap.add_argument(flag, help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, default=31337, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.role != "run":
+        logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.role} %(name)s %(message)s")
+        os.environ.setdefault("HIVEMIND_LOGLEVEL", "WARNING")
+        (Path(args.dir) / (args.name or args.role)).mkdir(parents=True, exist_ok=True)
+    {"run": run, "bootstrap": role_bootstrap, "learner": role_learner, "sampler": role_sampler}[args.role](args)
+
+
+if __name__ == "__main__":
+    main()

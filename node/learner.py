@@ -610,7 +610,7 @@ class Learner:
         self.archive.put(self.chain, self.version, enc, version_nonce(blob))
         self.link.publish_weights(WeightVersion(self.model_id, self.chain, self.version, enc.base, blob))
         self._last_publish = (self.version, time.monotonic(), len(blob))
-        return {**{k: round(v, 6) if isinstance(v, float) else v for k, v in enc.stats.items()}, "weights_bytes": len(blob)}
+        return {k: round(v, 6) if isinstance(v, float) else v for k, v in enc.stats.items()}
 
     def run_eval(self) -> float:
         acc = evaluate(self.engine, self.task, self.eval_set, self.sampling.max_new_tokens)

@@ -117,9 +117,13 @@ def test_rl_sized_patches_are_within_a_few_percent_of_the_entropy_bound():
     changed = enc.count / w.numel()
     assert 0.03 < changed < 0.06
     assert bound < enc.nbytes() < 1.15 * bound
-    # by hand: positions cost about n H(p) bits
+    # the bound by hand, from the bit patterns: n H(p) for which changed, c H(steps) for by how much
+    ob, nb = old.view(torch.int16).numpy().astype(np.int64), new.view(torch.int16).numpy().astype(np.int64)
+    moved = ob != nb
+    steps = ((nb[moved] - ob[moved] + 32768) & 0xFFFF) - 32768
+    q = np.unique(steps, return_counts=True)[1] / moved.sum()
     h = -(changed * math.log2(changed) + (1 - changed) * math.log2(1 - changed))
-    assert bound > w.numel() * h / 8
+    assert bound == pytest.approx((w.numel() * h + moved.sum() * -(q * np.log2(q)).sum()) / 8, rel=1e-9)
 
 
 def test_layout_splits_the_flat_view_without_copies():

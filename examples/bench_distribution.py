@@ -1,10 +1,10 @@
 """How a new version reaches N samplers, and what it costs the learner's upload.
 
-    python examples/bench_distribution.py [--mb 16] [--ns 1 2 4 8]
+    python examples/bench_distribution.py [--mb 16] [--ns 1 2 4 8] [--only-stream] [--repeat 1]
 
 In one process: a learner and N samplers as real hivemind peers on 127.0.0.1 (each with its own
-DHT process and p2pd). The learner publishes one version of `--mb` MB (a keyframe of random
-weights). Three schedules, side by side:
+DHT process and p2pd). The learner publishes one version of `--mb` MB (a keyframe:
+random bytes). Three schedules, side by side:
   staggered        samplers fetch one after another (as reload timers spread them in practice):
                    every sampler after the first takes the chunks from announced holders;
   simultaneous     all N fetch at the same instant and know their mates: each takes the chunks it
@@ -12,13 +12,16 @@ weights). Three schedules, side by side:
   no sharing       the baseline: all N fetch at once with no mates, so each asks the learner.
 For each: time until all N hold the version, and learner upload relative to one copy. Last, our
 chunked, hash-checked download (1 and 4 streams) against a raw hivemind binary
-stream of the same bytes between the same two peers.
+stream of the same bytes between the same two peers (`--only-stream`: that section alone,
+`--repeat` times, as a single run on 2 shared cores is noisy).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import random
+import statistics
 import sys
 import tempfile
 import threading
@@ -26,12 +29,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from node.weight_codec import CodecConfig, Publisher  # noqa: E402
-from node.weights import encode_version  # noqa: E402
 from swarm.dht import NetworkConfig  # noqa: E402
 from swarm.exchange import WeightVersion  # noqa: E402
 from swarm.identity import Identity  # noqa: E402
@@ -40,11 +39,9 @@ from swarm.weight_rpc import WeightFetcher, WeightServer  # noqa: E402
 
 
 def make_version(mb: int, chain: str) -> WeightVersion:
-    """Version 0 of `chain`: a keyframe of `mb` MB of random fp32 weights."""
-    n = mb * 1024 * 1024 // 4
-    weights = {"w": torch.randn(n // 1024, 1024)}
-    enc = Publisher(CodecConfig(keyframe_codec="fp32")).publish(weights, 0)
-    return WeightVersion("bench", chain, enc.version, enc.base, encode_version(enc, "bench", chain, {}))
+    """Version 0 of `chain`: a keyframe of `mb` MiB of random bytes. The transfer treats a blob as
+    opaque bytes, so no codec is needed; random bytes are as incompressible as fp32 weights."""
+    return WeightVersion("bench", chain, 0, None, random.randbytes(mb * 1024 * 1024))
 
 
 def fetch_all(samplers, simultaneous: bool) -> float:
@@ -80,15 +77,41 @@ def raw_stream_mb_s(a: SwarmNode, b: SwarmNode, payload: bytes) -> float:
     a.run(a.p2p.add_binary_stream_handler("bench.raw", handler), timeout=10)
     t0 = time.perf_counter()
     data = b.run(fetch(), timeout=120)
+    a.run(a.p2p.remove_binary_stream_handler("bench.raw"), timeout=10)  # so that --repeat can set it again
     assert len(data) == len(payload)
     return len(payload) / 1e6 / (time.perf_counter() - t0)
+
+
+def stream_vs_raw(ln: SwarmNode, lx: WeightServer, sx: WeightFetcher, mb: int) -> dict[str, float]:
+    """Our chunked, hash-checked download from the learner against a raw hivemind stream: MB/s."""
+    wv = make_version(mb, "raw")
+    blob = wv.blob
+    lx.publish(wv)
+    rates = {"raw": raw_stream_mb_s(ln, sx.node, blob)}
+    sx._holders = lambda chain: {}  # measure the learner path alone
+    for name, parallel in (("1 stream", 1), ("4 streams", 4)):
+        sx._pool, sx._parallel = ThreadPoolExecutor(parallel), parallel  # as if made with parallel=...
+        sx.store.reset("")
+        t0 = time.perf_counter()
+        assert [w.blob for w in sx.fetch("", -1) or []] == [blob]
+        rates[name] = len(blob) / 1e6 / (time.perf_counter() - t0)
+    rates["raw"] = (rates["raw"] + raw_stream_mb_s(ln, sx.node, blob)) / 2  # before and after: less noise
+    print(f"\none peer to one peer, {len(blob) / 1e6:.0f} MB, raw hivemind stream {rates['raw']:.0f} MB/s:")
+    for name, rate in rates.items():
+        if name != "raw":
+            print(f"  chunked, hash-checked, {name}: {rate:.0f} MB/s, ratio to raw stream {rate / rates['raw']:.2f}")
+    return rates
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mb", type=int, default=16)
     ap.add_argument("--ns", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--only-stream", action="store_true", help="only the one-peer-to-one-peer comparison")
+    ap.add_argument("--repeat", type=int, default=1, help="times to run the one-peer-to-one-peer comparison")
     args = ap.parse_args()
+    if args.only_stream:
+        args.ns = [1]
     tmp = Path(tempfile.mkdtemp())
     ln = SwarmNode(Identity.load_or_create(tmp / "l.key"), NetworkConfig(), "bench")
     lx = WeightServer(ln)
@@ -97,44 +120,38 @@ def main() -> None:
     mates: list[str] = []
     samplers = [WeightFetcher(n, lambda: ln.peer_id, mates=lambda: mates) for n in nodes]
     try:
-        print(f"version size {args.mb} MB; learner + up to {max(args.ns)} samplers on 127.0.0.1, 2 CPU cores")
-        print(f"{'N':>3} {'schedule':>13} {'time to all s':>14} {'learner upload':>15}")
-        run = 0
-        for n in args.ns:
-            for schedule in ("staggered", "simultaneous", "no sharing"):
-                run += 1
-                mates[:] = [x.node.peer_id for x in samplers[:n]] if schedule != "no sharing" else []
-                wv = make_version(args.mb, f"c{run}")
-                lx.publish(wv)
-                before = lx.store.served_bytes
-                secs = fetch_all(samplers[:n], schedule != "staggered")
-                copies = (lx.store.served_bytes - before) / len(wv.blob)
-                print(f"{n:>3} {schedule:>13} {secs:14.2f} {copies:13.2f}x")
-        stats = sum((x.stats for x in samplers), collections.Counter())
-        print(f"fetch failures {stats['weight_fetch_failures']}, streams that ended early and were asked again "
-              f"{stats['short_streams']}, bad chunks {stats['bad_chunks']}")
+        if not args.only_stream:
+            distribution(args, lx, samplers, mates)
         mates[:] = []
-        wv = make_version(args.mb, "raw")
-        blob = wv.blob
-        lx.publish(wv)
-        rates = {}
-        sx = samplers[0]
-        sx._holders = lambda chain: {}  # measure the learner path alone
-        for name, parallel in (("1 stream", 1), ("4 streams", 4)):
-            sx._pool, sx._parallel = ThreadPoolExecutor(parallel), parallel  # as if made with parallel=...
-            sx.store.reset("")
-            t0 = time.perf_counter()
-            assert [w.blob for w in sx.fetch("", -1) or []] == [blob]
-            rates[name] = len(blob) / 1e6 / (time.perf_counter() - t0)
-        raw = raw_stream_mb_s(ln, nodes[0], blob)
-        print(f"\none peer to one peer, {len(blob) / 1e6:.0f} MB, raw hivemind stream {raw:.0f} MB/s:")
-        for name, rate in rates.items():
-            print(f"  chunked, hash-checked, {name}: {rate:.0f} MB/s, ratio to raw stream {rate / raw:.2f}")
+        runs = [stream_vs_raw(ln, lx, samplers[0], args.mb) for _ in range(args.repeat)]
+        if len(runs) > 1:
+            ratios = {name: statistics.median(r[name] / r["raw"] for r in runs) for name in runs[0] if name != "raw"}
+            print(f"\nmedian of {len(runs)}: " + ", ".join(f"{name} {q:.2f}x raw" for name, q in ratios.items()))
     finally:
         for s in samplers:
             s.close()
         for n in reversed([ln, *nodes]):
             n.shutdown()
+
+
+def distribution(args, lx: WeightServer, samplers: list[WeightFetcher], mates: list[str]) -> None:
+    """The three schedules for each N: time until all N hold the version, and learner upload."""
+    print(f"version size {args.mb} MB; learner + up to {max(args.ns)} samplers on 127.0.0.1, 2 CPU cores")
+    print(f"{'N':>3} {'schedule':>13} {'time to all s':>14} {'learner upload':>15}")
+    run = 0
+    for n in args.ns:
+        for schedule in ("staggered", "simultaneous", "no sharing"):
+            run += 1
+            mates[:] = [x.node.peer_id for x in samplers[:n]] if schedule != "no sharing" else []
+            wv = make_version(args.mb, f"c{run}")
+            lx.publish(wv)
+            before = lx.store.served_bytes
+            secs = fetch_all(samplers[:n], schedule != "staggered")
+            copies = (lx.store.served_bytes - before) / len(wv.blob)
+            print(f"{n:>3} {schedule:>13} {secs:14.2f} {copies:13.2f}x")
+    stats = sum((x.stats for x in samplers), collections.Counter())
+    print(f"fetch failures {stats['weight_fetch_failures']}, streams that ended early and were asked again "
+          f"{stats['short_streams']}, bad chunks {stats['bad_chunks']}")
 
 
 if __name__ == "__main__":

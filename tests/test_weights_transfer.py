@@ -172,3 +172,20 @@ def test_malformed_chunk_requests_are_refused_counted_and_serving_goes_on(peers)
     s1.node.call_stream(learner, "hetero.chunks.v1", msgpack.packb(["other", 0, [0, 1], 0.0]), 10, replies.append)
     assert replies == [b"", b""]
     assert blobs_of(s1.fetch("", -1)) == [blob]  # and the learner still serves
+
+
+@pytest.mark.parametrize("n", [0, 1, 127, 128, 300, 1 << 20])
+def test_hand_made_stream_frames_are_hivemind_protobuf_frames(n):
+    """The chunk server writes items without protobuf and the fetcher reads them as views; both
+    must stay byte-for-byte what hivemind's own protobuf stream writes and reads."""
+    from google.protobuf.wrappers_pb2 import BytesValue
+    from hivemind.p2p import P2P
+
+    from swarm.p2p import _bytes_value_view, _item_header
+
+    value = bytes(range(256)) * (n // 256) + bytes(n % 256)
+    serialized = BytesValue(value=value).SerializeToString()
+    assert _item_header(n) + value == P2P.MESSAGE_MARKER + len(serialized).to_bytes(8, "big") + serialized
+    assert bytes(_bytes_value_view(serialized)) == value
+    # any other valid encoding (here an unknown extra field) still parses, through protobuf
+    assert bytes(_bytes_value_view(serialized + b"\x10\x01")) == value

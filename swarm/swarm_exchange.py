@@ -18,7 +18,7 @@ from .outbox import Outbox
 from .p2p import SwarmNode
 from .records import RolloutGroup
 from .rollout_rpc import RolloutReceiver, RolloutSender
-from .weight_rpc import WeightFetcher, WeightServer
+from .weight_rpc import WeightFetcher, WeightPrefetcher, WeightServer
 
 
 class SwarmLearnerLink:
@@ -44,10 +44,13 @@ class SwarmLearnerLink:
 class SwarmSamplerLink:
     def __init__(self, node: SwarmNode, outbox: Outbox, learner: Callable[[], str | None],
                  weight_delay: DelayConfig = DelayConfig(), rollout_delay: DelayConfig = DelayConfig(),
-                 seed: int = 0, mates: Callable[[], list[str]] = lambda: [], rpc_timeout: float = 30.0) -> None:
+                 seed: int = 0, mates: Callable[[], list[str]] = lambda: [], rpc_timeout: float = 30.0,
+                 weight_poll_s: float = 1.0) -> None:
         rng = random.Random(seed)
         self.rollouts = RolloutSender(node, outbox, learner, rollout_delay, rng, rpc_timeout)
         self.weights = WeightFetcher(node, learner, weight_delay, rng, rpc_timeout, mates)
+        # versions download while the sampler generates; it applies them between batches
+        self.prefetch = WeightPrefetcher(self.weights, weight_poll_s)
 
     @property
     def learner_backlog(self) -> int:
@@ -57,8 +60,8 @@ class SwarmSamplerLink:
         self.rollouts.send(records)
 
     def fetch_weights(self, have_chain: str, have_version: int) -> list[WeightVersion] | None:
-        return self.weights.fetch(have_chain, have_version)
+        return self.prefetch.take(have_chain, have_version)
 
     def close(self) -> None:
         self.rollouts.close()
-        self.weights.close()
+        self.prefetch.close()

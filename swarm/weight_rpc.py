@@ -3,16 +3,17 @@
 Learner side (`WeightServer`) serves two RPCs:
   hetero.manifest.v1  -> the manifest of the learner's current chain segment (its last keyframe
                       and the deltas after it), sealed by the learner: chain id, model, and per
-                      version its base, size, sha256 and per-chunk sha256.
+                      version its base, size and per-chunk sha256 (which pin every byte: a
+                      whole-blob hash on top would only cost the fetcher a pass over it).
   hetero.chunks.v1    [chain, version, [index, ...], wait] -> a stream of those chunks (b"" for
                       one not held). Served by the learner *and* by every sampler for the versions
                       it holds (announced in the DHT) or is downloading, so the learner's upload
                       need not grow with the number of samplers (`ChunkStore`, `chunk_owner`).
 Sampler side (`WeightFetcher`): reads the manifest of the learner it follows (refusing one that
 learner did not seal), plans which versions to fetch (`exchange.plan_fetch`), gathers chunks from
-holders, mates and the learner, and checks every chunk and every whole blob against the manifest
-(a stream can silently lose its tail, so nothing is trusted unverified). Weight loads follow the
-same injected-delay model as the simulator (`ReloadTimer`).
+holders, mates and the learner, and checks every chunk and the whole blob's size against the
+manifest (a stream can silently lose its tail, so nothing is trusted unverified). Weight loads
+follow the same injected-delay model as the simulator (`ReloadTimer`).
 """
 
 from __future__ import annotations
@@ -97,6 +98,15 @@ class ChunkStore:
     def abandon(self, version: int) -> None:
         self.partial.pop(version, None)
 
+    def _coming(self, chain: str, version: int) -> bool:
+        """Whether `version` is being downloaded here, or is newer than all this peer holds or fetches:
+        a mate that has read the learner's manifest a moment before us asks for the chunks we own
+        before we poll it, and answering "not held" at once would send it to the learner (whose
+        upload then grows with the number of samplers)."""
+        if chain != self.chain or version in self.blobs:
+            return False
+        return version in self.partial or version > max((*self.blobs, *self.partial), default=-1)
+
     def _lookup(self, chain, version: int, index: int) -> memoryview | bytes | None:
         if chain != self.chain:
             return None
@@ -118,8 +128,8 @@ class ChunkStore:
         deadline = time.monotonic() + wait
         for index in indices:
             chunk = self._lookup(chain, version, index)
-            # a download in progress here: we are fetching this chunk now; wait for it briefly
-            while chunk is None and chain == self.chain and version in self.partial and time.monotonic() < deadline:
+            # a download in progress here, or about to start: wait for the chunk briefly
+            while chunk is None and self._coming(chain, version) and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
                 chunk = self._lookup(chain, version, index)
             chunk = chunk or b""
@@ -150,43 +160,33 @@ class WeightServer:
         return self._manifest
 
     def publish(self, wv: WeightVersion) -> None:
-        if wv.base is None:
-            self.store.reset(wv.chain)  # a keyframe starts a new chain segment
+        if wv.base is None:  # a keyframe starts a new chain segment; the last one is still served
+            # until the next keyframe, so that downloads under way (from its manifest) can finish
+            self.store.retain(e["version"] for e in self._entries if wv.chain == self.store.chain)
             self._entries = []
         self.store.put(wv.chain, wv.version, wv.blob)
         chunks = [wv.blob[i : i + CHUNK_SIZE] for i in range(0, len(wv.blob), CHUNK_SIZE)]
         self._entries.append({"version": wv.version, "base": -1 if wv.base is None else wv.base, "size": len(wv.blob),
-                              "sha256": _sha(wv.blob), "chunks": [_sha(c) for c in chunks]})
+                              "chunks": [_sha(c) for c in chunks]})
         manifest = {"model_id": wv.model_id, "chain": wv.chain, "chunk_size": CHUNK_SIZE,
                     "versions": self._entries, "learner": self.node.peer_id, "time": time.time()}
         self._manifest = seal(self.node.identity, msgpack.packb(manifest))
 
 
 class _Assembly:
-    """The verified chunks of one version, as they arrive. The sha256 of the whole blob is updated
-    as its verified prefix grows, while later chunks are still on the way, rather than in a pass of
-    its own after the last one (~1 ms per MiB that the download would otherwise wait for)."""
+    """The verified chunks of one version, as they arrive (from several streams, in threads)."""
 
     def __init__(self, entry: dict) -> None:
         self.entry = entry
         self.chunks: dict[int, memoryview | bytes] = {}
-        self._whole, self._prefix = hashlib.sha256(), 0
-        self._lock = threading.Lock()  # several streams (threads) add chunks at once
 
     def add(self, index: int, chunk: memoryview | bytes) -> bool:
-        """Keep `chunk` if it is chunk `index` of the manifest entry; False if it is not."""
-        if _sha(chunk) != self.entry["chunks"][index]:  # hashlib lets go of the GIL: threads hash at once
+        """Keep `chunk` if it is chunk `index` of the manifest entry; False if it is not. hashlib lets
+        go of the GIL, so streams hash at once; a dict insert is atomic."""
+        if _sha(chunk) != self.entry["chunks"][index]:
             return False
-        with self._lock:
-            self.chunks.setdefault(index, chunk)
-            while self._prefix in self.chunks:
-                self._whole.update(self.chunks[self._prefix])
-                self._prefix += 1
+        self.chunks.setdefault(index, chunk)
         return True
-
-    def whole_sha256(self) -> str | None:
-        """The sha256 of the chunks in order, once there are all of them (that of the blob they join to)."""
-        return self._whole.hexdigest() if self._prefix == len(self.entry["chunks"]) else None
 
 
 class WeightFetcher:
@@ -297,7 +297,7 @@ class WeightFetcher:
             self.store.abandon(version)
             raise
         blob = b"".join(got.chunks[i] for i in range(n))
-        if len(blob) != entry["size"] or got.whole_sha256() != entry["sha256"]:
+        if len(blob) != entry["size"]:  # every chunk is verified: only their number and sizes are left
             self.store.abandon(version)
             raise RecordError("sizes", "reassembled weights do not match the manifest")
         return blob
@@ -361,3 +361,68 @@ class WeightFetcher:
         except Exception as e:  # a source that vanished or is slow: the next round asks another
             log.debug("chunks %s of version %d from %s failed: %s", indices[:3], version, short_id(source), e)
 
+
+
+class WeightPrefetcher:
+    """Fetches versions in a thread of its own, once every `interval` s, while the sampler generates.
+
+    A sampler that fetched between batches would stall generation for the whole download (seconds
+    for a patch over a home link) and, starting at its own moment, would not be downloading when its
+    mates ask it for the chunks it owns: they would take those from the learner. Polling apart from
+    generation keeps the mates in step (`ChunkStore` waits briefly for a version a mate is about to
+    fetch) and the sampler only applies what has already arrived (`take`).
+    """
+
+    def __init__(self, fetcher: WeightFetcher, interval: float = 1.0) -> None:
+        self.fetcher = fetcher
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._pending: list[WeightVersion] = []
+        self._have = ("", -1)
+        """(chain, version) the pending list leads to: what the next poll fetches from."""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="weight-prefetch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._poll()
+            self._stop.wait(self.interval)
+
+    def _poll(self) -> None:
+        with self._lock:
+            have = self._have
+        try:
+            versions = self.fetcher.fetch(*have)  # failures are counted there and retried here
+        except Exception:  # a bug must not end the thread: the sampler would never update again
+            log.exception("weight prefetch failed")
+            return
+        if not versions:
+            return
+        with self._lock:
+            if self._have != have:  # `take` restarted us meanwhile: these lead from a stale base
+                return
+            self._pending += versions
+            keyframes = [i for i, wv in enumerate(self._pending) if wv.base is None]
+            if keyframes:  # nothing before the last keyframe is needed any more
+                self._pending = self._pending[keyframes[-1]:]
+            self._have = (versions[-1].chain, versions[-1].version)
+
+    def take(self, have_chain: str, have_version: int) -> list[WeightVersion] | None:
+        """The versions fetched so far that lead from `have_version` of `have_chain` (or from a
+        keyframe) to the newest; None if there are none. If the sampler holds something they do not
+        lead from (it refused a version, or started over), the next poll fetches from what it holds."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+            starts = [i for i, wv in enumerate(pending)
+                      if wv.base is None or (wv.chain == have_chain and wv.base == have_version)]
+            if not starts:
+                if (have_chain, have_version) != self._have:
+                    self._have = (have_chain, have_version)
+                return None
+            return pending[starts[-1]:]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.fetcher.rpc_timeout + 5)
+        self.fetcher.close()

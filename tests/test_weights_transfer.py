@@ -189,3 +189,75 @@ def test_hand_made_stream_frames_are_hivemind_protobuf_frames(n):
     assert bytes(_bytes_value_view(serialized)) == value
     # any other valid encoding (here an unknown extra field) still parses, through protobuf
     assert bytes(_bytes_value_view(serialized + b"\x10\x01")) == value
+
+
+@pytest.mark.integration
+def test_a_keyframe_leaves_the_last_segment_served_until_the_next_one(peers):
+    """Downloads under way from the manifest before a keyframe still finish after it."""
+    lx, (s1, _) = peers
+    learner = s1.learner()
+
+    def served(version: int) -> bytes:
+        replies = []
+        s1.node.call_stream(learner, "hetero.chunks.v1", msgpack.packb(["run10", version, [0], 0.0]), 10, replies.append)
+        return bytes(replies[0])
+
+    for v, base in enumerate([None, 0, None, 2, None]):
+        lx.publish(WeightVersion(BUILTIN_MODEL, "run10", v, base, bytes([v]) * 100))
+        if v == 2:  # a new segment: the manifest lists v2 only, v0 and v1 are still served
+            assert [served(u) for u in (0, 1, 2)] == [bytes([u]) * 100 for u in (0, 1, 2)]
+    assert [served(u) for u in (0, 1)] == [b"", b""]  # dropped with the second keyframe after them
+    assert [served(u) for u in (2, 3, 4)] == [bytes([u]) * 100 for u in (2, 3, 4)]
+
+
+@pytest.mark.integration
+def test_a_mate_waits_for_a_version_it_is_about_to_fetch_not_for_older_ones(peers):
+    """Asked for chunks of a version newer than all it holds, a mate waits (it polls the learner
+    every second and will fetch it); one it skipped, or of a chain it does not follow, gets b"" at once."""
+    _, (s1, s2) = peers
+    s2.store.put("run11", 5, b"five")
+    ask = lambda v, chain="run11": s1.node.call_stream(  # noqa: E731
+        s2.node.peer_id, "hetero.chunks.v1", msgpack.packb([chain, v, [0], 3.0]), 10, replies.append)
+    for version, chain in ((4, "run11"), (6, "other")):
+        replies, t0 = [], time.monotonic()
+        ask(version, chain)
+        assert replies == [b""] and time.monotonic() - t0 < 1.0
+    replies, t0 = [], time.monotonic()
+    arrive = threading.Timer(0.5, lambda: (s2.store.begin("run11", 6), s2.store.add_chunk("run11", 6, 0, b"six")))
+    arrive.start()
+    ask(6)
+    assert [bytes(r) for r in replies] == [b"six"] and time.monotonic() - t0 >= 0.5
+    replies, t0 = [], time.monotonic()
+    ask(7)  # nobody brings it: the wait ends at its bound and the asker goes elsewhere
+    assert replies == [b""] and 2.9 < time.monotonic() - t0 < 5
+
+
+@pytest.mark.integration
+def test_the_prefetcher_downloads_apart_from_the_sampler_and_restarts_from_what_it_holds(peers, tmp_path):
+    lx, (s1, _) = peers
+    from swarm.weight_rpc import WeightPrefetcher
+
+    node = SwarmNode(Identity.load_or_create(tmp_path / "s3.key"), NetworkConfig(initial_peers=s1.node.maddrs()), "wt")
+    pub = publish_versions(lx, 3, "run12")
+    pre = WeightPrefetcher(WeightFetcher(node, s1.learner), interval=0.2)
+
+    def wait_take(chain, version):
+        deadline = time.monotonic() + 20
+        while (got := pre.take(chain, version)) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return got
+
+    try:
+        got = wait_take("", -1)
+        assert [(w.version, w.base) for w in got] == [(0, None), (1, 0), (2, 1)]
+        assert torch.equal(apply_all(None, [w.blob for w in got]), pub.published)
+        publish(lx, 3, pub.publish({k: t + 1e-3 for k, t in pub.layout.tensors(pub.published).items()}, 3), "run12", {})
+        assert [(w.version, w.base) for w in wait_take("run12", 2)] == [(3, 2)]
+        # the sampler refused v3 (it holds nothing now): what was fetched after it does not apply,
+        # so the prefetcher starts over from the keyframe
+        publish(lx, 4, pub.publish({k: t + 1e-3 for k, t in pub.layout.tensors(pub.published).items()}, 4), "run12", {})
+        time.sleep(1.0)
+        assert [(w.version, w.base) for w in wait_take("", -1)] == [(0, None), (1, 0), (2, 1), (3, 2), (4, 3)]
+    finally:
+        pre.close()
+        node.shutdown()

@@ -5,7 +5,8 @@
 Behaviour q and learner p are distributions over K sequences, q = softmax(z) and
 p = softmax(z + delta * noise); growing delta grows KL(p||q). For each of `pairs` random (z, noise)
 draws we sample groups of G sequences from q and measure Var[p(y)/q(y)] and Var[p(y)/E_hat] with
-E_hat = sum_j q_j^2 / sum_j q_j over the group (what gepo_loss computes). The table gives medians
+E_hat = sum_j q_j^2 / sum_j q_j over the group, as `node.algorithms.gepo.gepo_log_weights` (the
+loss's own code) computes them. The table gives medians
 over the pairs and the share of pairs where GEPO's weights have the lower variance.
 
 What it shows: Var[p/q] is the chi-square divergence, >= exp(KL) - 1, so it explodes with KL;
@@ -23,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from node.algorithms.base import group_logsumexp  # noqa: E402
+from node.algorithms.gepo import gepo_log_weights  # noqa: E402
 
 
 def _one_pair(delta: float, K: int, G: int, samples: int, gen: torch.Generator) -> tuple[float, float, float]:
@@ -33,9 +34,11 @@ def _one_pair(delta: float, K: int, G: int, samples: int, gen: torch.Generator) 
     n_groups = samples // G
     y = torch.multinomial(lq.exp(), n_groups * G, replacement=True, generator=gen)
     gid = torch.arange(n_groups).repeat_interleave(G)
-    log_e_hat = group_logsumexp(2 * lq[y], gid) - group_logsumexp(lq[y], gid)
+    # each sampled sequence as a one-token completion: the loss's own weights, E_hat and all
+    one = torch.ones(len(y), 1, dtype=torch.bool)
+    log_w = gepo_log_weights(lp[y][:, None], lq[y][:, None], one, gid)
     kl = (lp.exp() * (lp - lq)).sum().item()
-    return kl, torch.exp(lp[y] - lq[y]).var().item(), torch.exp(lp[y] - log_e_hat).var().item()
+    return kl, torch.exp(lp[y] - lq[y]).var().item(), torch.exp(log_w).var().item()
 
 
 def variance_table(deltas=(0.5, 1.0, 2.0, 4.0, 6.0), K: int = 512, G: int = 8, samples: int = 16_000,

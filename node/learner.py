@@ -359,12 +359,15 @@ class Learner:
         rewards = [self.task.reward(c.text, problem.answer) for c in g.completions]
         prompt_ids = self.tok(g.prompt, add_special_tokens=False)["input_ids"]
         if route == "foreign_seq":
-            comps = [Completion(self.tok(c.text, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id],
+            # the same event on both sides: the text, plus its end only where the generator ended it
+            # (a completion cut by length has no EOS, and g's log-prob does not include one)
+            comps = [Completion(self.tok(c.text, add_special_tokens=False)["input_ids"]
+                                + ([self.tok.eos_token_id] if c.finish_reason == "stop" else []),
                                 c.text, [], c.finish_reason) for c in g.completions]
-            seq_means = [sum(c.logprobs) / len(c.logprobs) for c in g.completions]
+            seq_logp = [sum(c.logprobs) for c in g.completions]
         else:
             comps = [Completion(c.token_ids, c.text, c.logprobs, c.finish_reason) for c in g.completions]
-            seq_means = None
+            seq_logp = None
         version = g.version
         if own and version > self.version:
             # made by weights of this learner's previous run (it resumed from an older checkpoint):
@@ -372,7 +375,7 @@ class Learner:
             version = self.version
             if count:
                 self.version_clamped += 1
-        scored = ScoredGroup(g.prompt_id, prompt_ids, comps, rewards, g.model_id, version, seq_means)
+        scored = ScoredGroup(g.prompt_id, prompt_ids, comps, rewards, g.model_id, version, seq_logp)
         self.buffer.append(BufferedGroup(scored, route, g.sampler, raw, g.chain, g.version))
         self._buffered[g.sampler] += 1
         self._remember(g)

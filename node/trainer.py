@@ -41,9 +41,9 @@ class ScoredGroup:
     model_id: str
     version: int
     """Policy version of the weights that generated the completions."""
-    behaviour_seq_logp_mean: list[float] | None = None
-    """Foreign tokenizer only: the generator's mean token log-prob per completion on its own
-    tokens; `completions` then hold the learner's re-tokenization (and no per-token log-probs)."""
+    behaviour_seq_logp: list[float] | None = None
+    """Foreign tokenizer only: the generator's log-prob of each completion (the sum over its own
+    tokens); `completions` then hold the learner's re-tokenization (and no per-token log-probs)."""
 
 
 @dataclass
@@ -53,7 +53,7 @@ class TrainBatch:
     """[B, L-1] behaviour log-probs at the positions of packed.completion_mask."""
     advantages: torch.Tensor
     group_ids: torch.Tensor
-    old_seq_logp_mean: torch.Tensor | None
+    old_seq_logp: torch.Tensor | None
     """[B] for foreign-tokenizer batches (see ScoredGroup), else None."""
     groups_used: int
     groups_skipped: int
@@ -77,18 +77,18 @@ def build_batch(groups: Sequence[ScoredGroup], normalize_std: bool, pad_id: int)
     completions = [flat[i][1].token_ids for i in keep]
     packed = pack(prompts, completions, pad_id)
     old = torch.zeros_like(packed.completion_mask, dtype=torch.float32)
-    seq_level = groups[0].behaviour_seq_logp_mean is not None
-    if any((g.behaviour_seq_logp_mean is not None) != seq_level for g in groups):
+    seq_level = groups[0].behaviour_seq_logp is not None
+    if any((g.behaviour_seq_logp is not None) != seq_level for g in groups):
         raise ValueError("build_batch: do not mix token-level and sequence-level groups in one batch")
     for row, i in enumerate(keep):
         if not seq_level:
             span = completion_span(len(prompts[row]), len(completions[row]))
             old[row, span] = torch.tensor(flat[i][1].logprobs, dtype=torch.float32, device="cpu")
-    seq_means = None
+    seq_logp = None
     if seq_level:
-        per_completion = [m for g in groups for m in g.behaviour_seq_logp_mean]
-        seq_means = torch.tensor([per_completion[i] for i in keep], dtype=torch.float32, device="cpu")
-    return TrainBatch(packed, old, adv[keep], gids[keep], seq_means, len(groups) - skipped, skipped)
+        per_completion = [m for g in groups for m in g.behaviour_seq_logp]
+        seq_logp = torch.tensor([per_completion[i] for i in keep], dtype=torch.float32, device="cpu")
+    return TrainBatch(packed, old, adv[keep], gids[keep], seq_logp, len(groups) - skipped, skipped)
 
 
 @dataclass
@@ -259,7 +259,7 @@ def _microbatch(model, parts, contexts, work: _Work | None, temperature: float, 
         return logp.sum() * 0.0
     k = keep.nonzero().squeeze(-1)
     kc = k.cpu()
-    seq = b.old_seq_logp_mean[sel][kc].to(device) if b.old_seq_logp_mean is not None else None
+    seq = b.old_seq_logp[sel][kc].to(device) if b.old_seq_logp is not None else None
     out = part.algo.loss(LossInputs(logp[k], old[k], b.advantages[sel][kc].to(device), packed.completion_mask[k],
                                     b.group_ids[sel][kc].to(device), seq, whole=whole,
                                     log_e_hat=log_e_hat[sel][kc].to(device)), part.cfg)

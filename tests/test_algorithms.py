@@ -81,8 +81,9 @@ def test_grpo_gradient_direction_and_stop_gradient():
     # row1 A<0 unclipped (ratio 1.6 on the pessimistic side): d/dlogp = +ratio*|A|/B
     assert g[1, 0] == pytest.approx(1.6 / 2)
     assert (g[:, 2] == 0).all() and g[1, 1] == 0  # padding gets nothing
-    # the behaviour log-probs are data, but GRPO's ratio does depend on them; only their
-    # *estimate* is fixed: GRPO has no stop-gradient in its formula, so no assertion here.
+    # the behaviour log-probs are data (sg(l^q)): a loss that let the gradient reach them
+    # would give them -dL/dl^p here
+    assert inp.old_logp.grad is None or (inp.old_logp.grad == 0).all()
 
 
 # ---- GSPO ------------------------------------------------------------------------------------------
@@ -94,6 +95,12 @@ def test_gspo_sequence_ratio_and_tiny_clip():
     # row1: A<0, s = 1.6: min(-1.6, -(1 + 4e-4)) = -1.6 -> loss 1.6 (unclipped, pessimistic)
     assert out.loss.item() == pytest.approx((-(1 + 4e-4) + 1.6) / 2)
     assert out.metrics["clip_frac"] == pytest.approx(0.5)
+    inp = grpo_case()
+    inp.old_logp.requires_grad_(True)
+    gspo_loss(inp, GSPOConfig()).loss.backward()
+    # row0 clipped (A > 0): nothing; row1: d(s |A|)/dl^p = s / 1 token, over B = 2
+    assert inp.logp.grad[0].tolist() == [0, 0, 0] and inp.logp.grad[1, 0].item() == pytest.approx(1.6 / 2)
+    assert inp.old_logp.grad is None or (inp.old_logp.grad == 0).all()  # sg(l^q)
 
 
 # ---- GEPO ------------------------------------------------------------------------------------------
@@ -216,12 +223,32 @@ def test_ftis_gate_threshold_and_sequence_level_mode():
     assert ftis_loss(ftis_case(gap_neg_far=3.0), FTISConfig()).metrics["filtered_frac"] == 0  # k3(3) = 16 < 50
     assert ftis_loss(ftis_case(gap_neg_far=3.0), FTISConfig(kl_threshold=10)).metrics["filtered_frac"] == 0.25
     inp = ftis_case()
-    # foreign tokenizer: only g's mean log-prob on its own tokens is known
-    inp.old_seq_logp_mean = torch.tensor([ln(0.2), ln(0.01) + 5, ln(0.2), ln(0.01) + 5], dtype=torch.float64)
+    # foreign tokenizer: only g's log-prob of each whole completion is known (the sum over its own
+    # tokens, however many: row 0's text is 2 learner tokens, g's numbers are per text)
+    inp.old_seq_logp = torch.tensor([2 * ln(0.2), 2 * (ln(0.01) + 5), ln(0.2), ln(0.01) + 5], dtype=torch.float64)
     out = ftis_loss(inp, FTISConfig())
-    w0 = min(math.exp((ln(0.6) + ln(0.1)) / 2 - ln(0.2)), 2.0)  # sequence-level ratio, one weight per row
+    # d_i = (log p(y) - log g(y)) / n_i learner tokens, one weight per row
+    w0 = min(math.exp((ln(0.6) + ln(0.1) - 2 * ln(0.2)) / 2), 2.0)
     assert out.metrics["filtered_frac"] == 0.25
     assert out.loss.item() == pytest.approx((-w0 + 0 + 0.75 - math.exp(-5) * 0.5) / 4)
+
+
+def test_ftis_gate_is_the_mean_of_token_k3_and_the_sequence_gate_sees_only_the_average_gap():
+    k3 = lambda x: math.exp(x) - x - 1  # noqa: E731  x = l^g - l^p
+    # A < 0 rows; row 0: one far token among three, mean k3 = 142.4 / 3 = 47.5 < 50: kept (a max
+    # over tokens would drop it); row 1: gaps +5 and -5, mean k3 = 73.2 > 50: filtered
+    inp = inputs(logp=[[-6.0, -1.0, -1.0], [-6.0, -1.0, JUNK]], old_logp=[[-1.0, -1.0, -1.0], [-1.0, -6.0, 0.0]],
+                 mask=[[1, 1, 1], [1, 1, 0]], adv=[-1.0, -1.0], groups=[0, 0])
+    out = ftis_loss(inp, FTISConfig())
+    assert out.metrics["kl_k3"] == pytest.approx((k3(5) / 3 + (k3(5) + k3(-5)) / 2) / 2)
+    assert out.metrics["filtered_frac"] == 0.5
+    assert (inp.logp.grad is None) and out.loss.backward() is None and (inp.logp.grad[1] == 0).all()
+    assert (inp.logp.grad[0, :3] != 0).all()
+    # the same texts re-tokenized: row 1's gaps cancel (d = 0), so the sequence gate keeps it
+    seq = inputs(logp=[[-6.0, -1.0, -1.0], [-6.0, -1.0, JUNK]], old_logp=[[0.0] * 3] * 2,
+                 mask=[[1, 1, 1], [1, 1, 0]], adv=[-1.0, -1.0], groups=[0, 0], old_seq_logp=torch.tensor([-3.0, -7.0]))
+    out = ftis_loss(seq, FTISConfig())
+    assert out.metrics["filtered_frac"] == 0 and out.metrics["kl_k3"] == pytest.approx((k3(5 / 3) + 0) / 2)
 
 
 # ---- all losses: robustness --------------------------------------------------------------------

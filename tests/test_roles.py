@@ -162,13 +162,17 @@ def test_foreign_tokenizer_is_retokenized_and_corrected_at_sequence_level(task, 
     clock, ex, learner, sampler = make_pair(task, foreign_tokenizers={"other-family/model": str(tmp_path / "other")})
     g = sampler.produce(2)[0]
     g.model_id, g.tokenizer = "other-family/model", tokenizer_hash(other)
-    for c in g.completions:  # its own token ids for the same text
-        c.token_ids = other(c.text, add_special_tokens=False)["input_ids"] + [other.eos_token_id]
+    for j, c in enumerate(g.completions):  # its own token ids for the same text; the last one cut by length
+        c.finish_reason = "stop" if j < len(g.completions) - 1 else "length"
+        c.token_ids = other(c.text, add_special_tokens=False)["input_ids"] + [other.eos_token_id] * (c.finish_reason == "stop")
         c.logprobs = [-1.0] * len(c.token_ids)
     assert learner.ingest(g.encode()) is None
     b = learner.buffer[-1]
-    assert b.route == "foreign_seq" and b.group.behaviour_seq_logp_mean is not None
-    assert b.group.completions[0].token_ids[-1] == learner.tok.eos_token_id
+    assert b.route == "foreign_seq" and b.group.behaviour_seq_logp == [-len(c.token_ids) for c in g.completions]
+    ours = lambda c: learner.tok(c.text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    first, last = b.group.completions[0], b.group.completions[-1]
+    # EOS only where the generator stopped: g's log-prob of a cut completion holds none either
+    assert first.token_ids == ours(first) + [learner.tok.eos_token_id] and last.token_ids == ours(last)
     g = copy.deepcopy(g)
     c = g.completions[0]
     g.id, c.token_ids, c.logprobs = "g2", other("9")["input_ids"] + c.token_ids, [-1.0] + c.logprobs  # text unchanged

@@ -59,9 +59,10 @@ class LossInputs:
     """[B, T] bool, True on completion tokens."""
     group_ids: torch.Tensor
     """[B] int, completions of the same prompt share an id; groups may differ in size."""
-    old_seq_logp_mean: torch.Tensor | None = None
-    """[B] optional: behaviour mean token log-prob on the *behaviour model's own* tokenization,
-    for foreign rollouts whose tokenizer differs (F-TIS then works at sequence level)."""
+    old_seq_logp: torch.Tensor | None = None
+    """[B] optional: the behaviour model's log-probability of the whole completion (the sum over
+    *its own* tokens), for foreign rollouts whose tokenizer differs (F-TIS then works at sequence
+    level: log p(text) - log g(text) compares the same text whatever the tokenizations)."""
     whole: BatchShape | None = None
     """The step's batch when these rows are a micro-batch of it; None: these rows are the batch."""
     log_e_hat: torch.Tensor | None = None

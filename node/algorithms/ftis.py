@@ -12,8 +12,16 @@ foreign failure says little about p and would push p around hard. Advantages are
 the foreign group before filtering (the caller does that).
 
 Beyond the paper (which needs a shared vocabulary): when the generator's tokenizer differs, the
-learner re-tokenizes the text and passes `old_seq_logp_mean` (g's mean token log-prob on its own
-tokens); the cap and the gate then use the sequence-level d_i = mean_t l^p_{i,t} - that mean.
+learner re-tokenizes the text and passes `old_seq_logp`, g's log-probability of the whole
+completion (the sum over its own tokens, EOS included only where g stopped). Per-token ratios do
+not exist then, but the probabilities of the same text do, whatever the tokenizations, so
+
+    d_i = (sum_t l^p_{i,t} - log g(y_i)) / n_i         n_i = the learner's tokens of y_i
+
+the log of the per-token geometric-mean ratio, stands in for every token's log p/g in the cap,
+and the gate is k3(-d_i). By Jensen k3(-d_i) <= mean_t k3(-d_{i,t}): the sequence-level gate can
+only see the average gap, never gaps that cancel (+5 and -5 give 73 at token level, 0 here), so
+it is a looser filter than the paper's, of far-off text only.
 """
 
 from __future__ import annotations
@@ -39,11 +47,13 @@ class FTISConfig:
 def ftis_weights(inp: LossInputs, cap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(w [B, T] detached, truncated [B, T] bool, seq_kl [B]) at token or sequence level."""
     logp = inp.logp.detach()
-    if inp.old_seq_logp_mean is None:
+    if inp.old_seq_logp is None:
         d = (logp - inp.old_logp).clamp(-LOG_RATIO_MAX, LOG_RATIO_MAX)  # [B, T] log p/g
-        seq_kl = seq_mean(k3(-d), inp.mask)
+        seq_kl = seq_mean(k3(-d), inp.mask)  # the mean over tokens, as the paper's gate (not the max)
     else:
-        d_seq = (seq_mean(logp, inp.mask) - inp.old_seq_logp_mean).clamp(-LOG_RATIO_MAX, LOG_RATIO_MAX)
+        n = inp.mask.sum(-1).clamp(min=1)
+        d_seq = (torch.where(inp.mask, logp, 0.0).sum(-1) - inp.old_seq_logp) / n
+        d_seq = d_seq.clamp(-LOG_RATIO_MAX, LOG_RATIO_MAX)
         seq_kl = k3(-d_seq)
         d = d_seq[:, None].expand_as(logp)
     truncated = d > math.log(cap)

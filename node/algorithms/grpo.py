@@ -40,7 +40,8 @@ class DrGRPOConfig(GRPOConfig):
 
 
 def grpo_loss(inp: LossInputs, cfg: GRPOConfig) -> LossOutput:
-    log_ratio = (inp.logp - inp.old_logp).clamp(-LOG_RATIO_MAX, LOG_RATIO_MAX)
+    # q is data (the sampler's claim): sg(l^q), so no gradient can reach it even if it carries one
+    log_ratio = (inp.logp - inp.old_logp.detach()).clamp(-LOG_RATIO_MAX, LOG_RATIO_MAX)
     ratio = torch.exp(log_ratio)  # [B, T]
     per_token, clipped = clipped_surrogate(ratio, inp.advantages[:, None], cfg.eps_low, cfg.eps_high, cfg.dual_clip)
     loss = aggregate(per_token, inp.mask, cfg.aggregation, inp.whole, cfg.dr_grpo_max_tokens)

@@ -26,7 +26,7 @@ class GSPOConfig:
 
 
 def gspo_loss(inp: LossInputs, cfg: GSPOConfig) -> LossOutput:
-    log_s = seq_mean(inp.logp - inp.old_logp, inp.mask).clamp(-LOG_RATIO_MAX, LOG_RATIO_MAX)
+    log_s = seq_mean(inp.logp - inp.old_logp.detach(), inp.mask).clamp(-LOG_RATIO_MAX, LOG_RATIO_MAX)
     s = torch.exp(log_s)  # [B]
     per_seq, clipped = clipped_surrogate(s, inp.advantages, cfg.eps_low, cfg.eps_high, cfg.dual_clip)
     return LossOutput(batch_mean(per_seq, inp.whole), {

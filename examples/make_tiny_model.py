@@ -3,8 +3,10 @@ training on the arithmetic task until it has a *partial* skill, so RL has room t
 
     python examples/make_tiny_model.py                       # node/assets/tiny-arith
     python examples/make_tiny_model.py --name tiny-arith-b --hidden 96 --layers 3 --seed 1
+    python examples/make_tiny_model.py --task chain --name tiny-chain   # long scratchpad completions
 
-It trains from scratch on the train split (completion tokens only), measures greedy eval
+It trains from scratch on the train split (completion tokens only: the answer, or for the chain
+task the worked scratchpad, node/tasks/chain.py), measures greedy eval
 accuracy every `--eval-every` steps on held-out problems, and saves the first checkpoint whose
 accuracy reaches `--target-acc`. The tokenizer is built locally (node.models.build_char_tokenizer);
 nothing is downloaded. A MODEL_CARD.md beside the weights records the recipe and the result.
@@ -27,11 +29,21 @@ from node.engines.hf import HFEngine  # noqa: E402
 from node.evaluate import eval_problems, evaluate  # noqa: E402
 from node.logprobs import completion_logprobs, pack  # noqa: E402
 from node.models import ASSETS, build_char_tokenizer  # noqa: E402
-from node.tasks import ArithmeticConfig, ArithmeticTask  # noqa: E402
+from node.tasks import ArithmeticConfig, ArithmeticTask, ChainConfig, ChainTask  # noqa: E402
+
+TASKS = {  # --task -> (the task, the completion it is taught, tokens an eval may generate, what the card says)
+    "arithmetic": (lambda: ArithmeticTask(ArithmeticConfig()), lambda p: p.answer, 6,
+                   "the built-in arithmetic task (`ArithmeticConfig()`: up to 2-digit addition, 2-digit x 1-digit "
+                   "multiplication)"),
+    "chain": (lambda: ChainTask(ChainConfig()), ChainTask.worked, 128,
+              "the chain task (`ChainConfig()`: sums of 4-8 two-digit numbers worked out on a scratchpad, "
+              "completions of 36-80 characters)"),
+}
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", default="arithmetic", choices=sorted(TASKS))
     p.add_argument("--name", default="tiny-arith")
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--layers", type=int, default=4)
@@ -66,7 +78,8 @@ def main() -> None:
     rng = random.Random(args.seed)
     tok = build_char_tokenizer()
     model = make_model(len(tok), args, tok)
-    task = ArithmeticTask(ArithmeticConfig())
+    make, target, max_new, _ = TASKS[args.task]
+    task = make()
     train = list(task.split("train"))
     eval_set = eval_problems(task, args.eval_size)  # the held-out problems every command evaluates on
     engine = HFEngine(model, tok, f"builtin:{args.name}")
@@ -77,7 +90,7 @@ def main() -> None:
         model.train()
         probs = rng.sample(train, args.batch)
         prompts = [tok(p.prompt, add_special_tokens=False)["input_ids"] for p in probs]
-        answers = [tok(p.answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for p in probs]
+        answers = [tok(target(p), add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for p in probs]
         batch = pack(prompts, answers, tok.pad_token_id)
         lp = completion_logprobs(model, batch, temperature=1.0)
         loss = -lp.sum() / batch.completion_mask.sum()
@@ -85,7 +98,7 @@ def main() -> None:
         loss.backward()
         opt.step()
         if step % args.eval_every == 0:
-            acc = evaluate(engine, task, eval_set, max_new_tokens=6)
+            acc = evaluate(engine, task, eval_set, max_new_tokens=max_new)
             curve.append((step, round(acc, 4)))
             print(f"step {step:5d}  loss {loss.item():.3f}  eval_acc {acc:.3f}  {time.time() - t0:.0f}s", flush=True)
             if acc >= args.target_acc:
@@ -105,8 +118,7 @@ A tiny Qwen3-architecture causal LM ({n_params / 1e6:.2f}M parameters, hidden {a
 
     python examples/make_tiny_model.py {' '.join(sys.argv[1:])}
 
-Supervised training from scratch on the train split of the built-in arithmetic task
-(`ArithmeticConfig()`: up to 2-digit addition, 2-digit x 1-digit multiplication), batch
+Supervised training from scratch on the train split of {TASKS[args.task][3]}, batch
 {args.batch}, AdamW lr {args.lr}, seed {args.seed}; stopped at the first evaluation whose greedy
 accuracy on {args.eval_size} held-out problems reached {args.target_acc:.0%}, so that RL has room.
 Wall time {seconds:.0f} s on {torch.get_num_threads()} CPU threads.

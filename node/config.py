@@ -25,11 +25,11 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from .engines.base import SamplingParams
-from .tasks import ArithmeticConfig, DatasetTaskConfig
+from .tasks import ArithmeticConfig, ChainConfig, DatasetTaskConfig
 
 T = TypeVar("T")
-TaskConfig = ArithmeticConfig | DatasetTaskConfig
-TASK_KINDS = {"arithmetic": ArithmeticConfig, "dataset": DatasetTaskConfig}
+TaskConfig = ArithmeticConfig | ChainConfig | DatasetTaskConfig
+TASK_KINDS = {"arithmetic": ArithmeticConfig, "chain": ChainConfig, "dataset": DatasetTaskConfig}
 
 
 class ConfigError(ValueError):
@@ -82,7 +82,7 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
     if hint is Any:
         return value
     if hint == TaskConfig:
-        if isinstance(value, (ArithmeticConfig, DatasetTaskConfig)):
+        if isinstance(value, (ArithmeticConfig, ChainConfig, DatasetTaskConfig)):
             return value
         if not isinstance(value, dict):
             raise ConfigError(f"{where} must be a table, e.g. [task] with kind = \"arithmetic\"")

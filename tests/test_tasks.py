@@ -106,3 +106,43 @@ def test_dataset_task_from_parquet_with_eval_file_and_field_errors(tmp_path):
         bad.split("train")
     with pytest.raises(ValueError, match="jsonl"):
         DatasetTaskConfig(train_files=("x.csv",))
+
+
+# ---- the chain task (long scratchpad completions) ----------------------------------------------------
+
+def test_chain_scratchpad_and_final_answer_reward():
+    from node.tasks.chain import ChainTask, final_answer_match, scratchpad
+
+    assert scratchpad([37, 58, 12, 91]) == "37+58=95\n95+12=107\n107+91=198\n#198"
+    assert final_answer_match("37+58=95\n#95", "95") == 1.0
+    assert final_answer_match("anything at all\n#95 ", "95") == 1.0  # only the answer is verified
+    for wrong in ("#96", "95", "#95\n#95", "#095", "#95 and more", "# 95", ""):
+        assert final_answer_match(wrong, "95") == 0.0, wrong
+    task = ChainTask()
+    p = task.split("train")[0]
+    assert task.reward(ChainTask.worked(p), p.answer) == 1.0 and task.get(p.id) == p
+
+
+def test_chain_pool_is_the_same_on_every_peer_with_disjoint_splits_and_long_completions():
+    from node.tasks import ChainConfig, ChainTask
+
+    a, b = ChainTask(ChainConfig(pool=3000)), ChainTask(ChainConfig(pool=3000))
+    assert [p.id for p in a.split("train")] == [p.id for p in b.split("train")]
+    train, held = {p.prompt for p in a.split("train")}, {p.prompt for p in a.split("eval")}
+    assert not train & held and len(train) + len(held) == 3000 and 0.02 < len(held) / 3000 < 0.08
+    lengths = [len(ChainTask.worked(p)) for p in a.split("train")]
+    assert min(lengths) >= 30 and max(lengths) <= 90  # 4-8 terms: the paper's regime, not 1-4 tokens
+    for p in a.split("eval")[:50]:
+        terms = [int(t) for t in p.prompt[:-1].split("+")]
+        assert 4 <= len(terms) <= 8 and all(10 <= t <= 99 for t in terms) and p.answer == str(sum(terms))
+
+
+def test_chain_config_errors_and_kind_in_the_config_tree():
+    from node.config import task_from_dict
+    from node.tasks import ChainConfig
+
+    for bad in ({"min_terms": 1}, {"min_terms": 5, "max_terms": 4}, {"max_terms": 13}, {"pool": 10},
+                {"eval_fraction": 1.0}):
+        with pytest.raises(ValueError):
+            ChainConfig(**bad)
+    assert task_from_dict({"kind": "chain", "max_terms": 6}) == ChainConfig(max_terms=6)

@@ -1,22 +1,25 @@
 """Tasks and verifiable rewards. `make_task` builds one from its typed config."""
 
 from .arithmetic import ArithmeticConfig, ArithmeticTask
+from .chain import ChainConfig, ChainTask, final_answer_match
 from .base import Problem, RewardFn, Task
 from .dataset import DatasetTask, DatasetTaskConfig
 from .rewards import exact_int_match, load_reward, math_verify_reward
 from .stream import PromptStream
 
 
-def make_task(cfg: ArithmeticConfig | DatasetTaskConfig, tokenizer=None) -> Task:
+def make_task(cfg: ArithmeticConfig | ChainConfig | DatasetTaskConfig, tokenizer=None) -> Task:
     """The task `cfg` describes. `tokenizer` (the model's) renders a dataset task's prompts with its
     chat template (node/tasks/dataset.py); the arithmetic task's prompts are plain text always."""
     if isinstance(cfg, ArithmeticConfig):
         return ArithmeticTask(cfg)
+    if isinstance(cfg, ChainConfig):
+        return ChainTask(cfg)
     return DatasetTask(cfg, tokenizer)
 
 
 __all__ = [
-    "ArithmeticConfig", "ArithmeticTask", "DatasetTask", "DatasetTaskConfig", "Problem",
+    "ArithmeticConfig", "ArithmeticTask", "ChainConfig", "ChainTask", "DatasetTask", "final_answer_match", "DatasetTaskConfig", "Problem",
     "RewardFn", "Task", "exact_int_match", "load_reward", "make_task", "math_verify_reward",
     "PromptStream",
 ]

@@ -187,9 +187,32 @@ def _owner_subkey(identity: Identity) -> bytes:
     return RSASignatureValidator(identity.dht_private_key()).local_public_key
 
 
+DHT_TIMEOUT = 30.0
+"""Seconds a DHT store or get may take: hivemind's own calls wait without a bound (and forever on a
+DHT that is shutting down)."""
+
+
+def _store(dht: DHT, key: str, value: dict[str, Any], ttl: float, identity: Identity) -> bool:
+    """Store `value` under `key`, signed by our own subkey, expiring in `ttl` s; False if refused or late."""
+    future = dht.store(key, value, expiration_time=get_dht_time() + ttl, subkey=_owner_subkey(identity),
+                       return_future=True)
+    try:
+        return bool(future.result(DHT_TIMEOUT))
+    except TimeoutError:
+        future.cancel()
+        log.warning("DHT store of %s timed out after %.0f s", key, DHT_TIMEOUT)
+        return False
+
+
 def _live_values(dht: DHT, key: str) -> list[tuple[dict[str, Any], float]]:
     """(value, seconds until expiry) of every unexpired, validated subkey entry under `key`."""
-    found = dht.get(key, latest=True)
+    future = dht.get(key, latest=True, return_future=True)
+    try:
+        found = future.result(DHT_TIMEOUT)
+    except TimeoutError:  # a DHT that is shutting down, or no reply: nothing known now
+        future.cancel()
+        log.warning("DHT get of %s timed out after %.0f s", key, DHT_TIMEOUT)
+        return []
     if found is None or not isinstance(found.value, dict):
         return []
     now = get_dht_time()
@@ -202,7 +225,7 @@ def announce(dht: DHT, identity: Identity, swarm: str, info: dict[str, Any], ttl
     # every field explicitly: SchemaValidator refuses values that parse to anything different
     info = {"learner": "", "name": "", **info, "peer_id": identity.peer_id, "software": SOFTWARE, "protocol": PROTOCOL_VERSION,
             "updated": float(get_dht_time())}
-    return bool(dht.store(peers_key(swarm), info, expiration_time=get_dht_time() + ttl, subkey=_owner_subkey(identity)))
+    return _store(dht, peers_key(swarm), info, ttl, identity)
 
 
 def list_peers(dht: DHT, swarm: str) -> list[dict[str, Any]]:
@@ -220,7 +243,7 @@ def holders_key(swarm: str) -> str:
 def announce_holdings(dht: DHT, identity: Identity, swarm: str, chain: str, versions: list[int], ttl: float = 60.0) -> bool:
     """Say (signed, expiring) which versions of `chain` this peer serves."""
     value = {"peer_id": identity.peer_id, "chain": chain, "versions": [int(v) for v in versions]}
-    return bool(dht.store(holders_key(swarm), value, expiration_time=get_dht_time() + ttl, subkey=_owner_subkey(identity)))
+    return _store(dht, holders_key(swarm), value, ttl, identity)
 
 
 def list_holders(dht: DHT, swarm: str) -> list[dict[str, Any]]:
@@ -229,7 +252,7 @@ def list_holders(dht: DHT, swarm: str) -> list[dict[str, Any]]:
 
 def publish_tally(dht: DHT, identity: Identity, swarm: str, value: dict[str, Any], ttl: float = 600.0) -> bool:
     """Store this learner's cumulative tally (swarm/tally.py), signed under its own subkey."""
-    return bool(dht.store(tallies_key(swarm), value, expiration_time=get_dht_time() + ttl, subkey=_owner_subkey(identity)))
+    return _store(dht, tallies_key(swarm), value, ttl, identity)
 
 
 def list_tallies(dht: DHT, swarm: str) -> list[dict[str, Any]]:
@@ -246,7 +269,7 @@ def publish_swarm_record(dht: DHT, identity: Identity, swarm: str, learners: lis
     """As this swarm's coordinator, name the learners its samplers may follow (signed, expiring)."""
     value = {"coordinator": identity.peer_id, "learners": sorted(set(learners)), "model_id": model_id,
              "updated": float(get_dht_time())}
-    return bool(dht.store(swarm_key(swarm), value, expiration_time=get_dht_time() + ttl, subkey=_owner_subkey(identity)))
+    return _store(dht, swarm_key(swarm), value, ttl, identity)
 
 
 def trusted_learners(dht: DHT, swarm: str, coordinators: set[str]) -> set[str]:

@@ -22,6 +22,7 @@ import asyncio
 import collections
 import hashlib
 import logging
+import queue
 import random
 import threading
 import time
@@ -210,8 +211,11 @@ class WeightFetcher:
         # several chunk requests in flight: one call at a time leaves the link idle between them
         self._parallel = max(1, parallel)
         self._pool = ThreadPoolExecutor(self._parallel, thread_name_prefix="chunk-fetch")
-        # a DHT store takes tens of ms: the new weights need not wait for it (one thread keeps order)
-        self._announcer = ThreadPoolExecutor(1, thread_name_prefix="announce-holdings")
+        # a DHT store takes tens of ms: the new weights need not wait for it. One daemon thread keeps
+        # order and announces only the newest holdings; an executor's worker would be joined at exit,
+        # and hang it while a store waits on a DHT that is shutting down
+        self._announcements: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._announcer, name="announce-holdings", daemon=True).start()
 
     def _count(self, key: str, n: int = 1) -> None:
         with self._stats_lock:  # chunk fetches run on several threads
@@ -219,7 +223,7 @@ class WeightFetcher:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self._announcer.shutdown(wait=False, cancel_futures=True)
+        self._announcements.put(None)
 
     def fetch(self, have_chain: str, have_version: int) -> list[WeightVersion] | None:
         """Versions to apply, in order, to go from `have_version` of `have_chain` to the newest one the
@@ -248,9 +252,16 @@ class WeightFetcher:
             self.store.put(chain, v, blob)
         if wanted:
             self.store.retain(entries)  # versions the learner no longer lists are of no use to anyone
-            self._announcer.submit(self._announce, chain, sorted(self.store.blobs))
+            self._announcements.put((chain, sorted(self.store.blobs)))
         base = lambda v: None if entries[v]["base"] < 0 else entries[v]["base"]  # noqa: E731
         return [WeightVersion(manifest["model_id"], chain, v, base(v), blob) for v, blob in zip(wanted, blobs)] or None
+
+    def _announcer(self) -> None:
+        while (item := self._announcements.get()) is not None:
+            while not self._announcements.empty():  # only the newest holdings matter
+                if (item := self._announcements.get()) is None:
+                    return
+            self._announce(*item)
 
     def _announce(self, chain: str, versions: list[int]) -> None:
         try:

@@ -103,11 +103,12 @@ class SwarmNode:
         async def _handle(info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             with closing(writer):
                 try:
-                    request, _ = await asyncio.wait_for(P2P.receive_protobuf(BytesValue, reader), request_timeout)
-                except Exception as e:  # nothing in time, a closed stream, not a protobuf frame
+                    marker, data = await asyncio.wait_for(_read_frame(reader, MAX_MESSAGE), request_timeout)
+                    request = BytesValue.FromString(data)
+                except Exception as e:  # nothing in time, a closed stream, an oversized or broken frame
                     log.debug("%s: no request from %s (%s)", name, short_id(info.peer_id.to_base58()), e)
                     return
-                if request is None:  # the caller sent its end of stream (or an error) and nothing else
+                if marker != P2P.MESSAGE_MARKER:  # the caller sent its end of stream (or an error) and nothing else
                     return
                 try:
                     async for item in handler(request.value, info.peer_id.to_base58()):
@@ -124,22 +125,30 @@ class SwarmNode:
         self.run(self.p2p.add_binary_stream_handler(name, _handle), timeout=10)
 
     def call_stream(self, peer_id: str, name: str, payload: bytes, timeout: float,
-                    on_item: Callable[[memoryview | bytes], None]) -> int:
+                    on_item: Callable[[memoryview | bytes], None], max_item: int = MAX_MESSAGE) -> int:
         """Call a streaming RPC; `on_item` runs in the calling thread for each item as it arrives, so
         that a caller can use items before the stream ends while the swarm loop goes on reading (work
         such as hashing on the loop would stall the stream). Items are read-only views of the
         received frames (no copy). Returns the number of items; raises on timeout (for the whole
-        stream) or if the peer cannot be reached."""
+        stream), if the peer cannot be reached, or on an item over `max_item` bytes (hivemind's own
+        reader would buffer whatever length a peer announces)."""
         items: queue.SimpleQueue = queue.SimpleQueue()
 
         async def _call() -> int:
-            n = 0
-            replies = await self.p2p.iterate_protobuf_handler(PeerID.from_base58(peer_id), name,
-                                                              BytesValue(value=payload), _BytesView)
-            async for reply in replies:
-                items.put(reply.value)
-                n += 1
-            return n
+            _, reader, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), name)
+            with closing(writer):
+                await P2P.send_protobuf(BytesValue(value=payload), writer)
+                await P2P.send_protobuf(P2P.END_OF_STREAM, writer)
+                n = 0
+                while True:
+                    try:
+                        marker, data = await _read_frame(reader, max_item + 16)  # + the BytesValue header
+                    except asyncio.IncompleteReadError:  # the stream's end (or a reset: the caller verifies)
+                        return n
+                    if marker == P2P.ERROR_MARKER:
+                        raise RemoteError(f"{name} at {short_id(peer_id)} failed: {RPCError.FromString(data).message}")
+                    items.put(_bytes_value_view(data))
+                    n += 1
 
         return self._routed(peer_id, _call, timeout, lambda coro, t: self._run_feeding(coro, t, items, on_item))
 
@@ -203,8 +212,36 @@ class SwarmNode:
         except Exception as e:  # shutting down anyway; say why it was not clean
             log.warning("p2p shutdown: %s", e)
         self.dht.shutdown()
+        try:  # end the calls still running: their callers' threads wait on them (process exit joins those)
+            self.run(_cancel_others(timeout), timeout=timeout + 1)
+        except Exception as e:
+            log.warning("cancelling calls at shutdown: %s", e)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout)
+
+
+async def _cancel_others(timeout: float) -> None:
+    others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for t in others:
+        t.cancel()
+    if others:
+        await asyncio.wait(others, timeout=timeout)
+
+
+class RemoteError(RuntimeError):
+    """A peer's handler failed, or it broke the stream protocol."""
+
+
+async def _read_frame(reader: asyncio.StreamReader, max_len: int) -> tuple[bytes, bytes]:
+    """(marker, payload) of one frame of hivemind's protobuf stream, refusing a length over `max_len`
+    before reading it: the length is the peer's claim."""
+    marker = await reader.readexactly(1)
+    if marker not in (P2P.MESSAGE_MARKER, P2P.ERROR_MARKER):
+        raise RemoteError(f"not a protobuf stream frame (marker {marker!r})")
+    length = int.from_bytes(await reader.readexactly(P2P.HEADER_LEN), P2P.BYTEORDER)
+    if length > max_len:
+        raise RemoteError(f"a frame of {length} bytes, over the {max_len} allowed")
+    return marker, await reader.readexactly(length)
 
 
 def _varint(n: int) -> bytes:
@@ -222,16 +259,6 @@ def _item_header(n: int) -> bytes:
     length-delimited; proto3 writes nothing at all for an empty value)."""
     pb = b"\x0a" + _varint(n) if n else b""
     return P2P.MESSAGE_MARKER + (len(pb) + n).to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER) + pb
-
-
-class _BytesView:
-    """A stand-in for `BytesValue` as the type hivemind parses stream replies into: `value` is a
-    view of the received frame rather than two copies of it (the parse and the field access)."""
-
-    __slots__ = ("value",)
-
-    def ParseFromString(self, data: bytes) -> None:  # noqa: N802 (protobuf's name)
-        self.value = _bytes_value_view(data)
 
 
 def _bytes_value_view(data: bytes) -> memoryview | bytes:

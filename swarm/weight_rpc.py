@@ -35,7 +35,7 @@ from .delay import DelayConfig, ReloadTimer
 from .envelope import open_envelope, seal
 from .exchange import WeightVersion, plan_fetch
 from .identity import short_id
-from .p2p import SwarmNode
+from .p2p import RemoteError, SwarmNode
 from .records import RecordError
 
 log = logging.getLogger(__name__)
@@ -62,8 +62,13 @@ class ChunkStore:
     """
 
     MAX_WAIT = 10.0
+    MAX_WAITING = 8
+    """Requests of one peer that may wait at once (a fetcher sends up to 4 streams per source)."""
 
-    def __init__(self, node: SwarmNode) -> None:
+    def __init__(self, node: SwarmNode, waits_for_coming: bool = True) -> None:
+        self.waits_for_coming = waits_for_coming
+        """False for the learner's store: it publishes, it never fetches, so nothing is coming."""
+        self._waiting: collections.Counter[str] = collections.Counter()
         self.chain = ""
         self.blobs: dict[int, bytes] = {}
         self.partial: dict[int, dict[int, bytes | memoryview]] = {}
@@ -106,7 +111,10 @@ class ChunkStore:
         upload then grows with the number of samplers)."""
         if chain != self.chain or version in self.blobs:
             return False
-        return version in self.partial or version > max((*self.blobs, *self.partial), default=-1)
+        if version in self.partial:
+            return True
+        newest = max((*self.blobs, *self.partial), default=-1)
+        return self.waits_for_coming and newest < version <= newest + 1  # the next one, not any claim
 
     def _lookup(self, chain, version: int, index: int) -> memoryview | bytes | None:
         if chain != self.chain:
@@ -126,16 +134,24 @@ class ChunkStore:
             self.malformed += 1
             log.warning("malformed chunk request from %s: %s", short_id(remote), e)
             return
+        if self._waiting[remote] >= self.MAX_WAITING:
+            wait = 0.0  # this peer has enough requests waiting already: answer what is here now
         deadline = time.monotonic() + wait
-        for index in indices:
-            chunk = self._lookup(chain, version, index)
-            # a download in progress here, or about to start: wait for the chunk briefly
-            while chunk is None and self._coming(chain, version) and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
+        self._waiting[remote] += 1
+        try:
+            for index in indices:
                 chunk = self._lookup(chain, version, index)
-            chunk = chunk or b""
-            self.served_bytes += len(chunk)
-            yield chunk
+                # a download in progress here, or about to start: wait for the chunk briefly
+                while chunk is None and self._coming(chain, version) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                    chunk = self._lookup(chain, version, index)
+                chunk = chunk or b""
+                self.served_bytes += len(chunk)
+                yield chunk
+        finally:
+            self._waiting[remote] -= 1
+            if not self._waiting[remote]:
+                del self._waiting[remote]
 
 
 def chunk_owner(mates: list[str], version: int, index: int) -> str | None:
@@ -152,7 +168,7 @@ class WeightServer:
 
     def __init__(self, node: SwarmNode) -> None:
         self.node = node
-        self.store = ChunkStore(node)
+        self.store = ChunkStore(node, waits_for_coming=False)
         self._entries: list[dict] = []
         self._manifest = b""
         node.add_handler(MANIFEST, self._on_manifest)
@@ -233,6 +249,7 @@ class WeightFetcher:
         now = time.time()
         if learner is None or not self._timer.due(now):
             return None
+        wanted: list[int] = []
         try:
             manifest = self._manifest(learner)
             if manifest is None:
@@ -243,6 +260,8 @@ class WeightFetcher:
             mates = sorted({*self.mates(), self.node.peer_id}) if wanted else []
             blobs = [self._download(learner, chain, entries[v], holders.get(v, []), mates) for v in wanted]
         except Exception as e:  # a learner that vanished, a bad chunk from every source: try later
+            for v in wanted:  # chunks of versions fetched before the failure are not kept either
+                self.store.abandon(v)
             self._count("weight_fetch_failures")
             log.warning("weights fetch from %s failed (%s: %s); keeping version %d", short_id(learner),
                         type(e).__name__, e, have_version)
@@ -365,10 +384,13 @@ class WeightFetcher:
 
         try:  # allow for a slow link: at least 0.2 MB/s per stream
             n = self.node.call_stream(source, CHUNKS, msgpack.packb([chain, version, indices, wait]),
-                                      self.rpc_timeout + wait + 5.0 * len(indices), on_chunk)
+                                      self.rpc_timeout + wait + 5.0 * len(indices), on_chunk, max_item=CHUNK_SIZE)
             if n < len(indices):
                 self._count("short_streams")
                 log.info("%s sent %d of %d chunks of version %d; asking again", short_id(source), n, len(indices), version)
+        except RemoteError as e:  # it broke the protocol (e.g. an item larger than a chunk): refused
+            self._count("bad_streams")
+            log.warning("chunk stream from %s refused: %s", short_id(source), e)
         except Exception as e:  # a source that vanished or is slow: the next round asks another
             log.debug("chunks %s of version %d from %s failed: %s", indices[:3], version, short_id(source), e)
 

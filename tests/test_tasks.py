@@ -142,7 +142,7 @@ def test_chain_config_errors_and_kind_in_the_config_tree():
     from node.tasks import ChainConfig
 
     for bad in ({"min_terms": 1}, {"min_terms": 5, "max_terms": 4}, {"max_terms": 13}, {"pool": 10},
-                {"eval_fraction": 1.0}):
+                {"eval_fraction": 1.0}, {"min_terms": 2, "max_terms": 2}):  # the last: 8,100 sums, pool 60,000
         with pytest.raises(ValueError):
             ChainConfig(**bad)
     assert task_from_dict({"kind": "chain", "max_terms": 6}) == ChainConfig(max_terms=6)

@@ -212,9 +212,9 @@ def test_a_keyframe_leaves_the_last_segment_served_until_the_next_one(peers):
 
 @pytest.mark.integration
 def test_a_mate_waits_for_a_version_it_is_about_to_fetch_not_for_older_ones(peers):
-    """Asked for chunks of a version newer than all it holds, a mate waits (it polls the learner
-    every second and will fetch it); one it skipped, or of a chain it does not follow, gets b"" at once."""
-    _, (s1, s2) = peers
+    """Asked for chunks of the version after all it holds, a mate waits (it polls the learner every
+    second and will fetch it); one it skipped, or of a chain it does not follow, gets b"" at once."""
+    lx, (s1, s2) = peers
     s2.store.put("run11", 5, b"five")
     ask = lambda v, chain="run11": s1.node.call_stream(  # noqa: E731
         s2.node.peer_id, "hetero.chunks.v1", msgpack.packb([chain, v, [0], 3.0]), 10, replies.append)
@@ -230,6 +230,28 @@ def test_a_mate_waits_for_a_version_it_is_about_to_fetch_not_for_older_ones(peer
     replies, t0 = [], time.monotonic()
     ask(7)  # nobody brings it: the wait ends at its bound and the asker goes elsewhere
     assert replies == [b""] and 2.9 < time.monotonic() - t0 < 5
+    # no waiting for any version a peer names: only the next one (6 is held in part, so 7)
+    replies, t0 = [], time.monotonic()
+    ask(9)
+    assert replies == [b""] and time.monotonic() - t0 < 1.0
+    # one peer holds at most MAX_WAITING requests waiting; beyond that it is answered at once
+    took = {}
+
+    def timed(i):
+        t = time.monotonic()
+        s1.node.call_stream(s2.node.peer_id, "hetero.chunks.v1", msgpack.packb(["run11", 7, [0], 3.0]), 10, lambda _: None)
+        took[i] = time.monotonic() - t
+    threads = [threading.Thread(target=timed, args=(i,)) for i in range(s2.store.MAX_WAITING + 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert sum(t > 2.9 for t in took.values()) == s2.store.MAX_WAITING and min(took.values()) < 1.0
+    # the learner publishes, it never fetches: a request for its next version is answered at once
+    lx.publish(WeightVersion(BUILTIN_MODEL, "run11", 0, None, b"zero"))
+    replies, t0 = [], time.monotonic()
+    s1.node.call_stream(s1.learner(), "hetero.chunks.v1", msgpack.packb(["run11", 1, [0], 3.0]), 10, replies.append)
+    assert replies == [b""] and time.monotonic() - t0 < 1.0
 
 
 @pytest.mark.integration
@@ -261,3 +283,37 @@ def test_the_prefetcher_downloads_apart_from_the_sampler_and_restarts_from_what_
     finally:
         pre.close()
         node.shutdown()
+
+
+@pytest.mark.integration
+def test_a_holder_announcing_a_huge_chunk_is_refused_before_it_is_read_and_counted(peers, tmp_path):
+    """A peer with its own key announces it holds a version and answers chunk requests with a frame
+    that claims 2^40 bytes: the fetcher refuses it from the length alone (hivemind's reader would
+    buffer whatever it is sent), counts it, and takes the version from the learner."""
+    from hivemind.p2p import P2P
+
+    lx, (s1, _) = peers
+    blob = publish_big_keyframe(lx, "run13", mb=2)
+    liar = SwarmNode(Identity.load_or_create(tmp_path / "liar.key"), NetworkConfig(initial_peers=s1.node.maddrs()), "wt")
+    sent = []
+
+    async def huge(info, reader, writer):
+        writer.write(P2P.MESSAGE_MARKER + (1 << 40).to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER))
+        for _ in range(64):  # and keeps sending: a reader that trusted the length would keep buffering
+            writer.write(bytes(1 << 16))
+            sent.append(1)
+            try:
+                await writer.drain()
+            except ConnectionError:
+                break
+        writer.close()
+
+    try:
+        liar.run(liar.p2p.add_binary_stream_handler("hetero.chunks.v1", huge), timeout=10)
+        assert liar.announce_holdings("run13", [0])
+        time.sleep(0.5)  # the holder record reaches the DHT
+        before = s1.stats["bad_streams"]
+        assert blobs_of(s1.fetch("", -1)) == [blob]
+        assert s1.stats["bad_streams"] > before and sent
+    finally:
+        liar.shutdown()

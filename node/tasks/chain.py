@@ -41,8 +41,10 @@ class ChainConfig:
     def __post_init__(self) -> None:
         if not 2 <= self.min_terms <= self.max_terms <= 12:
             raise ValueError("chain: need 2 <= min_terms <= max_terms <= 12 (12 terms is ~130 tokens of scratchpad)")
-        if not 100 <= self.pool <= 1_000_000:
-            raise ValueError("chain: pool must be in [100, 1000000]")
+        distinct = sum(90**k for k in range(self.min_terms, self.max_terms + 1))
+        if not 100 <= self.pool <= min(1_000_000, distinct // 2):  # // 2: drawing the pool stays quick
+            raise ValueError(f"chain: pool must be in [100, {min(1_000_000, distinct // 2)}] for "
+                             f"{self.min_terms}-{self.max_terms} terms")
         if not 0.0 < self.eval_fraction < 1.0:
             raise ValueError("chain: eval_fraction must be in (0, 1)")
 

@@ -53,6 +53,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--max-steps", type=int, default=6000)
     p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--eval-from", type=int, default=0,
+                   help="no evaluation before this step (skill can jump within a few steps: evaluate densely there)")
     p.add_argument("--eval-size", type=int, default=400)
     p.add_argument("--target-acc", type=float, default=0.30)
     return p.parse_args()
@@ -97,7 +99,7 @@ def main() -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if step % args.eval_every == 0:
+        if step % args.eval_every == 0 and step >= args.eval_from:
             acc = evaluate(engine, task, eval_set, max_new_tokens=max_new)
             curve.append((step, round(acc, 4)))
             print(f"step {step:5d}  loss {loss.item():.3f}  eval_acc {acc:.3f}  {time.time() - t0:.0f}s", flush=True)

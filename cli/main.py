@@ -26,10 +26,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-LOSSES = ("gepo", "grpo", "dr_grpo", "gspo", "ftis", "pg")
+LOSSES = ("gepo", "grpo", "dr_grpo", "gspo", "m2po", "ftis", "pg")
 """Loss names (node.algorithms.ALGORITHMS; a test keeps the two equal without importing torch here)."""
-Loss = Literal["gepo", "grpo", "dr_grpo", "gspo", "ftis", "pg"]
-RouteLoss = Literal["gepo", "grpo", "dr_grpo", "gspo", "ftis", "pg", "drop"]
+Loss = Literal["gepo", "grpo", "dr_grpo", "gspo", "m2po", "ftis", "pg"]
+RouteLoss = Literal["gepo", "grpo", "dr_grpo", "gspo", "m2po", "ftis", "pg", "drop"]
 
 ConfigOpt = Annotated[Optional[Path], typer.Option(
     "--config", "-c", exists=True, dir_okay=False,

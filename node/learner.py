@@ -66,7 +66,7 @@ class LearnerConfig:
     (model, task, sampling) lives in the top-level config, shared with the samplers."""
 
     stale_loss: str = "gepo"
-    """Loss for rollouts of our own model (any version): gepo, grpo, dr_grpo, gspo, pg or drop."""
+    """Loss for rollouts of our own model (any version): gepo, grpo, dr_grpo, gspo, m2po, pg or drop."""
     stale_options: dict[str, Any] = field(default_factory=dict)
     """Fields of that loss's config, e.g. {eps = 0.2, beta = 0.005} for GEPO."""
     foreign_loss: str = "ftis"

@@ -181,6 +181,37 @@ def test_theorem1_group_expectation_weights_have_far_lower_variance(capsys):
     assert far["ratio"] > 50 and far["gepo_wins"] >= 0.9
 
 
+# ---- M2PO ------------------------------------------------------------------------------------------
+
+def test_m2po_masks_the_largest_squared_log_ratios_until_the_mean_is_under_tau():
+    from node.algorithms.m2po import m2po_mask
+
+    # four A > 0 tokens: log ratios 0.1, 0.5, 0.3, -0.4 (the last is not a candidate: r < 1, A > 0)
+    l = torch.tensor([[0.1, 0.5, 0.3, -0.4]], dtype=torch.float64)
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    # candidates' squares .01, .25, .09: mean .117 > .05; ascending prefix means .01, .05, .117 -> keep 2
+    assert m2po_mask(l, torch.tensor([1.0]), mask, 0.05).tolist() == [[True, False, True, True]]
+    assert m2po_mask(l, torch.tensor([1.0]), mask, 0.2).all()  # mean .117 <= .2: nothing goes
+    # A < 0: the candidates are the r < 1 tokens; the r > 1 ones stay whatever their size
+    assert m2po_mask(l, torch.tensor([-1.0]), mask, 0.1).tolist() == [[True, True, True, False]]
+
+
+def test_m2po_hand_values_and_gradients():
+    from node.algorithms.m2po import M2POConfig, m2po_loss
+
+    # grpo_case: row0 log r = ln 2 (candidate, square .48), 0 (not); row1 log r = ln 1.6 with A < 0 (not)
+    out = m2po_loss(grpo_case(), M2POConfig(tau=0.5))  # .48 <= .5: no mask, no clip: -r A over 3 tokens
+    assert out.loss.item() == pytest.approx((-2 - 1 + 1.6) / 3) and out.metrics["clip_frac"] == 0
+    inp = grpo_case()
+    inp.old_logp.requires_grad_(True)
+    out = m2po_loss(inp, M2POConfig())  # tau .04: row0's first token goes
+    assert out.loss.item() == pytest.approx((-1 + 1.6) / 3) and out.metrics["clip_frac"] == pytest.approx(1 / 3)
+    out.loss.backward()
+    g = inp.logp.grad  # d(-r A)/dl^p = -r A, over the 3 real tokens
+    assert g[0, 0] == 0 and g[0, 1].item() == pytest.approx(-1 / 3) and g[1, 0].item() == pytest.approx(1.6 / 3)
+    assert inp.old_logp.grad is None or (inp.old_logp.grad == 0).all()
+
+
 # ---- F-TIS -----------------------------------------------------------------------------------------
 
 def ftis_case(gap_neg_far=5.0):
@@ -253,7 +284,7 @@ def test_ftis_gate_is_the_mean_of_token_k3_and_the_sequence_gate_sees_only_the_a
 
 # ---- all losses: robustness --------------------------------------------------------------------
 
-ALL = ["grpo", "dr_grpo", "gspo", "gepo", "ftis", "pg"]
+ALL = ["grpo", "dr_grpo", "gspo", "gepo", "m2po", "ftis", "pg"]
 
 
 @pytest.mark.parametrize("name", ALL)

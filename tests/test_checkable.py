@@ -119,7 +119,7 @@ def _grad_norm(algo_name: str, claim: float | None, adv: torch.Tensor) -> float:
     return logp.grad.norm().item()
 
 
-@pytest.mark.parametrize("algo", ["gepo", "grpo", "dr_grpo", "gspo", "ftis", "pg"])
+@pytest.mark.parametrize("algo", ["gepo", "grpo", "dr_grpo", "gspo", "m2po", "ftis", "pg"])
 def test_a_group_claiming_minus_30_per_token_moves_the_weights_no_more_than_an_honest_group(algo):
     adv = torch.tensor([1.5, -0.5, -0.5, -0.5])
     honest, forged = _grad_norm(algo, None, adv), _grad_norm(algo, -30.0, adv)

@@ -1,4 +1,4 @@
-"""Policy losses (GRPO, Dr. GRPO, GSPO, GEPO, F-TIS, and `pg`: no correction), one small pure function each, chosen by name through `ALGORITHMS`.
+"""Policy losses (GRPO, Dr. GRPO, GSPO, GEPO, M2PO, F-TIS, and `pg`: no correction), one small pure function each, chosen by name through `ALGORITHMS`.
 
     from node.algorithms import get_algorithm, LossInputs
     algo = get_algorithm("gepo")
@@ -20,6 +20,7 @@ from .ftis import FTISConfig, ftis_loss
 from .gepo import GEPOConfig, gepo_loss
 from .grpo import DrGRPOConfig, GRPOConfig, grpo_loss
 from .gspo import GSPOConfig, gspo_loss
+from .m2po import M2POConfig, m2po_loss
 from .pg import PGConfig, pg_loss
 
 
@@ -48,6 +49,7 @@ ALGORITHMS: dict[str, Algorithm] = {
         Algorithm("dr_grpo", grpo_loss, DrGRPOConfig),
         Algorithm("gspo", gspo_loss, GSPOConfig),
         Algorithm("gepo", gepo_loss, GEPOConfig),
+        Algorithm("m2po", m2po_loss, M2POConfig),
         Algorithm("ftis", ftis_loss, FTISConfig),
         Algorithm("pg", pg_loss, PGConfig),
     )

@@ -40,11 +40,13 @@ def retie(tensors: dict[str, torch.Tensor], aliases: dict[str, str]) -> dict[str
     return {**tensors, **{alias: tensors[target] for alias, target in aliases.items()}}
 
 
+def _u8(b: bytes) -> torch.Tensor:
+    # frombuffer refuses an empty buffer; bytearray: a writable copy, as torch wants
+    return torch.frombuffer(bytearray(b), dtype=torch.uint8) if b else torch.zeros(0, dtype=torch.uint8)
+
+
 def encode_version(enc: EncodedVersion, model_id: str, chain: str, aliases: dict[str, str]) -> bytes:
-    tensors = {"positions": torch.frombuffer(bytearray(enc.positions), dtype=torch.uint8) if enc.positions
-               else torch.zeros(0, dtype=torch.uint8),
-               "values": torch.frombuffer(bytearray(enc.values), dtype=torch.uint8) if enc.values
-               else torch.zeros(0, dtype=torch.uint8)}
+    tensors = {"positions": _u8(enc.positions), "values": _u8(enc.values)}
     meta = {"model_id": model_id, "version": str(enc.version), "base": "" if enc.base is None else str(enc.base),
             "view": enc.view, "chain": chain, "aliases": json.dumps(aliases), "count": str(enc.count),
             "position_planes": str(enc.position_planes), "value_planes": str(enc.value_planes), "digest": enc.digest,

@@ -105,10 +105,11 @@ class ChunkStore:
         self.partial.pop(version, None)
 
     def _coming(self, chain: str, version: int) -> bool:
-        """Whether `version` is being downloaded here, or is newer than all this peer holds or fetches:
-        a mate that has read the learner's manifest a moment before us asks for the chunks we own
-        before we poll it, and answering "not held" at once would send it to the learner (whose
-        upload then grows with the number of samplers)."""
+        """Whether `version` is being downloaded here, or is the one after all this peer holds or
+        fetches: a mate that has read the learner's manifest a moment before us asks for the chunks
+        we own before we poll it, and answering "not held" at once would send it to the learner
+        (whose upload then grows with the number of samplers). Any further version is a claim we
+        have no reason to wait on."""
         if chain != self.chain or version in self.blobs:
             return False
         if version in self.partial:
@@ -188,22 +189,6 @@ class WeightServer:
         manifest = {"model_id": wv.model_id, "chain": wv.chain, "chunk_size": CHUNK_SIZE,
                     "versions": self._entries, "learner": self.node.peer_id, "time": time.time()}
         self._manifest = seal(self.node.identity, msgpack.packb(manifest))
-
-
-class _Assembly:
-    """The verified chunks of one version, as they arrive (from several streams, in threads)."""
-
-    def __init__(self, entry: dict) -> None:
-        self.entry = entry
-        self.chunks: dict[int, memoryview | bytes] = {}
-
-    def add(self, index: int, chunk: memoryview | bytes) -> bool:
-        """Keep `chunk` if it is chunk `index` of the manifest entry; False if it is not. hashlib lets
-        go of the GIL, so streams hash at once; a dict insert is atomic."""
-        if _sha(chunk) != self.entry["chunks"][index]:
-            return False
-        self.chunks.setdefault(index, chunk)
-        return True
 
 
 class WeightFetcher:
@@ -319,21 +304,21 @@ class WeightFetcher:
         owners = [chunk_owner(mates, version, i) for i in range(n)]
         mine = [i for i in range(n) if owners[i] in (None, self.node.peer_id)]
         self.store.begin(chain, version)
-        got = _Assembly(entry)
+        got: dict[int, memoryview | bytes] = {}  # verified chunks, filled by several streams (threads)
         try:
             for phase in (mine, [i for i in range(n) if i not in set(mine)]):
                 self._gather(learner, chain, entry, phase, holders, owners, got)
         except Exception:
             self.store.abandon(version)
             raise
-        blob = b"".join(got.chunks[i] for i in range(n))
+        blob = b"".join(got[i] for i in range(n))
         if len(blob) != entry["size"]:  # every chunk is verified: only their number and sizes are left
             self.store.abandon(version)
             raise RecordError("sizes", "reassembled weights do not match the manifest")
         return blob
 
     def _gather(self, learner: str, chain: str, entry: dict, indices: list[int], holders: list[str],
-                owners: list[str | None], got: _Assembly) -> None:
+                owners: list[str | None], got: dict[int, memoryview | bytes]) -> None:
         """Fill `got` with verified chunks `indices`, in rounds: from the holders of the whole
         version (chunk i from holder i+r mod n in round r, spreading the load), then from the chunk's
         owner when it is a mate that may be downloading it now, the learner last. Each round sends
@@ -354,7 +339,7 @@ class WeightFetcher:
                     requests[(source, wait)].append(i)
             jobs = [(source, wait, part) for (source, wait), idx in requests.items() for part in self._split(idx)]
             list(self._pool.map(lambda job: self._stream_chunks(*job, chain, entry, got), jobs))
-            missing = [i for i in missing if i not in got.chunks]
+            missing = [i for i in missing if i not in got]
             if not missing:
                 return
         raise RecordError("sizes", f"chunks {missing[:5]} of version {entry['version']} verified from no source")
@@ -365,7 +350,7 @@ class WeightFetcher:
         return [indices[j::k] for j in range(k)]
 
     def _stream_chunks(self, source: str, wait: float, indices: list[int], chain: str, entry: dict,
-                       got: _Assembly) -> None:
+                       got: dict[int, memoryview | bytes]) -> None:
         version, pos = entry["version"], 0
         from_learner = source == self.learner()
 
@@ -374,7 +359,8 @@ class WeightFetcher:
             if pos >= len(indices):
                 return
             index, pos = indices[pos], pos + 1
-            if got.add(index, chunk):
+            if _sha(chunk) == entry["chunks"][index]:  # hashlib lets go of the GIL: streams hash at once
+                got.setdefault(index, chunk)
                 self.store.add_chunk(chain, version, index, chunk)  # mates may ask for it right away
                 self._count("bytes_from_learner" if from_learner else "bytes_from_holders", len(chunk))
             elif chunk:

@@ -8,11 +8,10 @@ orders the training stream.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Iterator
 
-from .base import Problem, SplitTask
+from .base import Problem, SplitTask, in_eval_split
 from .rewards import exact_int_match
 
 
@@ -33,11 +32,6 @@ class ArithmeticConfig:
             raise ValueError("arithmetic: ops must be a non-empty subset of ('+', '*')")
         if not 0.0 < self.eval_fraction < 1.0:
             raise ValueError("arithmetic: eval_fraction must be in (0, 1)")
-
-
-def _is_eval(text: str, fraction: float) -> bool:
-    h = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
-    return h % 1_000_000 < fraction * 1_000_000
 
 
 def _problems(cfg: ArithmeticConfig) -> Iterator[Problem]:
@@ -61,7 +55,7 @@ class ArithmeticTask(SplitTask):
     def _load_splits(self) -> dict[str, list[Problem]]:
         splits: dict[str, list[Problem]] = {"train": [], "eval": []}
         for p in _problems(self.cfg):
-            splits["eval" if _is_eval(p.prompt, self.cfg.eval_fraction) else "train"].append(p)
+            splits["eval" if in_eval_split(p.prompt, self.cfg.eval_fraction) else "train"].append(p)
         return splits
 
     def reward(self, completion: str, answer: str) -> float:

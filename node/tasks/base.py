@@ -6,6 +6,7 @@ the same ids, and a learner can look a prompt up by id to recompute the reward i
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable, Protocol, Sequence
@@ -38,6 +39,13 @@ class Task(Protocol):
 
     def reward(self, completion: str, answer: str) -> float:
         ...
+
+
+def in_eval_split(text: str, fraction: float) -> bool:
+    """Whether the problem `text` is held out: a hash of the text, so the split is the same on every
+    peer, independent of any seed, and train and eval are disjoint by construction."""
+    h = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+    return h % 1_000_000 < fraction * 1_000_000
 
 
 class SplitTask:

@@ -23,8 +23,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from .arithmetic import _is_eval
-from .base import Problem, SplitTask
+from .base import Problem, SplitTask, in_eval_split
 
 _ANSWER_RE = re.compile(r"#(-?\d+)\s*$")
 
@@ -82,7 +81,7 @@ class ChainTask(SplitTask):
                 continue
             seen.add(text)
             p = Problem(id=f"chain:{text[:-1]}", prompt=text, answer=str(sum(terms)))
-            splits["eval" if _is_eval(text, self.cfg.eval_fraction) else "train"].append(p)
+            splits["eval" if in_eval_split(text, self.cfg.eval_fraction) else "train"].append(p)
         return splits
 
     def reward(self, completion: str, answer: str) -> float:

@@ -213,7 +213,8 @@ class SwarmNode:
             log.warning("p2p shutdown: %s", e)
         self.dht.shutdown()
         try:  # end the calls still running: their callers' threads wait on them (process exit joins those)
-            self.run(_cancel_others(timeout), timeout=timeout + 1)
+            # not self.run: its wait_for task would be one of the "others" and cancel this very call
+            asyncio.run_coroutine_threadsafe(_cancel_others(timeout), self._loop).result(timeout + 1)
         except Exception as e:
             log.warning("cancelling calls at shutdown: %s", e)
         self._loop.call_soon_threadsafe(self._loop.stop)

@@ -68,6 +68,8 @@ class SimulatorConfig:
     """Give up after steps * this many ticks without enough data (rollout delays can starve)."""
     seed: int = 0
     threads: int = 2
+    device: str = "cpu"
+    """Where the learner and every sampler's engine run ("cuda" on a GPU)."""
     time_budget_s: float | None = None
     metrics_path: str | None = None
     """JSONL file with one line per step (and per evaluation)."""
@@ -94,7 +96,7 @@ class Simulator:
         tok = load_tokenizer(cfg.model)
         self.task = make_task(cfg.task, tok)
         self.metrics = MetricsWriter(cfg.metrics_path, cfg.tensorboard_dir)
-        self.learner = Learner(cfg.learner, load_model(cfg.model), tok, self.task, model_id=cfg.model,
+        self.learner = Learner(cfg.learner, load_model(cfg.model, device=cfg.device), tok, self.task, model_id=cfg.model,
                                sampling=cfg.sampling, link=self.exchange, metrics=self.metrics,
                                chain=f"sim-seed-{cfg.seed}")  # sampling randomness hangs off the chain
         self.samplers: list[tuple[Sampler, object, float]] = []
@@ -106,7 +108,7 @@ class Simulator:
         peer = f"{spec.name}-{i}" if spec.count > 1 else spec.name
         model = spec.model or self.cfg.model
         tok = load_tokenizer(model)
-        engine = HFEngine(load_model(model), tok, model)
+        engine = HFEngine(load_model(model, device=self.cfg.device), tok, model)
         link = self.exchange.sampler(peer, weight_delay=self._capped(spec.weight_delay), rollout_delay=spec.rollout_delay)
         sampler = Sampler(peer, self.task, engine, tokenizer_hash(tok), sampling=self.cfg.sampling,
                           swarm=self.learner.swarm, seed=self.cfg.seed)

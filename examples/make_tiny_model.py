@@ -57,6 +57,7 @@ def parse_args() -> argparse.Namespace:
                    help="no evaluation before this step (skill can jump within a few steps: evaluate densely there)")
     p.add_argument("--eval-size", type=int, default=400)
     p.add_argument("--target-acc", type=float, default=0.30)
+    p.add_argument("--out", type=Path, default=None, help="folder to save to (default node/assets/NAME, i.e. builtin:NAME)")
     return p.parse_args()
 
 
@@ -86,7 +87,7 @@ def main() -> None:
     eval_set = eval_problems(task, args.eval_size)  # the held-out problems every command evaluates on
     engine = HFEngine(model, tok, f"builtin:{args.name}")
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    out = ASSETS / args.name
+    out = args.out or ASSETS / args.name
     t0, curve = time.time(), []
     for step in range(1, args.max_steps + 1):
         model.train()

@@ -1,21 +1,29 @@
-"""The GEPO paper's delay experiment, at tiny scale, in the simulator.
+"""The GEPO paper's delay experiment with seeds and 95% intervals, in the simulator.
 
-    python examples/paper_delay/run.py                 # default grid, about 15 minutes on 2 cores
-    python examples/paper_delay/run.py --steps 100 --seeds 0 1
+    python examples/paper_delay/run.py                                  # the grid in RESULTS.md
+    python examples/paper_delay/run.py --losses gepo grpo --delays 0 64 --seeds 0 1 --steps 60
+    python examples/paper_delay/run.py --analyse-only                   # tables and plots from what ran
 
-Grid: GEPO, GRPO and GSPO as the stale-sample loss x {online, max delay 8, max delay 64} learner
-steps, weight delays log-normal between 60 s and 1920 s at 0.995 (mu 5.83, sigma 0.62) with
-30 virtual seconds per learner step, two samplers, the same seeds and hyper-parameters for every
-cell. Then a heterogeneous run: one sampler of the learner's model and one of a different tiny
-model (builtin:tiny-arith-b), the foreign rollouts corrected with F-TIS, not corrected (pg), or
-dropped. Prints the paper-style table and saves, under --out: one metrics JSONL per run,
-results.json, table.md, eval_accuracy.png and is_weight_variance.png.
+Each cell is (loss, max delay D, seed). For D > 0 every sampler waits a log-normal delay between
+D/32 and D learner steps (the paper's 60 s..1920 s shape at 0.995, scaled so its upper bound is D;
+capped at D) before it loads the newest weights, then draws a fresh delay (swarm/delay.py). D = 0
+is the on-policy loop. Losses are the project's (`node/algorithms`); a variant name such as
+`gepo+kl` or `gspo-clip0.2` runs the reference code's setting of one knob (VARIANTS below).
+
+A run writes `<out>/<cell>.jsonl` (one line per step and eval) and `<out>/<cell>.summary.json`
+when it ends: the grid is resumable, finished cells are skipped. The analysis reads every summary
+it finds and writes `table.md`, `results.json` and three plots. `--workers 2` runs two cells at a
+time with one thread each (the tiny models do not use two threads per step well). The same
+command runs on a GPU with a larger model: `--model` and `--device cuda` (the simulator's
+engines and learner then run there).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import multiprocessing as mp
 import statistics
 import sys
 import time
@@ -23,137 +31,298 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from cli.simulate import SimSamplerSpec, Simulator, SimulatorConfig  # noqa: E402
-from node.learner import LearnerConfig  # noqa: E402
-from node.models import BUILTIN_MODEL, BUILTIN_MODEL_B  # noqa: E402
-from swarm.delay import DelayConfig  # noqa: E402
-
-DELAYS = {"online": None, "max delay 8": 8, "max delay 64": 64}
-LOSSES = ("gepo", "grpo", "gspo")
-FOREIGN = ("ftis", "pg", "drop")
-
-
-def run_cell(out: Path, name: str, cfg: SimulatorConfig) -> list[dict]:
-    path = out / f"{name}.jsonl"
-    path.unlink(missing_ok=True)
-    cfg.metrics_path = str(path)
-    t = time.time()
-    history = Simulator(cfg).run()
-    evals = [r["eval_acc"] for r in history if r["kind"] == "eval"]
-    print(f"  {name:32s} eval {evals[0]:.3f} -> best {max(evals):.3f}, last {evals[-1]:.3f}  ({time.time() - t:.0f} s)",
-          flush=True)
-    return history
+PAPER_RATIO = 32.0
+"""upper / lower bound of the paper's delay distribution (1920 s / 60 s)."""
+VARIANTS = {
+    "gepo+kl": ("gepo", {"beta": 0.005}),  # HeteroRL_GEPO's runs: k3 KL to the behaviour policy at 0.005
+    "gspo-clip0.2": ("gspo", {"eps_low": 0.2, "eps_high": 0.2}),  # the reference code's GSPO baseline
+}
+BINS = (0, 1, 3, 5, 9, 17, 33, 65, 129)
+"""Left edges of the staleness bins for the IS-variance / KL plot."""
 
 
-def delay_cfg(loss: str, max_delay: int | None, steps: int, seed: int, eval_every: int) -> SimulatorConfig:
-    weights = DelayConfig() if max_delay is None else DelayConfig(kind="lognormal", lower_s=60, upper_s=1920, confidence=0.995)
+def cell_name(loss: str, delay: int, seed: int) -> str:
+    return f"{loss}_d{delay}_s{seed}"
+
+
+def loss_and_options(loss: str) -> tuple[str, dict]:
+    return VARIANTS.get(loss, (loss, {}))
+
+
+def build_config(loss: str, delay: int, seed: int, args: argparse.Namespace, metrics_path: str):
+    from cli.simulate import SimSamplerSpec, SimulatorConfig
+    from node.config import SamplingConfig
+    from node.learner import LearnerConfig
+    from node.tasks import ArithmeticConfig, ChainConfig
+    from swarm.delay import DelayConfig
+
+    sps = 30.0  # virtual seconds per learner step; only the ratio to the delays matters
+    weights = (DelayConfig() if delay == 0 else
+               DelayConfig(kind="lognormal", lower_s=delay * sps / PAPER_RATIO, upper_s=delay * sps, confidence=0.995))
+    base, options = loss_and_options(loss)
+    learner = LearnerConfig(stale_loss=base, stale_options=options, lr=args.lr, groups_per_step=args.groups,
+                            eval_every=args.eval_every, eval_size=args.eval_size,
+                            max_staleness=max(64, 2 * delay))  # never drop an honest rollout for its age here
     return SimulatorConfig(
-        learner=LearnerConfig(stale_loss=loss, eval_every=eval_every, eval_size=300),
-        samplers=(SimSamplerSpec(name="sampler", count=2, weight_delay=weights),),
-        steps=steps, seconds_per_step=30.0, max_delay_steps=max_delay, seed=seed)
+        model=args.model, task=ChainConfig() if args.task == "chain" else ArithmeticConfig(),
+        sampling=SamplingConfig(group_size=args.group_size, temperature=1.0, max_new_tokens=args.max_new_tokens),
+        learner=learner, samplers=(SimSamplerSpec(name="sampler", count=args.samplers, weight_delay=weights),),
+        steps=args.steps, seconds_per_step=sps, max_delay_steps=delay, seed=seed, threads=args.threads,
+        device=args.device, metrics_path=metrics_path)
 
 
-def hetero_cfg(foreign: str, steps: int, seed: int, eval_every: int) -> SimulatorConfig:
-    return SimulatorConfig(
-        learner=LearnerConfig(stale_loss="gepo", foreign_loss=foreign, eval_every=eval_every, eval_size=300),
-        samplers=(SimSamplerSpec(name="own", model=BUILTIN_MODEL), SimSamplerSpec(name="foreign", model=BUILTIN_MODEL_B)),
-        steps=steps, seed=seed)
+def summarise(history: list[dict]) -> dict:
+    evals = [r for r in history if r["kind"] == "eval"]
+    steps = [r for r in history if r["kind"] == "step"]
+    acc = [r["eval_acc"] for r in evals]
 
+    def mean_of(key: str) -> float:
+        xs = [r[key] for r in steps if key in r and r[key] == r[key]]
+        return statistics.fmean(xs) if xs else float("nan")
 
-def summarise(history: list[dict]) -> dict[str, float]:
-    evals = [r["eval_acc"] for r in history if r["kind"] == "eval"]
-    steps = [r for r in history if r["kind"] == "step" and "is_weight_var" in r]
     return {
-        "best": max(evals), "last": evals[-1], "gap": max(evals) - evals[-1], "start": evals[0],
-        "is_var": statistics.fmean(r["is_weight_var"] for r in steps) if steps else float("nan"),
-        "staleness": statistics.fmean(r["staleness_mean"] for r in history if r["kind"] == "step"),
-        "kl": statistics.fmean(r["kl_k3"] for r in steps) if steps else float("nan"),
-        "clip": statistics.fmean(r["clip_frac"] for r in steps) if steps else float("nan"),
+        "start": acc[0], "best": max(acc), "last": acc[-1], "gap": max(acc) - acc[-1],
+        "evals": [(r["version"], r["eval_acc"]) for r in evals],
+        "steps": len(steps), "staleness": mean_of("staleness_mean"), "is_var": mean_of("is_weight_var"),
+        "kl": mean_of("kl_k3"), "clip": mean_of("clip_frac"), "reward": mean_of("reward"),
+        "drops": steps[-1].get("drops", {}) if steps else {}, "gap_drops": steps[-1].get("logprob_gap_drops", {}) if steps else {},
+        # per step, for the IS-variance / KL vs staleness plot
+        "per_step": [(r.get("staleness_mean"), r.get("is_weight_var"), r.get("kl_k3")) for r in steps],
     }
 
 
-def mean_over_seeds(rows: list[dict[str, float]]) -> dict[str, float]:
-    return {k: statistics.fmean(r[k] for r in rows) for k in rows[0]}
+def run_one(job: tuple[str, int, int, dict]) -> str:
+    loss, delay, seed, arg_dict = job
+    import logging
+
+    from cli.simulate import Simulator
+
+    logging.basicConfig(level=logging.WARNING)
+    args = argparse.Namespace(**arg_dict)
+    out = Path(args.out)
+    name = cell_name(loss, delay, seed)
+    path = out / f"{name}.jsonl"
+    path.unlink(missing_ok=True)
+    t = time.time()
+    history = Simulator(build_config(loss, delay, seed, args, str(path))).run()
+    summary = {"loss": loss, "delay": delay, "seed": seed, "wall_s": round(time.time() - t, 1), **summarise(history)}
+    tmp = out / f"{name}.summary.json.tmp"
+    tmp.write_text(json.dumps(summary))
+    tmp.rename(out / f"{name}.summary.json")  # a killed run leaves no summary, so it is re-run
+    return (f"{name:24s} eval {summary['start']:.3f} -> best {summary['best']:.3f}, last {summary['last']:.3f}, "
+            f"staleness {summary['staleness']:.1f}  ({summary['wall_s']:.0f} s)")
 
 
-def delay_table(res: dict) -> str:
-    lines = ["| loss | setting | best | last | best-last | vs online (best) | IS-weight var | k3 KL | clip frac | staleness |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for loss in LOSSES:
-        online = res[(loss, "online")]["best"]
-        for d in DELAYS:
-            r = res[(loss, d)]
-            lines.append(f"| {loss} | {d} | {r['best']:.3f} | {r['last']:.3f} | {r['gap']:.3f} | "
-                         f"{(r['best'] - online) * 100:+.1f} pts | {r['is_var']:.4f} | {r['kl']:.4f} | {r['clip']:.3f} | {r['staleness']:.1f} |")
+# ---- statistics ------------------------------------------------------------------------------
+
+def t975(df: int) -> float:
+    """Two-sided 95% Student-t quantile (scipy when present; a table otherwise)."""
+    try:
+        from scipy.stats import t
+
+        return float(t.ppf(0.975, df))
+    except ImportError:
+        table = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+        return table.get(df, 1.96)
+
+
+def mean_ci(xs: list[float]) -> tuple[float, float]:
+    """(mean, half-width of the 95% t interval); half-width nan for one value."""
+    m = statistics.fmean(xs)
+    if len(xs) < 2:
+        return m, float("nan")
+    return m, t975(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
+
+
+def fmt(xs: list[float], scale: float = 100.0, digits: int = 1) -> str:
+    m, h = mean_ci(xs)
+    return f"{m * scale:.{digits}f}" if h != h else f"{m * scale:.{digits}f} ± {h * scale:.{digits}f}"
+
+
+# ---- analysis --------------------------------------------------------------------------------
+
+def load(out: Path) -> dict[tuple[str, int], dict[int, dict]]:
+    cells: dict[tuple[str, int], dict[int, dict]] = {}
+    for p in sorted(out.glob("*.summary.json")):
+        s = json.loads(p.read_text())
+        cells.setdefault((s["loss"], s["delay"]), {})[s["seed"]] = s
+    return cells
+
+
+def tables(cells: dict, losses: list[str], delays: list[int]) -> str:
+    head = ("| loss | max delay | seeds | staleness | best % | last % | last, each seed | best-last | "
+            "last - same loss at 0 (paired) | ended >= 10 pts below start | IS-weight var | k3 KL | clip frac |")
+    lines = [head, "|" + "---|" * 13]
+    for loss in losses:
+        for d in delays:
+            runs = cells.get((loss, d))
+            if not runs:
+                continue
+            seeds = sorted(runs)
+            online = cells.get((loss, 0), {})
+            paired = [runs[s]["last"] - online[s]["last"] for s in seeds if s in online]
+            col = lambda k: [runs[s][k] for s in seeds]  # noqa: E731
+            lines.append(
+                f"| {loss} | {d} | {len(seeds)} | {statistics.fmean(col('staleness')):.1f} | {fmt(col('best'))} | "
+                f"{fmt(col('last'))} | {' / '.join(f'{100 * x:.1f}' for x in col('last'))} | {fmt(col('gap'))} | "
+                f"{fmt(paired) if d and paired else '-'} | {sum(r['last'] <= r['start'] - 0.1 for r in runs.values())}/{len(seeds)} | "
+                f"{fmt(col('is_var'), 1, 4)} | {fmt(col('kl'), 1, 4)} | {fmt(col('clip'), 1, 3)} |")
     return "\n".join(lines)
 
 
-def hetero_table(res: dict) -> str:
-    lines = ["| foreign rollouts | best | last | best-last |", "|---|---|---|---|"]
-    for f in FOREIGN:
-        r = res[("hetero", f)]
-        lines.append(f"| {f} | {r['best']:.3f} | {r['last']:.3f} | {r['gap']:.3f} |")
+def versus_table(cells: dict, losses: list[str], delays: list[int], ref: str) -> str:
+    """Paired by seed: last accuracy of each loss minus `ref`'s at the same delay and seed."""
+    lines = ["| max delay | " + " | ".join(f"{loss} - {ref}" for loss in losses if loss != ref) + " |",
+             "|---|" + "---|" * (len(losses) - 1)]
+    for d in delays:
+        base = cells.get((ref, d), {})
+        row = []
+        for loss in losses:
+            if loss == ref:
+                continue
+            runs = cells.get((loss, d), {})
+            diffs = [runs[s]["last"] - base[s]["last"] for s in sorted(runs) if s in base]
+            row.append(fmt(diffs) if diffs else "-")
+        lines.append(f"| {d} | " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
-def plot(out: Path, histories: dict, seed: int) -> None:
+def plots(out: Path, cells: dict, losses: list[str], delays: list[int]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    for metric, kind, fname, ylabel in (("eval_acc", "eval", "eval_accuracy.png", "eval accuracy (greedy)"),
-                                        ("is_weight_var", "step", "is_weight_variance.png", "IS-weight variance")):
-        fig, axes = plt.subplots(1, len(LOSSES), figsize=(5 * len(LOSSES), 3.6), sharey=(metric == "eval_acc"))
-        for ax, loss in zip(axes, LOSSES):
-            for d in DELAYS:
-                h = [r for r in histories[(loss, d, seed)] if r["kind"] == kind and metric in r]
-                ax.plot([r["version"] for r in h], [r[metric] for r in h], label=d)
-            ax.set_title(loss.upper())
-            ax.set_xlabel("learner step")
-            if metric == "is_weight_var":
-                ax.set_yscale("log")
-            ax.grid(alpha=0.3)
-        axes[0].set_ylabel(ylabel)
-        axes[0].legend()
-        fig.tight_layout()
-        fig.savefig(out / fname, dpi=110)
-        plt.close(fig)
+    # 1. eval accuracy over training, mean over seeds with the 95% band, one panel per loss
+    cols = min(3, len(losses))
+    rows = -(-len(losses) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), sharey=True, squeeze=False)
+    for ax in axes.flat[len(losses):]:
+        ax.set_visible(False)
+    for ax, loss in zip(axes.flat, losses):
+        for d in delays:
+            runs = list(cells.get((loss, d), {}).values())
+            if not runs:
+                continue
+            n = min(len(r["evals"]) for r in runs)
+            xs = [runs[0]["evals"][i][0] for i in range(n)]
+            stats = [mean_ci([r["evals"][i][1] for r in runs]) for i in range(n)]
+            m = [s[0] for s in stats]
+            h = [0 if s[1] != s[1] else s[1] for s in stats]
+            ax.plot(xs, m, label=f"max delay {d}")
+            ax.fill_between(xs, [max(0.0, a - b) for a, b in zip(m, h)], [min(1.0, a + b) for a, b in zip(m, h)], alpha=0.15)
+        ax.set_title(loss)
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("learner step")
+        ax.grid(alpha=0.3)
+    for row in axes:
+        row[0].set_ylabel("greedy eval accuracy")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "eval_curves.png", dpi=110)
+    plt.close(fig)
+
+    # 2. last / best accuracy against the max delay, 95% intervals over seeds
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for ax, key in zip(axes, ("best", "last")):
+        for loss in losses:
+            ds = [d for d in delays if cells.get((loss, d))]
+            stats = [mean_ci([r[key] for r in cells[(loss, d)].values()]) for d in ds]
+            ax.errorbar([str(d) for d in ds], [s[0] for s in stats], yerr=[0 if s[1] != s[1] else s[1] for s in stats],
+                        capsize=3, marker="o", label=loss)
+        ax.set_xlabel("max delay (learner steps)")
+        ax.set_ylabel(f"{key} greedy eval accuracy")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "accuracy_vs_delay.png", dpi=110)
+    plt.close(fig)
+
+    # 3. the paper's Figure 5: IS-weight variance and KL against the staleness of the step's rollouts
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for ax, idx, label in zip(axes, (1, 2), ("IS-weight variance", "k3 KL(behaviour || learner)")):
+        for loss in losses:
+            pts = [p for d in delays for r in cells.get((loss, d), {}).values() for p in r["per_step"]
+                   if p[0] is not None and p[idx] is not None and p[idx] == p[idx]]
+            xs, ys = [], []
+            for lo, hi in zip(BINS, BINS[1:] + (10**9,)):
+                vals = [p[idx] for p in pts if lo <= p[0] < hi]
+                if len(vals) >= 3:
+                    xs.append(statistics.fmean(p[0] for p in pts if lo <= p[0] < hi))
+                    ys.append(statistics.fmean(vals))
+            if any(ys):  # pg has no importance weights: nothing to draw in the left panel
+                ax.plot([x + 0.5 for x in xs], ys, marker="o", label=loss)
+        ax.set_xscale("log")
+        ax.set_yscale("symlog", linthresh=1e-4)
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("mean staleness of the step's rollouts + 0.5 (versions)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "is_var_kl_vs_staleness.png", dpi=110)
+    plt.close(fig)
+
+
+def analyse(out: Path, losses: list[str], delays: list[int]) -> str:
+    cells = load(out)
+    if not cells:
+        raise SystemExit(f"no finished runs under {out}: run the grid first")
+    losses = [x for x in losses if any(k[0] == x for k in cells)] + sorted({k[0] for k in cells} - set(losses))
+    delays = sorted({k[1] for k in cells} | set(d for d in delays if any(k[1] == d for k in cells)))
+    any_run = next(iter(next(iter(cells.values())).values()))
+    text = (f"{any_run['steps']} learner steps per run; accuracy in % (greedy, held-out); "
+            f"mean ± 95% t-interval over seeds.\n\n{tables(cells, losses, delays)}\n")
+    if "grpo" in losses:
+        text += f"\nLast accuracy minus GRPO's at the same delay and seed (points, paired):\n\n{versus_table(cells, losses, delays, 'grpo')}\n"
+    (out / "table.md").write_text(text)
+    (out / "results.json").write_text(json.dumps(
+        {f"{k[0]}|{k[1]}": {str(s): {x: v for x, v in r.items() if x != "per_step"} for s, r in runs.items()}
+         for k, runs in cells.items()}, indent=1))
+    plots(out, cells, losses, delays)
+    return text
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=250)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
-    ap.add_argument("--eval-every", type=int, default=25)
+    ap.add_argument("--losses", nargs="+", default=["gepo", "grpo", "gspo", "m2po", "pg"],
+                    help=f"stale-rollout losses (node/algorithms) or variants {sorted(VARIANTS)}")
+    ap.add_argument("--delays", type=int, nargs="+", default=[0, 16, 64, 256], help="max delays in learner steps (0 = online)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--task", choices=("chain", "arith"), default="chain")
+    ap.add_argument("--model", default="", help="default: builtin:tiny-chain (chain) or builtin:tiny-arith (arith)")
+    ap.add_argument("--lr", type=float, default=3e-5)
+    ap.add_argument("--groups", type=int, default=8, help="groups (prompts) per learner step")
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--samplers", type=int, default=2)
+    ap.add_argument("--eval-every", type=int, default=20)
+    ap.add_argument("--eval-size", type=int, default=200)
+    ap.add_argument("--workers", type=int, default=2, help="cells run at once, each in its own process")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per cell")
+    ap.add_argument("--device", default="cpu", help="where the samplers' engines and the learner run (cuda on a GPU)")
     ap.add_argument("--out", type=Path, default=Path("runs/paper_delay"))
-    ap.add_argument("--skip-hetero", action="store_true")
+    ap.add_argument("--analyse-only", action="store_true")
     args = ap.parse_args()
+    if not args.model:
+        args.model = "builtin:tiny-chain" if args.task == "chain" else "builtin:tiny-arith"
+    for loss in args.losses:
+        from node.algorithms import get_algorithm
+
+        get_algorithm(loss_and_options(loss)[0])  # a typo fails now, not an hour into the grid
     args.out.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
-    histories: dict = {}
-    for seed in args.seeds:
-        for loss in LOSSES:
-            for d, md in DELAYS.items():
-                histories[(loss, d, seed)] = run_cell(args.out, f"{loss}_{d.replace(' ', '')}_s{seed}",
-                                                      delay_cfg(loss, md, args.steps, seed, args.eval_every))
-        if not args.skip_hetero:
-            for f in FOREIGN:
-                histories[("hetero", f, seed)] = run_cell(args.out, f"hetero_{f}_s{seed}", hetero_cfg(f, args.steps, seed, args.eval_every))
-    res = {}
-    for (a, b, _), _h in histories.items():
-        if (a, b) not in res:
-            res[(a, b)] = mean_over_seeds([summarise(histories[(a, b, s)]) for s in args.seeds])
-    md_text = (f"steps {args.steps}, seeds {args.seeds}, eval every {args.eval_every} steps on 300 held-out problems; "
-               f"means over seeds\n\n{delay_table(res)}\n")
-    if not args.skip_hetero:
-        md_text += f"\nheterogeneous: one sampler of {BUILTIN_MODEL} (GEPO) + one of {BUILTIN_MODEL_B}\n\n{hetero_table(res)}\n"
-    md_text += f"\nwall time {time.time() - t0:.0f} s\n"
-    print("\n" + md_text)
-    (args.out / "table.md").write_text(md_text)
-    (args.out / "results.json").write_text(json.dumps({f"{a}|{b}": v for (a, b), v in res.items()}, indent=1))
-    plot(args.out, histories, args.seeds[0])
-    print(f"saved {args.out}/table.md, results.json, eval_accuracy.png, is_weight_variance.png")
+    if not args.analyse_only:
+        todo = [(loss, d, s) for s in args.seeds for d in args.delays for loss in args.losses
+                if not (args.out / f"{cell_name(loss, d, s)}.summary.json").exists()]
+        print(f"{len(todo)} runs to do under {args.out} ({args.workers} at a time)", flush=True)
+        arg_dict = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+        t0 = time.time()
+        with mp.get_context("spawn").Pool(args.workers, maxtasksperchild=1) as pool:
+            for i, line in enumerate(pool.imap_unordered(run_one, [(*j, arg_dict) for j in todo])):
+                print(f"[{i + 1}/{len(todo)} {time.time() - t0:.0f} s] {line}", flush=True)
+    print(analyse(args.out, args.losses, args.delays))
+    print(f"saved {args.out}/table.md, results.json, eval_curves.png, accuracy_vs_delay.png, is_var_kl_vs_staleness.png")
 
 
 if __name__ == "__main__":

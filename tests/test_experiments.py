@@ -1,0 +1,70 @@
+"""The science scripts (examples/paper_delay, examples/paper_hetero): their statistics by hand,
+their delay model, and a tiny real grid end to end (resumable, tables with intervals, plots)."""
+
+import json
+import math
+import subprocess
+import sys
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+from examples.paper_delay.run import build_config, mean_ci, t975
+from swarm.delay import lognormal_params
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_student_t_interval_by_hand():
+    assert t975(2) == pytest.approx(4.303, abs=1e-3)
+    assert t975(4) == pytest.approx(2.776, abs=1e-3)
+    # 0.5, 0.6, 0.7: mean 0.6, sd 0.1, half-width 4.303 * 0.1 / sqrt(3) = 0.2484
+    m, h = mean_ci([0.5, 0.6, 0.7])
+    assert m == pytest.approx(0.6) and h == pytest.approx(0.24843, abs=1e-4)
+    assert math.isnan(mean_ci([0.4])[1])  # one seed has no interval, not a zero-width one
+
+
+def _args(**kw) -> Namespace:
+    base = dict(lr=3e-5, groups=8, eval_every=20, eval_size=200, model="builtin:tiny-chain", task="chain",
+                group_size=8, max_new_tokens=128, samplers=2, steps=60, threads=1, device="cpu")
+    return Namespace(**{**base, **kw})
+
+
+def test_max_delay_scales_the_papers_delay_distribution():
+    cfg = build_config("gepo", 64, 0, _args(), "/dev/null")
+    d = cfg.samplers[0].weight_delay
+    # the paper's 60 s .. 1920 s (ratio 32) at 0.995, its upper bound moved to D learner steps
+    assert (d.kind, d.lower_s, d.upper_s, d.confidence) == ("lognormal", 64 * 30 / 32, 64 * 30, 0.995)
+    assert cfg.max_delay_steps == 64 and cfg.seconds_per_step == 30
+    mu, sigma = lognormal_params(d.lower_s, d.upper_s, d.confidence)
+    assert math.exp(mu) / 30 == pytest.approx(64 / math.sqrt(32))  # median delay D / sqrt(32) steps
+    assert cfg.learner.max_staleness >= 128  # an honest old rollout is never dropped for its age
+    online = build_config("grpo", 0, 0, _args(), "/dev/null")
+    assert online.samplers[0].weight_delay.kind == "none" and online.max_delay_steps == 0
+
+
+def test_variants_set_the_reference_codes_knobs():
+    assert build_config("gepo+kl", 8, 0, _args(), "/dev/null").learner.stale_options == {"beta": 0.005}
+    gspo = build_config("gspo-clip0.2", 8, 0, _args(), "/dev/null").learner
+    assert (gspo.stale_loss, gspo.stale_options) == ("gspo", {"eps_low": 0.2, "eps_high": 0.2})
+
+
+@pytest.mark.integration
+def test_a_tiny_grid_runs_resumes_and_reports_intervals(tmp_path):
+    cmd = [sys.executable, str(ROOT / "examples/paper_delay/run.py"), "--task", "arith", "--losses", "gepo",
+           "--delays", "0", "8", "--seeds", "0", "1", "--steps", "3", "--eval-every", "0", "--eval-size", "20",
+           "--groups", "4", "--max-new-tokens", "6", "--workers", "2", "--out", str(tmp_path)]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "4 runs to do" in first.stdout
+    summaries = [json.loads(p.read_text()) for p in tmp_path.glob("*.summary.json")]
+    assert len(summaries) == 4
+    for s in summaries:
+        assert s["steps"] == 3 and (s["staleness"] == 0 if s["delay"] == 0 else 0 <= s["staleness"] <= 8)
+    table = (tmp_path / "table.md").read_text()
+    assert "| gepo | 8 | 2 |" in table and " ± " in table  # two seeds: a mean with its interval
+    for png in ("eval_curves.png", "accuracy_vs_delay.png", "is_var_kl_vs_staleness.png"):
+        assert (tmp_path / png).stat().st_size > 1000
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert again.returncode == 0 and "0 runs to do" in again.stdout  # finished cells are not re-run

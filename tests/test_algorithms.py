@@ -168,6 +168,14 @@ def test_gepo_kl_term_hand_value():
     assert on - off == pytest.approx(0.5 * sum(kl) / 5)
 
 
+def test_gepo_logs_the_unbounded_k3_like_every_other_loss():
+    # one token with q/p = e^2 > c = 3: the loss term caps its log-ratio at log 3, the diagnostic
+    # does not (so kl_k3 means the same number for every loss: mean_t k3(l^q - l^p), then mean_i)
+    inp = inputs(logp=[[-3.0, -1.0]], old_logp=[[-1.0, -1.0]], mask=[[1, 1]], adv=[1.0], groups=[0])
+    out = gepo_loss(inp, GEPOConfig(beta=0.1))
+    assert out.metrics["kl_k3"] == pytest.approx((math.exp(2) - 2 - 1) / 2)
+
+
 def test_theorem1_group_expectation_weights_have_far_lower_variance(capsys):
     """GEPO's Theorem 1, numerically: Var[p/E_hat] falls far below Var[p/q] as KL(p||q) grows."""
     from examples.gepo_variance import format_table, variance_table

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from examples.paper_delay.run import build_config, mean_ci, t975
+from examples.paper_delay.run import build_config, mean_ci, t975, tables, versus_table
 from swarm.delay import lognormal_params
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,6 +23,36 @@ def test_student_t_interval_by_hand():
     m, h = mean_ci([0.5, 0.6, 0.7])
     assert m == pytest.approx(0.6) and h == pytest.approx(0.24843, abs=1e-4)
     assert math.isnan(mean_ci([0.4])[1])  # one seed has no interval, not a zero-width one
+
+
+def _summary(last: float, start: float = 0.6) -> dict:
+    return {"start": start, "best": max(start, last), "last": last, "gap": max(start, last) - last, "staleness": 1.0,
+            "is_var": 0.01, "kl": 0.001, "clip": 0.1}
+
+
+def test_differences_are_paired_by_seed_not_by_order():
+    # seeds stored in different orders; paired by seed: 0.2 - 0.6 and 0.5 - 0.7 -> -0.4, -0.2:
+    # mean -30 points, sd 0.1414, half-width 12.706 * 0.1414 / sqrt(2) = 127.1 (by order: sd 0.283)
+    cells = {("gepo", 0): {0: _summary(0.6), 1: _summary(0.7)}, ("gepo", 64): {1: _summary(0.5), 0: _summary(0.2)},
+             ("grpo", 0): {1: _summary(0.6), 0: _summary(0.6)}, ("grpo", 64): {0: _summary(0.6), 1: _summary(0.7)}}
+    row = next(line for line in tables(cells, ["gepo", "grpo"], [0, 64]).splitlines() if line.startswith("| gepo | 64 |"))
+    assert "| -30.0 ± 127.1 |" in row and "| 20.0 / 50.0 |" in row and "| 2/2 |" in row  # 0.6 -> 0.5 is exactly 10 pts: counted
+    vs = versus_table(cells, ["gepo", "grpo"], [0, 64], "grpo")
+    assert "| 64 | -30.0 ± 127.1 |" in vs  # 0.2 - 0.6 and 0.5 - 0.7 again
+
+
+def test_t_quantiles_without_scipy(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_scipy(name, *a, **kw):
+        if name.startswith("scipy"):
+            raise ImportError(name)
+        return real_import(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_scipy)
+    assert t975(2) == 4.303 and t975(10) == 2.228 and t975(30) == 2.042 and t975(200) == 1.96
 
 
 def _args(**kw) -> Namespace:
@@ -68,3 +98,5 @@ def test_a_tiny_grid_runs_resumes_and_reports_intervals(tmp_path):
         assert (tmp_path / png).stat().st_size > 1000
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert again.returncode == 0 and "0 runs to do" in again.stdout  # finished cells are not re-run
+    other = subprocess.run([*cmd, "--lr", "1e-4"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert other.returncode != 0 and "was run with" in other.stderr  # a resumed grid never mixes settings

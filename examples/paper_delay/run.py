@@ -91,6 +91,14 @@ def summarise(history: list[dict]) -> dict:
     }
 
 
+SETTINGS = ("steps", "task", "model", "lr", "groups", "group_size", "max_new_tokens", "samplers", "eval_every", "eval_size")
+
+
+def settings(args: argparse.Namespace) -> dict:
+    """What a run depends on besides its cell (loss, delay, seed): a resumed grid must not mix them."""
+    return {k: getattr(args, k) for k in SETTINGS}
+
+
 def run_one(job: tuple[str, int, int, dict]) -> str:
     loss, delay, seed, arg_dict = job
     import logging
@@ -105,7 +113,8 @@ def run_one(job: tuple[str, int, int, dict]) -> str:
     path.unlink(missing_ok=True)
     t = time.time()
     history = Simulator(build_config(loss, delay, seed, args, str(path))).run()
-    summary = {"loss": loss, "delay": delay, "seed": seed, "wall_s": round(time.time() - t, 1), **summarise(history)}
+    summary = {"loss": loss, "delay": delay, "seed": seed, "settings": settings(args), "wall_s": round(time.time() - t, 1),
+               **summarise(history)}
     tmp = out / f"{name}.summary.json.tmp"
     tmp.write_text(json.dumps(summary))
     tmp.rename(out / f"{name}.summary.json")  # a killed run leaves no summary, so it is re-run
@@ -122,8 +131,10 @@ def t975(df: int) -> float:
 
         return float(t.ppf(0.975, df))
     except ImportError:
-        table = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
-        return table.get(df, 1.96)
+        table = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+                 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+                 2.045, 2.042)  # df = 1..30
+        return table[df - 1] if df <= len(table) else 1.96
 
 
 def mean_ci(xs: list[float]) -> tuple[float, float]:
@@ -165,7 +176,7 @@ def tables(cells: dict, losses: list[str], delays: list[int]) -> str:
             lines.append(
                 f"| {loss} | {d} | {len(seeds)} | {statistics.fmean(col('staleness')):.1f} | {fmt(col('best'))} | "
                 f"{fmt(col('last'))} | {' / '.join(f'{100 * x:.1f}' for x in col('last'))} | {fmt(col('gap'))} | "
-                f"{fmt(paired) if d and paired else '-'} | {sum(r['last'] <= r['start'] - 0.1 for r in runs.values())}/{len(seeds)} | "
+                f"{fmt(paired) if d and paired else '-'} | {sum(round(r['start'] - r['last'], 6) >= 0.1 for r in runs.values())}/{len(seeds)} | "
                 f"{fmt(col('is_var'), 1, 4)} | {fmt(col('kl'), 1, 4)} | {fmt(col('clip'), 1, 3)} |")
     return "\n".join(lines)
 
@@ -240,7 +251,7 @@ def plots(out: Path, cells: dict, losses: list[str], delays: list[int]) -> None:
 
     # 3. the paper's Figure 5: IS-weight variance and KL against the staleness of the step's rollouts
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    for ax, idx, label in zip(axes, (1, 2), ("IS-weight variance", "k3 KL(behaviour || learner)")):
+    for ax, idx, label in zip(axes, (1, 2), ("IS-weight variance", "k3 of l^q - l^p per token (~ KL(q || p) when small)")):
         for loss in losses:
             pts = [p for d in delays for r in cells.get((loss, d), {}).values() for p in r["per_step"]
                    if p[0] is not None and p[idx] is not None and p[idx] == p[idx]]
@@ -313,8 +324,13 @@ def main() -> None:
         get_algorithm(loss_and_options(loss)[0])  # a typo fails now, not an hour into the grid
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.analyse_only:
+        done = {p.name: json.loads(p.read_text()) for p in args.out.glob("*.summary.json")}
+        for name, s in done.items():
+            if s.get("settings") != settings(args):
+                raise SystemExit(f"{args.out}/{name} was run with {s.get('settings')}, not {settings(args)}: "
+                                 "give the same settings or another --out")
         todo = [(loss, d, s) for s in args.seeds for d in args.delays for loss in args.losses
-                if not (args.out / f"{cell_name(loss, d, s)}.summary.json").exists()]
+                if f"{cell_name(loss, d, s)}.summary.json" not in done]
         print(f"{len(todo)} runs to do under {args.out} ({args.workers} at a time)", flush=True)
         arg_dict = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
         t0 = time.time()

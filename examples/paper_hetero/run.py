@@ -1,6 +1,6 @@
 """Heterogeneous partners: a weaker and a stronger model sharing rollouts, with statistics.
 
-    python examples/paper_hetero/run.py                       # the runs in examples/paper_delay/RESULTS.md
+    python examples/paper_hetero/run.py                       # the runs in docs/RESULTS.md
     python examples/paper_hetero/run.py --seeds 0 --steps 60  # a quick look
     python examples/paper_hetero/run.py --analyse-only
 
@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import random
 import statistics
 import subprocess
 import sys
@@ -79,7 +80,7 @@ def gate_values(learner: str, generator: str, n_prompts: int, seed: int) -> tupl
     torch.manual_seed(seed)
     tok = load_tokenizer(learner)
     task = ArithmeticTask(ArithmeticConfig())
-    problems = task.split("train")[seed * n_prompts:(seed + 1) * n_prompts]
+    problems = random.Random(seed).sample(list(task.split("train")), n_prompts)  # not the first ones: all "0+b="
     if generator == "random-init":  # an untrained model of the learner's shape: text far from anything p writes
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -142,6 +143,12 @@ def build_config(learner: str, partner: str, setting: str, seed: int, args: argp
         samplers=samplers, steps=args.steps, seed=seed, threads=1, metrics_path=metrics_path)
 
 
+def settings(args: argparse.Namespace) -> dict:
+    """What a finished run depends on besides its cell: a resumed grid must not mix settings."""
+    return {"steps": args.steps, "eval_every": args.eval_every, "eval_size": args.eval_size,
+            "ftis_options": dict(args.ftis_options)}
+
+
 def run_one(job) -> str:
     learner_name, setting, seed, models, arg_dict = job
     from cli.simulate import Simulator
@@ -158,8 +165,10 @@ def run_one(job) -> str:
     summary = {"learner": learner_name, "setting": setting, "seed": seed, "start": evals[0], "best": max(evals),
                "last": evals[-1], "gap": max(evals) - evals[-1], "evals": [(r["version"], r["eval_acc"]) for r in history if r["kind"] == "eval"],
                "filtered_frac": statistics.fmean(ftis) if ftis else None,
-               "wall_s": round(time.time() - t, 1)}
-    (out / f"{name}.summary.json").write_text(json.dumps(summary))
+               "settings": settings(args), "wall_s": round(time.time() - t, 1)}
+    tmp = out / f"{name}.summary.json.tmp"
+    tmp.write_text(json.dumps(summary))
+    tmp.rename(out / f"{name}.summary.json")  # a killed run leaves no summary, so it is re-run
     return f"{name:22s} eval {summary['start']:.3f} -> best {summary['best']:.3f}, last {summary['last']:.3f} ({summary['wall_s']:.0f} s)"
 
 
@@ -239,8 +248,12 @@ def main() -> None:
         if not (args.out / "gate.md").exists():
             (args.out / "gate.md").write_text(gate_report(models, args.gate_prompts) + "\n")
         print((args.out / "gate.md").read_text(), flush=True)
+        done = {p.name: json.loads(p.read_text()) for p in args.out.glob("*.summary.json")}
+        for name, s in done.items():
+            if s.get("settings", settings(args)) != settings(args) and s["setting"] in args.settings:
+                raise SystemExit(f"{args.out}/{name} was run with {s['settings']}, not {settings(args)}: use another --out")
         todo = [(lrn, st, s) for s in args.seeds for lrn in ("weak", "strong") for st in args.settings
-                if not (args.out / f"{lrn}_{st}_s{s}.summary.json").exists()]
+                if f"{lrn}_{st}_s{s}.summary.json" not in done]
         arg_dict = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
         t0 = time.time()
         with mp.get_context("spawn").Pool(args.workers, maxtasksperchild=1) as pool:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from .base import (DUAL_CLIP, LOG_RATIO_MAX, LossInputs, LossOutput, batch_mean, clipped_surrogate, frac, group_log_e_hat,
-                   k3_bounded, seq_mean, weight_stats)
+                   k3, k3_bounded, seq_mean, weight_stats)
 
 
 @dataclass(frozen=True)
@@ -57,5 +57,6 @@ def gepo_loss(inp: LossInputs, cfg: GEPOConfig) -> LossOutput:
     return LossOutput(loss, {
         **weight_stats(w),
         "clip_frac": frac(clipped),
-        "kl_k3": kl_seq.detach().mean().item(),
+        # the diagnostic is the unbounded k3, as every other loss logs it (the loss term's is capped)
+        "kl_k3": seq_mean(k3(inp.old_logp.detach() - inp.logp).detach(), inp.mask).mean().item(),
     })

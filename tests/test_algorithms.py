@@ -259,7 +259,7 @@ def test_ftis_weight_is_stop_gradient():
 
 
 def test_ftis_gate_threshold_and_sequence_level_mode():
-    assert ftis_loss(ftis_case(gap_neg_far=3.0), FTISConfig()).metrics["filtered_frac"] == 0  # k3(3) = 16 < 50
+    assert ftis_loss(ftis_case(gap_neg_far=3.0), FTISConfig()).metrics["filtered_frac"] == 0  # k3(3) = 16 < 20
     assert ftis_loss(ftis_case(gap_neg_far=3.0), FTISConfig(kl_threshold=10)).metrics["filtered_frac"] == 0.25
     inp = ftis_case()
     # foreign tokenizer: only g's log-prob of each whole completion is known (the sum over its own
@@ -274,11 +274,11 @@ def test_ftis_gate_threshold_and_sequence_level_mode():
 
 def test_ftis_gate_is_the_mean_of_token_k3_and_the_sequence_gate_sees_only_the_average_gap():
     k3 = lambda x: math.exp(x) - x - 1  # noqa: E731  x = l^g - l^p
-    # A < 0 rows; row 0: one far token among three, mean k3 = 142.4 / 3 = 47.5 < 50: kept (a max
-    # over tokens would drop it); row 1: gaps +5 and -5, mean k3 = 73.2 > 50: filtered
+    # threshold 50 here; A < 0 rows; row 0: one far token among three, mean k3 = 142.4 / 3 = 47.5 < 50:
+    # kept (a max over tokens would drop it); row 1: gaps +5 and -5, mean k3 = 73.2 > 50: filtered
     inp = inputs(logp=[[-6.0, -1.0, -1.0], [-6.0, -1.0, JUNK]], old_logp=[[-1.0, -1.0, -1.0], [-1.0, -6.0, 0.0]],
                  mask=[[1, 1, 1], [1, 1, 0]], adv=[-1.0, -1.0], groups=[0, 0])
-    out = ftis_loss(inp, FTISConfig())
+    out = ftis_loss(inp, FTISConfig(kl_threshold=50.0))
     assert out.metrics["kl_k3"] == pytest.approx((k3(5) / 3 + (k3(5) + k3(-5)) / 2) / 2)
     assert out.metrics["filtered_frac"] == 0.5
     assert (inp.logp.grad is None) and out.loss.backward() is None and (inp.logp.grad[1] == 0).all()
@@ -286,7 +286,7 @@ def test_ftis_gate_is_the_mean_of_token_k3_and_the_sequence_gate_sees_only_the_a
     # the same texts re-tokenized: row 1's gaps cancel (d = 0), so the sequence gate keeps it
     seq = inputs(logp=[[-6.0, -1.0, -1.0], [-6.0, -1.0, JUNK]], old_logp=[[0.0] * 3] * 2,
                  mask=[[1, 1, 1], [1, 1, 0]], adv=[-1.0, -1.0], groups=[0, 0], old_seq_logp=torch.tensor([-3.0, -7.0]))
-    out = ftis_loss(seq, FTISConfig())
+    out = ftis_loss(seq, FTISConfig(kl_threshold=50.0))
     assert out.metrics["filtered_frac"] == 0 and out.metrics["kl_k3"] == pytest.approx((k3(5 / 3) + 0) / 2)
 
 

@@ -7,7 +7,8 @@ Per token, with the learner p and the foreign generator g:
     L       = agg_{i,t} -w_{i,t} min(R A'_i, clip(R, 1 - eps, 1 + eps) A'_i)
 
 Filter: A'_i = 0 where A_i <= 0 and the sequence's mean k3 KL between g and p,
-mean_t [exp(l^g - l^p) - (l^g - l^p) - 1], exceeds `kl_threshold` (default 50): a far-off
+mean_t [exp(l^g - l^p) - (l^g - l^p) - 1], exceeds `kl_threshold` (default 20, calibrated in
+docs/RESULTS.md: >= 90% of the failures of models that do not do the task exceed it): a far-off
 foreign failure says little about p and would push p around hard. Advantages are computed over
 the foreign group before filtering (the caller does that).
 
@@ -38,7 +39,9 @@ from .base import LOG_RATIO_MAX, LossInputs, LossOutput, aggregate, clipped_surr
 class FTISConfig:
     cap: float = 2.0
     eps: float = 0.2
-    kl_threshold: float = 50.0
+    kl_threshold: float = 20.0
+    """Measured on the tiny models (docs/RESULTS.md); its scale grows with the vocabulary: measure it
+    for your models (examples/paper_hetero/run.py, `gate_values`)."""
     aggregation: str = "seq_mean"
     dr_grpo_max_tokens: int | None = None
     normalize_std: bool = True

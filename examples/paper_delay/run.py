@@ -198,6 +198,20 @@ def versus_table(cells: dict, losses: list[str], delays: list[int], ref: str) ->
     return "\n".join(lines)
 
 
+def eval_band(ax, runs: list[dict], label: str) -> None:
+    """Mean eval accuracy of `runs` (summaries of one cell, one per seed) over training, with its
+    95% band clipped to [0, 1]; nothing for no runs."""
+    if not runs:
+        return
+    n = min(len(r["evals"]) for r in runs)
+    xs = [runs[0]["evals"][i][0] for i in range(n)]
+    stats = [mean_ci([r["evals"][i][1] for r in runs]) for i in range(n)]
+    m = [s[0] for s in stats]
+    h = [0 if s[1] != s[1] else s[1] for s in stats]
+    ax.plot(xs, m, label=label)
+    ax.fill_between(xs, [max(0.0, a - b) for a, b in zip(m, h)], [min(1.0, a + b) for a, b in zip(m, h)], alpha=0.15)
+
+
 def plots(out: Path, cells: dict, losses: list[str], delays: list[int]) -> None:
     import matplotlib
 
@@ -212,16 +226,7 @@ def plots(out: Path, cells: dict, losses: list[str], delays: list[int]) -> None:
         ax.set_visible(False)
     for ax, loss in zip(axes.flat, losses):
         for d in delays:
-            runs = list(cells.get((loss, d), {}).values())
-            if not runs:
-                continue
-            n = min(len(r["evals"]) for r in runs)
-            xs = [runs[0]["evals"][i][0] for i in range(n)]
-            stats = [mean_ci([r["evals"][i][1] for r in runs]) for i in range(n)]
-            m = [s[0] for s in stats]
-            h = [0 if s[1] != s[1] else s[1] for s in stats]
-            ax.plot(xs, m, label=f"max delay {d}")
-            ax.fill_between(xs, [max(0.0, a - b) for a, b in zip(m, h)], [min(1.0, a + b) for a, b in zip(m, h)], alpha=0.15)
+            eval_band(ax, list(cells.get((loss, d), {}).values()), f"max delay {d}")
         ax.set_title(loss)
         ax.set_ylim(0, 1)
         ax.set_xlabel("learner step")

@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from examples.paper_delay.run import fmt, mean_ci  # noqa: E402
+from examples.paper_delay.run import eval_band, fmt  # noqa: E402
 
 MODELS = {  # name -> make_tiny_model arguments (deterministic under the seed)
     "weak": ["--hidden", "96", "--layers", "3", "--heads", "4", "--seed", "2", "--lr", "5e-4",
@@ -208,16 +208,7 @@ def plot(out: Path, cells: dict) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
     for ax, learner in zip(axes, ("weak", "strong")):
         for setting in SETTINGS:
-            runs = list(cells.get((learner, setting), {}).values())
-            if not runs:
-                continue
-            n = min(len(r["evals"]) for r in runs)
-            xs = [runs[0]["evals"][i][0] for i in range(n)]
-            st = [mean_ci([r["evals"][i][1] for r in runs]) for i in range(n)]
-            m = [s[0] for s in st]
-            h = [0 if s[1] != s[1] else s[1] for s in st]
-            ax.plot(xs, m, label=setting)
-            ax.fill_between(xs, [a - b for a, b in zip(m, h)], [a + b for a, b in zip(m, h)], alpha=0.15)
+            eval_band(ax, list(cells.get((learner, setting), {}).values()), setting)
         ax.set_title(f"learner: {learner} model")
         ax.set_xlabel("learner step")
         ax.grid(alpha=0.3)

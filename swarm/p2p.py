@@ -137,8 +137,10 @@ class SwarmNode:
         async def _call() -> int:
             _, reader, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), name)
             with closing(writer):
+                # one request frame and no end marker: the server reads exactly one frame, and a
+                # marker written after a fast server has answered and closed broke the pipe, which
+                # the reader then raised in place of the replies already buffered
                 await P2P.send_protobuf(BytesValue(value=payload), writer)
-                await P2P.send_protobuf(P2P.END_OF_STREAM, writer)
                 n = 0
                 while True:
                     try:

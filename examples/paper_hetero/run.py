@@ -159,11 +159,12 @@ def run_one(job) -> str:
     partner = models["strong" if learner_name == "weak" else "weak"]
     t = time.time()
     history = Simulator(build_config(models[learner_name], partner, setting, seed, args, str(out / f"{name}.jsonl"))).run()
-    evals = [r["eval_acc"] for r in history if r["kind"] == "eval"]
+    points = [(r["version"], r["eval_acc"]) for r in history if r["kind"] == "eval"]
+    evals = [acc for _, acc in points]
     steps = [r for r in history if r["kind"] == "step"]
     ftis = [r["routes"]["foreign"]["filtered_frac"] for r in steps if "filtered_frac" in r.get("routes", {}).get("foreign", {})]
     summary = {"learner": learner_name, "setting": setting, "seed": seed, "start": evals[0], "best": max(evals),
-               "last": evals[-1], "gap": max(evals) - evals[-1], "evals": [(r["version"], r["eval_acc"]) for r in history if r["kind"] == "eval"],
+               "last": evals[-1], "gap": max(evals) - evals[-1], "evals": points,
                "filtered_frac": statistics.fmean(ftis) if ftis else None,
                "settings": settings(args), "wall_s": round(time.time() - t, 1)}
     tmp = out / f"{name}.summary.json.tmp"

@@ -52,8 +52,9 @@ def gepo_loss(inp: LossInputs, cfg: GEPOConfig) -> LossOutput:
     log_w = gepo_log_weights(inp.logp, inp.old_logp, inp.mask, inp.group_ids, inp.log_e_hat)
     w = torch.exp(log_w.clamp(-LOG_RATIO_MAX, LOG_RATIO_MAX))  # [B]
     per_seq, clipped = clipped_surrogate(w, inp.advantages, cfg.eps, cfg.eps, cfg.dual_clip)
-    kl_seq = seq_mean(k3_bounded(inp.old_logp.detach() - inp.logp, cfg.dual_clip), inp.mask)  # [B], grad via l^p
-    loss = batch_mean(per_seq + cfg.beta * kl_seq if cfg.beta else per_seq, inp.whole)
+    if cfg.beta:  # the KL term: log(q/p) capped at log c, so its gradient stays bounded; grad via l^p
+        per_seq = per_seq + cfg.beta * seq_mean(k3_bounded(inp.old_logp.detach() - inp.logp, cfg.dual_clip), inp.mask)
+    loss = batch_mean(per_seq, inp.whole)
     return LossOutput(loss, {
         **weight_stats(w),
         "clip_frac": frac(clipped),

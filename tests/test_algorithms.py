@@ -220,6 +220,46 @@ def test_m2po_hand_values_and_gradients():
     assert inp.old_logp.grad is None or (inp.old_logp.grad == 0).all()
 
 
+def test_m2po_cap_solves_the_released_codes_budget_by_hand():
+    from node.algorithms.m2po import m2po_cap
+
+    # squares .01, .25, .09, tau .05: target .15; capping at c: .01 + 2c = .15 -> c = .07
+    assert m2po_cap(torch.tensor([0.01, 0.25, 0.09]), 0.05) == pytest.approx(math.sqrt(0.07))
+    assert m2po_cap(torch.tensor([1.0, 1.0]), 0.25) == pytest.approx(0.5)  # every one capped: 2c = .5
+    assert m2po_cap(torch.tensor([0.01, 0.03]), 0.05) == math.inf  # mean already under tau
+    assert m2po_cap(torch.tensor([]), 0.05) == math.inf
+
+
+def test_m2po_cap_clips_instead_of_dropping():
+    from node.algorithms.m2po import M2POConfig, m2po_loss
+
+    # grpo_case's one candidate (log r = ln 2, A > 0): c = .04, so its ratio is clipped to e^.2
+    inp = grpo_case()
+    out = m2po_loss(inp, M2POConfig(bound="cap"))
+    assert out.loss.item() == pytest.approx((-math.exp(0.2) - 1 + 1.6) / 3) and out.metrics["clip_frac"] == pytest.approx(1 / 3)
+    out.loss.backward()
+    g = inp.logp.grad  # clipped token: no gradient; the others -r A over the 3 real tokens
+    assert g[0, 0] == 0 and g[0, 1].item() == pytest.approx(-1 / 3) and g[1, 0].item() == pytest.approx(1.6 / 3)
+    with pytest.raises(ValueError, match="bound"):
+        M2POConfig(bound="clip")
+
+
+def test_m2po_without_the_dual_clip_pushes_back_on_a_punished_token_that_ran_away():
+    from node.algorithms.m2po import M2POConfig, m2po_loss
+
+    # one A = -1 token whose ratio ran away to 5 (not a candidate: r > 1 with A < 0, so never masked)
+    def case():
+        return inputs(logp=[[ln(0.5)]], old_logp=[[ln(0.1)]], mask=[[1]], adv=[-1.0], groups=[0])
+    capped = case()
+    out = m2po_loss(capped, M2POConfig())  # ours: -r A = 5 capped at c |A| = 3, so no gradient
+    out.loss.backward()
+    assert out.loss.item() == pytest.approx(3.0) and capped.logp.grad.item() == 0
+    free = case()
+    out = m2po_loss(free, M2POConfig(dual_clip=math.inf))  # the released code's: -r A = 5, d/dl^p = -r A = 5
+    out.loss.backward()
+    assert out.loss.item() == pytest.approx(5.0) and free.logp.grad.item() == pytest.approx(5.0)
+
+
 # ---- F-TIS -----------------------------------------------------------------------------------------
 
 def ftis_case(gap_neg_far=5.0):

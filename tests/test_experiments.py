@@ -78,6 +78,10 @@ def test_variants_set_the_reference_codes_knobs():
     assert build_config("gepo+kl", 8, 0, _args(), "/dev/null").learner.stale_options == {"beta": 0.005}
     gspo = build_config("gspo-clip0.2", 8, 0, _args(), "/dev/null").learner
     assert (gspo.stale_loss, gspo.stale_options) == ("gspo", {"eps_low": 0.2, "eps_high": 0.2})
+    for variant, options in (("m2po-cap", {"bound": "cap"}), ("m2po-nodual", {"dual_clip": math.inf}),
+                             ("m2po-released", {"bound": "cap", "dual_clip": math.inf})):
+        m2po = build_config(variant, 8, 0, _args(), "/dev/null").learner
+        assert (m2po.stale_loss, m2po.stale_options) == ("m2po", options)
 
 
 @pytest.mark.integration

@@ -36,6 +36,10 @@ PAPER_RATIO = 32.0
 VARIANTS = {
     "gepo+kl": ("gepo", {"beta": 0.005}),  # HeteroRL_GEPO's runs: k3 KL to the behaviour policy at 0.005
     "gspo-clip0.2": ("gspo", {"eps_low": 0.2, "eps_high": 0.2}),  # the reference code's GSPO baseline
+    # M2PO's released code (Infini-AI-Lab/M2PO) against the paper's Algorithm 1 that `m2po` runs:
+    "m2po-cap": ("m2po", {"bound": "cap"}),  # its bound: clip the candidates at sqrt(c), not drop the largest
+    "m2po-nodual": ("m2po", {"dual_clip": math.inf}),  # no dual clip for A < 0
+    "m2po-released": ("m2po", {"bound": "cap", "dual_clip": math.inf}),  # both
 }
 BINS = (0, 1, 3, 5, 9, 17, 33, 65, 129)
 """Left edges of the staleness bins for the IS-variance / KL plot."""

@@ -11,11 +11,16 @@ No clip: the trust region is on the batch's second moment, so informative high-e
 are kept and only the extreme outliers go. Two choices of ours, stated:
   * the dual clip (base.clipped_surrogate with infinite eps) caps the loss of A < 0 tokens at
     c |A|: an A < 0 token with r >> 1 is not a candidate, and a forged behaviour log-prob would
-    otherwise weigh without bound (as in every other loss here);
-  * the mask is computed on the rows the loss sees. A step that the trainer splits into
-    micro-batches gets one mask per micro-batch, not the paper's one per step (the second moment
-    depends on the current policy, unknown before the forward pass); when a step fits one
-    micro-batch, as the built-in models' do, the two are the same.
+    otherwise weigh without bound (as in every other loss here). The authors' released code
+    (Infini-AI-Lab/M2PO, verl) has no dual clip; `dual_clip = inf` runs it that way;
+  * the mask is computed on the rows the loss sees: one mask per micro-batch, as in the released
+    code (which computes it per micro-batch per GPU).
+The released code also differs from the paper's Algorithm 1 (`bound = "drop"`, the default) in
+how it enforces the bound (`bound = "cap"`): it caps the candidates' squared log ratios at the c
+for which sum_C min(l^2, c) = tau |C| and PPO-clips every token to [exp(-sqrt c), exp(sqrt c)].
+Dropping keeps every candidate but the largest, however far the kept ones moved, as long as the
+many small ones pull the mean under tau; capping clips every candidate past sqrt(c), which is
+about sqrt(tau) = 0.2 once many tokens have moved: a PPO clip whose width the batch sets.
 """
 
 from __future__ import annotations
@@ -34,14 +39,44 @@ class M2POConfig:
     """Bound on the mean squared log ratio of the kept candidate tokens (the paper's tau_M2)."""
     normalize_std: bool = True
     dual_clip: float = DUAL_CLIP
+    bound: str = "drop"
+    """"drop": the paper's Algorithm 1 (mask the largest); "cap": the released code's (clip at sqrt c)."""
+
+    def __post_init__(self) -> None:
+        if self.bound not in ("drop", "cap"):
+            raise ValueError(f"m2po: bound must be 'drop' or 'cap', not {self.bound!r}")
+
+
+def candidates(log_ratio: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] bool: the tokens PPO's clip would act on (A > 0 and l > 0, or A < 0 and l < 0)."""
+    a = adv[:, None].expand_as(log_ratio)
+    return mask & (((a > 0) & (log_ratio > 0)) | ((a < 0) & (log_ratio < 0)))
+
+
+def m2po_cap(sq: torch.Tensor, tau: float) -> float:
+    """sqrt(c) for the c with sum_i min(sq_i, c) = tau * len(sq); inf when mean(sq) <= tau already.
+
+    sum_i min(sq_i, c) grows piecewise linearly in c; with sq sorted ascending, the first k whose
+    f(k) = sum_i min(sq_i, sq_k) reaches the target has c between sq_{k-1} and sq_k, where
+    sum_{i<k} sq_i + (n - k) c = target. (The released code returns sqrt(sq_{k-1}), the breakpoint
+    below: a slightly tighter cap.)"""
+    n = sq.numel()
+    target = tau * n
+    if n == 0 or float(sq.sum()) <= target:
+        return math.inf
+    v, _ = torch.sort(sq.detach().double())
+    csum = v.cumsum(0)
+    rest = torch.arange(n - 1, -1, -1, device=v.device, dtype=v.dtype)  # n - k - 1
+    k = int(((csum + v * rest) >= target).nonzero()[0])
+    below = float(csum[k - 1]) if k else 0.0
+    return math.sqrt((target - below) / (n - k))
 
 
 def m2po_mask(log_ratio: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, tau: float) -> torch.Tensor:
     """[B, T] bool, True where a token stays: every real token except the candidates with the
     largest squared log ratio, dropped until the kept candidates' mean is <= tau. No gradient."""
     l = log_ratio.detach()
-    a = adv[:, None].expand_as(l)
-    cand = mask & (((a > 0) & (l > 0)) | ((a < 0) & (l < 0)))
+    cand = candidates(l, adv, mask)
     keep = mask.clone()
     sq = l[cand].square()
     if sq.numel() and sq.mean() > tau:
@@ -56,13 +91,21 @@ def m2po_mask(log_ratio: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, ta
 def m2po_loss(inp: LossInputs, cfg: M2POConfig) -> LossOutput:
     log_ratio = (inp.logp - inp.old_logp.detach()).clamp(-LOG_RATIO_MAX, LOG_RATIO_MAX)
     ratio = torch.exp(log_ratio)
-    keep = m2po_mask(log_ratio, inp.advantages, inp.mask, cfg.tau)
-    per_token, _ = clipped_surrogate(ratio, inp.advantages[:, None], math.inf, math.inf, cfg.dual_clip)
-    whole_tokens = inp.whole.tokens if inp.whole is not None else int(inp.mask.sum())
-    loss = torch.where(keep, per_token, 0.0).sum() / max(whole_tokens, 1)
     m = inp.mask
+    if cfg.bound == "drop":
+        keep = m2po_mask(log_ratio, inp.advantages, m, cfg.tau)
+        per_token, _ = clipped_surrogate(ratio, inp.advantages[:, None], math.inf, math.inf, cfg.dual_clip)
+        bounded = ~keep
+    else:
+        l = log_ratio.detach()
+        cap = m2po_cap(l[candidates(l, inp.advantages, m)].square(), cfg.tau)
+        eps_low, eps_high = (math.inf, math.inf) if math.isinf(cap) else (1 - math.exp(-cap), math.expm1(cap))
+        per_token, bounded = clipped_surrogate(ratio, inp.advantages[:, None], eps_low, eps_high, cfg.dual_clip)
+        keep = m
+    whole_tokens = inp.whole.tokens if inp.whole is not None else int(m.sum())
+    loss = torch.where(keep & m, per_token, 0.0).sum() / max(whole_tokens, 1)
     return LossOutput(loss, {
         **weight_stats(ratio[m]),
-        "clip_frac": frac(~keep[m]),  # tokens masked by the second-moment bound
+        "clip_frac": frac(bounded[m]),  # tokens the second-moment bound masked or clipped
         "kl_k3": seq_mean(k3(inp.old_logp.detach() - inp.logp).detach(), m).mean().item(),
     })

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from examples.paper_delay.run import build_config, mean_ci, t975, tables, versus_table
+from examples.paper_delay.run import build_config, mean_ci, t975, tables, variants_table, versus_table
 from swarm.delay import lognormal_params
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,6 +39,16 @@ def test_differences_are_paired_by_seed_not_by_order():
     assert "| -30.0 ± 127.1 |" in row and "| 20.0 / 50.0 |" in row and "| 2/2 |" in row  # 0.6 -> 0.5 is exactly 10 pts: counted
     vs = versus_table(cells, ["gepo", "grpo"], [0, 64], "grpo")
     assert "| 64 | -30.0 ± 127.1 |" in vs  # 0.2 - 0.6 and 0.5 - 0.7 again
+
+
+def test_a_variant_is_paired_with_its_base_loss():
+    # gepo+kl ran only at 64: its online pairing falls back to gepo's online runs (the same loss at
+    # ratio 1), and the variants table differences it with gepo at 64 seed by seed
+    cells = {("gepo", 0): {0: _summary(0.6), 1: _summary(0.7)}, ("gepo", 64): {0: _summary(0.2), 1: _summary(0.5)},
+             ("gepo+kl", 64): {1: _summary(0.6), 0: _summary(0.3)}}
+    row = next(line for line in tables(cells, ["gepo+kl"], [64]).splitlines() if line.startswith("| gepo+kl | 64 |"))
+    assert "| -20.0 ± 127.1 |" in row  # 0.3 - 0.6 and 0.6 - 0.7: -0.3, -0.1
+    assert "| gepo+kl | gepo | 64 | 2 | 10.0 ± 0.0 | +10.0 / +10.0 |" in variants_table(cells, [0, 64])
 
 
 def test_t_quantiles_without_scipy(monkeypatch):

@@ -174,7 +174,9 @@ def tables(cells: dict, losses: list[str], delays: list[int]) -> str:
             if not runs:
                 continue
             seeds = sorted(runs)
-            online = cells.get((loss, 0), {})
+            # on-policy the ratio is 1, where every variant's loss and gradient are its base loss's:
+            # a variant run only under delay is paired with its base loss's online runs
+            online = cells.get((loss, 0)) or cells.get((loss_and_options(loss)[0], 0), {})
             paired = [runs[s]["last"] - online[s]["last"] for s in seeds if s in online]
             col = lambda k: [runs[s][k] for s in seeds]  # noqa: E731
             lines.append(
@@ -199,6 +201,20 @@ def versus_table(cells: dict, losses: list[str], delays: list[int], ref: str) ->
             diffs = [runs[s]["last"] - base[s]["last"] for s in sorted(runs) if s in base]
             row.append(fmt(diffs) if diffs else "-")
         lines.append(f"| {d} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def variants_table(cells: dict, delays: list[int]) -> str:
+    """Paired by seed: last accuracy of each variant minus its base loss's at the same delay and seed."""
+    lines = ["| variant | base | max delay | seeds | variant - base (points) | each seed |", "|" + "---|" * 6]
+    for variant in sorted({k[0] for k in cells} & set(VARIANTS)):
+        base = VARIANTS[variant][0]
+        for d in delays:
+            runs, ref = cells.get((variant, d), {}), cells.get((base, d), {})
+            diffs = [runs[s]["last"] - ref[s]["last"] for s in sorted(runs) if s in ref]
+            if diffs:
+                lines.append(f"| {variant} | {base} | {d} | {len(diffs)} | {fmt(diffs)} | "
+                             f"{' / '.join(f'{100 * x:+.1f}' for x in diffs)} |")
     return "\n".join(lines)
 
 
@@ -295,6 +311,8 @@ def analyse(out: Path, losses: list[str], delays: list[int]) -> str:
             f"mean ± 95% t-interval over seeds.\n\n{tables(cells, losses, delays)}\n")
     if "grpo" in losses:
         text += f"\nLast accuracy minus GRPO's at the same delay and seed (points, paired):\n\n{versus_table(cells, losses, delays, 'grpo')}\n"
+    if set(VARIANTS) & set(losses):
+        text += f"\nLast accuracy of each variant minus its base loss's at the same delay and seed (paired):\n\n{variants_table(cells, delays)}\n"
     (out / "table.md").write_text(text)
     (out / "results.json").write_text(json.dumps(
         {f"{k[0]}|{k[1]}": {str(s): {x: v for x, v in r.items() if x != "per_step"} for s, r in runs.items()}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from examples.paper_delay.run import build_config, mean_ci, t975, tables, variants_table, versus_table
+from examples.paper_delay.run import build_config, mean_ci, staleness_table, t975, tables, variants_table, versus_table
 from swarm.delay import lognormal_params
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,6 +49,16 @@ def test_a_variant_is_paired_with_its_base_loss():
     row = next(line for line in tables(cells, ["gepo+kl"], [64]).splitlines() if line.startswith("| gepo+kl | 64 |"))
     assert "| -20.0 ± 127.1 |" in row  # 0.3 - 0.6 and 0.6 - 0.7: -0.3, -0.1
     assert "| gepo+kl | gepo | 64 | 2 | 10.0 ± 0.0 | +10.0 / +10.0 |" in variants_table(cells, [0, 64])
+
+
+def test_the_staleness_table_bins_every_step_by_its_staleness():
+    # per_step rows: (staleness, IS-weight variance, k3); bins [0, 1), [1, 3), [3, 5), ...
+    steps = [(0, 0.0, 0.0), (0, 0.0, 0.0), (0, 0.0, 0.0), (1, 0.1, 1.0), (2, 0.2, 2.0), (2.5, 0.3, 3.0), (4, 9.0, 9.0)]
+    cells = {("grpo", 0): {0: {"per_step": steps[:3]}}, ("grpo", 8): {0: {"per_step": steps[3:5]}, 1: {"per_step": steps[5:]}}}
+    table = staleness_table(cells, ["grpo", "pg"], [0, 8])
+    # [1, 3): staleness 1, 2, 2.5 -> k3 mean 2, variance mean 0.2; [3, 5) has one step (< 3): blank, so not a column
+    assert "| grpo | k3 | 0 | 2 |" in table and "| grpo | weight var | 0 | 0.2 |" in table
+    assert "[3, 5)" not in table and "pg" not in table
 
 
 def test_t_quantiles_without_scipy(monkeypatch):

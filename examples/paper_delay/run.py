@@ -204,6 +204,35 @@ def versus_table(cells: dict, losses: list[str], delays: list[int], ref: str) ->
     return "\n".join(lines)
 
 
+def binned(cells: dict, loss: str, delays: list[int], idx: int) -> list[tuple[float, float] | None]:
+    """Per staleness bin (BINS), (mean staleness, mean value) of per-step column `idx` (1: IS-weight
+    variance, 2: k3) over every step of `loss`'s runs at `delays`; None for a bin of < 3 steps."""
+    pts = [p for d in delays for r in cells.get((loss, d), {}).values() for p in r["per_step"]
+           if p[0] is not None and p[idx] is not None and p[idx] == p[idx]]
+    out: list[tuple[float, float] | None] = []
+    for lo, hi in zip(BINS, BINS[1:] + (10**9,)):
+        inside = [p for p in pts if lo <= p[0] < hi]
+        out.append((statistics.fmean(p[0] for p in inside), statistics.fmean(p[idx] for p in inside))
+                   if len(inside) >= 3 else None)
+    return out
+
+
+def staleness_table(cells: dict, losses: list[str], delays: list[int]) -> str:
+    """The numbers behind the Figure 5 plot: each loss's mean k3 and IS-weight variance per bin of
+    the step's mean staleness (all delays and seeds pooled)."""
+    rows = [(loss, quantity, binned(cells, loss, delays, idx)) for idx, quantity in ((2, "k3"), (1, "weight var"))
+            for loss in losses]
+    rows = [r for r in rows if any(b and b[1] for b in r[2])]  # pg has no importance weights
+    used = [i for i in range(len(BINS)) if any(r[2][i] for r in rows)]
+    edges = list(zip(BINS, BINS[1:] + (None,)))
+    lines = ["| loss | quantity | " + " | ".join(f"[{edges[i][0]}, {edges[i][1]})" if edges[i][1] else f">= {edges[i][0]}"
+                                                for i in used) + " |",
+             "|---|---|" + "---|" * len(used)]
+    for loss, quantity, bins in rows:
+        lines.append(f"| {loss} | {quantity} | " + " | ".join(f"{bins[i][1]:.3g}" if bins[i] else "" for i in used) + " |")
+    return "\n".join(lines)
+
+
 def variants_table(cells: dict, delays: list[int]) -> str:
     """Paired by seed: last accuracy of each variant minus its base loss's at the same delay and seed."""
     lines = ["| variant | base | max delay | seeds | variant - base (points) | each seed |", "|" + "---|" * 6]
@@ -278,14 +307,8 @@ def plots(out: Path, cells: dict, losses: list[str], delays: list[int]) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for ax, idx, label in zip(axes, (1, 2), ("IS-weight variance", "k3 of l^q - l^p per token (~ KL(q || p) when small)")):
         for loss in losses:
-            pts = [p for d in delays for r in cells.get((loss, d), {}).values() for p in r["per_step"]
-                   if p[0] is not None and p[idx] is not None and p[idx] == p[idx]]
-            xs, ys = [], []
-            for lo, hi in zip(BINS, BINS[1:] + (10**9,)):
-                vals = [p[idx] for p in pts if lo <= p[0] < hi]
-                if len(vals) >= 3:
-                    xs.append(statistics.fmean(p[0] for p in pts if lo <= p[0] < hi))
-                    ys.append(statistics.fmean(vals))
+            bins = [b for b in binned(cells, loss, delays, idx) if b]
+            xs, ys = [b[0] for b in bins], [b[1] for b in bins]
             if any(ys):  # pg has no importance weights: nothing to draw in the left panel
                 ax.plot([x + 0.5 for x in xs], ys, marker="o", label=loss)
         ax.set_xscale("log")
@@ -311,6 +334,8 @@ def analyse(out: Path, losses: list[str], delays: list[int]) -> str:
             f"mean ± 95% t-interval over seeds.\n\n{tables(cells, losses, delays)}\n")
     if "grpo" in losses:
         text += f"\nLast accuracy minus GRPO's at the same delay and seed (points, paired):\n\n{versus_table(cells, losses, delays, 'grpo')}\n"
+    text += ("\nMean k3 and IS-weight variance per bin of the step's mean staleness (versions; all delays and "
+             f"seeds pooled; blank: < 3 steps):\n\n{staleness_table(cells, losses, delays)}\n")
     if set(VARIANTS) & set(losses):
         text += f"\nLast accuracy of each variant minus its base loss's at the same delay and seed (paired):\n\n{variants_table(cells, delays)}\n"
     (out / "table.md").write_text(text)

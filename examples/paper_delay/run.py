@@ -310,14 +310,15 @@ def plots(out: Path, cells: dict, losses: list[str], delays: list[int]) -> None:
             bins = [b for b in binned(cells, loss, delays, idx) if b]
             xs, ys = [b[0] for b in bins], [b[1] for b in bins]
             if any(ys):  # pg has no importance weights: nothing to draw in the left panel
-                ax.plot([x + 0.5 for x in xs], ys, marker="o", label=loss)
+                # one colour per loss in both panels, though the left one skips pg
+                ax.plot([x + 0.5 for x in xs], ys, marker="o", label=loss, color=f"C{losses.index(loss) % 10}")
         ax.set_xscale("log")
         ax.set_yscale("symlog", linthresh=1e-4)
         ax.set_ylim(bottom=0)
         ax.set_xlabel("mean staleness of the step's rollouts + 0.5 (versions)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "is_var_kl_vs_staleness.png", dpi=110)
     plt.close(fig)

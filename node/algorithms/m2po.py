@@ -106,6 +106,6 @@ def m2po_loss(inp: LossInputs, cfg: M2POConfig) -> LossOutput:
     loss = torch.where(keep & m, per_token, 0.0).sum() / max(whole_tokens, 1)
     return LossOutput(loss, {
         **weight_stats(ratio[m]),
-        "clip_frac": frac(bounded[m]),  # tokens the second-moment bound masked or clipped
+        "clip_frac": frac(bounded[m]),  # drop: tokens masked; cap: tokens clipped, by the bound or the dual clip
         "kl_k3": seq_mean(k3(inp.old_logp.detach() - inp.logp).detach(), m).mean().item(),
     })

@@ -103,7 +103,7 @@ def m2po_loss(inp: LossInputs, cfg: M2POConfig) -> LossOutput:
         per_token, bounded = clipped_surrogate(ratio, inp.advantages[:, None], eps_low, eps_high, cfg.dual_clip)
         keep = m
     whole_tokens = inp.whole.tokens if inp.whole is not None else int(m.sum())
-    loss = torch.where(keep & m, per_token, 0.0).sum() / max(whole_tokens, 1)
+    loss = torch.where(keep, per_token, 0.0).sum() / max(whole_tokens, 1)  # keep is within m
     return LossOutput(loss, {
         **weight_stats(ratio[m]),
         "clip_frac": frac(bounded[m]),  # drop: tokens masked; cap: tokens clipped, by the bound or the dual clip

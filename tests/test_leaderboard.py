@@ -4,16 +4,21 @@ Unit tests (fast): the store's rules (newest tally per learner, replays / self-c
 malformed refused and counted, history kept across a restart), escaping of untrusted names (once,
 in the one place rows are rendered), the HTTP service (the refresh fragment is the first load's
 rows; a port in use fails at once), and the DHT validator chain every peer runs (forged, edited,
-self-crediting tallies refused).
-Integration: real in-process DHT peers refuse forged tallies; a loopback swarm's tallies reach the
-page, checked in headless Chromium (screenshot saved), and survive a restart of the service.
+self-crediting tallies refused; a learner's version and eval accepted in bounds, refused out of
+them, and older tallies without them still accepted); the learners' progress kept and charted.
+Integration: real in-process DHT peers refuse forged tallies; a loopback swarm's tallies (with the
+learner's version and eval) reach the page, checked in headless Chromium (screenshot saved), and
+survive a restart of the service, which then says it shows stored history; the page read at phone
+and desktop widths in Chromium (screenshots saved).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
+import math
 import os
 import re
 import socket
@@ -36,8 +41,9 @@ from external import require_chromium
 from node.accounting import Tally
 from swarm.dht import NetworkConfig, SwarmSchema
 from swarm.identity import Identity, short_id
-from swarm.leaderboard import (LeaderboardStore, clean_name, collect_once, make_server, render_chart, render_page,
-                               render_rows, serve)
+from swarm.leaderboard import (LeaderboardStore, clean_name, collect_once, make_server, render_chart,
+                               render_learning_chart, render_page, render_rows, serve)
+from swarm.leaderboard.page import HISTORY_ONLY
 from swarm.ownership import OwnerValidator, owner_peer_id
 from swarm.tally import tallies_key
 
@@ -48,6 +54,11 @@ def tally(learner: str, seq: int, peers: dict[str, tuple[int, int]], t: float = 
     return {"learner": learner, "seq": seq, "time": t, "model_id": "m",
             "peers": {p: {"groups": r // 4, "rollouts": r, "tokens": tok, "first": t - 10.0, "last": t, "models": ["m"]}
                       for p, (r, tok) in peers.items()}}
+
+
+def progress(t: dict, version: int, acc: float | None = None, at: int | None = None) -> dict:
+    """`t` as a learner's tally that also says its version and (acc, at) its latest eval."""
+    return {**t, "version": version, **({} if acc is None else {"eval_acc": acc, "eval_version": at})}
 
 
 # ---- the store ---------------------------------------------------------------------------------------
@@ -103,7 +114,7 @@ def test_untrusted_names_are_escaped_in_the_page_and_the_chart(tmp_path):
     chart = render_chart(store.history(), {"A": evil})
     assert "<script>" not in chart and "&lt;script&gt;" in chart
     assert clean_name("x" * 100) == "x" * 64
-    assert "no accepted rollouts yet" in render_chart({}, {})
+    assert "no credited rollouts yet" in render_chart({}, {})
 
 
 def test_rows_escape_a_hostile_name_exactly_once_and_the_page_embeds_those_rows(tmp_path):
@@ -116,7 +127,7 @@ def test_rows_escape_a_hostile_name_exactly_once_and_the_page_embeds_those_rows(
     assert '<td class="name">&lt;img src=x onerror=&quot;alert(1)&quot;&gt;&amp;amp;</td>' in rows
     assert "<img" not in rows and "&amp;lt;" not in rows and "&amp;amp;amp;" not in rows  # escaped once, not twice
     assert f'<td title="{peer}">{short_id(peer)}</td>' in rows  # short id shown, full id on hover
-    assert 'data-summary="1 peer(s), 8 accepted rollouts, 1 learner(s)."' in rows
+    assert 'data-summary="1 peer(s), 8 credited rollouts, 1 learner(s)."' in rows
     assert rows in render_page(store.board(), swarm="demo")  # the page's first load is the same fragment
     plain = LeaderboardStore(tmp_path / "plain.db")
     plain.ingest(tally("L1", 1, {"A": (8, 40)}))
@@ -245,6 +256,138 @@ def test_validators_accept_a_learners_own_tally_and_refuse_forged_edited_and_sel
     assert learner.peer_id not in t.record(learner.peer_id, "m")["peers"]  # and Tally never writes one
 
 
+def test_validators_accept_a_learners_version_and_eval_and_still_accept_a_tally_without_them(tmp_path):
+    learner = Identity.load_or_create(tmp_path / "l.key")
+    reader = _chain(Identity.load_or_create(tmp_path / "r.key"))
+    t = Tally()
+    t.credit("sampler-A", 8, 40, "m")
+    history = [{"kind": "eval", "version": 0, "eval_acc": 0.25}, {"kind": "step", "version": 1},
+               {"kind": "eval", "version": 3, "eval_acc": 0.625}, {"kind": "step", "version": 4}]
+    value = t.record(learner.peer_id, "m", 4, history)
+    assert (value["version"], value["eval_acc"], value["eval_version"]) == (4, 0.625, 3)  # the latest eval
+    assert reader.validate(_record(learner, learner, value))
+    before_eval = t.record(learner.peer_id, "m", 0, [])
+    assert "eval_acc" not in before_eval and reader.validate(_record(learner, learner, before_eval))
+    older = t.record(learner.peer_id, "m")  # as a learner from before these fields publishes it
+    assert "version" not in older and reader.validate(_record(learner, learner, older))
+    signed = _record(learner, learner, value)
+    edited = signed.value.replace(MSGPackSerializer.dumps(value), MSGPackSerializer.dumps({**value, "eval_acc": 0.99}))
+    assert edited != signed.value
+    assert not reader.validate(DHTRecord(signed.key, signed.subkey, edited, signed.expiration_time))  # after signing
+
+
+BAD_PROGRESS = {
+    "accuracy above 1": {"version": 4, "eval_acc": 1.5, "eval_version": 3},
+    "accuracy below 0": {"version": 4, "eval_acc": -0.01, "eval_version": 3},
+    "accuracy NaN": {"version": 4, "eval_acc": math.nan, "eval_version": 3},
+    "accuracy infinite": {"version": 4, "eval_acc": math.inf, "eval_version": 3},
+    "accuracy an int": {"version": 4, "eval_acc": 1, "eval_version": 3},
+    "negative version": {"version": -1},
+    "version a float": {"version": 4.0},
+    "negative eval version": {"version": 4, "eval_acc": 0.5, "eval_version": -1},
+    "eval newer than the version": {"version": 4, "eval_acc": 0.5, "eval_version": 5},
+    "accuracy without its version": {"version": 4, "eval_acc": 0.5},
+    "eval without a current version": {"eval_acc": 0.5, "eval_version": 3},
+}
+
+
+@pytest.mark.parametrize("why", list(BAD_PROGRESS))
+def test_validators_and_the_store_refuse_a_learners_out_of_range_or_incoherent_eval(tmp_path, why):
+    learner = Identity.load_or_create(tmp_path / "l.key")
+    reader = _chain(Identity.load_or_create(tmp_path / "r.key"))
+    bad = {**tally(learner.peer_id, 5, {"sampler-A": (8, 40)}), **BAD_PROGRESS[why]}
+    assert not reader.validate(_record(learner, learner, bad)), f"the DHT took a tally with {why}: {bad}"
+    store = LeaderboardStore(tmp_path / "lb.db")
+    assert store.ingest(bad) == "invalid", why
+    assert store.learners() == [] and store.counters() == {"invalid": 1}
+
+
+def test_store_keeps_each_learners_version_and_eval_a_point_per_change_across_a_restart(tmp_path):
+    store = LeaderboardStore(tmp_path / "lb.db")
+    store.ingest(tally("L1", 1, {"A": (8, 40)}, t=1000.0))  # from before the fields: no progress point
+    store.ingest(progress(tally("L1", 2, {"A": (16, 80)}, t=1010.0), 2, 0.25, 0))
+    store.ingest(progress(tally("L1", 3, {"A": (16, 80)}, t=1020.0), 2, 0.25, 0))  # nothing changed: no point
+    store.ingest(progress(tally("L1", 4, {"A": (24, 99)}, t=1030.0), 5))  # a resumed learner, no eval yet
+    store.ingest(progress(tally("L1", 5, {"A": (32, 120)}, t=1040.0), 7, 0.5, 6))
+    assert store.ingest(progress(tally("L1", 3, {"A": (99, 999)}, t=1050.0), 99, 1.0, 99)) == "replay"
+    store.ingest(tally("L2", 1, {"B": (4, 4)}, t=1015.0))
+    store.set_name("L1", "learner one")
+    want = [{"learner": "L1", "name": "learner one", "model_id": "m", "updated": 1040.0, "version": 7,
+             "eval_acc": 0.5, "eval_version": 6,
+             "progress": [(1010.0, 2, 0.25, 0), (1030.0, 5, None, None), (1040.0, 7, 0.5, 6)]},
+            {"learner": "L2", "name": "", "model_id": "m", "updated": 1015.0, "version": None, "eval_acc": None,
+             "eval_version": None, "progress": []}]
+    assert store.learners() == want
+    latest = [{k: v for k, v in x.items() if k != "progress"} for x in want]
+    assert store.board()["learner_progress"] == latest
+    assert store.history()["A"] == [(1000.0, 8), (1010.0, 16), (1030.0, 24), (1040.0, 32)]  # contributions too
+    store.close()
+    again = LeaderboardStore(tmp_path / "lb.db")
+    assert again.learners() == want
+    server, url = _serving(again)
+    try:
+        got = json.loads(_get(url + "api/learners")[0])
+        assert got == json.loads(json.dumps(want)), got  # tuples as JSON arrays
+        assert json.loads(_get(url + "api/leaderboard")[0])["learner_progress"] == latest
+        assert json.loads(_get(url + "api/history")[0])["A"][-1] == [1040.0, 32]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_learning_chart_and_summary_show_each_learners_progress_with_names_escaped(tmp_path):
+    store = LeaderboardStore(tmp_path / "lb.db")
+    for seq, (v, acc, at) in enumerate([(0, 0.125, 0), (3, 0.125, 0), (6, 0.5, 6), (9, 0.5, 6), (12, 0.625, 12)], 1):
+        store.ingest(progress(tally("L1", seq, {"A": (8 * seq, 40 * seq)}, t=1000.0 + 60 * seq), v, acc, at))
+    store.set_name("L1", '<script>alert(1)</script>')
+    chart = render_learning_chart(store.learners())
+    assert chart.startswith("<svg") and "<script>" not in chart and "&lt;script&gt;" in chart
+    assert chart.count("<circle") == 3  # one dot per eval (versions 0, 6, 12), not per tally
+    assert chart.count("<polyline") == 2  # the accuracy line and the version line
+    assert "eval accuracy 62.5% at version 12" in chart and "version 12" in chart
+    assert "no learner has reported" in render_learning_chart([])
+    assert "no learner has reported" in render_learning_chart([{**store.learners()[0], "progress": []}])
+    summary = render_rows(store.board())
+    assert ('Learner &lt;script&gt;alert(1)&lt;/script&gt;: version 12, eval accuracy 62.5% at version 12.'
+            in summary), summary
+
+
+def test_a_history_only_page_says_it_shows_stored_history_and_a_live_one_that_it_refreshes(tmp_path):
+    store = LeaderboardStore(tmp_path / "lb.db")
+    store.ingest(progress(tally("L1", 1, {"A": (8, 40)}), 3, 0.5, 2))
+    live, stored = render_page(store.board(), "demo"), render_page(store.board(), "demo", live=False)
+    assert "Live: updated every 5 s while this page is open." in live and 'data-refresh-ms="5000"' in live
+    assert HISTORY_ONLY in stored and 'data-refresh-ms="0"' in stored
+    assert "updated every" not in stored.lower()
+    for page in (live, stored):
+        assert '<img id="learning" src="learning.svg"' in page and '<img id="chart" src="chart.svg"' in page
+    # and the service picks the mode from whether it has a swarm to follow
+    for source, want in ((None, HISTORY_ONLY), (_FakeSwarm(), "Live: updated every")):
+        with _served(store, source) as url:
+            page = _get(url)[0]
+            assert want in page, f"{source!r}: {page}"
+            chart = _get(url + "learning.svg")[0]  # one tally: the eval's dot and the version's square
+            assert chart.count("<circle") == 1 and chart.count('<rect x="') == 1, chart
+
+
+@contextlib.contextmanager
+def _served(store: LeaderboardStore, source=None):
+    """`serve` in a thread (history only when `source` is None); yields the page's URL."""
+    stop, urls = threading.Event(), []
+    t = threading.Thread(target=serve, args=(store, "demo", "127.0.0.1", 0, stop),
+                         kwargs={"source": source, "poll_s": 0.05, "ready": urls.append}, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 10
+    while not urls and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        assert urls, "the service never became ready"
+        yield urls[0]
+    finally:
+        stop.set()
+        t.join(timeout=5)
+
+
 # ---- real DHT peers ------------------------------------------------------------------------------------
 
 @pytest.mark.integration
@@ -279,18 +422,24 @@ def _get_json(url: str) -> dict:
         return json.loads(r.read())
 
 
-def _browser_check(url: str, shot: Path) -> str:
-    """Load the page in headless Chromium; return the name cell's text; save a screenshot."""
+def _chromium():
+    """Debian's headless Chromium through selenium (skips, or fails in CI, where it is missing)."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
 
     browser, chromedriver = require_chromium()
     opts = webdriver.ChromeOptions()
     opts.binary_location = browser
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1200,800"):
         opts.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(chromedriver), options=opts)
+    return webdriver.Chrome(service=Service(chromedriver), options=opts)
+
+
+def _browser_check(url: str, shot: Path) -> str:
+    """Load the page in headless Chromium; return the name cell's text; save a screenshot."""
+    from selenium.webdriver.common.by import By
+
+    driver = _chromium()
     try:
         driver.set_page_load_timeout(30)
         driver.get(url)
@@ -305,8 +454,11 @@ def _browser_check(url: str, shot: Path) -> str:
         rows = driver.find_elements(By.CSS_SELECTOR, "#board tbody tr")
         cells = rows[0].find_elements(By.TAG_NAME, "td")
         assert int(cells[3].text) > 0
-        chart = driver.find_element(By.ID, "chart")
-        assert driver.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 0", chart)
+        charts = driver.find_elements(By.CSS_SELECTOR, "#chart, #learning")
+        assert len(charts) == 2
+        for chart in charts:
+            assert driver.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 0", chart)
+        assert driver.find_element(By.ID, "mode").text.startswith("Live: updated every")
         shot.parent.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(shot))
         return cells[2].text
@@ -342,6 +494,12 @@ def test_swarm_tallies_reach_the_page_in_a_real_browser_and_survive_a_restart(tm
         assert top["peer_id"] == me and top["name"] == name and top["share"] == 1.0
         assert top["models"] == ["builtin:tiny-arith"] and top["tokens"] > top["rollouts"]
         assert peer_of(s, "learner") not in {p["peer_id"] for p in board["peers"]}  # learners are not credited
+        # the learner's tally says how it is doing: its version, and its first eval (run at version 0)
+        [learner] = _get_json(url + "api/learners")
+        assert learner["learner"] == peer_of(s, "learner") and learner["version"] >= 0, learner
+        assert 0.0 <= learner["eval_acc"] <= 1.0 and learner["eval_version"] == 0, learner
+        versions = [v for _, v, _, _ in learner["progress"]]
+        assert versions == sorted(versions) and all(p[2:] == [learner["eval_acc"], 0] for p in learner["progress"]), learner
         shown = _browser_check(url, ARTIFACTS / "leaderboard.png")
         assert shown == name  # shown as text, not run as HTML
         table = subprocess.run([sys.executable, "-m", "cli.main", "status", "--initial-peers", s.addr],
@@ -355,8 +513,76 @@ def test_swarm_tallies_reach_the_page_in_a_real_browser_and_survive_a_restart(tm
         again = _get_json(url2 + "api/leaderboard")["peers"][0]
         assert again["peer_id"] == me and again["rollouts"] >= top["rollouts"]
         assert len(_get_json(url2 + "api/history")[me]) >= 1
+        assert _get_json(url2 + "api/learners")[0]["progress"][: len(learner["progress"])] == learner["progress"]
+        assert HISTORY_ONLY in _get(url2)[0]  # and it says it is not following the swarm
     finally:
         s.stop_all()
+
+
+def _fill(store: LeaderboardStore) -> None:
+    """Half an hour of a small swarm: one learner evaluating every 10 versions, five samplers, one
+    with a 64-character name without spaces and one with markup for a name."""
+    samplers = ["12D3KooW" + hashlib.sha256(bytes([i])).hexdigest()[:44] for i in range(5)]  # peer-id-like
+    names = ["alice", "bob's laptop (RTX 4090)", "x" * 64, '<img src=x onerror="window.__pwned=1">carol', "dave"]
+    for peer, name in zip(samplers, names):
+        store.set_name(peer, name)
+    store.set_name("12D3KooWLearnerEU", "learner-eu")
+    t0 = 1_700_000_000.0
+    for step in range(31):
+        version = 2 * step
+        credit = {p: (4 * (step - 3 * i + 1) * (i + 1), 40 * (step - 3 * i + 1) * (i + 1))
+                  for i, p in enumerate(samplers) if step >= 3 * i}
+        last_eval = version - version % 10
+        acc = 0.125 + 0.5 * last_eval / 60
+        store.ingest(progress(tally("12D3KooWLearnerEU", step + 1, credit, t=t0 + 60 * step), version, acc, last_eval))
+
+
+def _page_facts(driver, url: str, width: int, height: int, phone: bool, shot: Path) -> dict:
+    """Open `url` at width x height (as a phone: mobile viewport), wait for both charts, save a
+    full-page screenshot; what the page looks like, measured in the browser."""
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                           {"width": width, "height": height, "deviceScaleFactor": 2 if phone else 1, "mobile": phone})
+    driver.get(url)
+    loaded = "return ['chart', 'learning'].every(id => document.getElementById(id).complete)"
+    deadline = time.monotonic() + 20
+    while not driver.execute_script(loaded) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    facts = driver.execute_script("""
+        const img = id => { const e = document.getElementById(id), r = e.getBoundingClientRect();
+                            return {natural: e.naturalWidth, width: r.width, height: r.height, right: r.right}; };
+        return {scroll: document.documentElement.scrollWidth, inner: window.innerWidth,
+                learning: img("learning"), chart: img("chart"), mode: document.getElementById("mode").textContent,
+                rows: document.querySelectorAll("#board tbody tr").length, pwned: window.__pwned !== undefined};""")
+    facts["svgs"] = driver.execute_async_script("""
+        const done = arguments[arguments.length - 1];
+        Promise.all(["learning.svg", "chart.svg"].map(u => fetch(u).then(r => r.text()))).then(done);""")
+    png = driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})
+    shot.parent.mkdir(parents=True, exist_ok=True)
+    shot.write_bytes(base64.b64decode(png["data"]))
+    return facts
+
+
+@pytest.mark.integration
+def test_the_stored_history_page_reads_at_phone_and_desktop_widths_in_a_real_browser(tmp_path):
+    store = LeaderboardStore(tmp_path / "lb.db")
+    _fill(store)
+    with _served(store) as url:  # no swarm: the history-only mode
+        driver = _chromium()
+        try:
+            for label, (w, h, phone) in {"phone": (390, 844, True), "desktop": (1280, 800, False)}.items():
+                f = _page_facts(driver, url, w, h, phone, ARTIFACTS / f"leaderboard-{label}.png")
+                assert f["inner"] == w and f["scroll"] <= f["inner"], f"{label}: the page scrolls sideways: {f}"
+                for chart in ("learning", "chart"):
+                    c = f[chart]
+                    assert c["natural"] > 0 and c["height"] > 100 and c["right"] <= w, f"{label} {chart}: {c}"
+                learning, contributions = f["svgs"]
+                assert learning.count("<circle") == 7 and "learner-eu: eval accuracy 62.5% at version 60" in learning
+                assert contributions.count("<polyline") == 5 and "alice" in contributions
+                assert f["mode"] == HISTORY_ONLY and f["rows"] == 5 and not f["pwned"], f"{label}: {f}"
+            # side by side on a desktop, one above the other on a phone
+            assert f["learning"]["right"] < f["chart"]["right"]
+        finally:
+            driver.quit()
 
 
 def test_validators_refuse_a_peer_record_naming_another_peer_and_a_second_subkey_of_one_key(tmp_path):

@@ -8,22 +8,31 @@ newest tally (a lower sequence number is a replay and is refused and counted) pl
 every change, so the board survives restarts and DHT expiry.
 
 HTTP (stdlib, read-only):
-  /                  the page: rank, peer, name, rollouts, tokens, share, first/last seen, models,
-                     and a chart of contributions over time; it refreshes itself while open
+  /                  the page: whether the swarm learns (a chart of each learner's eval accuracy and
+                     version over time), who helped (a chart of accepted rollouts per peer over
+                     time), and the table: rank, peer, name, rollouts, tokens, share, first/last
+                     seen, models. It refreshes itself while open if the service follows a swarm;
+                     without --initial-peers it serves the stored history and says so
   /rows              the table body alone, as the page shows it (what the page's refresh swaps in)
-  /api/leaderboard   the same as JSON, plus how many tallies were accepted or refused, by reason
-  /api/history       cumulative rollouts per peer over time, as JSON
-  /chart.svg         the chart
-Display names are untrusted: they are escaped in the one place the table is rendered
-(`render_rows`, server side) and in the SVG, and the Content-Security-Policy lets no script run
-but the page's own.
+  /api/leaderboard   the table as JSON (`peers`), each learner's latest version and eval
+                     (`learner_progress`), and how many tallies were accepted or refused, by reason
+  /api/history       contributions over time: {peer: [[time, cumulative accepted rollouts], ...]}
+  /api/learners      learning over time: [{learner, name, model_id, updated, version, eval_acc,
+                     eval_version, progress: [[time, version, eval_acc, eval_version], ...]}]; a point
+                     per change; eval_acc and eval_version are null until the learner's first eval
+  /learning.svg      the learning chart
+  /chart.svg         the contributions chart
+Times are Unix seconds from the learners' tallies. Versions and accuracies are each learner's own
+signed claims (swarm/tally.py). Display names are untrusted: they are escaped in the one place the
+table is rendered (`render_rows`, server side) and in the SVGs, and the Content-Security-Policy
+lets no script run but the page's own.
 
 Modules: `store` (SQLite), `page` (pure rendering), `service` (HTTP server and collector loop).
 """
 
-from .page import render_chart, render_page, render_rows
+from .page import render_chart, render_learning_chart, render_page, render_rows
 from .service import collect_once, make_server, serve
 from .store import LeaderboardStore, clean_name
 
-__all__ = ["LeaderboardStore", "clean_name", "render_page", "render_rows", "render_chart", "make_server",
-           "collect_once", "serve"]
+__all__ = ["LeaderboardStore", "clean_name", "render_page", "render_rows", "render_chart", "render_learning_chart",
+           "make_server", "collect_once", "serve"]

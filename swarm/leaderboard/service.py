@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Protocol
 from urllib.parse import urlparse
 
-from .page import CONTENT_SECURITY_POLICY, render_chart, render_page, render_rows
+from .page import CONTENT_SECURITY_POLICY, render_chart, render_learning_chart, render_page, render_rows
 from .store import LeaderboardStore
 
 log = logging.getLogger(__name__)
@@ -31,14 +31,15 @@ class Source(Protocol):
     def peers(self) -> list[dict]: ...
 
 
-def _routes(store: LeaderboardStore, swarm: str, refresh_s: float) -> dict[str, tuple[str, Callable[[], str]]]:
+def _routes(store: LeaderboardStore, swarm: str, refresh_s: float,
+            live: bool) -> dict[str, tuple[str, Callable[[], str]]]:
     """path -> (content type, body); each body reads the store afresh."""
 
     def chart() -> str:
         names = {p["peer_id"]: p["name"] for p in store.board()["peers"]}
         return render_chart(store.history(), names)
 
-    page = ("text/html; charset=utf-8", lambda: render_page(store.board(), swarm, refresh_s))
+    page = ("text/html; charset=utf-8", lambda: render_page(store.board(), swarm, refresh_s, live))
     return {
         "/": page,
         "/index.html": page,
@@ -46,14 +47,18 @@ def _routes(store: LeaderboardStore, swarm: str, refresh_s: float) -> dict[str, 
         "/api/leaderboard": ("application/json",
                              lambda: json.dumps({"swarm": swarm, **store.board(), "tallies": store.counters()})),
         "/api/history": ("application/json", lambda: json.dumps(store.history())),
+        "/api/learners": ("application/json", lambda: json.dumps(store.learners())),
         "/chart.svg": ("image/svg+xml", chart),
+        "/learning.svg": ("image/svg+xml", lambda: render_learning_chart(store.learners())),
     }
 
 
-def make_server(store: LeaderboardStore, swarm: str, host: str, port: int, refresh_s: float = 5.0) -> ThreadingHTTPServer:
+def make_server(store: LeaderboardStore, swarm: str, host: str, port: int, refresh_s: float = 5.0,
+                live: bool = True) -> ThreadingHTTPServer:
     """An HTTP server (bound, not yet serving) for `store`; port 0 picks a free one (`server.server_address`).
-    A port in use raises the socket's OSError here."""
-    routes = _routes(store, swarm, refresh_s)
+    `live`: the store is being filled from a swarm (the page refreshes; else it says it shows stored
+    history). A port in use raises the socket's OSError here."""
+    routes = _routes(store, swarm, refresh_s, live)
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
@@ -120,7 +125,7 @@ def serve(store: LeaderboardStore, swarm: str, host: str, port: int, stop: threa
     (None: serve the stored history only). `ready(url)` is called once the page is reachable.
     The caller keeps ownership of `store` and `source` (closes them). A port in use raises OSError
     before anything starts."""
-    server = make_server(store, swarm, host, port)
+    server = make_server(store, swarm, host, port, live=source is not None)
     thread = threading.Thread(target=server.serve_forever, name="leaderboard-http", daemon=True)
     thread.start()
     try:

@@ -6,6 +6,9 @@ keeps a history row whenever a peer's credit changes, so the board and its chart
 of this service and the expiry of the DHT records. Every refusal is counted by reason: the counts
 are the only sign, from outside, that someone is trying to inflate a score.
 
+A learner's progress (its version and latest eval accuracy, carried by its tallies) is kept as a
+history too, a row whenever one of them changes: the page's "is the swarm learning" chart.
+
 SQLite with one lock: the collector writes while the HTTP threads read, and the volumes (a row
 per learner and peer) are small.
 """
@@ -33,6 +36,7 @@ CREATE TABLE IF NOT EXISTS learners (learner TEXT PRIMARY KEY, seq INTEGER, time
 CREATE TABLE IF NOT EXISTS credits (learner TEXT, peer TEXT, groups_ INTEGER, rollouts INTEGER, tokens INTEGER,
                                     first REAL, last REAL, models TEXT, PRIMARY KEY (learner, peer));
 CREATE TABLE IF NOT EXISTS history (time REAL, learner TEXT, peer TEXT, rollouts INTEGER, tokens INTEGER);
+CREATE TABLE IF NOT EXISTS progress (time REAL, learner TEXT, version INTEGER, eval_acc REAL, eval_version INTEGER);
 CREATE TABLE IF NOT EXISTS names (peer TEXT PRIMARY KEY, name TEXT, updated REAL);
 CREATE TABLE IF NOT EXISTS counters (reason TEXT PRIMARY KEY, n INTEGER);
 """
@@ -90,6 +94,17 @@ class LeaderboardStore:
             if before.get(peer) != c.rollouts:
                 self._db.execute("INSERT INTO history VALUES (?, ?, ?, ?, ?)",
                                  (t.time, t.learner, peer, c.rollouts, c.tokens))
+        self._progress(t)
+
+    def _progress(self, t: TallyModel) -> None:
+        """A progress row if the learner's version or eval changed (a tally from before these fields has none)."""
+        if t.version is None:
+            return
+        now = (t.version, t.eval_acc, t.eval_version)
+        last = self._db.execute("SELECT version, eval_acc, eval_version FROM progress WHERE learner = ? "
+                                "ORDER BY rowid DESC LIMIT 1", (t.learner,)).fetchone()
+        if last != now:
+            self._db.execute("INSERT INTO progress VALUES (?, ?, ?, ?, ?)", (t.time, t.learner, *now))
 
     def _refuse(self, reason: str, why: str) -> str:
         log.warning("refused a tally: %s", why)
@@ -116,6 +131,7 @@ class LeaderboardStore:
             rows = self._db.execute("SELECT peer, groups_, rollouts, tokens, first, last, models FROM credits").fetchall()
             names = dict(self._db.execute("SELECT peer, name FROM names"))
             learners = self._db.execute("SELECT COUNT(*), MAX(time) FROM learners").fetchone()
+            progress = self._learners(history=False)  # in the same snapshot as the credits
         peers: dict[str, dict[str, Any]] = {}
         for peer, groups, rollouts, tokens, first, last, models in rows:
             p = peers.setdefault(peer, {"peer_id": peer, "name": names.get(peer, ""), "groups": 0, "rollouts": 0,
@@ -129,7 +145,8 @@ class LeaderboardStore:
         ranked = sorted(peers.values(), key=lambda p: (-p["rollouts"], p["peer_id"]))
         for i, p in enumerate(ranked, 1):
             p["rank"], p["share"] = i, (p["rollouts"] / total if total else 0.0)
-        return {"peers": ranked, "total_rollouts": total, "learners": learners[0], "updated": learners[1]}
+        return {"peers": ranked, "total_rollouts": total, "learners": learners[0], "updated": learners[1],
+                "learner_progress": progress}
 
     def history(self) -> dict[str, list[tuple[float, int]]]:
         """peer -> [(time, cumulative accepted rollouts summed over learners)], in time order."""
@@ -142,6 +159,32 @@ class LeaderboardStore:
             total[peer] = total.get(peer, 0) + rollouts - latest.get((learner, peer), 0)
             latest[(learner, peer)] = rollouts
             out.setdefault(peer, []).append((t, total[peer]))
+        return out
+
+    def learners(self, history: bool = True) -> list[dict[str, Any]]:
+        """Per learner (by peer id): its latest version and eval (None: its tallies carry none yet),
+        and with `history`, `progress`: [(time, version, eval_acc, eval_version)] in time order, a
+        point per change."""
+        with self._lock:
+            return self._learners(history)
+
+    def _learners(self, history: bool) -> list[dict[str, Any]]:
+        """`learners()`, the caller holding the lock."""
+        latest_only = "" if history else "WHERE rowid IN (SELECT MAX(rowid) FROM progress GROUP BY learner) "
+        rows = self._db.execute("SELECT learner, model_id, time FROM learners ORDER BY learner").fetchall()
+        names = dict(self._db.execute("SELECT peer, name FROM names"))
+        progress = self._db.execute("SELECT learner, time, version, eval_acc, eval_version FROM progress "
+                                    f"{latest_only}ORDER BY rowid").fetchall()
+        by_learner: dict[str, list[tuple[float, int, float | None, int | None]]] = {}
+        for learner, *point in progress:
+            by_learner.setdefault(learner, []).append(tuple(point))
+        out = []
+        for learner, model_id, updated in rows:
+            pts = by_learner.get(learner, [])
+            _, version, acc, at = pts[-1] if pts else (None, None, None, None)
+            row = {"learner": learner, "name": names.get(learner, ""), "model_id": model_id, "updated": updated,
+                   "version": version, "eval_acc": acc, "eval_version": at}
+            out.append({**row, "progress": pts} if history else row)
         return out
 
     def close(self) -> None:

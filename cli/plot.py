@@ -39,8 +39,13 @@ PANELS: tuple[tuple[str, str, str], ...] = (
     ("is_weight_var", "Importance-weight variance", "variance"),
     ("kl_k3", "KL to sampling policy (k3)", "KL"),
     ("clip_frac", "Clipped fraction", "fraction"),
-    ("weights_bytes_vs_bf16", "Published version size (vs a full bf16 copy)", "fraction"),
+    ("weights_bytes_vs_view", "Published version size (vs a full copy of the view)", "share of the view's bytes"),
 )
+KEYFRAMES_ON = "weights_bytes_vs_view"
+"""The panel that marks keyframes (step records with weights_kind "keyframe"). Its ratio is to a
+full copy of the view in the view's own dtype (float32 on a CPU learner, bfloat16 on GPUs).
+Records written before weights_bytes_vs_view have only weights_bytes_vs_bf16, a ratio that reads
+about 1.7 for a float32 keyframe; they get no panel rather than a mislabelled one."""
 SMOOTH_MIN_POINTS = 20
 """Step series with at least this many points are drawn faint (raw) plus a moving average."""
 X_LABEL = "learner version"
@@ -214,11 +219,26 @@ def _plot_eval(runs: list[Run], colors: list, path: Path) -> None:
     fig.savefig(path)
 
 
-def _plot_overview(runs: list[Run], colors: list, keys: list[tuple[str, str, str]], path: Path) -> None:
+def _mark_keyframes(ax, run: Run, key: str, color) -> bool:
+    """Hollow triangles on the versions published as keyframes; whether there were any."""
+    points = dict(zip(*run.series(key)))
+    xs = [v for v in points if run.steps[v].get("weights_kind") == "keyframe"]
+    if xs:
+        ax.plot(xs, [points[v] for v in xs], ls="none", marker="^", ms=5, mfc="none", mec=color, mew=1.2)
+    return bool(xs)
+
+
+def overview_figure(runs: list[Run]):
+    """The training overview (a matplotlib Figure): one panel per metric of PANELS that some run
+    has, keyframes marked on the version-size panel; None if no run has any of them."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
+    keys = [panel for panel in PANELS if any(run.has(panel[0]) for run in runs)]
+    if not keys:
+        return None
+    colors = _colors(len(runs))
     n = len(keys)
     ncols = 2 if n <= 4 else 3 if n in (5, 6, 9) else 4
     nrows = math.ceil(n / ncols)
@@ -229,9 +249,15 @@ def _plot_overview(runs: list[Run], colors: list, keys: list[tuple[str, str, str
     xmin = min(x for run in runs for key, _, _ in keys for x in run.series(key)[0][:1])
     xmax = max(x for run in runs for key, _, _ in keys for x in run.series(key)[0][-1:])
     for i, (ax, (key, title, ylabel)) in enumerate(zip(axes, keys)):
+        marked = False
         for run, color in zip(runs, colors):
             _draw(ax, run, key, color)
+            if key == KEYFRAMES_ON:
+                marked = _mark_keyframes(ax, run, key, color) or marked
         _style(ax, title, ylabel)
+        if marked:
+            ax.legend([Line2D([], [], ls="none", marker="^", mfc="none", mec="0.3")], ["keyframe"], fontsize=8,
+                      loc="best", framealpha=0.85)
         if xmax > xmin:
             ax.set_xlim(xmin, xmax)
         if i + ncols >= n:  # nothing below it: the lowest panel of its column
@@ -245,7 +271,7 @@ def _plot_overview(runs: list[Run], colors: list, keys: list[tuple[str, str, str
                    for run in runs for key, _, _ in keys if key != "eval_acc")
     fig.suptitle("Training overview" + ("  (faint: per-step value, solid: moving average)" if smoothed else ""),
                  fontsize=12)
-    fig.savefig(path)
+    return fig
 
 
 def plot_runs(runs: list[Path], out_dir: Path) -> list[Path]:
@@ -253,9 +279,9 @@ def plot_runs(runs: list[Path], out_dir: Path) -> list[Path]:
 
     eval_acc.png: eval accuracy vs version, all runs overlaid (skipped when no run has eval
     records). overview.png: one panel per metric in PANELS that some run has (reward, eval_acc,
-    loss, grad_norm, staleness_mean, is_weight_var, kl_k3, clip_frac), long step series drawn raw
-    and faint with a centred moving average on top. Raises FileNotFoundError when a run path does
-    not exist or holds no metrics (see `find_runs`).
+    loss, grad_norm, staleness_mean, is_weight_var, kl_k3, clip_frac, weights_bytes_vs_view with
+    keyframes marked), long step series drawn raw and faint with a centred moving average on top.
+    Raises FileNotFoundError when a run path does not exist or holds no metrics (see `find_runs`).
     """
     loaded = find_runs(runs)
     out_dir = Path(out_dir)
@@ -266,10 +292,10 @@ def plot_runs(runs: list[Path], out_dir: Path) -> list[Path]:
         path = out_dir / "eval_acc.png"
         _plot_eval(loaded, colors, path)
         written.append(path)
-    keys = [panel for panel in PANELS if any(run.has(panel[0]) for run in loaded)]
-    if keys:
+    overview = overview_figure(loaded)
+    if overview is not None:
         path = out_dir / "overview.png"
-        _plot_overview(loaded, colors, keys, path)
+        overview.savefig(path)
         written.append(path)
     if not written:
         # records exist, but none of the plotted metrics (e.g. only counters)

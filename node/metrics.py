@@ -19,7 +19,8 @@ TensorBoard tags (global_step = the record's "version"):
     `time_s` (the step record of the same version has it, as `train/time_s`);
   * NaN/inf (e.g. the loss of a skipped step), strings, lists and None are not logged to
     TensorBoard (a NaN point makes TensorBoard's charts unreadable); the JSONL keeps them as they
-    are (NaN is written as `NaN`, which Python's json reads back).
+    are (NaN is written as `NaN`, which Python's json reads back). A string worth charting has a
+    numeric twin: `weights_kind` ("keyframe" | "patch") is `train/weights_keyframe` (1 | 0).
 
 Converting an existing run:  `with MetricsWriter(None, tb_dir) as w: [w.write(r) for r in
 read_metrics(path)]`.

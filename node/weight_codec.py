@@ -9,7 +9,10 @@ flat tensor. A published version is
                changed since the last version
 
 and a sampler's view is bit-identical to the learner's: no error accumulates, nothing is lossy,
-and the view's xxh3-128 digest travels with each version and is checked after every rebuild.
+and the view's xxh3-128 digest travels with each version and is checked after every rebuild. A
+keyframe goes out when one is due (`keyframe_every`, `keyframe_bytes`) and whenever the patch would
+be no smaller (e.g. a float32 view at a high lr, where every element moves): samplers treat any
+version without a base as a keyframe, whatever its number.
 
 Why this is small: an RL step at lr ~1e-6 moves a float32 weight far less than one bfloat16 ulp,
 so only the few elements whose rounding flips change (a few % per step). A patch codes them as
@@ -250,8 +253,17 @@ def apply_version(held: torch.Tensor | None, enc: EncodedVersion) -> torch.Tenso
     return flat
 
 
+RACE_AT = 0.5
+"""A patch of at least this share of the last keyframe's bytes is raced against a keyframe of the
+same view, and the smaller one goes out (a keyframe on a tie). A smaller patch goes out unraced:
+to lose, the view's keyframe would have to have shrunk by half since the last one, which weights
+that drift a little per step do not do, while racing every patch would add a keyframe's encode to
+every version of a bfloat16 view at lr ~1e-6, whose patches are a few % of a keyframe."""
+
+
 class Publisher:
-    """Learner side: master weights -> keyframes and patches of their view."""
+    """Learner side: master weights -> keyframes and patches of their view; no patch larger than
+    a keyframe of the same view goes out (`RACE_AT` says how that is checked cheaply)."""
 
     def __init__(self, cfg: PublishConfig, dtype: torch.dtype) -> None:
         self.cfg = cfg
@@ -264,33 +276,48 @@ class Publisher:
         self._since_keyframe = 0
         self._patch_bytes = 0
         self._keyframe_bytes = 0
+        """Bytes of the last keyframe published, scheduled or in place of a larger patch."""
 
     def _keyframe_due(self, layout: Layout) -> bool:
         return (self.published is None or layout != self.layout or self._since_keyframe >= self.cfg.keyframe_every
                 or self._patch_bytes >= self.cfg.keyframe_bytes * self._keyframe_bytes)
 
+    def _encode(self, view: torch.Tensor, layout: Layout, version: int) -> tuple[EncodedVersion, float]:
+        """(the version to publish, the changed fraction: 1.0 for a scheduled keyframe, which
+        compares nothing). A keyframe when one is due or when the patch would be no smaller."""
+        level, digest = self.cfg.zstd_level, view_digest(view)
+        patch, changed = None, 1.0
+        if not self._keyframe_due(layout):
+            positions, pp, values, vp, count = encode_patch(self.published, view, level)
+            patch = EncodedVersion(version, self.version, self.view_name, layout, count, positions, pp, values, vp,
+                                   digest)
+            changed = count / max(1, view.numel())
+            if patch.nbytes() < RACE_AT * self._keyframe_bytes:
+                return patch, changed
+        values, vp = encode_keyframe(view, level)
+        keyframe = EncodedVersion(version, None, self.view_name, layout, view.numel(), b"", 1, values, vp, digest)
+        return (keyframe if patch is None or keyframe.nbytes() <= patch.nbytes() else patch), changed
+
     def publish(self, weights: dict[str, torch.Tensor], version: int) -> EncodedVersion:
+        """The version `version` of `weights`; its `stats` are the step record's figures: bytes sent,
+        kind ("keyframe" | "patch"), the changed fraction, bytes vs a full copy of the view in its
+        own dtype (`weights_bytes_vs_view`) and vs a bfloat16 copy, and the encode seconds (a
+        keyframe raced against a patch included)."""
         t0 = time.perf_counter()
         layout = Layout.of(weights)
         view = make_view(weights, self.dtype)
-        level = self.cfg.zstd_level
-        if self._keyframe_due(layout):
-            values, vp = encode_keyframe(view, level)
-            enc = EncodedVersion(version, None, self.view_name, layout, view.numel(), b"", 1, values, vp,
-                                 view_digest(view))
+        enc, changed = self._encode(view, layout, version)
+        if enc.base is None:  # scheduled or not: the patch count and byte budget start again from it
             self._since_keyframe, self._patch_bytes, self._keyframe_bytes = 0, 0, enc.nbytes()
-            changed = 1.0
         else:
-            positions, pp, values, vp, count = encode_patch(self.published, view, level)
-            enc = EncodedVersion(version, self.version, self.view_name, layout, count, positions, pp, values, vp,
-                                 view_digest(view))
             self._since_keyframe += 1
             self._patch_bytes += enc.nbytes()
-            changed = count / max(1, view.numel())
         self.published, self.layout, self.version = view, layout, version
-        enc.stats = {"weights_bytes": enc.nbytes(), "weights_changed_frac": changed,
-                     "weights_keyframe": enc.base is None,
-                     "weights_bytes_vs_bf16": enc.nbytes() / (2 * max(1, view.numel())),
+        n = max(1, view.numel())
+        enc.stats = {"weights_bytes": enc.nbytes(), "weights_kind": "keyframe" if enc.base is None else "patch",
+                     "weights_keyframe": enc.base is None, "weights_changed_frac": changed,
+                     "weights_bytes_vs_view": enc.nbytes() / (n * view.element_size()),
+                     "weights_bytes_vs_bf16": enc.nbytes() / (2 * n),
                      "weights_encode_s": time.perf_counter() - t0}
         return enc
 

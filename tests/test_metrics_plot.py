@@ -181,3 +181,33 @@ def test_run_labels_are_names_and_unique(tmp_path):
     runs = find_runs([tmp_path / "seed0/run/metrics.jsonl", tmp_path / "seed1/run", tmp_path / "gepo", legacy])
     assert [r.label for r in runs] == ["seed0/run", "seed1/run", "gepo", "local"]
     assert runs[3].series("reward") == ([4], [0.5])
+
+
+def test_the_overview_plots_version_size_against_the_views_own_copy_and_marks_keyframes(tmp_path):
+    """A float32-view run as the CPU demo writes it: keyframes 0.86 of a float32 copy (1.71 of a
+    bfloat16 one) every 5 versions, patches of 0.55. The panel plots the ratio to the view's copy,
+    says so, and marks the keyframes; a run that only has the bf16 ratio gets no such panel."""
+    from cli.plot import find_runs, overview_figure
+
+    path = tmp_path / "demo" / "metrics.jsonl"
+    kinds = {v: "keyframe" if v % 5 == 0 else "patch" for v in range(12)}
+    vs_view = {v: 0.859375 if kind == "keyframe" else 0.546875 for v, kind in kinds.items()}
+    with MetricsWriter(path) as w:
+        for v, kind in kinds.items():
+            w.write(step_rec(v, weights_kind=kind, weights_keyframe=kind == "keyframe",
+                             weights_bytes_vs_view=vs_view[v], weights_bytes_vs_bf16=2 * vs_view[v]))
+    fig = overview_figure(find_runs([path]))
+    [ax] = [ax for ax in fig.axes if ax.get_title().startswith("Published version size")]
+    assert "view" in ax.get_title() and "bf16" not in ax.get_title(), ax.get_title()
+    drawn = [(list(line.get_xdata()), list(line.get_ydata()), line.get_marker()) for line in ax.get_lines()]
+    assert (list(vs_view), list(vs_view.values()), "o") in drawn, drawn
+    assert ([0, 5, 10], [vs_view[0]] * 3, "^") in drawn, drawn  # the keyframes, marked
+    assert not any(y == 2 * vs_view[x] for xs, ys, _ in drawn for x, y in zip(xs, ys)), drawn
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["keyframe"]
+
+    old = tmp_path / "old.jsonl"  # written before weights_bytes_vs_view: no view dtype to compare with
+    with MetricsWriter(old) as w:
+        for v in range(3):
+            w.write(step_rec(v, weights_bytes_vs_bf16=1.7, weights_keyframe=True))
+    titles = [ax.get_title() for ax in overview_figure(find_runs([old])).axes]
+    assert "Reward (train batch mean)" in titles and not any("version size" in t for t in titles), titles

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from node.weight_codec import (EncodedVersion, Layout, Publisher, PublishConfig, apply_version, entropy_bound_bytes,
-                               make_view, pack_planes, patch_of, publish_due, unpack_planes)
+from node.weight_codec import (EncodedVersion, Layout, Publisher, PublishConfig, apply_version, encode_keyframe,
+                               encode_patch, entropy_bound_bytes, make_view, pack_planes, patch_of, publish_due,
+                               unpack_planes)
 from node.weights import decode_version, encode_version
 
 BF16 = torch.bfloat16
@@ -59,15 +60,78 @@ def test_byte_planes_round_trip_and_drop_empty_high_bytes():
 
 
 def test_keyframes_come_on_schedule_and_when_patches_add_up_to_one():
-    w = {"w": torch.zeros(1000)}
-    pub = Publisher(PublishConfig(view="float32", keyframe_every=3, keyframe_bytes=1e9), torch.float32)
-    kinds = [pub.publish({"w": w["w"] + v * 1e-3}, v).base is None for v in range(8)]
-    assert kinds == [True, False, False, False, True, False, False, False]
-    # big patches: every element changes, so two patches outweigh the keyframe
-    pub = Publisher(PublishConfig(view="float32", keyframe_every=100, keyframe_bytes=1.0), torch.float32)
     gen = torch.Generator().manual_seed(0)
-    kinds = [pub.publish({"w": torch.randn(1000, generator=gen)}, v).base is None for v in range(6)]
+    w = torch.randn(10_000, generator=gen) * 0.02
+
+    def moved(v: int, share: float) -> dict[str, torch.Tensor]:  # `share` of the elements take a step
+        picked = torch.rand(w.shape, generator=gen) < share
+        return {"w": w + v * 1e-3 * picked}
+
+    pub = Publisher(PublishConfig(view="float32", keyframe_every=3, keyframe_bytes=1e9), torch.float32)
+    kinds = [pub.publish(moved(v, 0.01), v).base is None for v in range(8)]
+    assert kinds == [True, False, False, False, True, False, False, False]
+    # patches of a fifth of a keyframe each: a keyframe once they add up to one
+    pub = Publisher(PublishConfig(view="float32", keyframe_every=100, keyframe_bytes=1.0), torch.float32)
+    encs = [pub.publish(moved(v, 0.2), v) for v in range(12)]
+    since, keyframe = 0, None
+    for enc in encs:
+        due = keyframe is None or since >= keyframe
+        assert (enc.base is None) == due, f"v{enc.version}: {since} patch bytes since a keyframe of {keyframe}"
+        since, keyframe = (0, enc.nbytes()) if enc.base is None else (since + enc.nbytes(), keyframe)
+    kinds = [e.base is None for e in encs]
     assert kinds[0] and kinds.count(True) >= 2 and not kinds[1]
+
+
+def keyframe_bytes_of(view: torch.Tensor) -> int:
+    return len(encode_keyframe(view, PublishConfig().zstd_level)[0])
+
+
+def test_a_patch_no_smaller_than_a_keyframe_goes_out_as_a_keyframe_and_the_metrics_say_so():
+    gen = torch.Generator().manual_seed(0)
+    n = 50_000
+    w = torch.randn(n, generator=gen) * 0.02
+    pub = Publisher(PublishConfig(view="float32", keyframe_every=100, keyframe_bytes=100), torch.float32)
+    sent = [pub.publish({"w": w}, 0)]
+    # the demo's case: a float32 view at a high lr, every element moves, and the patch still wins
+    w = w + 1e-4 * torch.randn(n, generator=gen)
+    sent.append(pub.publish({"w": w}, 1))
+    p1 = sent[-1]
+    assert p1.base == 0 and p1.stats["weights_kind"] == "patch" and p1.stats["weights_changed_frac"] > 0.99
+    assert p1.nbytes() < keyframe_bytes_of(pub.published), (p1.nbytes(), keyframe_bytes_of(pub.published))
+    assert p1.stats["weights_bytes_vs_view"] == p1.nbytes() / (4 * n) < 1
+    assert p1.stats["weights_bytes_vs_bf16"] == p1.nbytes() / (2 * n)
+    # every element moves to a view far simpler than the move (weights rounded to a grid of 1/64):
+    # the patch would code n arbitrary steps, the keyframe n values of a few bits each
+    held = pub.published
+    grid = torch.round(w * 64) / 64
+    positions, _, values, _, count = encode_patch(held, make_view({"w": grid}, torch.float32), pub.cfg.zstd_level)
+    assert count == n
+    sent.append(pub.publish({"w": grid}, 2))
+    k2 = sent[-1]
+    assert k2.base is None and k2.count == n, "a patch larger than a keyframe was published"
+    assert k2.nbytes() < len(positions) + len(values), (k2.nbytes(), len(positions) + len(values))
+    stats = k2.stats
+    assert (stats["weights_kind"], stats["weights_keyframe"], stats["weights_changed_frac"]) == ("keyframe", True, 1.0)
+    assert k2.stats["weights_bytes_vs_view"] == k2.nbytes() / (4 * n)
+    # patches go on from the new keyframe
+    sent.append(pub.publish({"w": torch.where(torch.rand(n, generator=gen) < 0.01, grid + 1 / 64, grid)}, 3))
+    assert sent[-1].base == 2 and sent[-1].stats["weights_kind"] == "patch", sent[-1].stats
+    # a sampler rebuilds the chain across the unscheduled keyframe bit for bit (digest-checked)
+    views = []
+    for enc in sent:
+        enc, _ = decode_version(encode_version(enc, "m", "c", {}))
+        views.append(apply_version(views[-1] if views and enc.base is not None else None, enc))
+    assert torch.equal(views[1].view(torch.int32), held.view(torch.int32))
+    assert torch.equal(views[-1].view(torch.int32), pub.published.view(torch.int32))
+
+
+def test_a_bfloat16_view_compares_with_a_bfloat16_copy():
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(20_000, generator=gen) * 0.02
+    pub = Publisher(PublishConfig(view="bfloat16"), BF16)
+    pub.publish({"w": w}, 0)
+    enc = pub.publish({"w": w + 1e-5 * torch.randn(w.shape, generator=gen)}, 1)
+    assert enc.base == 0 and enc.stats["weights_bytes_vs_view"] == enc.stats["weights_bytes_vs_bf16"] < 0.5
 
 
 def test_a_patch_to_the_wrong_base_or_a_tampered_one_is_refused():

@@ -317,3 +317,57 @@ def test_a_holder_announcing_a_huge_chunk_is_refused_before_it_is_read_and_count
         assert s1.stats["bad_streams"] > before and sent
     finally:
         liar.shutdown()
+
+
+@pytest.mark.integration
+def test_a_sampler_follows_the_chain_across_a_keyframe_sent_in_place_of_a_larger_patch(peers, tmp_path):
+    """The learner sends a keyframe out of schedule when the patch would be no smaller; a sampler
+    fetching through its prefetcher rebuilds v0 (keyframe), v1 (patch), v2 (that keyframe), v3
+    (a patch of it) bit for bit, each digest-checked, and its engine runs exactly the view."""
+    from types import SimpleNamespace
+
+    from node.engines.hf import HFEngine
+    from node.models import load_tokenizer, tokenizer_hash
+    from node.sampler import Sampler
+    from node.tasks import ArithmeticTask
+    from swarm.weight_rpc import WeightPrefetcher
+
+    lx, (s1, _) = peers
+    node = SwarmNode(Identity.load_or_create(tmp_path / "s4.key"), NetworkConfig(initial_peers=s1.node.maddrs()), "wt")
+    tok = load_tokenizer(BUILTIN_MODEL)
+    engine = HFEngine(load_model(BUILTIN_MODEL), tok, BUILTIN_MODEL)
+    sampler = Sampler("s4", ArithmeticTask(), engine, tokenizer_hash(tok))
+    pub = publish_versions(lx, 2, "run14")  # v0 keyframe, v1 patch (before polling: earlier tests' chains are gone)
+    aliases = untie(load_model(BUILTIN_MODEL).state_dict())[1]  # tied embeddings travel once
+    pre = WeightPrefetcher(WeightFetcher(node, s1.learner), interval=0.2)
+    link = SimpleNamespace(fetch_weights=pre.take)  # what SwarmSamplerLink.fetch_weights is
+
+    def follow(version: int) -> None:
+        deadline = time.monotonic() + 30
+        while sampler.version != version and time.monotonic() < deadline:
+            sampler.maybe_update(link)
+            time.sleep(0.1)
+        assert sampler.version == version, (sampler.version, sampler.stats)
+
+    try:
+        follow(1)
+        # weights rounded to a grid of 1/64: the patch would code every element's arbitrary step,
+        # a keyframe a few bits per element
+        grid = {k: torch.round(t * 64) / 64 for k, t in pub.layout.tensors(pub.published).items()}
+        k2 = pub.publish(grid, 2)
+        assert k2.base is None and k2.stats["weights_kind"] == "keyframe", k2.stats
+        publish(lx, 2, k2, "run14", aliases)
+        gen = torch.Generator().manual_seed(3)
+        p3 = pub.publish({k: torch.where(torch.rand(t.shape, generator=gen) < 0.01, t + 1 / 64, t)
+                          for k, t in grid.items()}, 3)
+        assert p3.base == 2, p3.stats
+        publish(lx, 3, p3, "run14", aliases)
+        follow(3)
+        assert torch.equal(sampler.published.view(torch.int32), pub.published.view(torch.int32))
+        view = pub.layout.tensors(pub.published)
+        loaded = engine.model.state_dict()
+        assert all(torch.equal(loaded[k], t) for k, t in view.items()), [k for k in view if not torch.equal(loaded[k], view[k])]
+        assert sampler.stats["weights_refused"] == sampler.stats["chain_breaks"] == 0, sampler.stats
+    finally:
+        pre.close()
+        node.shutdown()

@@ -77,8 +77,10 @@ def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int) ->
 
 
 def _head_logits(hidden: torch.Tensor, head: torch.nn.Linear, softcap: float | None) -> torch.Tensor:
-    """Float32 logits [N, V] of final hidden states [N, H] through the output head."""
-    logits = head(hidden).float()
+    """Float32 logits [N, V] of final hidden states [N, H] through the output head (float64 for a
+    float64 model, so tests can compare two computations in float64)."""
+    logits = head(hidden)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if softcap:  # Gemma-style final logit soft-capping is part of the model's distribution
         logits = torch.tanh(logits / softcap) * softcap
     return logits
@@ -137,7 +139,8 @@ def completion_logits(model: torch.nn.Module, batch: PackedBatch) -> Iterator[tu
 
 
 def completion_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: float) -> torch.Tensor:
-    """Per-position log-probs of the next token under `model`; [B, L-1] float32, zero where masked.
+    """Per-position log-probs of the next token under `model`; [B, L-1] float32 (float64 for a
+    float64 model), zero where masked.
 
     Differentiable: the learner calls it with grad enabled, samplers and audits under no_grad.
     Only completion positions go through the output head (see the module docstring); a model whose
@@ -163,4 +166,4 @@ def completion_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature:
         else:
             pieces.append(_head_logprobs(*args))
     lp = torch.cat(pieces) if pieces else h.new_zeros(0, dtype=torch.float32)
-    return torch.zeros(mask.shape, dtype=torch.float32, device=lp.device).masked_scatter(mask, lp)
+    return torch.zeros(mask.shape, dtype=lp.dtype, device=lp.device).masked_scatter(mask, lp)

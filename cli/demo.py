@@ -31,7 +31,8 @@ def _peer_id(workdir: Path, timeout: float = 60) -> str:
     return Identity.load_or_create(workdir / "identity.key").peer_id
 
 
-def _start_swarm(base: Path, steps: int, n_samplers: int, nodes: list[NodeProcess]) -> tuple[dict[str, str], str]:
+def _start_swarm(base: Path, steps: int, n_samplers: int, nodes: list[NodeProcess],
+                 console: Console) -> tuple[dict[str, str], str]:
     from swarm.identity import Identity
 
     logs = base / "logs"
@@ -42,12 +43,14 @@ def _start_swarm(base: Path, steps: int, n_samplers: int, nodes: list[NodeProces
                                     "--trusted-learner", learner_id], logs)
     nodes.append(boot)
     addr = wait_for_file(base / "bootstrap.addr", 90, boot).decode().split()[0]
+    console.print("bootstrap peer ready; while the demo runs, list the swarm's peers with:")
+    _command(console, f"hetero-node status --initial-peers {addr}")
     (base / "learner.toml").write_text(LEARNER_TOML)
     common = ["--initial-peers", addr, "--no-nat", "--host", "127.0.0.1"]
     nodes.append(start_node("learner", ["join", "--role", "learner", *common, "--workdir", str(base / "learner"),
                                         "--max-steps", str(steps), "--config", str(base / "learner.toml")], logs))
     for i in range(n_samplers):
-        nodes.append(start_node(f"sampler-{i}", ["join", "--role", "sampler", *common, "--name", f"demo sampler {i}",
+        nodes.append(start_node(f"sampler-{i}", ["join", "--role", "sampler", *common, "--name", f"sampler-{i}",
                                                   "--workdir", str(base / f"sampler-{i}")], logs))
     board = start_node("leaderboard", ["leaderboard", "--serve", "127.0.0.1:0", "--initial-peers", addr, "--poll", "2",
                                        "--db", str(base / "leaderboard" / "leaderboard.db"),
@@ -72,7 +75,7 @@ def _follow(base: Path, steps: int, learner: NodeProcess, console: Console, time
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console) as progress:
         bar = progress.add_task("learner versions", total=steps, info="starting peers...")
-        last_eval = None
+        last_step, last_eval = None, None
         while True:
             new, pos = _read_new(metrics, pos)
             records += new
@@ -80,35 +83,40 @@ def _follow(base: Path, steps: int, learner: NodeProcess, console: Console, time
                 if r["kind"] == "eval":
                     last_eval = r["eval_acc"]
                 else:
-                    progress.update(bar, completed=r["version"],
-                                    info=f"reward {r['reward']:.2f}  staleness {r['staleness_mean']:.1f}"
-                                         + (f"  eval {last_eval:.1%}" if last_eval is not None else ""))
+                    last_step = r
+            if last_step is not None:
+                progress.update(bar, completed=last_step["version"],
+                                info=f"reward {last_step['reward']:.2f}  staleness {last_step['staleness_mean']:.1f}"
+                                     + (f"  eval {last_eval:.1%}" if last_eval is not None else ""))
             if learner.popen.poll() is not None:
                 new, pos = _read_new(metrics, pos)
-                return records + new
+                records += new
+                last_eval = next((r["eval_acc"] for r in reversed(records) if r["kind"] == "eval"), last_eval)
+                if last_step is not None and last_eval is not None:
+                    progress.update(bar, info=f"reward {last_step['reward']:.2f}  final eval {last_eval:.1%}")
+                return records
             if time.monotonic() - t0 > timeout:
                 console.print(f"[red]timed out after {timeout:.0f} s[/]")
                 return records
             time.sleep(0.5)
 
 
-def _summary(console: Console, records: list[dict], names: dict[str, str], wall: float) -> bool:
+def _summary(console: Console, records: list[dict], names: dict[str, str], wall: float, log: Path) -> bool:
     evals = [(r["version"], r["eval_acc"]) for r in records if r["kind"] == "eval"]
     steps = [r for r in records if r["kind"] == "step"]
     if len(evals) < 2 or not steps:
-        console.print("[red]the learner did not finish; see the logs[/]")
+        console.print(f"[red]the learner did not finish; see {log}[/]", soft_wrap=True)
         return False
     stale = collections.Counter()
     for r in steps:
         stale.update({int(k): v for k, v in r["staleness_hist"].items()})
     last = steps[-1]
-    table = Table(title="hetero-node demo: summary")
-    table.add_column("")
-    table.add_column("")
+    table = Table(title="hetero-node demo: summary", show_header=False)
     table.add_row("eval accuracy", f"{evals[0][1]:.1%} -> {evals[-1][1]:.1%} ({(evals[-1][1] - evals[0][1]) * 100:+.1f} points)")
     table.add_row("versions published", str(last["version"]))
-    for peer, n in sorted(last["accepted_by_sampler"].items()):
-        table.add_row(f"groups accepted from {names.get(peer, short_id(peer))}", str(n))
+    got = last["accepted_by_sampler"]
+    per_sampler = sorted((names.get(peer, short_id(peer)), n) for peer, n in got.items())
+    table.add_row("groups accepted", f"{sum(got.values())} ({', '.join(f'{name} {n}' for name, n in per_sampler)})")
     total = sum(stale.values())
     table.add_row("staleness (versions)", f"mean {sum(k * v for k, v in stale.items()) / total:.1f}, max {max(stale)}")
     table.add_row("dropped", ", ".join(f"{k}: {v}" for k, v in last["drops"].items()) or "none")
@@ -139,36 +147,81 @@ def _leaderboard(console: Console, url: str, records: list[dict], db: Path, wait
     if not board or not board["peers"]:
         console.print(f"[yellow]the leaderboard at {url} had no tallies yet[/]")
         return
-    table = Table(title="leaderboard: rollouts the learner accepted, per peer")
-    for col in ("#", "peer", "name", "accepted rollouts", "tokens", "share"):
-        table.add_column(col, justify="right" if col in ("#", "accepted rollouts", "tokens", "share") else "left")
+    table = Table(title="leaderboard: rollouts credited per peer")
+    for col in ("#", "peer", "name", "credited rollouts", "tokens", "share"):
+        table.add_column(col, justify="left" if col in ("peer", "name") else "right")
     for p in board["peers"]:
         table.add_row(str(p["rank"]), short_id(p["peer_id"]), p["name"], str(p["rollouts"]), str(p["tokens"]),
                       f"{p['share']:.1%}")
     console.print(table)
-    console.print(f"It was live at {url} during the demo. Browse it again (history kept in SQLite):\n"
-                  f"  hetero-node leaderboard --db {db} --serve 127.0.0.1:8080")
+    console.print("Credited: the rollouts of groups the learner trained on (a group whose rollouts all scored the "
+                  "same carries no signal and earns nothing).")
+    console.print(f"It was live at {url} during the demo. Browse it again (history kept in SQLite):")
+    _command(console, f"hetero-node leaderboard --db {db} --serve 127.0.0.1:8080")
+
+
+def _command(console: Console, command: str) -> None:
+    """A command to copy: on one line whatever the terminal's width (a wrapped one pastes broken)."""
+    console.print(f"  {command}", soft_wrap=True, highlight=False, markup=False)
+
+
+class _Stopped(Exception):
+    """SIGTERM or SIGHUP (a closed terminal) reached the demo: stop the swarm as Ctrl-C does."""
+
+
+def _stop_on_signals() -> None:
+    """SIGTERM/SIGHUP end the demo like Ctrl-C (its `finally` stops every process it started).
+    Children die with the demo even on SIGKILL (cli/procs.py)."""
+    import signal
+
+    def handler(signum, frame):
+        raise _Stopped(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGHUP, handler)
+
+
+def _force_on_signals() -> None:
+    """While the swarm is being stopped, another Ctrl-C or signal kills it at once."""
+    import os
+    import signal
+
+    def force(signum, frame):
+        from .procs import kill_descendants
+
+        kill_descendants()
+        os._exit(128 + signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, force)
 
 
 def run_demo(steps: int, n_samplers: int, workdir: Path | None, timeout: float) -> int:
     console = Console()
     base = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="hetero-demo-"))
     base.mkdir(parents=True, exist_ok=True)
-    console.print(f"[bold]hetero-node demo[/]: 1 bootstrap, 1 learner, {n_samplers} samplers on 127.0.0.1 "
-                  f"(logs in {base / 'logs'})")
+    _stop_on_signals()
+    console.print(f"[bold]hetero-node demo[/]: 1 bootstrap, 1 learner, {n_samplers} samplers on 127.0.0.1; "
+                  f"logs, checkpoints and metrics in {base}", soft_wrap=True)
     nodes: list[NodeProcess] = []
     t0 = time.monotonic()
+    ok = False
     try:
-        names, url = _start_swarm(base, steps, n_samplers, nodes)
-        console.print(f"leaderboard live at {url}")
+        names, url = _start_swarm(base, steps, n_samplers, nodes, console)
+        console.print(f"leaderboard live at {url}", soft_wrap=True)
         records = _follow(base, steps, nodes[1], console, timeout)
-        ok = _summary(console, records, names, time.monotonic() - t0)
+        ok = _summary(console, records, names, time.monotonic() - t0, nodes[1].log_path)
         _leaderboard(console, url, records, base / "leaderboard" / "leaderboard.db")
     except KeyboardInterrupt:
-        console.print("interrupted")
-        ok = False
+        console.print("interrupted (Ctrl-C): stopping the swarm")
+    except _Stopped as e:
+        console.print(f"stopped by {e}: stopping the swarm")
     finally:
+        _force_on_signals()
         stop(nodes)
         left = [n.name for n in nodes if n.group_alive()]
         console.print(f"stopped {len(nodes)} processes" + (f"; [red]still alive: {left}[/]" if left else ""))
+    console.print(f"Everything this run wrote is in {base} (logs/, learner/metrics.jsonl, checkpoints). Plot it:",
+                  soft_wrap=True)
+    _command(console, f"hetero-node plot {base / 'learner'} --out {base / 'plots'}")
     return 0 if ok else 1

@@ -38,8 +38,9 @@ def one_line(e: BaseException, command: str = "") -> str:
         what, fix = e.format_message(), help_hint
     else:
         what, fix = str(e), getattr(e, "fix", "") or help_hint
-    what = " ".join(what.split()).replace("Value error, ", "").rstrip(".")
-    return f"error: {what}. fix: {fix}"
+    what = " ".join(what.split()).replace("Value error, ", "").rstrip(". ")
+    # one full stop between the two parts: none after a question or an exclamation already there
+    return f"error: {what}{'' if what.endswith(('?', '!')) else '.'} fix: {' '.join(fix.split())}"
 
 
 def report(e: BaseException, command: str, verbose: bool) -> int:

@@ -15,10 +15,49 @@ from pathlib import Path
 from typing import Annotated, Literal, Optional
 
 import typer
+from typer.core import TyperGroup
 
 from .errors import UserError, is_user_error, report
+from .paths import claim_dir, claim_file, writable_dir, writable_file
+
+
+def _flags_take_no_value(params: list) -> list:
+    """A flag's help row shows no value type: typer's rich help would print `<bool>` after it."""
+    for p in params:
+        if getattr(p, "is_flag", False) and p.metavar is None:
+            p.metavar = ""
+    return params
+
+
+class _Group(TyperGroup):
+    """The command group, with flags shown without a value type, and an unknown command answered
+    in one line (click's "Did you mean" is a second sentence, and suggests `<typo> --help`)."""
+
+    def get_params(self, ctx):
+        return _flags_take_no_value(super().get_params(ctx))
+
+    def get_command(self, ctx, cmd_name):
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            _flags_take_no_value(command.get_params(ctx))
+        return command
+
+    def resolve_command(self, ctx, args):
+        if args and not args[0].startswith("-") and args[0] not in self.commands:
+            raise UserError(f"no such command {args[0]!r}", no_such_command_fix(args[0], list(self.commands)))
+        return super().resolve_command(ctx, args)
+
+
+def no_such_command_fix(name: str, commands: list[str]) -> str:
+    from difflib import get_close_matches
+
+    close = get_close_matches(name, commands, n=1)
+    listed = "`hetero-node --help` lists the commands"
+    return f"did you mean `hetero-node {close[0]}`? ({listed})" if close else listed
+
 
 app = typer.Typer(
+    cls=_Group,
     help="hetero-node: post-train a language model with RL on a swarm of volunteer machines.\n\n"
          "Start with `hetero-node demo`: a whole learning run on a built-in tiny model, on CPU.",
     no_args_is_help=True,
@@ -36,7 +75,7 @@ ConfigOpt = Annotated[Optional[Path], typer.Option(
     help="TOML config file (`hetero-node init` writes commented examples); flags override it.")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Debug logs, and tracebacks on errors.")]
 PeersOpt = Annotated[list[str], typer.Option(
-    "--initial-peers", help="Multiaddr of a bootstrap peer, e.g. /ip4/1.2.3.4/tcp/31337/p2p/Qm... (repeat for several).")]
+    "--initial-peers", metavar="<multiaddr>", help="Multiaddr of a bootstrap peer, e.g. /ip4/1.2.3.4/tcp/31337/p2p/Qm... (repeat for several).")]
 SwarmOpt = Annotated[str, typer.Option(help="Swarm name: the DHT keys this swarm's peers share (case-sensitive).")]
 MetricsOpt = Annotated[Optional[Path], typer.Option(help="Per-step metrics, JSONL (plot with `hetero-node plot`).")]
 TensorboardOpt = Annotated[Optional[Path], typer.Option(help="Also write TensorBoard event files to this folder.")]
@@ -77,9 +116,12 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def _load(cls, config: Optional[Path], overrides: dict):
-    from node.config import load_config
+    from node.config import ConfigKind, load_config
 
-    return load_config(cls, config, overrides)
+    kinds = [ConfigKind("hetero-node local", "node.local:LocalConfig", "hetero-node init local"),
+             ConfigKind("hetero-node simulate", "cli.simulate:SimulatorConfig", "hetero-node init simulate"),
+             ConfigKind("hetero-node join", "cli.roles:JoinConfig", "hetero-node init sampler")]
+    return load_config(cls, config, overrides, kinds)
 
 
 # ---- try it on one machine -----------------------------------------------------------------------
@@ -99,6 +141,7 @@ def demo(
     that the samplers load. Shows live progress and ends with a summary. Every process it started
     is stopped when it ends, also on Ctrl-C. For a single-process run, see `hetero-node local`.
     """
+    claim = claim_dir(workdir, "--workdir", "demo") if workdir else None  # held until the demo ends
     _setup_logging(verbose)
     from .demo import run_demo
 
@@ -129,6 +172,7 @@ def local(
         "time_budget_s": time_budget, "metrics_path": _str(metrics), "tensorboard_dir": _str(tensorboard), "seed": seed,
         "device": device, "dtype": dtype,
     })
+    _check_outputs(cfg)
     from node.device import resolve
     from node.models import resolve_model_path
 
@@ -168,10 +212,19 @@ def simulate(
     cfg = _load(SimulatorConfig, config, {
         "steps": steps, "max_delay_steps": max_delay, "seed": seed, "learner.stale_loss": stale_loss,
         "learner.foreign_loss": foreign_loss, "metrics_path": _str(metrics), "tensorboard_dir": _str(tensorboard)})
+    _check_outputs(cfg)
     from .progress import run_with_progress
 
     run_with_progress(Simulator(cfg).run, cfg.steps, f"simulated swarm: {len(cfg.samplers)} sampler kinds, "
                       f"stale loss [cyan]{cfg.learner.stale_loss}[/], foreign [cyan]{cfg.learner.foreign_loss}[/]")
+
+
+def _check_outputs(cfg) -> None:
+    """local's and simulate's output paths (from flags or the config file), before the model loads."""
+    if cfg.metrics_path:
+        writable_file(cfg.metrics_path, "--metrics")
+    if cfg.tensorboard_dir:
+        writable_dir(cfg.tensorboard_dir, "--tensorboard")
 
 
 # ---- the real swarm -------------------------------------------------------------------------------
@@ -193,43 +246,60 @@ def _stop_on_signals():
         logging.getLogger("hetero-node").info("stopping (signal %d); again to force", signum)
         stop.set()
 
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the terminal was closed
+        signal.signal(sig, handler)
     return stop
 
 
 def _network(host: str, port: int, public_ip: Optional[str], initial_peers: list[str], client_mode: bool,
              nat: Optional[bool], relay: bool, announce: list[str] = ()) -> dict:
     """The [network] table's overrides from flags (validated with the rest of the config)."""
-    loopback = host.startswith("127.") and not public_ip
+    _check_public_ip(public_ip)
     return {"network.host": host, "network.port": port, "network.public_ip": public_ip,
             "network.initial_peers": list(initial_peers) or None, "network.client_mode": client_mode,
             "network.announce_maddrs": list(announce) or None,
-            "network.nat_port_map": (not loopback) if nat is None else nat,
+            "network.nat_port_map": _nat_default(host, public_ip) if nat is None else nat,
             "network.use_relay": relay or client_mode, "network.use_auto_relay": client_mode}
 
 
-def _reachability_check(port: int, public_ip: Optional[str]) -> None:
-    """Petals-style self-check: can this machine be reached at the address it announces?"""
-    import socket
+def _check_public_ip(public_ip: Optional[str]) -> None:
+    """A hostname here would reach hivemind as a malformed multiaddr (a TypeError, then a hang)."""
+    import ipaddress
 
-    if not public_ip:
+    if public_ip is None:
         return
     try:
-        with socket.create_connection((public_ip, port), timeout=3):
-            logging.getLogger("hetero-node").info("reachability: %s:%d accepts connections", public_ip, port)
-    except OSError as e:
-        logging.getLogger("hetero-node").warning(
-            "reachability: cannot connect to %s:%d (%s). Open TCP port %d in your firewall and forward it on "
-            "your router to this machine, or run with --client-mode to reach the swarm through relays.",
-            public_ip, port, e, port)
+        ip = ipaddress.ip_address(public_ip)
+    except ValueError:
+        raise UserError(f"--public-ip must be an IP address like 203.0.113.7, not {public_ip!r}",
+                        "pass this machine's public IPv4 address, or leave --public-ip out for a swarm on this "
+                        "machine or LAN") from None
+    if ip.version != 4:
+        raise UserError(f"--public-ip must be an IPv4 address, not {public_ip!r}",
+                        f"announce an IPv6 address with --announce-maddr /ip6/{public_ip}/tcp/PORT")
+
+
+def _nat_default(host: str, public_ip: Optional[str]) -> bool:
+    """UPnP/NAT-PMP asks the router to open a port to the internet: worth it only for a real internet
+    join, not on loopback nor for a public IP that is not global (a LAN, link-local or test address)."""
+    import ipaddress
+
+    if public_ip:
+        return ipaddress.ip_address(public_ip).is_global
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host != "localhost"
 
 
 HostOpt = Annotated[str, typer.Option(help="Listen address: 127.0.0.1 (this machine only) or 0.0.0.0 (all interfaces).")]
 PortOpt = Annotated[int, typer.Option(min=0, max=65535, help="TCP port to listen on (0 picks a free one).")]
-PublicIpOpt = Annotated[Optional[str], typer.Option(help="Public IP to announce to peers (then listens on all interfaces).")]
-NatOpt = Annotated[Optional[bool], typer.Option("--nat/--no-nat", help="UPnP/NAT-PMP port mapping (default: on unless loopback).")]
-AnnounceOpt = Annotated[list[str], typer.Option("--announce-maddr", help="Announce this multiaddr instead of the listen "
+PublicIpOpt = Annotated[Optional[str], typer.Option(metavar="<ip>", help="Public IPv4 address to announce to peers, e.g. "
+                                                   "203.0.113.7 (then listens on all interfaces).")]
+NatOpt = Annotated[Optional[bool], typer.Option("--nat/--no-nat", help="UPnP/NAT-PMP port mapping on your router "
+                                                "(default: on, except on loopback or with a --public-ip that is not a "
+                                                "global address, e.g. a LAN one).")]
+AnnounceOpt = Annotated[list[str], typer.Option("--announce-maddr", metavar="<multiaddr>", help="Announce this multiaddr instead of the listen "
                                                 "address, e.g. /ip4/1.2.3.4/tcp/31337 behind a port forward or proxy (repeat).")]
 
 
@@ -240,10 +310,10 @@ def bootstrap(
     host: HostOpt = "0.0.0.0",
     public_ip: PublicIpOpt = None,
     swarm: SwarmOpt = "demo",
-    initial_peers: Annotated[list[str], typer.Option("--initial-peers", help="Other bootstrap peers to link with (repeat).")] = [],
+    initial_peers: Annotated[list[str], typer.Option("--initial-peers", metavar="<multiaddr>", help="Other bootstrap peers to link with (repeat).")] = [],
     nat: NatOpt = None,
     addr_file: Annotated[Optional[Path], typer.Option(help="Also write the multiaddrs to this file (for scripts).")] = None,
-    trusted_learner: Annotated[list[str], typer.Option("--trusted-learner", help="Peer id of a learner this swarm's "
+    trusted_learner: Annotated[list[str], typer.Option("--trusted-learner", metavar="<peer id>", help="Peer id of a learner this swarm's "
                                                        "samplers may follow (repeat); signed into the swarm record.")] = [],
     model: Annotated[str, typer.Option(help="The model id the swarm trains, in the swarm record (informational).")] = "",
     announce_maddr: AnnounceOpt = [],
@@ -262,15 +332,25 @@ def bootstrap(
     net = _load(NetworkConfig, None, {k.split(".", 1)[1]: v for k, v in
                                       _network(host, port, public_ip, initial_peers, False, nat, True,
                                                        announce_maddr).items()})
+    if addr_file:
+        writable_file(addr_file, "--addr-file")
+    claim = claim_file(identity, "--identity", "bootstrap")  # one process per peer id; held until exit
     stop = _stop_on_signals()
 
     def ready(maddrs: list[str]) -> None:
-        typer.echo("bootstrap peer ready; others join with:")
-        for m in maddrs:
-            typer.echo(f"  --initial-peers {m}")
+        from .roles import volunteer_command
+
+        typer.echo(f"bootstrap peer ready at {' '.join(maddrs)}")
+        typer.echo("volunteers join with:")
+        typer.echo(f"  {volunteer_command(maddrs, swarm)}")
+        if not trusted_learner:
+            typer.echo("no learner is named yet: restart with --trusted-learner \"$(hetero-node peer-id "
+                       "hetero-node-learner)\" for a learner whose --workdir is hetero-node-learner (the default)")
         if addr_file:
             addr_file.write_text("\n".join(maddrs) + "\n")
-        _reachability_check(port, public_ip)
+        from .roles import reachability_check
+
+        reachability_check(port, public_ip)
 
     run_bootstrap(str(identity), net, swarm, stop, ready, list(trusted_learner), model)
 
@@ -320,16 +400,21 @@ def join(
                    announce=announce_maddr)})
     if role is None and (config is None or "role" not in _toml_keys(config)):
         raise UserError("join needs a role", "add --role sampler or --role learner (or role = ... in --config)")
+    # one process per workdir (held until exit); torchrun's ranks > 0 run under rank 0's
+    claim = claim_dir(cfg.workdir, "--workdir", "join") if os.environ.get("RANK", "0") == "0" else None
     from node.models import resolve_model_path
 
     from node.device import resolve
 
+    if not cfg.network.initial_peers:  # alone, a node would wait forever for peers that cannot find it
+        raise UserError("join needs the address of the swarm's bootstrap peer",
+                        "pass --initial-peers /ip4/.../tcp/.../p2p/... as the coordinator's bootstrap prints it "
+                        "(or try `hetero-node demo`, a whole swarm on this machine)")
     resolve_model_path(cfg.model)  # a wrong model fails now, before the swarm is joined
     resolve(cfg.device, cfg.dtype)  # so does a GPU this machine does not have
     if cfg.nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
         raise typer.Exit(_torchrun(cfg.nproc_per_node))
     stop = _stop_on_signals()
-    _reachability_check(port, public_ip)
     (run_learner if cfg.role == "learner" else run_sampler)(cfg, stop)
 
 
@@ -341,10 +426,38 @@ def _torchrun(nproc: int) -> int:
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", "cli.main", *sys.argv[1:]]
-    proc = subprocess.Popen(cmd)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda s, _f: proc.send_signal(s))
+    from .procs import die_with_parent
+
+    proc = subprocess.Popen(cmd, preexec_fn=die_with_parent())  # torchrun (and its ranks) die with us, even on -9
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda s, _f: proc.send_signal(signal.SIGTERM if s == signal.SIGHUP else s))
     return proc.wait()
+
+
+@app.command("peer-id")
+def peer_id(
+    path: Annotated[Path, typer.Argument(help="A node's --workdir (its identity.key) or an identity file (*.key); "
+                                         "the key is made if missing.")] = Path("hetero-node-learner"),
+) -> None:
+    """Print the peer id of a node's identity key, making the key if needed.
+
+    A coordinator names its learner before either starts:
+    `hetero-node bootstrap --trusted-learner "$(hetero-node peer-id hetero-node-learner)"`, then
+    `hetero-node join --role learner` in the same folder uses that key (its default --workdir).
+    """
+    from swarm.identity import Identity
+
+    from google.protobuf.message import DecodeError
+
+    key = path if path.suffix == ".key" or path.is_file() else path / "identity.key"
+    if not key.exists():
+        writable_file(key, "PATH")
+
+    try:
+        typer.echo(Identity.load_or_create(key).peer_id)
+    except (ValueError, DecodeError) as e:
+        raise UserError(f"{key} is not an identity key ({e})",
+                        "pass a node's --workdir or the .key file it made; a missing one is made for you") from None
 
 
 def _toml_keys(path: Path) -> set[str]:
@@ -356,13 +469,13 @@ def _toml_keys(path: Path) -> set[str]:
 @app.command()
 def leaderboard(
     serve: Annotated[str, typer.Option(help="HOST:PORT for the page and JSON API (port 0 picks one; 0.0.0.0:PORT makes it public).")] = "127.0.0.1:8080",
-    initial_peers: Annotated[list[str], typer.Option("--initial-peers", help="Bootstrap peer multiaddr (repeat); "
+    initial_peers: Annotated[list[str], typer.Option("--initial-peers", metavar="<multiaddr>", help="Bootstrap peer multiaddr (repeat); "
                                                      "without any, only the stored history is served.")] = [],
     swarm: SwarmOpt = "demo",
     db: Annotated[Path, typer.Option(help="SQLite history (kept across restarts).")] = Path("hetero-node-leaderboard/leaderboard.db"),
     identity: Annotated[Optional[Path], typer.Option(help="Identity file for the DHT peer (default: next to --db).")] = None,
     poll: Annotated[float, typer.Option(min=0.1, help="Seconds between reads of the swarm's tallies.")] = 10.0,
-    trusted_learner: Annotated[list[str], typer.Option("--trusted-learner", help="Count only tallies from these "
+    trusted_learner: Annotated[list[str], typer.Option("--trusted-learner", metavar="<peer id>", help="Count only tallies from these "
                                                        "learner peer ids (repeat); default: every learner's.")] = [],
     url_file: Annotated[Optional[Path], typer.Option(help="Also write the page's URL to this file (for scripts).")] = None,
     verbose: VerboseOpt = False,
@@ -370,6 +483,10 @@ def leaderboard(
     """Serve the public leaderboard: per peer, the rollouts that learners accepted (from their signed tallies)."""
     _setup_logging(verbose)
     host, port = _host_port(serve)
+    for path, flag in ((db, "--db"), (identity, "--identity"), (url_file, "--url-file")):
+        if path is not None:
+            writable_file(path, flag)
+    claim = claim_dir(db.parent, "--db", "leaderboard")  # one server per history; held until exit
     from swarm.dht import NetworkConfig
     from swarm.identity import Identity
     from swarm.leaderboard import LeaderboardStore
@@ -415,7 +532,7 @@ def _check_port_free(host: str, port: int) -> None:
 
 @app.command()
 def status(
-    initial_peers: Annotated[list[str], typer.Option("--initial-peers", help="Bootstrap peer multiaddr, e.g. "
+    initial_peers: Annotated[list[str], typer.Option("--initial-peers", metavar="<multiaddr>", help="Bootstrap peer multiaddr, e.g. "
                                                      "/ip4/1.2.3.4/tcp/31337/p2p/Qm... (repeat for several).")],
     swarm: SwarmOpt = "demo",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
@@ -432,12 +549,13 @@ def status(
 
 @app.command()
 def plot(
-    runs: Annotated[list[Path], typer.Argument(help="metrics.jsonl files or run folders (e.g. a --workdir).")],
+    runs: Annotated[list[Path], typer.Argument(metavar="RUN", help="metrics.jsonl files or run folders (e.g. a --workdir).")],
     out: Annotated[Path, typer.Option(help="Folder for the PNGs.")] = Path("plots"),
 ) -> None:
     """Plot runs' metrics (reward, eval accuracy, staleness, importance weights, ...) to PNG files."""
     from .plot import plot_runs
 
+    writable_dir(out, "--out")
     try:
         written = plot_runs(list(runs), out)
     except FileNotFoundError as e:
@@ -459,6 +577,7 @@ def init(
     out = out or Path(f"{kind}.toml")
     if out.exists():
         raise UserError(f"{out} already exists", "remove it or pass another --out")
+    writable_file(out, "--out")
     out.write_text(files("cli").joinpath("configs", f"{kind}.toml").read_text())
     typer.echo(f"wrote {out}; edit it and pass --config {out}")
 

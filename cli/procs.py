@@ -1,8 +1,14 @@
 """Start swarm nodes as child processes and reap them, with everything they started, by process group.
 
 Each node runs in its own session (`start_new_session=True`), so its DHT process and p2pd share
-its process group: `stop` sends SIGTERM to the group (graceful), waits, then SIGKILLs the group,
-so nothing is orphaned even when a node was killed with -9 and could not clean up itself.
+its process group. `stop` sends SIGTERM to the node alone (it shuts its DHT and p2pd down itself,
+in order: a SIGTERM to the whole group would stop p2pd under the node's feet and make every
+process of the group log its own "stopping"), waits, then SIGKILLs the group, so nothing is
+orphaned even when a node was killed with -9 and could not clean up itself.
+
+A child also dies with its parent, however the parent ends (SIGKILL, a closed terminal): on Linux
+it asks the kernel for a SIGTERM when its parent dies (PR_SET_PDEATHSIG), so a killed `demo` or
+`join --nproc-per-node` never leaves a swarm training with no one to stop it.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 
 @dataclass
@@ -75,6 +82,28 @@ def kill_descendants(pid: int | None = None) -> None:
             pass
 
 
+def die_with_parent() -> Callable[[], None]:
+    """A Popen preexec_fn: the child gets SIGTERM when its parent (this process) dies (Linux).
+
+    The kernel sends it when the thread that forked the child exits, so call Popen from the main
+    thread. libc is loaded here, in the parent: the child only calls prctl between fork and exec.
+    Where there is no prctl it does nothing, and `stop` and the parent's signal handlers remain."""
+    import ctypes
+
+    parent = os.getpid()
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return lambda: None
+
+    def in_child() -> None:
+        prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+        if os.getppid() != parent:  # the parent died before prctl took effect: nobody will send it
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return in_child
+
+
 def start_node(name: str, args: list[str], log_dir: Path, threads: int = 1, module: str = "cli.main") -> NodeProcess:
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
@@ -82,31 +111,36 @@ def start_node(name: str, args: list[str], log_dir: Path, threads: int = 1, modu
            "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
     with open(log_path, "ab") as log:
         popen = subprocess.Popen([sys.executable, "-m", module, *args], stdout=log, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                                 preexec_fn=die_with_parent())
     return NodeProcess(name, popen, log_path)
 
 
 def stop(nodes: list[NodeProcess], grace: float = 15.0) -> None:
-    """SIGTERM every group, wait up to `grace` seconds, then SIGKILL what is left."""
+    """SIGTERM every node (each stops its own DHT and p2pd), wait up to `grace` seconds, then
+    SIGKILL whatever is left of each group."""
     for n in nodes:
-        if n.group_alive():
-            try:
-                os.killpg(n.pgid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+        if n.popen.poll() is None:
+            n.popen.send_signal(signal.SIGTERM)
+        elif n.group_alive():  # the node is gone (killed -9?): nothing will stop its DHT and p2pd gently
+            _killpg(n.pgid)
     deadline = time.monotonic() + grace
     for n in nodes:
         while n.group_alive() and time.monotonic() < deadline:
             n.popen.poll()
             time.sleep(0.1)
         if n.group_alive():
-            try:
-                os.killpg(n.pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _killpg(n.pgid)
         kill_deadline = time.monotonic() + 10
         while n.group_alive() and time.monotonic() < kill_deadline:
             time.sleep(0.05)  # SIGKILL is asynchronous: wait until the members are really gone
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def wait_for_file(path: Path, timeout: float, proc: NodeProcess | None = None) -> bytes:

@@ -17,16 +17,21 @@ def run_with_progress(run: Callable, total: int, title: str) -> list[dict]:
                   TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console) as progress:
         bar = progress.add_task("training", total=total, info="")
 
-        def on_record(rec: dict) -> None:
+        last: dict = {}
+
+        def on_record(rec: dict) -> None:  # an eval updates the line too: the bar ends on the final eval
             if rec["kind"] == "eval":
                 evals.append((rec["version"], rec["eval_acc"]))
+            else:
+                last.update(rec)
+            if not last:
                 return
-            info = f"reward {rec['reward']:.2f}"
-            if "staleness_mean" in rec:
-                info += f"  staleness {rec['staleness_mean']:.1f}"
+            info = f"reward {last['reward']:.2f}"
+            if "staleness_mean" in last:
+                info += f"  staleness {last['staleness_mean']:.1f}"
             if evals:
                 info += f"  eval {evals[-1][1]:.1%}"
-            progress.update(bar, completed=rec["version"], info=info)
+            progress.update(bar, completed=last["version"], info=info)
 
         records = run(on_record)
     print_evals(console, evals, records)

@@ -29,24 +29,55 @@ def show_status(initial_peers: list[str], swarm: str, as_json: bool) -> None:
 
 def print_table(peers: list[dict], swarm: str) -> None:
     from rich.console import Console
+
+    console = Console()
+    if not peers:
+        from rich.markup import escape
+
+        console.print(f"swarm {escape(swarm)!r} has no live peers: the bootstrap peer answered, but nobody has "
+                      f"announced under that name. Check --swarm (case-sensitive; the coordinator knows it).")
+        return
+    console.print(status_table(peers, swarm, console.width))
+    if all(p["role"] == "bootstrap" for p in peers):
+        console.print("only bootstrap peers so far: no sampler or learner has joined this swarm yet")
+
+
+FOLDED = {"name": 20, "software": 18}
+"""Columns of other peers' free text fold beyond this width."""
+NAME_MIN = 8
+"""A display name folds to this width before a model id folds."""
+
+
+def status_table(peers: list[dict], swarm: str, width: int):
+    """The peers as a rich Table for a terminal `width` columns wide.
+
+    Model ids are what a user copies into --model, so they are never cut: on one line where the
+    other columns leave room for the longest, else folded over lines, whole. The software version
+    gets a column only when peers differ in it (else one line under the table), to leave that room.
+    Column widths are set here, not left to rich, which would rather squash a column to nothing."""
+    from rich import box
+    from rich.cells import cell_len
     from rich.markup import escape
     from rich.table import Table
 
     from swarm.identity import short_id
 
-    console = Console()
-    if not peers:
-        console.print(f"swarm {escape(swarm)!r} has no live peers: the bootstrap peer answered, but nobody has "
-                      f"announced under that name. Check --swarm (case-sensitive; the coordinator knows it).")
-        return
-    table = Table(title=f"swarm {escape(swarm)!r}: {len(peers)} peers")
-    for col in ("peer", "name", "role", "model", "engine", "version", "throughput", "software", "last seen",
-                "expires in"):
-        table.add_column(col)
-    for p in peers:  # names and models are other peers' text: never rich markup
-        table.add_row(short_id(p["peer_id"]), escape(p.get("name", "")), p["role"], escape(p["model_id"]),
-                      escape(p["engine"]), str(p["version"]), f"{p['throughput']:.1f} rollouts/s", escape(p["software"]),
-                      f"{p['last_seen_s']:.0f} s ago", f"{p['expires_in']:.0f} s")
-    console.print(table)
-    if all(p["role"] == "bootstrap" for p in peers):
-        console.print("only bootstrap peers so far: no sampler or learner has joined this swarm yet")
+    software = sorted({p["software"] for p in peers})
+    rows = [{"peer": short_id(p["peer_id"]), "name": p.get("name", ""), "role": p["role"], "model": p["model_id"],
+             "engine": p["engine"], "version": str(p["version"]), "rollouts/s": f"{p['throughput']:.1f}",
+             "software": p["software"], "seen": f"{p['last_seen_s']:.0f} s ago"} for p in peers]
+    columns = [c for c in rows[0] if c != "software" or len(software) > 1]
+    widths = {c: min(max(len(c), *(cell_len(r[c]) for r in rows)), FOLDED.get(c, width)) for c in columns}
+    # the model first, then the name, share what the fixed columns leave (2: the gap between two columns)
+    room = width - sum(w for c, w in widths.items() if c not in ("model", "name")) - 2 * (len(columns) - 1)
+    widths["model"] = min(widths["model"], max(room - min(widths["name"], NAME_MIN), 16))
+    widths["name"] = min(widths["name"], max(room - widths["model"], NAME_MIN // 2))
+    table = Table(title=f"swarm {escape(swarm)!r}: {len(peers)} peers", box=box.SIMPLE_HEAD, collapse_padding=True,
+                  pad_edge=False, show_edge=False,
+                  caption=None if len(software) > 1 else f"software: {escape(software[0])}")
+    for c in columns:
+        table.add_column(c, width=widths[c], overflow="fold",
+                         justify="right" if c in ("version", "rollouts/s", "seen") else "left")
+    for r in rows:  # names, models, engines and software are other peers' text: never rich markup
+        table.add_row(*(escape(r[c]) for c in columns))
+    return table

@@ -7,17 +7,21 @@ are drawn: read by learners and samplers alike), `[learner]`. Nested tables are 
 dataclasses; a `task` table picks its kind with `kind = "arithmetic"` (default) or `"dataset"`.
 Values are checked against the field types before anything runs: an unknown key, a wrong type
 or an out-of-range value is a `ConfigError` that names the file, the key and the fix, so a typo
-never silently falls back to a default and a bad value never surfaces deep inside a run.
+never silently falls back to a default and a bad value never surfaces deep inside a run. A file
+written for another command (`ConfigKind`: the CLI names its commands' configs) is recognised as
+such, and an empty file is run on defaults with a warning.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import logging
 import sys
 import types
 import typing
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Sequence, TypeVar
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -30,6 +34,7 @@ from .tasks import ArithmeticConfig, ChainConfig, DatasetTaskConfig
 T = TypeVar("T")
 TaskConfig = ArithmeticConfig | ChainConfig | DatasetTaskConfig
 TASK_KINDS = {"arithmetic": ArithmeticConfig, "chain": ChainConfig, "dataset": DatasetTaskConfig}
+logger = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -169,14 +174,56 @@ def read_toml(path: str | Path) -> dict[str, Any]:
                           "(strings need quotes; tables are [name])") from None
 
 
-def load_config(cls: type[T], path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> T:
+@dataclasses.dataclass(frozen=True)
+class ConfigKind:
+    """One command's config files, so that a file passed to the wrong command is named for what it is."""
+
+    command: str
+    """How a user runs it, e.g. "hetero-node join"."""
+    config: str
+    """Its config class as "module:Class", imported only to recognise a file (cli.roles imports hivemind)."""
+    example: str
+    """The command that writes an example file, e.g. "hetero-node init sampler"."""
+
+    def fields(self) -> set[str]:
+        module, name = self.config.split(":")
+        return {f.name for f in dataclasses.fields(getattr(importlib.import_module(module), name))}
+
+
+def written_for(data: dict[str, Any], cls: type, kinds: Sequence[ConfigKind]) -> tuple[ConfigKind, str] | None:
+    """The kind of config `data` (a file's tables) was written for, when not `cls`'s: another kind
+    knows every top-level key `cls` does not. With the key that gives it away (`role` first)."""
+    unknown = [k for k in data if k not in {f.name for f in dataclasses.fields(cls)}]
+    if not unknown:
+        return None
+    own = f"{cls.__module__}:{cls.__qualname__}"
+    fits = [k for k in kinds if k.config != own and set(unknown) <= k.fields()]
+    if not fits:
+        return None
+    best = max(fits, key=lambda k: len(set(data) & k.fields()))
+    return best, "role" if "role" in unknown else unknown[0]
+
+
+def load_config(cls: type[T], path: str | Path | None = None, overrides: dict[str, Any] | None = None,
+                kinds: Sequence[ConfigKind] = ()) -> T:
     """`cls` from the TOML file at `path` (optional), then `overrides` (dotted keys for nested
-    tables; None values are ignored). Raises ConfigError naming the file."""
+    tables; None values are ignored). Raises ConfigError naming the file; one written for another
+    of `kinds` (every command's, `cls`'s own included) says so, and which command to run."""
     data = read_toml(path) if path is not None else {}
+    if path is not None and not data:
+        logger.warning("%s sets nothing: running on defaults", path)
     merged = _merge(data, _nest(overrides or {}))
     try:
         return from_dict(cls, merged)
     except ConfigError as e:
         if path is None:
             raise
-        raise ConfigError(f"{path}: {e}", e.fix or f"edit {path} (`hetero-node init` writes commented examples)") from None
+        other = written_for(data, cls, kinds)
+        if other is None:
+            raise ConfigError(f"{path}: {e}",
+                              e.fix or f"edit {path} (`hetero-node init` writes commented examples)") from None
+        kind, key = other
+        own = next((k for k in kinds if k.config == f"{cls.__module__}:{cls.__qualname__}"), None)
+        raise ConfigError(f"{path} is a config for `{kind.command}` (it sets {key})",
+                          f"run {kind.command} --config {path}" + (
+                              f", or {own.example} for a {own.command.split()[-1]} config" if own else "")) from None

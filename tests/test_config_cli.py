@@ -2,6 +2,7 @@
 line for every user mistake, a real local and simulated run."""
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -234,3 +235,111 @@ def test_node_meets_swarm_only_at_the_seam_and_the_records():
                 assert stmt.module in allowed, f"{path} imports {stmt.module}"
             if isinstance(stmt, ast.Import):
                 assert not any(a.name.split(".")[0] == "swarm" for a in stmt.names), path
+
+
+def test_help_shows_no_value_type_after_a_flag_and_renders_brackets(capsys, monkeypatch):
+    from typer.main import get_command
+
+    monkeypatch.setenv("COLUMNS", "200")
+    for name in ["", *get_command(app).commands]:
+        assert main([name, "--help"] if name else ["--help"]) == 0
+        out = capsys.readouterr().out
+        assert "Usage: hetero-node" in out, out
+        for odd in ("<bool>", "<list[str]>", "\\["):  # flags take no value; repeated options name their item
+            assert odd not in out, f"`hetero-node {name} --help` shows {odd!r}:\n{out}"
+        if name == "join":
+            assert "[vllm]" in out and "--no-nat " in out and "<multiaddr>" in out, out
+
+
+@pytest.mark.parametrize("typo,line", [
+    ("demoo", "error: no such command 'demoo'. fix: did you mean `hetero-node demo`? "
+              "(`hetero-node --help` lists the commands)"),
+    ("xyzzy", "error: no such command 'xyzzy'. fix: `hetero-node --help` lists the commands"),
+])
+def test_an_unknown_command_is_one_line_with_a_suggestion_when_one_is_close(capsys, typo, line):
+    code, err = _cli(capsys, typo, "--steps", "3")
+    assert (code, err) == (2, [line])
+
+
+def test_one_line_ends_each_part_once(capsys):
+    from cli.errors import UserError, one_line
+
+    assert one_line(UserError("is it a question?", "yes.")) == "error: is it a question? fix: yes."
+    assert one_line(UserError("a sentence.\n", "do\n  this")) == "error: a sentence. fix: do this"
+    for argv in (["local", "--stepz", "3"], ["join", "--role", "trainer"], ["simulate", "--max-delay", "-5"]):
+        code, err = _cli(capsys, *argv)
+        _one_line(code, err, "")
+        assert "?." not in err[0] and ".." not in err[0] and ". ." not in err[0], err
+
+
+def _peer(model: str, **kw) -> dict:
+    return {"peer_id": "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N", "name": "alice's sampler on a 4090",
+            "role": "sampler", "model_id": model, "engine": "vllm", "version": 1234, "throughput": 12.34,
+            "software": "hetero-node/0.1.0", "last_seen_s": 3.0, "expires_in": 27.0, **kw}
+
+
+def test_status_shows_whole_model_ids_at_120_columns(capsys, monkeypatch):
+    from cli.status import print_table
+
+    monkeypatch.setenv("COLUMNS", "120")
+    model = "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B-Instruct"  # 50 characters
+    print_table([_peer(model), _peer("Qwen/Qwen2.5-0.5B", role="learner", name="", engine="hf")], "demo")
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.lstrip().startswith("peer"))
+    assert all(c in header for c in ("name", "role", "model", "engine", "version", "rollouts/s", "seen")), header
+    assert any(model in line for line in lines), "\n".join(lines)  # on one line, not cut
+    assert max(len(line) for line in lines) <= 120 and "…" not in "".join(lines).replace("…7DWjhx5N", ""), lines
+
+
+def test_status_folds_a_model_id_wider_than_the_room_but_never_cuts_it():
+    from rich.console import Console
+
+    from cli.status import status_table
+
+    model = "/home/someone/models/checkpoints/run-2024-05-01/deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"  # 91
+    console = Console(width=120, record=True, file=open(os.devnull, "w"))
+    console.print(status_table([_peer(model)], "demo", 120))
+    lines = console.export_text().splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("peer"))
+    start = lines[header].index("model")
+    stop = lines[header].index("engine")
+    folded = "".join(line[start:stop].strip() for line in lines[header + 2:] if line.strip() and "software" not in line)
+    assert folded == model and max(len(line) for line in lines) <= 120, "\n".join(lines)
+
+
+@pytest.mark.parametrize("kind,command,argv,line", [
+    ("sampler", "local", [], "error: {f} is a config for `hetero-node join` (it sets role). fix: run hetero-node "
+                             "join --config {f}, or hetero-node init local for a local config"),
+    ("simulate", "local", [], "error: {f} is a config for `hetero-node simulate` (it sets seconds_per_step). fix: "
+                              "run hetero-node simulate --config {f}, or hetero-node init local for a local config"),
+    ("local", "join", ["--role", "sampler"], "error: {f} is a config for `hetero-node local` (it sets steps). fix: "
+                                             "run hetero-node local --config {f}, or hetero-node init sampler for a "
+                                             "join config"),
+])
+def test_a_config_for_another_command_says_which(tmp_path, capsys, kind, command, argv, line):
+    f = tmp_path / f"{kind}.toml"
+    assert main(["init", kind, "--out", str(f)]) == 0
+    capsys.readouterr()
+    code, err = _cli(capsys, command, "--config", str(f), *argv)
+    assert (code, err) == (2, [line.format(f=f)])
+
+
+def test_a_config_with_a_typo_still_lists_the_unknown_key(tmp_path):
+    from node.config import ConfigKind, written_for
+
+    kinds = [ConfigKind("hetero-node join", "cli.roles:JoinConfig", "hetero-node init sampler")]
+    assert written_for({"role": "sampler", "steps": 3}, LocalConfig, kinds)[1] == "role"
+    assert written_for({"stepz": 3}, LocalConfig, kinds) is None  # known to no command: a typo
+    assert written_for({"steps": 3}, LocalConfig, kinds) is None  # nothing unknown
+
+
+@pytest.mark.parametrize("text", ["", "# only comments\n\n"])
+def test_an_empty_config_runs_on_defaults_with_a_warning(tmp_path, capsys, caplog, text):
+    f = tmp_path / "empty.toml"
+    f.write_text(text)
+    assert load_config(LocalConfig, f) == LocalConfig()
+    assert [r.getMessage() for r in caplog.records] == [f"{f} sets nothing: running on defaults"]
+    caplog.clear()
+    code, err = _cli(capsys, "local", "--config", str(f), "--model", "/nonexistent/model-dir")  # stops before a run
+    _one_line(code, err, "no such folder")
+    assert f"{f} sets nothing: running on defaults" in caplog.text

@@ -34,6 +34,7 @@ from swarm.identity import Identity, short_id
 from swarm.journal import Journal
 from swarm.outbox import Outbox
 from swarm.p2p import SwarmNode
+from swarm.rollout_rpc import ReceiverConfig
 from swarm.swarm_exchange import SwarmLearnerLink, SwarmSamplerLink
 
 log = logging.getLogger("hetero-node")
@@ -150,9 +151,38 @@ def _start_node(cfg: JoinConfig) -> SwarmNode:
     Path(cfg.workdir).mkdir(parents=True, exist_ok=True)
     identity = Identity.load_or_create(cfg.identity_path)
     node = SwarmNode(identity, cfg.network, cfg.swarm)
-    log.info("%s %s joined swarm %r; listening on %s", cfg.role, short_id(node.peer_id), cfg.swarm,
-             " ".join(node.maddrs()))
+    log.info("%s %s joined swarm %r; listening on %s", cfg.role, node.peer_id, cfg.swarm, " ".join(node.maddrs()))
+    if cfg.network.public_ip:  # now that we listen (on the port we were given, or the one picked for us)
+        picked = next((int(m.split("/tcp/")[1].split("/")[0]) for m in node.maddrs() if "/tcp/" in m), 0)
+        reachability_check(cfg.network.port or picked, cfg.network.public_ip)
     return node
+
+
+def reachability_check(port: int, public_ip: str | None) -> None:
+    """Petals-style self-check: can this machine be reached at the address it announces?"""
+    import socket
+
+    if not public_ip:
+        return
+    try:
+        with socket.create_connection((public_ip, port), timeout=3):
+            log.info("reachability: %s:%d accepts connections", public_ip, port)
+    except OSError as e:
+        log.warning(
+            "reachability: cannot connect to %s:%d (%s). Open TCP port %d in your firewall and forward it on "
+            "your router to this machine, or run with --client-mode to reach the swarm through relays.",
+            public_ip, port, e, port)
+
+
+def _public_first(maddrs: list[str]) -> list[str]:
+    """Addresses a volunteer elsewhere can dial first: loopback ones only work on this machine."""
+    return sorted(maddrs, key=lambda m: m.startswith(("/ip4/127.", "/ip6/::1/")))
+
+
+def volunteer_command(maddrs: list[str], swarm: str) -> str:
+    """The exact command volunteers paste to join this swarm as samplers."""
+    where = f" --swarm {swarm}" if swarm != "demo" else ""
+    return f"hetero-node join --role sampler{where} --initial-peers {_public_first(maddrs)[0]}"
 
 
 def run_bootstrap(identity_path: str, net: NetworkConfig, swarm: str, stop: threading.Event,
@@ -252,9 +282,16 @@ def _make_learner(cfg: JoinConfig, node: SwarmNode, place, coll=None):
         learner.load_checkpoint(ckpt)
         log.info("resumed from %s at version %d", ckpt, learner.version)
     journal, quarantine = Journal(work / "journal.bin"), Journal(work / "quarantine.bin")
+    lc = cfg.learner
+    intake = ReceiverConfig(  # unproven samplers must be able to fill a step, to be audited at all
+        quota=lc.quota_per_sampler, rate=lc.rate_per_sampler, byte_rate=lc.byte_rate_per_sampler,
+        journal_bytes=lc.journal_bytes_per_sampler, unproven_quota=max(lc.unproven_quota, lc.groups_per_step),
+        unproven_rate=lc.unproven_rate, unproven_byte_rate=lc.unproven_byte_rate,
+        unproven_journal_bytes=lc.unproven_journal_bytes)
     link = SwarmLearnerLink(node, journal, cursor=learner.restored_extra.get("journal_cursor", 0),
                             rejected=learner.drops, untrained=learner.untrained_by, check=learner.precheck,
-                            quota=cfg.learner.quota_per_sampler, rate=cfg.learner.rate_per_sampler)
+                            intake=intake, is_proven=learner.is_proven, is_refused=lambda peer: peer in learner.refusals,
+                            throttled=learner.throttled)
     learner.link = link
     learner.quarantine = lambda raw, why: quarantine.append([msgpack.packb([why, raw])])
     saved = {"cursor": link.cursor}
@@ -274,7 +311,8 @@ def _learner_loop(cfg: JoinConfig, node: SwarmNode, stop: threading.Event, place
     if not resumed:
         learner.run_eval()
     announce, tally, status = Every(cfg.announce_every_s), Every(cfg.tally_every_s), Every(cfg.status_every_s)
-    last_data = time.monotonic()
+    last_data, named = time.monotonic(), False
+    log.info("volunteers join with: %s", volunteer_command(cfg.network.initial_peers, cfg.swarm))
     try:
         while not stop.is_set():
             if announce():
@@ -293,6 +331,7 @@ def _learner_loop(cfg: JoinConfig, node: SwarmNode, stop: threading.Event, place
                 learner.leader.keepalive()
             if status():
                 log.info(report.line(time.monotonic() - last_data))
+                named = named or _check_named(node)
             if _done(cfg, learner):
                 if learner.history[-1].get("kind") != "eval":
                     learner.run_eval()
@@ -308,13 +347,25 @@ def _learner_loop(cfg: JoinConfig, node: SwarmNode, stop: threading.Event, place
         log.info(report.summary())
 
 
+def _check_named(node: SwarmNode) -> bool:
+    """Whether a coordinator we joined through names this learner; if not, samplers will not follow
+    it (swarm/discovery.py), so say how to fix that, once per status line until it is fixed."""
+    if node.peer_id in node.trusted_learners(node.coordinators):
+        log.info("the coordinator's swarm record names this learner: samplers will follow it")
+        return True
+    log.warning("no coordinator names this learner (%s), so samplers will not follow it: restart the bootstrap "
+                "with --trusted-learner %s (or samplers pin it with --follow %s)", node.peer_id, node.peer_id,
+                node.peer_id)
+    return False
+
+
 def _done(cfg: JoinConfig, learner) -> bool:
     return cfg.max_steps is not None and learner.version >= cfg.max_steps
 
 
 def _publish_tally(node: SwarmNode, learner, model_id: str) -> None:
     try:
-        if not node.publish_tally(learner.tally.record(node.peer_id, model_id)):
+        if not node.publish_tally(learner.tally.record(node.peer_id, model_id, learner.version, learner.history)):
             log.warning("the DHT did not store our contribution tally; retrying later")
     except Exception as e:  # the leaderboard can wait; training must not
         log.warning("could not publish the contribution tally: %s", e)
@@ -383,6 +434,17 @@ def run_sampler(cfg: JoinConfig, stop: threading.Event) -> None:
         node.shutdown()
 
 
+def _waiting_for(tracker: LearnerTracker, swarm: str) -> str:
+    """What a sampler with no learner to follow waits for, and what would end the wait."""
+    if tracker.follow:
+        return f"waiting for the learner --follow names ({short_id(tracker.follow)}) to appear in swarm {swarm!r}"
+    if tracker.ignored:
+        return (f"waiting for a learner the coordinator names: {len(tracker.ignored)} learner(s) seen in swarm "
+                f"{swarm!r}, none named by the bootstrap's swarm record (its --trusted-learner), so none is followed; "
+                "pin one with --follow PEER_ID")
+    return f"waiting for a learner to join swarm {swarm!r} (none seen yet; is --swarm the coordinator's?)"
+
+
 def _make_sampler(cfg: JoinConfig, node: SwarmNode):
     from node.engines import make_engine
     from node.models import load_tokenizer, tokenizer_hash
@@ -415,7 +477,8 @@ def _sampler_loop(cfg: JoinConfig, node: SwarmNode, outbox: Outbox, link: SwarmS
                      sampler.version, groups, link.rollouts.stats["delivered"], len(outbox),
                      short_id(tracker.current) if tracker.current else "none yet", rate)
         if tracker.refresh(force=force) is None:
-            log.info("waiting for a learner in swarm %r (retrying in %.0f s)", cfg.swarm, backoff)
+            log.info("%s (for %.0f s; retrying in %.0f s)", _waiting_for(tracker, cfg.swarm), time.monotonic() - t0,
+                     backoff)
             stop.wait(backoff)
             backoff, force = min(backoff * 2, 30.0), True
             continue

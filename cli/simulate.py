@@ -96,7 +96,10 @@ class Simulator:
         tok = load_tokenizer(cfg.model)
         self.task = make_task(cfg.task, tok)
         self.metrics = MetricsWriter(cfg.metrics_path, cfg.tensorboard_dir)
-        self.learner = Learner(cfg.learner, load_model(cfg.model, device=cfg.device), tok, self.task, model_id=cfg.model,
+        # the cohorts' other models are the operator's own: named, they are taken as foreign (F-TIS), not audited
+        others = tuple(s.model for s in cfg.samplers if s.model and s.model != cfg.model)
+        lcfg = replace(cfg.learner, accept_models=(*cfg.learner.accept_models, *others))
+        self.learner = Learner(lcfg, load_model(cfg.model, device=cfg.device), tok, self.task, model_id=cfg.model,
                                sampling=cfg.sampling, link=self.exchange, metrics=self.metrics,
                                chain=f"sim-seed-{cfg.seed}")  # sampling randomness hangs off the chain
         self.samplers: list[tuple[Sampler, object, float]] = []

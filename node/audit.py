@@ -58,6 +58,10 @@ class VersionArchive:
     def holds(self, chain: str, version: int) -> bool:
         return (chain, version) in self.encoded
 
+    def auditable(self, chain: str, version: int) -> bool:
+        """Whether (chain, version) can be rebuilt for an audit: a version held, or the base model."""
+        return (chain, version) in self.encoded or ((chain, version) == ("", 0) and self._base is not None)
+
     def _prune(self, chain: str, newest: int) -> None:
         """Keep, of this chain, the versions >= newest - window and the keyframe they start from."""
         oldest = newest - self.window

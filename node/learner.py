@@ -74,7 +74,9 @@ class LearnerConfig:
     foreign_options: dict[str, Any] = field(default_factory=dict)
     accept_models: tuple[str, ...] = ("*",)
     """Foreign model ids whose rollouts are accepted; "*" accepts any (that shares our tokenizer,
-    or whose tokenizer is in `foreign_tokenizers`)."""
+    or whose tokenizer is in `foreign_tokenizers`). A model in our tokenizer is taken as foreign
+    (unaudited, within the foreign share) only if named here; under any other id its rollouts
+    are checked as our own (audits, gap check, version, staleness): a label proves nothing."""
     foreign_tokenizers: dict[str, str] = field(default_factory=dict)
     """Other models' tokenizers, model id -> a local tokenizer folder. Rollouts of a model with
     another tokenizer are taken only from these: the learner decodes their tokens and checks them
@@ -101,6 +103,23 @@ class LearnerConfig:
     rate_per_sampler: float = 64.0
     """Records per second the learner checks from one sampler (signature, decode, checks); past it
     they are answered "busy" unread, so a flood cannot eat the learner's CPU."""
+    byte_rate_per_sampler: float = 8.0 * 2**20
+    """Bytes per second the learner reads from one sampler, counted on what it sent before anything
+    is decoded: undecodable bytes cost it as much as records do."""
+    journal_bytes_per_sampler: int = 64 * 2**20
+    """Bytes of one sampler's records in the journal that the learner has not read yet (it reads
+    between steps, so they pile up during a long one); one record always fits, whatever its size."""
+    unproven_quota: int = 32
+    """Keys are free, so samplers that have not yet passed their first `audit_first` audits share
+    one budget: this many groups received and not yet trained on, all of them together (at least
+    `groups_per_step` is used, so that new samplers can fill a step and be audited)..."""
+    unproven_rate: float = 8.0
+    """...this many of their records checked per second, all together..."""
+    unproven_byte_rate: float = 1.0 * 2**20
+    """...this many of their bytes read per second..."""
+    unproven_journal_bytes: int = 16 * 2**20
+    """...and this many bytes of their records in the journal not yet read. A proven sampler keeps
+    its own budget whatever unproven keys send (docs/DESIGN.md, "Trust")."""
     max_buffer_groups: int = 4096
     """Bound on accepted-but-untrained groups; beyond it new records are refused (counted), so
     memory stays bounded without dropping anything already accepted."""
@@ -119,6 +138,15 @@ class LearnerConfig:
     audit_logprob_gap: float = 0.25
     """An audited group also fails if its claimed log-probs are further than this (mean |gap| per
     token) from ours at the very version it claims: honest engines are within 1e-5 in float32."""
+    foreign_step_share: float = 0.25
+    """Foreign groups (never audited: unchecked work, not credited) fill at most this share of a
+    step's groups (floor of share x groups_per_step); F-TIS bounds one step's damage, this a flood."""
+    foreign_per_sampler: int = 2
+    """...and at most this many of a step's groups come from one sampler's foreign groups."""
+    unaudited_per_step: int = 2
+    """Groups of a step from samplers not yet proven (`is_proven`) whose version the learner cannot
+    rebuild to audit (an earlier run's chain), all such samplers together: such a key is never
+    audited, so it is trained on only this much (and not credited). A restart opens no window."""
     checkpoint_every: int = 0
     """Save every N versions (0: only when asked)."""
     keep_checkpoints: int = 3
@@ -137,10 +165,17 @@ class LearnerConfig:
                 or not 0 <= self.audit_tolerance < 1:
             raise ValueError("learner: need max_logprob_gap > 0, audit_first >= 0, 0 <= audit_rate <= 1, "
                              "0 <= audit_tolerance < 1")
-        if self.quota_per_sampler < 1 or self.rate_per_sampler <= 0:
-            raise ValueError("learner: quota_per_sampler must be >= 1 and rate_per_sampler > 0")
+        if self.quota_per_sampler < 1 or self.rate_per_sampler <= 0 or self.unproven_quota < 1 \
+                or min(self.unproven_rate, self.byte_rate_per_sampler, self.unproven_byte_rate) <= 0:
+            raise ValueError("learner: quota_per_sampler and unproven_quota must be >= 1, rate_per_sampler, "
+                             "unproven_rate, byte_rate_per_sampler and unproven_byte_rate > 0")
+        if min(self.journal_bytes_per_sampler, self.unproven_journal_bytes) < 1:
+            raise ValueError("learner: journal_bytes_per_sampler and unproven_journal_bytes must be >= 1")
         if self.max_tokens_per_microbatch < 0:
             raise ValueError("learner: max_tokens_per_microbatch must be >= 0 (0: the whole step at once)")
+        if not 0 <= self.foreign_step_share <= 1 or self.foreign_per_sampler < 0 or self.unaudited_per_step < 0:
+            raise ValueError("learner: need 0 <= foreign_step_share <= 1, foreign_per_sampler >= 0, "
+                             "unaudited_per_step >= 0")
         if self.lr <= 0 or self.max_grad_norm <= 0 or self.keep_checkpoints < 1 or self.checkpoint_every < 0:
             raise ValueError("learner: need lr > 0, max_grad_norm > 0, keep_checkpoints >= 1, checkpoint_every >= 0")
 
@@ -207,6 +242,9 @@ class Learner:
         self.seen_content: collections.OrderedDict[str, None] = collections.OrderedDict()
         """Content keys (prompt + every completion's tokens, in any order) of accepted groups."""
         self.drops: collections.Counter[str] = collections.Counter()
+        self.throttled: collections.Counter[str] = collections.Counter()
+        """Rollouts the swarm's receiver answered "busy" (not drops: the sampler sends them again later),
+        by the bound they met; it counts into this (swarm/rollout_rpc.py)."""
         self.accepted_by_sampler: collections.Counter[str] = collections.Counter()
         self.tally = Tally()
         """Credit per sampler for the groups trained on (published to the DHT for the leaderboard)."""
@@ -277,6 +315,11 @@ class Learner:
             log.exception("checking a rollout record failed")
             return "internal_error"
 
+    def is_proven(self, peer: str) -> bool:
+        """Whether `peer` passed its first `audit_first` audits and was never refused: until then
+        the swarm's receiver counts its records against one budget shared by all such keys."""
+        return peer not in self.refusals and self.audits[peer] >= self.cfg.audit_first
+
     def untrained_by(self, sampler: str) -> int:
         """Groups of `sampler` accepted and not yet trained on (its share of the buffer)."""
         return self._buffered[sampler]
@@ -296,9 +339,9 @@ class Learner:
         problem = self.task.get(g.prompt_id)
         if problem is None or problem.prompt != g.prompt:
             return "unknown_prompt"
-        own = g.model_id == self.model_id
-        if not own and "*" not in self.cfg.accept_models and g.model_id not in self.cfg.accept_models:
+        if g.model_id != self.model_id and "*" not in self.cfg.accept_models and g.model_id not in self.cfg.accept_models:
             return "unknown_model"
+        own = self._checked_as_own(g)
         if own and (reason := self._check_version(g)) is not None:
             return reason
         if len(g.completions) != self.sampling.group_size:
@@ -328,9 +371,17 @@ class Learner:
                 return "token_out_of_vocab"
             if any(tok.decode(c.token_ids, skip_special_tokens=True) != c.text for c in g.completions):
                 return "text_mismatch"
+        if not own and (reason := _foreign_version(g)) is not None:
+            return reason
         if own and self.version - g.version > self.cfg.max_staleness:
             return "stale"
         return None
+
+    def _checked_as_own(self, g: RolloutGroup) -> bool:
+        """Whether `g` is checked as our model's (audits, gap check, version, staleness): ours, or
+        in our tokenizer under a model id the operator did not name, whose label proves nothing."""
+        return g.model_id == self.model_id or (g.tokenizer == self.tokenizer_id
+                                               and g.model_id not in self.cfg.accept_models)
 
     def _check_version(self, g: RolloutGroup) -> str | None:
         """A version of this run's chain we have published, of an earlier run's chain up to where
@@ -349,7 +400,7 @@ class Learner:
         return "future_version" if g.version > last else None
 
     def _accept(self, g: RolloutGroup, raw: bytes, count: bool = True) -> str | None:
-        own = g.model_id == self.model_id
+        own = self._checked_as_own(g)
         route = "stale" if own else ("foreign" if g.tokenizer == self.tokenizer_id else "foreign_seq")
         if self.routes[route] == DROP:
             return "foreign_dropped" if not own else "own_dropped"
@@ -402,8 +453,32 @@ class Learner:
         self.buffer = keep
 
     def ready(self) -> bool:
+        """Whether a full step can be taken within the foreign and unaudited shares, or a short one of
+        those shares alone when `groups_per_step` groups wait and none is checked work: capped groups
+        must not stall training, nor the unproven keys' shared budget that they count against."""
         self._drop_stale_buffered()
-        return len(self.buffer) >= self.cfg.groups_per_step
+        n = self.cfg.groups_per_step
+        if len(self.buffer) < n:
+            return False
+        picked = len(self._pick())
+        return picked >= n or (picked > 0 and all(self._kind(b) != "checked" for b in self.buffer))
+
+    def _kind(self, b: BufferedGroup) -> str:
+        """'foreign' (never audited), 'unaudited' (a version we cannot rebuild, from a sampler not yet
+        proven: nothing of that key was ever checked) or 'checked' (auditable, or a proven sampler's)."""
+        if b.route != "stale":
+            return "foreign"
+        if not self.archive.auditable(b.chain, b.claimed_version) and not self.is_proven(b.sampler):
+            return "unaudited"
+        return "checked"
+
+    def _pick(self) -> list[int]:
+        """Indices into the buffer of the next step's groups (`pick_groups` with the shares)."""
+        n = self.cfg.groups_per_step
+        return pick_groups([(b.sampler, self._kind(b)) for b in self.buffer], n,
+                           {"foreign": math.floor(self.cfg.foreign_step_share * n + 1e-9),
+                            "unaudited": self.cfg.unaudited_per_step},
+                           {"foreign": self.cfg.foreign_per_sampler})
 
     def step(self) -> dict | None:
         """One optimizer step on the oldest `groups_per_step` groups; None if not enough data."""
@@ -430,8 +505,10 @@ class Learner:
         for b in taken:
             self.accepted_by_sampler[b.sampler] += 1
             # credit only what was trained on and passed every check: zero-variance groups (garbage
-            # included) carry no gradient, and a group with a sequence over the log-prob gap earns nothing
-            if has_signal(b.group.rewards) and id(b) not in failed_gap and id(b) not in unaudited:
+            # included) carry no gradient, a group with a sequence over the log-prob gap earns nothing,
+            # nor unchecked work: foreign groups (never audited) and versions we cannot rebuild to audit
+            checkable = b.route == "stale" and self.archive.auditable(b.chain, b.claimed_version)
+            if has_signal(b.group.rewards) and id(b) not in failed_gap and id(b) not in unaudited and checkable:
                 self.tally.credit(b.sampler, len(b.group.completions),
                                   sum(len(c.token_ids) for c in b.group.completions), b.group.model_id)
         self.version += 1
@@ -461,15 +538,10 @@ class Learner:
 
     def _take(self, n: int) -> list[BufferedGroup]:
         """`n` groups, round-robin over samplers, oldest first within each: no sampler takes more
-        than its share of a step while others have groups waiting, however much it sent."""
-        queues: dict[str, collections.deque[BufferedGroup]] = {}
-        for b in self.buffer:
-            queues.setdefault(b.sampler, collections.deque()).append(b)
-        taken: list[BufferedGroup] = []
-        while len(taken) < n:
-            for q in queues.values():
-                if q and len(taken) < n:
-                    taken.append(q.popleft())
+        than its share of a step while others have groups waiting, however much it sent; foreign and
+        unaudited groups only within their shares (`_pick`)."""
+        buffered = list(self.buffer)
+        taken = [buffered[i] for i in self._pick()[:n]]
         chosen = {id(b) for b in taken}
         self.buffer = collections.deque(b for b in self.buffer if id(b) not in chosen)
         for b in taken:
@@ -588,7 +660,8 @@ class Learner:
         }
 
     def _counters(self) -> dict[str, Any]:
-        return {"drops": dict(self.drops), "accepted_by_sampler": dict(self.accepted_by_sampler),
+        return {"drops": dict(self.drops), "throttled": dict(self.throttled),
+                "accepted_by_sampler": dict(self.accepted_by_sampler),
                 "audit": dict(self.audit_stats), "logprob_gap_drops": dict(self.gap_drops),
                 "train_time_s": round(self.train_time_s, 3),
                 "credited": {p: c["groups"] for p, c in self.tally.peers.items()},
@@ -686,7 +759,7 @@ class Learner:
         for raw in state["buffer"]:
             # validated and accepted before the save: re-accept without counting twice (but not a
             # sampler refused since, whose refusal the checkpoint may predate)
-            group = decode_rollout_group(raw)
+            group = decode_rollout_group(raw, strict=False)  # accepted, maybe under older bounds
             if group.sampler not in self.refusals:
                 self._accept(group, raw, count=False)
         for sampler in self.refusals.refused:
@@ -701,6 +774,39 @@ class Learner:
         from .checkpoint import load_checkpoint
 
         self.load_state_dict(load_checkpoint(path))
+
+
+def _foreign_version(g: RolloutGroup) -> str | None:
+    """A foreign generator never ran our weights: it claims version 0 of no chain, nothing else."""
+    return None if (g.chain, g.version) == ("", 0) else "foreign_version"
+
+
+def pick_groups(entries: list[tuple[str, str]], n: int, total_caps: dict[str, int],
+                sampler_caps: dict[str, int]) -> list[int]:
+    """Up to `n` indices of `entries` ((sampler, kind), oldest first), round-robin over samplers,
+    oldest first within each, taking at most `total_caps[kind]` of a kind in all and at most
+    `sampler_caps[kind]` of it from one sampler (kinds not named are uncapped)."""
+    queues: dict[str, collections.deque[int]] = {}
+    for i, (sampler, _) in enumerate(entries):
+        queues.setdefault(sampler, collections.deque()).append(i)
+    used: collections.Counter[str] = collections.Counter()
+    used_by: collections.Counter[tuple[str, str]] = collections.Counter()
+    taken: list[int] = []
+    while len(taken) < n and queues:
+        for sampler in list(queues):
+            q = queues[sampler]
+            # usage only grows within a pick, so a group over a cap now stays over it: skip it for good
+            while q and (used[entries[q[0]][1]] >= total_caps.get(entries[q[0]][1], n)
+                         or used_by[sampler, entries[q[0]][1]] >= sampler_caps.get(entries[q[0]][1], n)):
+                q.popleft()
+            if not q:
+                del queues[sampler]
+            elif len(taken) < n:
+                i = q.popleft()
+                taken.append(i)
+                used[entries[i][1]] += 1
+                used_by[sampler, entries[i][1]] += 1
+    return taken
 
 
 def _content_key(g: RolloutGroup) -> str:

@@ -13,6 +13,10 @@ from .identity import Identity, peer_id_of, verify
 from .records import MAX_RECORD_BYTES, RecordError
 
 _MAX_KEY = 1024
+MAX_ENVELOPE_BYTES = MAX_RECORD_BYTES + 4096
+"""A record of the largest size, its key and its signature."""
+_MAX_SIGNATURE = 1024
+"""A 2048-bit RSA key's DER is 294 bytes and its signature 256: room for larger keys, not for padding."""
 
 
 def seal(identity: Identity, record: bytes) -> bytes:
@@ -21,15 +25,17 @@ def seal(identity: Identity, record: bytes) -> bytes:
 
 def open_envelope(data: bytes) -> tuple[bytes, str]:
     """(record bytes, signer peer id), or RecordError('undecodable' | 'oversize' | 'signature')."""
-    if len(data) > MAX_RECORD_BYTES + 4096:
+    if len(data) > MAX_ENVELOPE_BYTES:
         raise RecordError("oversize", f"envelope of {len(data)} bytes")
     try:
         env = msgpack.unpackb(data, raw=False)
         record, key, sig = env["r"], env["k"], env["s"]
     except Exception as e:
         raise RecordError("undecodable", f"envelope: {type(e).__name__}") from None
-    if not all(isinstance(x, bytes) for x in (record, key, sig)) or len(key) > _MAX_KEY:
+    if not all(isinstance(x, bytes) for x in (record, key, sig)):
         raise RecordError("undecodable", "envelope fields must be bytes")
+    if len(env) != 3 or len(key) > _MAX_KEY or len(sig) > _MAX_SIGNATURE:
+        raise RecordError("oversize", "an envelope is exactly a record, a key and a signature of bounded size")
     if not verify(key, record, sig):
         raise RecordError("signature", "the signature does not match the record")
     return record, peer_id_of(key)

@@ -14,6 +14,7 @@ import queue
 import threading
 import time
 from contextlib import closing, suppress
+from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
 from google.protobuf.wrappers_pb2 import BytesValue
@@ -125,13 +126,15 @@ class SwarmNode:
         self.run(self.p2p.add_binary_stream_handler(name, _handle), timeout=10)
 
     def call_stream(self, peer_id: str, name: str, payload: bytes, timeout: float,
-                    on_item: Callable[[memoryview | bytes], None], max_item: int = MAX_MESSAGE) -> int:
+                    on_item: Callable[[memoryview | bytes], None], max_item: int = MAX_MESSAGE,
+                    stall: Stall | None = None) -> int:
         """Call a streaming RPC; `on_item` runs in the calling thread for each item as it arrives, so
         that a caller can use items before the stream ends while the swarm loop goes on reading (work
         such as hashing on the loop would stall the stream). Items are read-only views of the
         received frames (no copy). Returns the number of items; raises on timeout (for the whole
-        stream), if the peer cannot be reached, or on an item over `max_item` bytes (hivemind's own
-        reader would buffer whatever length a peer announces)."""
+        stream), if the peer cannot be reached, on an item over `max_item` bytes (hivemind's own
+        reader would buffer whatever length a peer announces), and `StreamStalled` when `stall`'s
+        bounds are broken (a peer that trickles bytes must not hold the caller for `timeout`)."""
         items: queue.SimpleQueue = queue.SimpleQueue()
 
         async def _call() -> int:
@@ -144,7 +147,7 @@ class SwarmNode:
                 n = 0
                 while True:
                     try:
-                        marker, data = await _read_frame(reader, max_item + 16)  # + the BytesValue header
+                        marker, data = await _read_frame(reader, max_item + 16, stall)  # + the BytesValue header
                     except asyncio.IncompleteReadError:  # the stream's end (or a reset: the caller verifies)
                         return n
                     if marker == P2P.ERROR_MARKER:
@@ -235,16 +238,41 @@ class RemoteError(RuntimeError):
     """A peer's handler failed, or it broke the stream protocol."""
 
 
-async def _read_frame(reader: asyncio.StreamReader, max_len: int) -> tuple[bytes, bytes]:
+class StreamStalled(TimeoutError):
+    """A peer sent nothing for `Stall.idle_s`, or an item slower than `Stall.min_rate`."""
+
+
+@dataclass(frozen=True)
+class Stall:
+    """Bounds on a stream reply, per item: its frame header within `idle_s` of the previous item
+    (or of the request), and its payload within `idle_s + length / min_rate` of its header, so an
+    item must average about `min_rate` bytes/s once `idle_s` of slack is spent. One deadline per
+    payload rather than per piece read: reading a frame in pieces would copy it twice."""
+    idle_s: float
+    min_rate: float
+
+
+async def _within(read: Awaitable[T], seconds: float | None, what: str) -> T:
+    if seconds is None:
+        return await read
+    try:
+        return await asyncio.wait_for(read, seconds)
+    except asyncio.TimeoutError:
+        raise StreamStalled(f"{what} not read in {seconds:.1f} s") from None
+
+
+async def _read_frame(reader: asyncio.StreamReader, max_len: int, stall: Stall | None = None) -> tuple[bytes, bytes]:
     """(marker, payload) of one frame of hivemind's protobuf stream, refusing a length over `max_len`
-    before reading it: the length is the peer's claim."""
-    marker = await reader.readexactly(1)
+    before reading it: the length is the peer's claim. `stall` bounds the time each part may take."""
+    idle = None if stall is None else stall.idle_s
+    marker = await _within(reader.readexactly(1), idle, "a frame header")
     if marker not in (P2P.MESSAGE_MARKER, P2P.ERROR_MARKER):
         raise RemoteError(f"not a protobuf stream frame (marker {marker!r})")
-    length = int.from_bytes(await reader.readexactly(P2P.HEADER_LEN), P2P.BYTEORDER)
+    length = int.from_bytes(await _within(reader.readexactly(P2P.HEADER_LEN), idle, "a frame header"), P2P.BYTEORDER)
     if length > max_len:
         raise RemoteError(f"a frame of {length} bytes, over the {max_len} allowed")
-    return marker, await reader.readexactly(length)
+    payload_s = None if stall is None else stall.idle_s + length / stall.min_rate
+    return marker, await _within(reader.readexactly(length), payload_s, f"a frame of {length} bytes")
 
 
 def _varint(n: int) -> bytes:

@@ -1,11 +1,12 @@
 """Wire records (docs/DESIGN.md, "Wire records"), msgpack-encoded, validated before anything else sees them.
 
 A record is a msgpack map. Mandatory fields must be present with the right types; unknown extra
-fields are tolerated (newer peers may add some), so old and new peers interoperate. Numeric
+fields are tolerated within `MAX_UNKNOWN_BYTES` per record (newer peers may add a few small ones,
+so old and new peers interoperate; a megabyte of padding is refused, not journaled). Numeric
 arrays travel as raw little-endian bytes (uint32 token ids, float32 log-probs), not lists.
 
 Decoding raises `RecordError` whose `reason` is a short stable code ("undecodable", "oversize",
-"schema", "sizes", "nonfinite", "protocol") for the receiver's drop counters.
+"schema", "sizes", "nonfinite", "protocol", "unknown_fields") for the receiver's drop counters.
 This module knows bytes and records, never torch.
 """
 
@@ -29,6 +30,11 @@ MAX_ID = 64
 so each is bounded in bytes."""
 MAX_NAME = 256
 """Other short strings (swarm, task, prompt id, model id, tokenizer hash)."""
+MAX_UNKNOWN_BYTES = 512
+"""Unknown fields of one record (top level and every completion together), msgpack-encoded: room
+for a newer peer's few small fields, not for padding a learner's journal with."""
+MAX_SAMPLING_BYTES = 1024
+"""The `sampling` map (a few settings), msgpack-encoded."""
 
 
 class RecordError(ValueError):
@@ -96,6 +102,33 @@ _GROUP_FIELDS: dict[str, type | tuple[type, ...]] = {
 _COMPLETION_FIELDS: dict[str, type | tuple[type, ...]] = {
     "text": str, "token_ids": bytes, "logprobs": bytes, "finish_reason": str, "reward": (int, float),
 }
+_GROUP_KNOWN = frozenset(_GROUP_FIELDS) | {"sampling", "chain", "protocol"}
+_COMPLETION_KNOWN = frozenset(_COMPLETION_FIELDS)
+
+
+def _packed_size(value: Any) -> int:
+    try:
+        return len(msgpack.packb(value, use_bin_type=True))
+    except (ValueError, TypeError, OverflowError):  # nested deeper than msgpack packs: no field of ours
+        return MAX_RECORD_BYTES
+
+
+def unknown_bytes(d: dict, known: frozenset[str]) -> int:
+    """Bytes of `d`'s fields outside `known`, as msgpack encodes them (0 without any: no encoding)."""
+    extra = [k for k in d if k not in known]
+    return _packed_size({k: d[k] for k in extra}) if extra else 0
+
+
+def _check_unknown(d: dict) -> None:
+    """Unknown fields of the whole record (its completions' included) within MAX_UNKNOWN_BYTES."""
+    # a completion that is not a map fails its own check in _decode_completion
+    n = unknown_bytes(d, _GROUP_KNOWN) + sum(unknown_bytes(c, _COMPLETION_KNOWN) for c in d["completions"]
+                                             if isinstance(c, dict))
+    if n > MAX_UNKNOWN_BYTES:
+        raise RecordError("unknown_fields", f"{n} bytes of unknown fields (at most {MAX_UNKNOWN_BYTES})")
+    sampling = d.get("sampling", {})
+    if isinstance(sampling, dict) and _packed_size(sampling) > MAX_SAMPLING_BYTES:
+        raise RecordError("oversize", f"record sampling settings over {MAX_SAMPLING_BYTES} bytes")
 
 
 def _check_fields(d: Any, spec: dict, what: str) -> None:
@@ -133,8 +166,11 @@ def _check_lengths(d: dict) -> None:
         raise RecordError("oversize", "record prompt or chain too long")
 
 
-def decode_rollout_group(data: bytes) -> RolloutGroup:
-    """Bytes -> a structurally valid RolloutGroup, or RecordError with a reason code."""
+def decode_rollout_group(data: bytes, strict: bool = True) -> RolloutGroup:
+    """Bytes -> a structurally valid RolloutGroup, or RecordError with a reason code.
+
+    `strict=False` skips the bound on unknown fields, for records accepted before it existed
+    (a checkpoint's buffer): refusing them on a restart would stop the learner, not the attack."""
     if not isinstance(data, (bytes, bytearray)):
         raise RecordError("schema", f"record is {type(data).__name__}, not bytes")
     if len(data) > MAX_RECORD_BYTES:
@@ -149,6 +185,8 @@ def decode_rollout_group(data: bytes) -> RolloutGroup:
         raise RecordError("protocol", f"protocol {d.get('protocol')!r}, this node speaks {PROTOCOL}")
     if not 1 <= len(d["completions"]) <= MAX_COMPLETIONS:
         raise RecordError("sizes", f"{len(d['completions'])} completions (1..{MAX_COMPLETIONS})")
+    if strict:
+        _check_unknown(d)
     if d["version"] < 0:
         raise RecordError("schema", f"negative version {d['version']}")
     sampling = d.get("sampling", {})

@@ -1,22 +1,31 @@
 """Rollouts over the swarm: signed records from a sampler's outbox to the learner's journal.
 
   hetero.rollouts.v1  [[record id, envelope], ...] -> {"ok": [ids], "rejected": {id: reason},
-                      "busy": [ids], "backlog": this sampler's groups received but not yet trained on}
+                      "busy": [ids], "backlog": this sampler's groups received but not yet trained on,
+                      "why": the bound that made items busy (when some are),
+                      "error": why the batch itself was refused (when it was)}
 
 Learner side (`RolloutReceiver`): every check happens *before* the acknowledgement, so nothing
 refused ever reaches the journal: the envelope's signature, its signer = the calling peer (libp2p
 authenticates the caller) = the record's `sampler`, the record's structure and bounds, then the
 learner's own checks (`check`: swarm, task, prompt, version and chain, sizes of the swarm's
 sampling settings, duplicates). Valid records are appended to the journal (fsynced) before the ack,
-so an acknowledged rollout survives a learner crash.
+so an acknowledged rollout survives a learner crash. A batch that is not a msgpack list of at most
+`MAX_BATCH` items is refused whole, with a reason (`batch_undecodable`, `batch_schema`,
+`batch_too_many`), counted, charged to its sender and tarpitted.
 
-Fair share: each sampler may have at most `quota` groups received and not yet trained on (its
-unread journal records plus the learner's buffer), and the learner checks at most `rate` of its
-records per second (a token bucket, burst `quota`): checking costs the learner CPU (a signature,
-a decode, a detokenisation) even for records it then refuses. Past either bound the items are
-answered "busy": not refused, not journaled, not even decoded; the sampler keeps them and sends
-them later. A flooding peer fills only its own quota and budget and sees its own backlog; the
-others' records keep flowing.
+Fair share (`ReceiverConfig`): per sampler, at most `quota` groups received and not yet trained
+on, `journal_bytes` of its records in the journal not yet read by the learner, `rate` records
+checked per second (checking costs the learner CPU, a signature, a decode, a detokenisation, even
+for records it then refuses) and `byte_rate` bytes read per second, counted on the raw payload
+before anything is decoded, so bytes that cannot be decoded cost their sender as much as any.
+Keys are free, so a key the learner has not yet proven (`is_proven`: it passed its first audits)
+also draws on one pool shared by every unproven key, with the same four bounds (`unproven_*`): any
+number of fresh keys get what the pool holds, and proven samplers keep their own budgets whatever
+they do. Past any bound the items are answered "busy" with the bound's name: not refused, not
+journaled, not even decoded; the sampler keeps them and sends them later. A call that got nothing
+accepted (all busy or refused) is answered only after a tarpit, so a flooder that calls again at
+once makes a few calls a second.
 
 Sampler side (`RolloutSender`): records wait in a persistent outbox and a background thread sends
 what is due, with exponential backoff while the learner is unreachable; a record leaves the outbox
@@ -31,6 +40,7 @@ import logging
 import random
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import msgpack
@@ -49,86 +59,237 @@ ROLLOUTS = "hetero.rollouts.v1"
 MAX_BATCH = 256
 TARPIT_S = 1.0
 TARPIT_PER_PEER = 4
+TARPIT_BYTES = 64 << 20
+"""Payload bytes held by tarpitted calls, all peers together: past it calls are answered at once
+(a waiting call keeps its payload, so a thousand keys must not make the tarpit hold gigabytes)."""
+MiB = 1 << 20
+_POOL = ""
+"""The one bucket of the unproven pool (no peer id is empty)."""
+
+
+@dataclass(frozen=True)
+class ReceiverConfig:
+    """What the learner reads, checks and journals for one sampler, and for all unproven samplers
+    together (docs/DESIGN.md, "Trust"). The learner's config sets these (`[learner]`,
+    node/learner.py); a key draws on its own budget and, until proven, on the pool's too."""
+
+    quota: int = 64
+    """Groups one sampler may have received and not yet trained on."""
+    rate: float = 64.0
+    """Records checked per second for one sampler (burst `quota`)."""
+    byte_rate: float = 8.0 * MiB
+    """Payload bytes read per second from one peer (burst one second's worth; one call may overdraw
+    it, then the peer waits until it is paid back)."""
+    journal_bytes: int = 64 * MiB
+    """Bytes of one sampler's records in the journal not yet read by the learner (it reads between
+    steps); one record always fits, whatever its size."""
+    unproven_quota: int = 32
+    """Groups of all unproven keys together received and not yet trained on: at least a step's
+    worth, or a swarm of new samplers could never fill a step."""
+    unproven_rate: float = 8.0
+    """Records checked per second for all unproven keys together (burst `unproven_quota`)."""
+    unproven_byte_rate: float = 1.0 * MiB
+    """Payload bytes read per second from all unproven keys together."""
+    unproven_journal_bytes: int = 16 * MiB
+    """Journal bytes of all unproven keys together not yet read by the learner."""
+
+    def __post_init__(self) -> None:
+        if min(self.quota, self.unproven_quota) < 1 or min(self.rate, self.byte_rate, self.unproven_rate,
+                                                           self.unproven_byte_rate, self.journal_bytes,
+                                                           self.unproven_journal_bytes) <= 0:
+            raise ValueError("receiver: quotas must be >= 1, rates and byte bounds > 0")
 
 
 class RolloutReceiver:
-    """The learner's side: checks, journals and acknowledges rollout batches, a quota per sampler."""
+    """The learner's side: checks, journals and acknowledges rollout batches, within each sampler's
+    budget and, for keys not yet proven, the pool they share."""
 
     def __init__(self, node: SwarmNode, journal: Journal, cursor: int = 0,
                  rejected: collections.Counter | None = None,
                  untrained: Callable[[str], int] = lambda sampler: 0,
-                 check: Callable[[RolloutGroup], str | None] = lambda group: None, quota: int = 64,
-                 rate: float = 64.0) -> None:
+                 check: Callable[[RolloutGroup], str | None] = lambda group: None,
+                 cfg: ReceiverConfig = ReceiverConfig(), is_proven: Callable[[str], bool] = lambda peer: True,
+                 is_refused: Callable[[str], bool] = lambda peer: False,
+                 throttled: collections.Counter | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.journal = journal
         self.cursor = max(cursor, journal.first)
         """Journal records already handed to the learner (a global index, saved in its checkpoints)."""
         self.rejected = rejected if rejected is not None else collections.Counter()
         """Rejections by reason; the runner passes the learner's counter, so both count together."""
-        self.busy: collections.Counter[str] = collections.Counter()
-        """Items (or whole batches, when not even unpacked) answered "busy", per sampler."""
-        self._untrained, self._check, self.quota = untrained, check, quota
-        self._budget = TokenBuckets(rate, burst=quota)
+        self.throttled = throttled if throttled is not None else collections.Counter()
+        """"busy" answers by bound: one per call answered unread, one per item past a bound after that."""
+        self.cfg = cfg
+        self._untrained, self._check, self._is_proven, self._is_refused = untrained, check, is_proven, is_refused
+        self._rate = TokenBuckets(cfg.rate, cfg.quota, clock=clock)
+        self._pool_rate = TokenBuckets(cfg.unproven_rate, cfg.unproven_quota, clock=clock)
+        self._bytes = TokenBuckets(cfg.byte_rate, cfg.byte_rate, clock=clock)
+        self._pool_bytes = TokenBuckets(cfg.unproven_byte_rate, cfg.unproven_byte_rate, clock=clock)
+        self.tarpit_s = TARPIT_S
+        self.tarpitted = 0
+        """Calls answered only after the tarpit, so far."""
         self._tarpitted: collections.Counter[str] = collections.Counter()
+        self._held = 0
+        """Payload bytes of the calls in the tarpit now."""
         self._lock = threading.Lock()
-        self._unread: collections.deque[str] = collections.deque(
-            decode_rollout_group(r).sampler for r in journal.read(self.cursor, len(journal)))
-        """Sampler of each journal record after the cursor, in order (for per-sampler backlogs)."""
+        self._unread: collections.deque[tuple[str, int]] = collections.deque()
+        """(sampler, bytes) of each journal record after the cursor, in order."""
+        self._unread_n: collections.Counter[str] = collections.Counter()
+        self._unread_bytes: collections.Counter[str] = collections.Counter()
+        self._senders: set[str] = set()
+        """Samplers that may have groups not yet trained on (pruned once they have none): the
+        unproven pool's use is summed over them."""
+        for r in journal.read(self.cursor, len(journal)):
+            self._note(_sampler_of(r), len(r))
         node.add_handler(ROLLOUTS, self._on_rollouts)
 
     def backlog(self, sampler: str) -> int:
         """`sampler`'s groups received but not yet trained on: its share of the journal's unread
         records and of the learner's buffer. Reported in its acks so that it paces itself."""
         with self._lock:
-            unread = sum(s == sampler for s in self._unread)
+            unread = self._unread_n[sampler]
         return unread + self._untrained(sampler)
 
+    def unread_bytes(self, sampler: str) -> int:
+        """Bytes of `sampler`'s records in the journal that the learner has not read yet: what
+        `journal_bytes` bounds (the learner reads between steps, so they pile up during a long one)."""
+        with self._lock:
+            return self._unread_bytes[sampler]
+
+    def _note(self, sampler: str, nbytes: int) -> None:
+        with self._lock:
+            self._unread.append((sampler, nbytes))
+            self._unread_n[sampler] += 1
+            self._unread_bytes[sampler] += nbytes
+        self._senders.add(sampler)
+
+    def _pool_usage(self) -> tuple[int, int]:
+        """(groups not yet trained on, journal bytes not yet read) of all unproven samplers together."""
+        groups = nbytes = 0
+        for peer in list(self._senders):
+            n = self.backlog(peer)
+            if n == 0:
+                self._senders.discard(peer)
+            elif not self._is_proven(peer):
+                groups, nbytes = groups + n, nbytes + self.unread_bytes(peer)
+        return groups, nbytes
+
+    def _rooms(self, remote: str, proven: bool) -> list[_Room]:
+        """What `remote` may still add: its own bounds, then, unproven, the pool's."""
+        rooms = [_Room("quota", self.cfg.quota, self.backlog(remote), per_record=True),
+                 _Room("journal_bytes", self.cfg.journal_bytes, self.unread_bytes(remote))]
+        if not proven:
+            groups, nbytes = self._pool_usage()
+            rooms += [_Room("unproven_quota", self.cfg.unproven_quota, groups, per_record=True),
+                      _Room("unproven_journal_bytes", self.cfg.unproven_journal_bytes, nbytes)]
+        return rooms
+
+    def _door(self, remote: str, proven: bool, rooms: list[_Room]) -> str | None:
+        """Why a call from `remote` is answered busy without being read, or None. No decoding."""
+        over = [("rate", self._rate.available(remote) < 1)]
+        over += [(room.why, not room.fits(1)) for room in rooms]
+        over.append(("bytes", self._bytes.available(remote) <= 0))
+        if not proven:
+            over += [("unproven_rate", self._pool_rate.available(_POOL) < 1),
+                     ("unproven_bytes", self._pool_bytes.available(_POOL) <= 0)]
+        return next((why for why, is_over in over if is_over), None)
+
+    def _take_check(self, remote: str, proven: bool) -> str | None:
+        """Take one record check from `remote`'s budget (and the pool's); why not, if it cannot."""
+        if self._rate.available(remote) < 1:
+            return "rate"
+        if not proven and self._pool_rate.available(_POOL) < 1:
+            return "unproven_rate"
+        self._rate.take(remote, 1)
+        if not proven:
+            self._pool_rate.take(_POOL, 1)
+        return None
+
     async def _on_rollouts(self, payload: bytes, remote: str) -> bytes:
-        if self._budget.available(remote) < 1 or self.backlog(remote) >= self.quota:
-            self.busy[remote] += 1
-            await self._tarpit(remote)
-            return self._reply(remote, [], {}, [])  # not even unpacked: whatever it sent stays its own to resend
+        refused = self._is_refused(remote)
+        proven = not refused and self._is_proven(remote)
+        rooms = [] if refused else self._rooms(remote, proven)
+        why = self._door(remote, proven or refused, rooms)
+        if why is not None:
+            self.throttled[why] += 1
+            await self._tarpit(remote, len(payload))
+            # not even unpacked: whatever it sent stays its own to resend
+            return self._reply(remote, [], {}, [], why=why)
+        self._bytes.charge(remote, len(payload))  # read from here on: it costs its sender, decodable or not
+        if not proven and not refused:
+            self._pool_bytes.charge(_POOL, len(payload))
         try:
-            items = msgpack.unpackb(payload, raw=False)
-            if not isinstance(items, list) or len(items) > MAX_BATCH:
-                raise ValueError("expected a list of at most %d [id, envelope] pairs" % MAX_BATCH)
-        except Exception as e:
-            self.rejected["undecodable"] += 1
-            log.warning("rollout batch from %s is undecodable: %s", short_id(remote), e)
-            return self._reply(remote, [], {}, [])
-        room = self._budget.take(remote, min(len(items), self.quota - self.backlog(remote)))
-        ok, rejected, busy, records = [], {}, [], []
+            items = unpack_batch(payload)
+        except RecordError as e:
+            self.rejected[e.reason] += 1
+            self._rate.charge(remote, 1)  # and one check, like a record refused
+            if not proven and not refused:
+                self._pool_rate.charge(_POOL, 1)
+            log.warning("rollout batch from %s refused: %s", short_id(remote), e)
+            await self._tarpit(remote, len(payload))
+            return self._reply(remote, [], {}, [], error=e.reason)
+        if refused:  # failed an audit: its items are refused by id, unopened (libp2p told us who calls)
+            rejected = dict.fromkeys((_item_id(item) for item in items), "refused_sampler")
+            self.rejected["refused_sampler"] += len(rejected)
+            if rejected:
+                await self._tarpit(remote, len(payload))
+            return self._reply(remote, [], rejected, [])
+        ok, rejected, busy, records, whys = self._settle(items, remote, proven, rooms)
+        if busy:
+            self.throttled.update(whys)
+            log.debug("%s: %d items busy (%s)", short_id(remote), len(busy), dict(whys))
+        if records:
+            self.journal.append(records)  # durable before we acknowledge
+            for r in records:
+                self._note(remote, len(r))
+        if not ok and (busy or rejected):
+            await self._tarpit(remote, len(payload))
+        return self._reply(remote, ok, rejected, busy, why=next(iter(whys), None))
+
+    def _settle(self, items: list, remote: str, proven: bool, rooms: list[_Room]):
+        """Check each item within `remote`'s rooms: (ok ids, {id: reason}, busy ids, records, busy whys)."""
+        ok, rejected, busy, records, whys = [], {}, [], [], collections.Counter()
         for item in items:
-            rid = str(item[0])[:MAX_ID] if isinstance(item, list) and item else "?"
-            if len(ok) + len(rejected) >= room:  # over its quota or budget: nothing decoded or verified
+            rid = _item_id(item)
+            # the envelope's size bounds its record's: checked before anything is decoded
+            size = len(item[1]) if isinstance(item, list) and len(item) == 2 and isinstance(item[1], bytes) else 0
+            why = next((room.why for room in rooms if not room.fits(size)), None) or self._take_check(remote, proven)
+            if why is not None:  # over a bound: nothing decoded or verified
                 busy.append(rid)
+                whys[why] += 1
                 continue
             try:
-                records.append(self._open(item, rid, remote))
-                ok.append(rid)
+                record = self._open(item, rid, remote)
             except RecordError as e:
                 self.rejected[e.reason] += 1
                 rejected[rid] = e.reason
                 log.warning("rejected rollout %s from %s: %s", rid[:8], short_id(remote), e)
-        if busy:
-            self.busy[remote] += len(busy)
-            log.debug("%s is over its quota of %d groups: %d items busy", short_id(remote), self.quota, len(busy))
-        if records:
-            with self._lock:
-                self.journal.append(records)  # durable before we acknowledge
-                self._unread.extend([remote] * len(records))
-        return self._reply(remote, ok, rejected, busy)
+                continue
+            except Exception:  # a record must never take the handler down
+                log.exception("checking rollout %s from %s failed", rid[:8], short_id(remote))
+                self.rejected["internal_error"] += 1
+                rejected[rid] = "internal_error"
+                continue
+            for room in rooms:
+                room.add(len(record))
+            records.append(record)
+            ok.append(rid)
+        return ok, rejected, busy, records, whys
 
-    async def _tarpit(self, remote: str) -> None:
-        """Answer a peer that is over its quota or budget only after TARPIT_S: a peer that calls
-        again at once (a flood) then makes at most a few calls a second, so its bytes stop costing
-        the learner's network stack and event loop. Bounded per peer (a few waiting calls each), so
-        parallel calls cannot pile up here; past that they are answered at once."""
-        if self._tarpitted[remote] >= TARPIT_PER_PEER:
+    async def _tarpit(self, remote: str, nbytes: int) -> None:
+        """Answer a call that got nothing accepted (busy, refused, a bad batch) only after TARPIT_S:
+        a peer that calls again at once (a flood) then makes at most a few calls a second, so its
+        bytes stop costing the learner's network stack and event loop. Bounded per peer (a few
+        waiting calls each) and in bytes held, so parallel calls cannot pile up here; past that
+        they are answered at once."""
+        if self._tarpitted[remote] >= TARPIT_PER_PEER or self._held + nbytes > TARPIT_BYTES:
             return
         self._tarpitted[remote] += 1
+        self._held += nbytes
+        self.tarpitted += 1
         try:
-            await asyncio.sleep(TARPIT_S)
+            await asyncio.sleep(self.tarpit_s)
         finally:
+            self._held -= nbytes
             self._tarpitted[remote] -= 1
             if not self._tarpitted[remote]:
                 del self._tarpitted[remote]
@@ -150,8 +311,14 @@ class RolloutReceiver:
             raise RecordError(reason, "refused by the learner's checks")
         return record
 
-    def _reply(self, remote: str, ok: list[str], rejected: dict[str, str], busy: list[str]) -> bytes:
-        return msgpack.packb({"ok": ok, "rejected": rejected, "busy": busy, "backlog": self.backlog(remote)})
+    def _reply(self, remote: str, ok: list[str], rejected: dict[str, str], busy: list[str],
+               why: str | None = None, error: str | None = None) -> bytes:
+        reply = {"ok": ok, "rejected": rejected, "busy": busy, "backlog": self.backlog(remote)}
+        if why is not None:
+            reply["why"] = why
+        if error is not None:
+            reply["error"] = error
+        return msgpack.packb(reply)
 
     def receive(self, max_records: int, timeout: float = 0.0) -> list[bytes]:
         deadline = time.monotonic() + timeout
@@ -161,32 +328,117 @@ class RolloutReceiver:
                 with self._lock:
                     self.cursor += len(out)
                     for _ in out:
-                        self._unread.popleft()
+                        sampler, nbytes = self._unread.popleft()
+                        _decrement(self._unread_n, sampler, 1)
+                        _decrement(self._unread_bytes, sampler, nbytes)
                 return out
             time.sleep(0.05)
 
 
-class TokenBuckets:
-    """Per-peer token buckets: `rate` tokens a second, at most `burst` saved up; an LRU of peers."""
+def unpack_batch(payload: bytes) -> list:
+    """A rollout batch's items, or RecordError: `batch_too_many` (told by the list's header, before
+    anything is unpacked), `batch_undecodable` (not msgpack, truncated, trailing bytes) or
+    `batch_schema` (msgpack, but not a list)."""
+    n = _array_len(payload)
+    if n is not None and n > MAX_BATCH:
+        raise RecordError("batch_too_many", f"{n} items (at most {MAX_BATCH})")
+    try:  # items are [id, envelope]: no list or map in a batch needs to be longer than a batch
+        items = msgpack.unpackb(payload, raw=False, max_array_len=MAX_BATCH, max_map_len=MAX_BATCH)
+    except Exception as e:  # msgpack raises several types for garbage
+        raise RecordError("batch_undecodable", f"{type(e).__name__}: {e}") from None
+    if not isinstance(items, list):
+        raise RecordError("batch_schema", f"a batch is a list of [id, envelope] pairs, not {type(items).__name__}")
+    return items
 
-    def __init__(self, rate: float, burst: float, max_peers: int = 10_000) -> None:
-        self.rate, self.burst, self.max_peers = rate, burst, max_peers
+
+def _item_id(item) -> str:
+    return str(item[0])[:MAX_ID] if isinstance(item, list) and item else "?"
+
+
+def _array_len(data: bytes) -> int | None:
+    """The length a msgpack array header at the start of `data` claims, or None if there is none."""
+    if data[:1] and 0x90 <= data[0] <= 0x9F:
+        return data[0] & 0x0F
+    if data[:1] == b"\xdc" and len(data) >= 3:
+        return int.from_bytes(data[1:3], "big")
+    if data[:1] == b"\xdd" and len(data) >= 5:
+        return int.from_bytes(data[1:5], "big")
+    return None
+
+
+def _sampler_of(record: bytes) -> str:
+    """The sampler a journaled record names, for its backlog after a restart ("?" if it names none:
+    records accepted under older rules are checked again, and counted, when the learner reads them)."""
+    try:
+        d = msgpack.unpackb(record, raw=False)
+    except Exception:
+        return "?"
+    sampler = d.get("sampler") if isinstance(d, dict) else None
+    return sampler if isinstance(sampler, str) else "?"
+
+
+def _decrement(counter: collections.Counter, key: str, n: int) -> None:
+    counter[key] -= n
+    if counter[key] <= 0:
+        del counter[key]
+
+
+@dataclass
+class _Room:
+    """One bound on what a sampler may add (groups or bytes), its use, and what this call added."""
+
+    why: str
+    bound: float
+    used: float
+    per_record: bool = False
+    """Counts records (a quota), not bytes."""
+
+    def fits(self, size: int) -> bool:
+        """Whether a record of `size` bytes fits; into an empty room one always does (so a bound
+        below the largest record never stops a sampler for good)."""
+        n = 1 if self.per_record else size
+        return self.used == 0 or self.used + n <= self.bound
+
+    def add(self, size: int) -> None:
+        self.used += 1 if self.per_record else size
+
+
+class TokenBuckets:
+    """Per-peer token buckets: `rate` tokens a second, at most `burst` saved up; an LRU of peers.
+
+    `take` grants whole tokens from what is there; `charge` takes what a peer already used, and may
+    leave its bucket in debt (a call larger than the burst), which it then pays back at `rate`."""
+
+    def __init__(self, rate: float, burst: float, max_peers: int = 10_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate, self.burst, self.max_peers, self.clock = rate, burst, max_peers, clock
         self._buckets: collections.OrderedDict[str, tuple[float, float]] = collections.OrderedDict()
 
     def available(self, peer: str) -> float:
-        tokens, last = self._buckets.get(peer, (self.burst, time.monotonic()))
-        return min(self.burst, tokens + (time.monotonic() - last) * self.rate)
+        tokens, last = self._buckets.get(peer, (self.burst, self.clock()))
+        return min(self.burst, tokens + (self.clock() - last) * self.rate)
 
     def take(self, peer: str, want: int) -> int:
         """How many of `want` items `peer` may have checked now (each costs one token)."""
-        now = time.monotonic()
-        tokens, last = self._buckets.pop(peer, (self.burst, now))
-        tokens = min(self.burst, tokens + (now - last) * self.rate)
+        tokens, now = self._refill(peer)
         grant = max(0, min(want, int(tokens)))
-        self._buckets[peer] = (tokens - grant, now)
+        self._store(peer, tokens - grant, now)
+        return grant
+
+    def charge(self, peer: str, amount: float) -> None:
+        """Take `amount` tokens from `peer`, into debt if need be."""
+        tokens, now = self._refill(peer)
+        self._store(peer, tokens - amount, now)
+
+    def _refill(self, peer: str) -> tuple[float, float]:
+        now = self.clock()
+        tokens, last = self._buckets.pop(peer, (self.burst, now))
+        return min(self.burst, tokens + (now - last) * self.rate), now
+
+    def _store(self, peer: str, tokens: float, now: float) -> None:
+        self._buckets[peer] = (tokens, now)
         if len(self._buckets) > self.max_peers:
             self._buckets.popitem(last=False)
-        return grant
 
 
 class RolloutSender:
@@ -240,6 +492,11 @@ class RolloutSender:
         self._last_reply = time.monotonic()
         reply = msgpack.unpackb(self.node.call(learner, ROLLOUTS, msgpack.packb([[i, e] for i, e in due]),
                                                self.rpc_timeout), raw=False)
+        if reply.get("error"):  # our batch itself was refused: a bug on one side, not a busy learner
+            self.stats["batch_errors"] += 1
+            log.warning("the learner refused a batch of %d rollouts: %s (kept in the outbox)", len(due), reply["error"])
+        elif reply.get("busy"):
+            log.debug("the learner is busy for %d rollouts: %s", len(reply["busy"]), reply.get("why"))
         for rid, reason in reply.get("rejected", {}).items():
             log.warning("the learner rejected rollout %s: %s (dropped from the outbox)", rid[:8], reason)
         self.learner_backlog = int(reply.get("backlog", 0))

@@ -17,16 +17,19 @@ from .journal import Journal
 from .outbox import Outbox
 from .p2p import SwarmNode
 from .records import RolloutGroup
-from .rollout_rpc import RolloutReceiver, RolloutSender
-from .weight_rpc import WeightFetcher, WeightPrefetcher, WeightServer
+from .rollout_rpc import ReceiverConfig, RolloutReceiver, RolloutSender
+from .weight_rpc import FetchConfig, WeightFetcher, WeightPrefetcher, WeightServer
 
 
 class SwarmLearnerLink:
     def __init__(self, node: SwarmNode, journal: Journal, cursor: int = 0,
                  rejected: collections.Counter | None = None, untrained: Callable[[str], int] = lambda sampler: 0,
-                 check: Callable[[RolloutGroup], str | None] = lambda group: None, quota: int = 64,
-                 rate: float = 64.0) -> None:
-        self.rollouts = RolloutReceiver(node, journal, cursor, rejected, untrained, check, quota, rate)
+                 check: Callable[[RolloutGroup], str | None] = lambda group: None,
+                 intake: ReceiverConfig = ReceiverConfig(), is_proven: Callable[[str], bool] = lambda peer: True,
+                 is_refused: Callable[[str], bool] = lambda peer: False,
+                 throttled: collections.Counter | None = None) -> None:
+        self.rollouts = RolloutReceiver(node, journal, cursor, rejected, untrained, check, intake, is_proven,
+                                        is_refused, throttled)
         self.weights = WeightServer(node)
 
     @property
@@ -45,10 +48,10 @@ class SwarmSamplerLink:
     def __init__(self, node: SwarmNode, outbox: Outbox, learner: Callable[[], str | None],
                  weight_delay: DelayConfig = DelayConfig(), rollout_delay: DelayConfig = DelayConfig(),
                  seed: int = 0, mates: Callable[[], list[str]] = lambda: [], rpc_timeout: float = 30.0,
-                 weight_poll_s: float = 1.0) -> None:
+                 weight_poll_s: float = 1.0, fetch: FetchConfig = FetchConfig()) -> None:
         rng = random.Random(seed)
         self.rollouts = RolloutSender(node, outbox, learner, rollout_delay, rng, rpc_timeout)
-        self.weights = WeightFetcher(node, learner, weight_delay, rng, rpc_timeout, mates)
+        self.weights = WeightFetcher(node, learner, weight_delay, rng, rpc_timeout, mates, cfg=fetch)
         # versions download while the sampler generates; it applies them between batches
         self.prefetch = WeightPrefetcher(self.weights, weight_poll_s)
 

@@ -12,8 +12,11 @@ Learner side (`WeightServer`) serves two RPCs:
 Sampler side (`WeightFetcher`): reads the manifest of the learner it follows (refusing one that
 learner did not seal), plans which versions to fetch (`exchange.plan_fetch`), gathers chunks from
 holders, mates and the learner, and checks every chunk and the whole blob's size against the
-manifest (a stream can silently lose its tail, so nothing is trusted unverified). Weight loads
-follow the same injected-delay model as the simulator (`ReloadTimer`).
+manifest (a stream can silently lose its tail, so nothing is trusted unverified). No source can
+hold a fetch hostage (`FetchConfig`): each item is bounded in time and rate, a stream that stalls
+is hedged to the chunk's next source (the learner last), and a source that stalls or lies is
+demoted with backoff (`PeerStrikes`). Weight loads follow the same injected-delay model as the
+simulator (`ReloadTimer`).
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ import queue
 import random
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait as wait_futures
+from dataclasses import dataclass, field
 from typing import Callable
 
 import msgpack
@@ -35,7 +39,7 @@ from .delay import DelayConfig, ReloadTimer
 from .envelope import open_envelope, seal
 from .exchange import WeightVersion, plan_fetch
 from .identity import short_id
-from .p2p import RemoteError, SwarmNode
+from .p2p import RemoteError, Stall, StreamStalled, SwarmNode
 from .records import RecordError
 
 log = logging.getLogger(__name__)
@@ -164,6 +168,91 @@ def chunk_owner(mates: list[str], version: int, index: int) -> str | None:
     return mates[(index + version) % len(mates)] if mates else None
 
 
+@dataclass(frozen=True)
+class FetchConfig:
+    """How long a sampler waits on a source of chunks before it goes to the next one.
+
+    The defaults are far from what an honest source needs over the emulated WAN (100 Mbit/s, 80 ms:
+    a 1 MiB chunk in ~0.1 s alone, ~0.4 s with 4 streams sharing the link, ~1.3 s with 16) and
+    close enough that a holder that stalls or trickles costs a version or two, once."""
+
+    idle_s: float = 10.0
+    """A stream whose next item header does not come within this (plus the request's own `wait`
+    for a mate's download) is abandoned: a peer that accepted and says nothing."""
+    min_rate: float = 128 * 1024
+    """Bytes/s an item must average once `idle_s` of slack is spent (a 1 MiB chunk: 10 + 8 s), so
+    a frame header claiming 1 MiB followed by a byte a second is abandoned mid-frame."""
+    hedge_s: float = 3.0
+    """A stream that delivered no chunk for this long (plus its `wait`) has its remaining chunks
+    asked of the next source too, the first verified copy winning; the slow source is demoted.
+    The learner, the last resort, is never hedged against itself."""
+    holder_tries: int = 2
+    """Holders asked for one chunk before the chunk's owner and the learner: with one bad holder
+    the learner is reached within (holder_tries + 1) hedges, however many holders announce."""
+    demote_s: float = 30.0
+    """How long a demoted peer (stalled, trickled, lied, announced a version it did not serve) is
+    not asked; each further strike doubles it, up to `demote_max_s`."""
+    demote_max_s: float = 600.0
+    forget_s: float = 3600.0
+    """A peer with no strike for this long starts again from `demote_s`."""
+
+    def __post_init__(self) -> None:
+        if min(self.idle_s, self.min_rate, self.hedge_s, self.demote_s) <= 0 or self.holder_tries < 0:
+            raise ValueError(f"FetchConfig: timeouts, rate and demotion must be > 0, holder_tries >= 0: {self}")
+        if self.demote_max_s < self.demote_s:
+            raise ValueError(f"FetchConfig: demote_max_s ({self.demote_max_s}) must be >= demote_s ({self.demote_s})")
+
+    def stall(self, wait: float) -> Stall:
+        return Stall(self.idle_s + wait, self.min_rate)
+
+
+@dataclass
+class PeerStrikes:
+    """Peers that failed us, benched with exponential backoff: the n-th strike in a row benches a
+    peer for min(base * 2^(n-1), cap) seconds; strikes while benched count once (one offence, e.g.
+    four streams stalling together, is one strike); a peer clean for `forget` s starts again at n=1.
+    Not thread-safe: the fetcher holds its lock."""
+
+    base: float
+    cap: float
+    forget: float
+    _strikes: dict[str, tuple[int, float, float]] = field(default_factory=dict)
+    """peer -> (strikes in a row, time of the last, benched until)."""
+
+    def strike(self, peer: str, now: float) -> bool:
+        """Record a failure of `peer` at `now`; True if it counted (the peer was not benched)."""
+        n, last, until = self._strikes.get(peer, (0, -float("inf"), -float("inf")))
+        if now < until:
+            return False
+        n = 1 if now - last > self.forget else n + 1
+        self._strikes[peer] = (n, now, now + min(self.base * 2 ** (n - 1), self.cap))
+        return True
+
+    def benched(self, peer: str, now: float) -> bool:
+        return now < self._strikes.get(peer, (0, 0.0, -float("inf")))[2]
+
+    def strikes(self, peer: str, now: float) -> int:
+        n, last, _ = self._strikes.get(peer, (0, -float("inf"), 0.0))
+        return 0 if now - last > self.forget else n
+
+    def order(self, peers: list[str], now: float) -> list[str]:
+        """`peers` without the benched ones, those with fewer recent strikes first (stable)."""
+        return sorted((p for p in peers if not self.benched(p, now)), key=lambda p: self.strikes(p, now))
+
+
+@dataclass(eq=False)
+class _Stream:
+    """One chunk request in flight (see `WeightFetcher._gather`)."""
+    source: str
+    wait: float
+    indices: list[int]
+    progress: float | None = None
+    """When it was sent or last delivered a chunk (None while it waits for a worker)."""
+    future: Future | None = None
+    delivered: int = 0
+    hedged: bool = False
+
+
 class WeightServer:
     """The learner's side: keeps the current chain segment and serves its manifest and chunks."""
 
@@ -196,7 +285,8 @@ class WeightFetcher:
 
     def __init__(self, node: SwarmNode, learner: Callable[[], str | None], weight_delay: DelayConfig = DelayConfig(),
                  rng: random.Random | None = None, rpc_timeout: float = 30.0,
-                 mates: Callable[[], list[str]] = lambda: [], parallel: int = 4, peer_wait: float = 5.0) -> None:
+                 mates: Callable[[], list[str]] = lambda: [], parallel: int = 4, peer_wait: float = 5.0,
+                 cfg: FetchConfig = FetchConfig()) -> None:
         self.node = node
         self.learner = learner
         """Returns the peer id of the learner to follow (None while none is known)."""
@@ -209,9 +299,15 @@ class WeightFetcher:
         self.stats: collections.Counter[str] = collections.Counter()
         self._stats_lock = threading.Lock()
         self.store = ChunkStore(node)
-        # several chunk requests in flight: one call at a time leaves the link idle between them
+        self.cfg = cfg
+        self.strikes = PeerStrikes(cfg.demote_s, cfg.demote_max_s, cfg.forget_s)
+        """Holders and mates that stalled or lied, benched (under `_stats_lock`)."""
+        self.demoted: collections.Counter[str] = collections.Counter()
+        """peer -> times it was demoted (`why` in the log)."""
+        # several chunk requests in flight: one call at a time leaves the link idle between them;
+        # room for as many again that were hedged and are still running out their stall bounds
         self._parallel = max(1, parallel)
-        self._pool = ThreadPoolExecutor(self._parallel, thread_name_prefix="chunk-fetch")
+        self._pool = ThreadPoolExecutor(4 * self._parallel, thread_name_prefix="chunk-fetch")
         # a DHT store takes tens of ms: the new weights need not wait for it. One daemon thread keeps
         # order and announces only the newest holdings; an executor's worker would be joined at exit,
         # and hang it while a store waits on a DHT that is shutting down
@@ -221,6 +317,22 @@ class WeightFetcher:
     def _count(self, key: str, n: int = 1) -> None:
         with self._stats_lock:  # chunk fetches run on several threads
             self.stats[key] += n
+
+    def _demote(self, peer: str, why: str) -> None:
+        """A strike against a holder or mate (never the learner: it is the last resort)."""
+        if peer == self.learner():
+            return
+        with self._stats_lock:
+            counted = self.strikes.strike(peer, time.monotonic())
+            if counted:
+                self.stats["demotions"] += 1
+                self.demoted[peer] += 1
+        if counted:
+            log.info("demoted %s (%s): not asked for chunks for a while", short_id(peer), why)
+
+    def _usable(self, peers: list[str]) -> list[str]:
+        with self._stats_lock:
+            return self.strikes.order(peers, time.monotonic())
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -319,40 +431,73 @@ class WeightFetcher:
 
     def _gather(self, learner: str, chain: str, entry: dict, indices: list[int], holders: list[str],
                 owners: list[str | None], got: dict[int, memoryview | bytes]) -> None:
-        """Fill `got` with verified chunks `indices`, in rounds: from the holders of the whole
-        version (chunk i from holder i+r mod n in round r, spreading the load), then from the chunk's
-        owner when it is a mate that may be downloading it now, the learner last. Each round sends
-        one streaming request per source (several in flight); what a source lacks or spoils is
-        asked of the next round's source."""
-        me = self.node.peer_id
-        rounds = [lambda i, r=r: (holders[(i + r) % len(holders)], 0.0) for r in range(len(holders))]
-        rounds.append(lambda i: (owners[i], self.peer_wait) if owners[i] not in (None, me, learner, *holders)
-                      else (None, 0.0))
-        # twice: a stream can end early without an error (a reset libp2p stream reads as its end)
-        rounds += [lambda i: (learner, 0.0)] * 2
-        missing = list(indices)
-        for pick in rounds:
+        """Fill `got` with verified chunks `indices`. Each chunk has its own list of sources
+        (`_sources`): holders of the whole version not demoted (chunk i from holder i+r in try r,
+        spreading the load), then its owner when that is a mate that may be downloading it now,
+        the learner last (twice: a reset libp2p stream reads as its end). Chunks asking the same
+        source go in a few streams at once. A chunk a stream did not deliver (it ended, failed, or
+        sent a bad copy) moves to its next source; one whose stream stalls for `hedge_s` is asked
+        of its next source *too* (hedged: the first verified copy wins, the slow source is
+        demoted). So a holder that stalls or trickles delays a chunk by one hedge at most."""
+        plans = {i: self._sources(i, learner, holders, owners) for i in indices}
+        tries = dict.fromkeys(indices, 0)
+        owner: dict[int, _Stream] = {}  # chunk -> the stream now responsible for it
+        streams: list[_Stream] = []
+
+        def launch(chunks: list[int]) -> None:
             requests: dict[tuple[str, float], list[int]] = collections.defaultdict(list)
-            for i in missing:
-                source, wait = pick(i)
-                if source is not None:
-                    requests[(source, wait)].append(i)
-            jobs = [(source, wait, part) for (source, wait), idx in requests.items() for part in self._split(idx)]
-            list(self._pool.map(lambda job: self._stream_chunks(*job, chain, entry, got), jobs))
-            missing = [i for i in missing if i not in got]
-            if not missing:
-                return
-        raise RecordError("sizes", f"chunks {missing[:5]} of version {entry['version']} verified from no source")
+            for i in chunks:
+                if tries[i] < len(plans[i]):
+                    requests[plans[i][tries[i]]].append(i)
+                    tries[i] += 1
+            for (source, wait), idx in requests.items():
+                for part in self._split(idx):
+                    stream = _Stream(source, wait, part)
+                    stream.future = self._pool.submit(self._stream_chunks, stream, chain, entry, got)
+                    owner.update(dict.fromkeys(part, stream))
+                    streams.append(stream)
+
+        launch(list(indices))
+        while missing := [i for i in indices if i not in got]:
+            now = time.monotonic()
+            for stream in [s for s in streams if s.future.done()]:
+                streams.remove(stream)
+                launch([i for i in stream.indices if i not in got and owner.get(i) is stream])
+            for stream in streams:
+                if not stream.hedged and stream.source != learner and self._stalled(stream, now):
+                    stream.hedged = True
+                    self._count("hedged_streams")
+                    self._demote(stream.source, f"no chunk in {now - stream.progress:.1f} s")
+                    launch([i for i in stream.indices if i not in got and owner.get(i) is stream])
+            alive = {i for stream in streams for i in stream.indices}
+            if dead := [i for i in missing if i not in got and i not in alive and tries[i] >= len(plans[i])]:
+                raise RecordError("sizes", f"chunks {dead[:5]} of version {entry['version']} verified from no source")
+            wait_futures([s.future for s in streams], timeout=0.1, return_when=FIRST_COMPLETED)
+
+    def _sources(self, i: int, learner: str, holders: list[str], owners: list[str | None]) -> list[tuple[str, float]]:
+        """Where chunk `i` is asked, in order, with the `wait` each source is asked for."""
+        me, usable = self.node.peer_id, self._usable(holders)
+        tried = [(usable[(i + r) % len(usable)], 0.0) for r in range(min(len(usable), self.cfg.holder_tries))]
+        mate = owners[i]
+        if mate not in (None, me, learner, *holders) and self._usable([mate]):
+            tried.append((mate, self.peer_wait))
+        return tried + [(learner, 0.0)] * 2
+
+    def _stalled(self, stream: _Stream, now: float) -> bool:
+        if stream.progress is None:  # queued behind other streams: not the source's fault
+            return False
+        return now - stream.progress > self.cfg.hedge_s + (stream.wait if not stream.delivered else 0.0)
 
     def _split(self, indices: list[int]) -> list[list[int]]:
         """Several streams to one source, interleaved, so a large version keeps the link busy."""
         k = min(self._parallel, max(1, len(indices) // 2))
         return [indices[j::k] for j in range(k)]
 
-    def _stream_chunks(self, source: str, wait: float, indices: list[int], chain: str, entry: dict,
-                       got: dict[int, memoryview | bytes]) -> None:
+    def _stream_chunks(self, stream: _Stream, chain: str, entry: dict, got: dict[int, memoryview | bytes]) -> None:
+        source, indices, wait = stream.source, stream.indices, stream.wait
         version, pos = entry["version"], 0
         from_learner = source == self.learner()
+        stream.progress = time.monotonic()
 
         def on_chunk(chunk: memoryview | bytes) -> None:  # in this thread, as each chunk arrives
             nonlocal pos
@@ -361,25 +506,34 @@ class WeightFetcher:
             index, pos = indices[pos], pos + 1
             if _sha(chunk) == entry["chunks"][index]:  # hashlib lets go of the GIL: streams hash at once
                 got.setdefault(index, chunk)
+                stream.delivered, stream.progress = stream.delivered + 1, time.monotonic()
                 self.store.add_chunk(chain, version, index, chunk)  # mates may ask for it right away
                 self._count("bytes_from_learner" if from_learner else "bytes_from_holders", len(chunk))
             elif chunk:
                 self._count("bad_chunks")
+                self._demote(source, "a chunk that failed its hash")
                 log.warning("chunk %d of version %d from %s failed its hash; trying another source",
                             index, version, short_id(source))
 
-        try:  # allow for a slow link: at least 0.2 MB/s per stream
+        try:  # the whole stream's bound allows a slow link; `stall` bounds each item
             n = self.node.call_stream(source, CHUNKS, msgpack.packb([chain, version, indices, wait]),
-                                      self.rpc_timeout + wait + 5.0 * len(indices), on_chunk, max_item=CHUNK_SIZE)
+                                      self.rpc_timeout + wait + 5.0 * len(indices), on_chunk, max_item=CHUNK_SIZE,
+                                      stall=self.cfg.stall(wait))
             if n < len(indices):
                 self._count("short_streams")
                 log.info("%s sent %d of %d chunks of version %d; asking again", short_id(source), n, len(indices), version)
+            if wait == 0.0 and not stream.delivered:  # a holder with nothing of what it announced
+                self._demote(source, f"announced version {version} and served none of it")
+        except StreamStalled as e:  # it accepted, then sent nothing or a trickle: abandoned mid-stream
+            self._count("stalled_streams")
+            self._demote(source, str(e))
+            log.info("chunk stream from %s abandoned: %s", short_id(source), e)
         except RemoteError as e:  # it broke the protocol (e.g. an item larger than a chunk): refused
             self._count("bad_streams")
+            self._demote(source, str(e))
             log.warning("chunk stream from %s refused: %s", short_id(source), e)
-        except Exception as e:  # a source that vanished or is slow: the next round asks another
+        except Exception as e:  # a source that vanished or is slow: the chunk's next source is asked
             log.debug("chunks %s of version %d from %s failed: %s", indices[:3], version, short_id(source), e)
-
 
 
 class WeightPrefetcher:

@@ -8,6 +8,13 @@ MODE (the attacks of issue 13, as a stranger would run them):
     chosen     completions chosen, not sampled: the answer plus one extra digit (marked wrong),
                with a realistic claimed log-prob of -2/token
     garbage    random in-vocabulary tokens, text matching them, log-probs -0.5 (credit farming)
+
+and of issue 26:
+    foreign    a made-up model id in our tokenizer (to take the unaudited foreign route), one right
+               answer among wrong ones, claimed log-probs -30/token, a made-up chain
+    foreign_ourchain   the same under the learner's real chain and version (so only an audit stops it)
+    oldchain:CHAIN:V   honest tokens claiming version V of CHAIN (a previous run's, from its public
+               manifest), which the restarted learner cannot rebuild to audit
 """
 
 from __future__ import annotations
@@ -23,6 +30,19 @@ def tamper(mode: str, g, sampler) -> None:
     tok = sampler.engine.tokenizer
     answer = sampler.task.get(g.prompt_id).answer
     rng = random.Random(g.id)
+    if mode.startswith("oldchain:"):
+        _, g.chain, version = mode.split(":")
+        g.version = int(version)
+        return
+    if mode in ("foreign", "foreign_ourchain"):
+        g.model_id = "made-up/model"  # our tokenizer's hash stays: the tokens are ours to check
+        if mode == "foreign":
+            g.chain = "made-up-chain"
+        for i, c in enumerate(g.completions):
+            c.text = answer if i == 0 else answer + str(rng.randrange(10))
+            c.token_ids = tok(c.text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            c.logprobs, c.finish_reason, c.reward = [-30.0] * len(c.token_ids), "stop", float(i == 0)
+        return
     for c in g.completions:
         if mode == "logprobs":
             c.logprobs = [-18.0] * len(c.token_ids)

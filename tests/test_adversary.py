@@ -174,3 +174,94 @@ def test_the_learner_survives_a_restart_after_the_attacks(swarm):
     swarm.wait_version(v + 3, timeout=240)  # replays its journal, attack leftovers included, and goes on
     assert not (swarm.base / "learner" / "quarantine.bin").exists() or \
         (swarm.base / "learner" / "quarantine.bin").stat().st_size < 1 << 20
+
+
+# ---- issue 26: the foreign route and the restart window -----------------------------------------------
+
+def _wait_for(cond, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(1)
+    raise TimeoutError(what)
+
+
+def _steps(swarm) -> list[dict]:
+    return [r for r in swarm.metrics() if r["kind"] == "step"]
+
+
+@pytest.mark.integration
+def test_a_made_up_model_in_our_tokenizer_is_checked_as_ours_refused_and_never_credited(swarm, capsys):
+    """The attack of issue 26 that topped the board: a made-up model id in our tokenizer, one right answer
+    among wrong ones, -30/token; with a made-up chain (refused before the ack) and with our real chain
+    (audited like our own: refused at its first audit). Neither is foreign, trained or credited."""
+    honest = peer_of(swarm, "honest")
+    first = len(_steps(swarm))
+    drops0 = _steps(swarm)[-1]["drops"].get("unknown_chain", 0)
+    procs = [swarm.join_attacker("forger", "foreign"), swarm.join_attacker("labeller", "foreign_ourchain")]
+    forger, labeller = peer_of(swarm, "forger"), peer_of(swarm, "labeller")
+    refused = swarm.base / "learner" / "checkpoints" / "refused.json"
+    trained = lambda peer: _steps(swarm)[-1]["accepted_by_sampler"].get(peer, 0) > 0  # noqa: E731
+    try:  # until each is refused, or (the attack working) trained on
+        _wait_for(lambda: (refused.exists() and labeller in refused.read_text()) or trained(labeller), 300,
+                  "the labeller was neither refused nor trained on")
+        _wait_for(lambda: _steps(swarm)[-1]["drops"].get("unknown_chain", 0) >= drops0 + 8 or trained(forger), 120,
+                  "the made-up chain's groups were neither counted as unknown_chain nor trained on")
+        honest0 = _steps(swarm)[-1]["accepted_by_sampler"].get(honest, 0)
+        swarm.wait_version(swarm.version() + 2, timeout=120)
+    finally:
+        stop(procs)
+    steps = _steps(swarm)[first:]
+    last = steps[-1]
+    assert all(r["groups_foreign"] == 0 for r in steps), [r["groups_foreign"] for r in steps]
+    assert last["accepted_by_sampler"].get(forger, 0) == 0 and last["accepted_by_sampler"].get(labeller, 0) == 0, \
+        last["accepted_by_sampler"]
+    assert forger not in last["credited"] and labeller not in last["credited"], last["credited"]
+    assert labeller in refused.read_text() and "audit failed" in refused.read_text()
+    assert last["accepted_by_sampler"].get(honest, 0) > honest0  # the honest sampler is still trained on
+    with capsys.disabled():
+        print(f"\n  made-up model in our tokenizer: made-up chain {last['drops'].get('unknown_chain', 0) - drops0} x "
+              f"unknown_chain; our chain: refused ({last['refused_samplers']} refused in all); foreign groups in "
+              f"{len(steps)} steps: {sum(r['groups_foreign'] for r in steps)}; honest trained "
+              f"{honest0} -> {last['accepted_by_sampler'].get(honest, 0)}")
+
+
+@pytest.mark.integration
+def test_after_a_restart_a_new_key_claiming_the_previous_chain_is_bounded_and_uncredited(swarm, attacker, capsys):
+    """The previous run's chain id is public (its manifest). After a restart, a new key claiming it sends
+    groups the learner cannot rebuild to audit: they never count as its audits, are trained on at most
+    `unaudited_per_step` (2) a step, and earn no credit; the honest sampler goes on."""
+    learner = peer_of(swarm, "learner")
+    manifest = msgpack.unpackb(open_envelope(attacker.call(learner, MANIFEST, b"", timeout=30))[0], raw=False)
+    old_chain, old_version = manifest["chain"], min(e["version"] for e in manifest["versions"])
+    v = swarm.version()
+    swarm.wait_version((v // 10 + 1) * 10 + 1, timeout=300)  # a checkpoint of this chain: the restart knows it
+    swarm.nodes["learner"].kill9()
+    stop([swarm.nodes["learner"]])
+    swarm.join("learner", "learner", "--config", str(swarm.base / "learner.toml"))
+    restarted = len(_steps(swarm))
+    swarm.wait_version(swarm.version() + 2, timeout=240)
+    proc = swarm.join_attacker("oldchain", f"oldchain:{old_chain}:{old_version}")
+    cheat, honest = peer_of(swarm, "oldchain"), peer_of(swarm, "honest")
+    try:
+        start = len(_steps(swarm))
+        _wait_for(lambda: _steps(swarm)[-1]["accepted_by_sampler"].get(cheat, 0) >= 6, 300,
+                  "the old-chain groups were never trained on (the test needs some to bound)")
+        swarm.wait_version(swarm.version() + 3, timeout=120)
+    finally:
+        stop([proc])
+    steps = _steps(swarm)[restarted:]
+    per_step = [b["accepted_by_sampler"].get(cheat, 0) - a["accepted_by_sampler"].get(cheat, 0)
+                for a, b in zip(steps, steps[1:])]
+    assert max(per_step) <= 2, per_step  # unaudited_per_step
+    last = steps[-1]
+    assert cheat not in last["credited"], last["credited"]
+    assert last["audit"]["unauditable"] > steps[0]["audit"]["unauditable"], (steps[0]["audit"], last["audit"])
+    hon = [r["accepted_by_sampler"].get(honest, 0) for r in _steps(swarm)[start:]]
+    assert hon[-1] > hon[0], hon  # the honest sampler is still trained on
+    with capsys.disabled():
+        print(f"\n  previous run's chain {old_chain} v{old_version} from a new key after a restart: "
+              f"{last['accepted_by_sampler'].get(cheat, 0)} groups trained in {len(steps)} steps "
+              f"(per step {per_step}), credited {last['credited'].get(cheat, 0)}; honest trained {hon[0]} -> {hon[-1]}")

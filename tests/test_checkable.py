@@ -23,7 +23,9 @@ from node.weight_codec import Publisher, PublishConfig, apply_version
 from node.weights import encode_version, untie, version_nonce
 from swarm.memory import MemoryExchange, VirtualClock
 
-LOGITS = torch.log(torch.tensor([[0.2, 0.5, 0.3]]))
+# float64, as engines' logits are cast to in node/checkable.py: the hand values below then hold to
+# ~1e-16, not to the few float32 ulps of log() that vary with the CPU's kernels
+LOGITS = torch.log(torch.tensor([[0.2, 0.5, 0.3]], dtype=torch.float64))
 
 
 @pytest.mark.parametrize("u, token", [(0.0, 0), (0.1999, 0), (0.2001, 1), (0.6999, 1), (0.7001, 2), (0.9999, 2)])
@@ -149,7 +151,7 @@ def _pair(task, tmp_path, **kw):
     sampling = SamplingConfig(group_size=4)
     tok = load_tokenizer(BUILTIN_MODEL)
     ex = MemoryExchange(VirtualClock())
-    learner = Learner(LearnerConfig(groups_per_step=2, eval_every=0, eval_size=20, **kw), load_model(BUILTIN_MODEL), tok,
+    learner = Learner(LearnerConfig(**{"groups_per_step": 2, "eval_every": 0, "eval_size": 20, **kw}), load_model(BUILTIN_MODEL), tok,
                       task, model_id=BUILTIN_MODEL, sampling=sampling, link=ex, checkpoint_dir=tmp_path)
     learner.start()
 
@@ -230,3 +232,78 @@ def test_forged_logprobs_are_dropped_from_the_step_counted_and_not_credited(task
     assert learner.gap_drops["liar"] == 2 and learner.drops["logprob_gap"] == 2 and "honest" not in learner.gap_drops
     assert "liar" not in learner.tally.peers
     assert recs[-1]["routes"]["stale"]["logprob_gap_max"] > 12
+
+
+# ---- issue 26: judged by what can be verified; foreign and unaudited groups within their shares --------
+
+def test_pick_groups_takes_round_robin_within_the_foreign_and_unaudited_shares():
+    from node.learner import pick_groups
+
+    entries = [("a", "foreign")] * 5 + [("b", "checked")] * 3 + [("c", "foreign")] * 2 + [("d", "unaudited")] * 3
+    # round 1: a0 (foreign 1, a 1), b5, c8 (foreign 2), d10 (unaudited 1); round 2: a1 (foreign 3, a 2), b6,
+    # c9 over the foreign total, d11 and d12 over the unaudited total; round 3: a2 over both, b7 -> 7 of 8
+    got = pick_groups(entries, 8, {"foreign": 3, "unaudited": 1}, {"foreign": 2})
+    assert got == [0, 5, 8, 10, 1, 6, 7], got
+    assert pick_groups(entries, 8, {}, {}) == [0, 5, 8, 10, 1, 6, 9, 11], "uncapped: plain round-robin"
+
+
+def _relabel(g, **fields):
+    for k, v in fields.items():
+        setattr(g, k, v)
+    return g.encode()
+
+
+def test_a_made_up_model_in_our_tokenizer_is_checked_as_ours_and_a_named_one_is_foreign(task, tmp_path):
+    learner, sampler = _pair(task, tmp_path)
+    s = sampler("x")
+    g1, g2 = s.produce(2)[:2]
+    assert learner.ingest(_relabel(g1, model_id="made-up/model", chain="made-up")) == "unknown_chain"
+    assert learner.ingest(_relabel(g2, model_id="made-up/model")) is None
+    assert learner.buffer[-1].route == "stale"  # audited, gap-checked, staleness: the label proved nothing
+    named, _ = _pair(task, tmp_path / "named", accept_models=("made-up/model",))
+    g3, g4 = s.produce(2)[:2]
+    assert named.ingest(_relabel(g3, model_id="made-up/model")) == "foreign_version"  # it never ran our chain
+    assert named.ingest(_relabel(g4, model_id="made-up/model", chain="", version=0)) is None
+    assert named.buffer[-1].route == "foreign"
+    g5 = s.produce(1)[0]  # a tokenizer we do not hold is refused for that first, whatever version it claims
+    assert learner.ingest(_relabel(g5, model_id="made-up/model", tokenizer="f" * 16)) == "unknown_tokenizer"
+
+
+def test_foreign_groups_fill_only_their_share_of_a_step_and_earn_no_credit(task, tmp_path):
+    learner, sampler = _pair(task, tmp_path, groups_per_step=4, foreign_step_share=0.5, foreign_per_sampler=1,
+                             accept_models=("other/model",))
+    honest, other = sampler("honest"), sampler("other")
+    assert learner.ingest_many([g.encode() for g in honest.produce(4)]) == 4
+    foreign = [_relabel(g, model_id="other/model", chain="", version=0) for g in other.produce(4)]
+    assert learner.ingest_many(foreign) == 4
+    # share 0.5 x 4 = 2 foreign, but 1 per sampler: [h0, f0, h1, h2]; then h3 + f1 is not a step
+    recs = []
+    _trained_groups(learner, recs)
+    assert [(r["groups_own"], r["groups_foreign"]) for r in recs] == [(3, 1)], recs
+    assert learner.accepted_by_sampler["other"] == 1 and "other" not in learner.tally.peers
+    assert learner.untrained_by("other") == 3  # kept, within its quota, for later steps
+    assert not learner.ready()  # h3 is checked work: wait for more of it rather than a foreign step
+    only = _pair(task, tmp_path / "only", groups_per_step=4, foreign_step_share=0.5, foreign_per_sampler=1,
+                 accept_models=("other/model",))[0]
+    assert only.ingest_many([_relabel(g, model_id="other/model", chain="", version=0) for g in other.produce(6)]) >= 4
+    recs = []  # only foreign groups wait (a swarm of them, or the unproven budget full of them): short steps
+    _trained_groups(only, recs)
+    assert recs and all((r["groups_own"], r["groups_foreign"]) == (0, 1) for r in recs), recs
+
+
+def test_a_new_key_claiming_an_earlier_runs_chain_is_trained_only_within_the_unaudited_share(task, tmp_path):
+    learner, sampler = _pair(task, tmp_path, unaudited_per_step=1)
+    learner.known_chains["earlier-run"] = 5  # as restored from a checkpoint; the chain id is public
+    new, honest = sampler("new"), sampler("honest")
+    old = [_relabel(g, chain="earlier-run", version=1) for g in new.produce(4)]
+    assert learner.ingest_many(old) == 4
+    assert learner.ingest_many([g.encode() for g in honest.produce(2)]) == 2
+    # groups_per_step 2: [n0, h0], [n1, h1]; then nothing checked waits: a short step [n2] (n3 over the
+    # share), so capped groups never stall; n3 alone is less than a step
+    recs = []
+    _trained_groups(learner, recs)
+    assert [r["groups_own"] for r in recs] == [2, 2, 1] and learner.accepted_by_sampler["new"] == 3, \
+        (recs, learner.accepted_by_sampler)
+    assert learner.audits["new"] == 0 and not learner.is_proven("new")  # unauditable is never a passed audit
+    assert learner.audit_stats["unauditable"] == 3 and "new" not in learner.tally.peers
+    assert learner.untrained_by("new") == 1

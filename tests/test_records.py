@@ -4,7 +4,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from swarm.records import MAX_RECORD_BYTES, CompletionRecord, RecordError, RolloutGroup, decode_rollout_group
+from swarm.records import (MAX_RECORD_BYTES, MAX_UNKNOWN_BYTES, CompletionRecord, RecordError, RolloutGroup,
+                           decode_rollout_group, unknown_bytes)
 
 
 def group(**kw) -> RolloutGroup:
@@ -34,6 +35,43 @@ def test_round_trip_with_raw_little_endian_arrays():
 def test_unknown_extra_fields_are_tolerated():
     g = decode_rollout_group(raw(future_field={"x": 1}))
     assert g.id == "g1"
+
+
+def with_completion_field(top_level: bytes = b"", **extra) -> bytes:
+    """A record with `extra` fields in its second completion (and a `top_level` one, if given)."""
+    d = msgpack.unpackb(group().encode(), raw=False)
+    d["completions"][1].update(extra)
+    if top_level:
+        d["x"] = top_level
+    return msgpack.packb(d, use_bin_type=True)
+
+
+@pytest.mark.parametrize("data", [
+    raw(padding=b"\x00" * (1 << 20)),  # the attack: 1 MiB of padding in every record
+    raw(a=b"\x00" * 300, b=b"\x00" * 300),  # two small ones, together over the bound
+    with_completion_field(padding="x" * 600),  # inside a completion
+    with_completion_field(b=b"\x00" * 300, top_level=b"\x00" * 300),  # 300 bytes at the top, 300 in a completion
+])
+def test_unknown_fields_beyond_512_bytes_in_all_are_refused(data):
+    with pytest.raises(RecordError) as e:
+        decode_rollout_group(data)
+    assert e.value.reason == "unknown_fields", e.value
+
+
+def test_unknown_fields_at_the_bound_pass_and_sampling_is_bounded_too():
+    d = msgpack.unpackb(group().encode(), raw=False)
+    # {"pad": <bin of n>} encodes as 1 (map) + 4 ("pad") + 3 (bin 16 header) + n bytes
+    at_bound = msgpack.packb({**d, "pad": b"\x00" * (MAX_UNKNOWN_BYTES - 8)}, use_bin_type=True)
+    assert unknown_bytes({**d, "pad": b"\x00" * (MAX_UNKNOWN_BYTES - 8)}, frozenset(d)) == MAX_UNKNOWN_BYTES
+    assert decode_rollout_group(at_bound).id == "g1"
+    with pytest.raises(RecordError) as e:
+        decode_rollout_group(msgpack.packb({**d, "pad": b"\x00" * (MAX_UNKNOWN_BYTES - 7)}, use_bin_type=True))
+    assert e.value.reason == "unknown_fields"
+    with pytest.raises(RecordError) as e:
+        decode_rollout_group(raw(sampling={"temperature": 1.0, "note": "x" * 2000}))
+    assert e.value.reason == "oversize"
+    # a record accepted before the bound existed (a checkpoint's buffer) still loads when asked to
+    assert decode_rollout_group(raw(padding=b"\x00" * 4096), strict=False).id == "g1"
 
 
 @pytest.mark.parametrize("data,reason", [

@@ -118,7 +118,9 @@ def test_claimed_rewards_are_recomputed_not_trusted(task):
 
 
 def test_foreign_model_routes_to_ftis_and_can_be_dropped(task):
-    clock, ex, learner, sampler = make_pair(task)
+    # a model in our tokenizer is foreign only if named (else checked as ours); its share uncapped here
+    named = dict(accept_models=(BUILTIN_MODEL_B,), foreign_step_share=1.0, foreign_per_sampler=4)
+    clock, ex, learner, sampler = make_pair(task, **named)
     foreign = make_sampler("b0", task, BUILTIN_MODEL_B)
     foreign_link = learner.link.sampler("b0")
     learner.start()
@@ -139,7 +141,7 @@ def test_foreign_model_routes_to_ftis_and_can_be_dropped(task):
     assert {"stale", "foreign"} <= routes
     ftis_steps = [r["routes"]["foreign"] for r in steps if "foreign" in r.get("routes", {})]
     assert all("filtered_frac" in m and "truncated_frac" in m for m in ftis_steps)
-    dropper = make_pair(task, foreign_loss="drop")[2]
+    dropper = make_pair(task, foreign_loss="drop", **named)[2]
     assert dropper.ingest(foreign.produce(1)[0].encode()) == "foreign_dropped"
     picky = make_pair(task, accept_models=(BUILTIN_MODEL,))[2]
     assert picky.ingest(foreign.produce(1)[0].encode()) == "unknown_model"

@@ -1,6 +1,7 @@
 """Versions over real hivemind RPC between in-process peers: exact deltas, chunks served by other
 holders so the learner's upload stays flat, forged manifests and corrupted chunks refused."""
 
+import asyncio
 import threading
 import time
 
@@ -16,7 +17,7 @@ from swarm.envelope import seal
 from swarm.identity import Identity
 from swarm.exchange import WeightVersion
 from swarm.p2p import SwarmNode
-from swarm.weight_rpc import WeightFetcher, WeightServer
+from swarm.weight_rpc import CHUNK_SIZE, FetchConfig, PeerStrikes, WeightFetcher, WeightPrefetcher, WeightServer
 
 @pytest.fixture(scope="module")
 def peers(tmp_path_factory):
@@ -100,6 +101,9 @@ def test_a_corrupted_chunk_from_a_holder_is_fetched_again_elsewhere(peers):
     before_bad, before_up = s2.stats["bad_chunks"], lx.store.served_bytes
     assert blobs_of(s2.fetch("", -1)) == good  # the learner served the chunk the holder spoiled
     assert s2.stats["bad_chunks"] == before_bad + 1 and lx.store.served_bytes > before_up
+    # the holder that lied is demoted: s2 does not ask it first again for a while
+    assert s2.demoted[s1.node.peer_id] == 1 and s2.strikes.benched(s1.node.peer_id, time.monotonic())
+    s2.strikes = PeerStrikes(s2.cfg.demote_s, s2.cfg.demote_max_s, s2.cfg.forget_s)  # later tests share s1 as a mate
 
 
 @pytest.mark.integration
@@ -371,3 +375,80 @@ def test_a_sampler_follows_the_chain_across_a_keyframe_sent_in_place_of_a_larger
     finally:
         pre.close()
         node.shutdown()
+
+
+async def _trickle(info, reader, writer):
+    """A frame header claiming a 1 MiB chunk, then a byte a second."""
+    from hivemind.p2p import P2P
+
+    writer.write(P2P.MESSAGE_MARKER + CHUNK_SIZE.to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER))
+    try:
+        while True:
+            await writer.drain()
+            await asyncio.sleep(1.0)
+            writer.write(b"\0")
+    except ConnectionError:
+        writer.close()
+
+
+async def _silent(info, reader, writer):
+    """Accepts the request and never answers."""
+    await asyncio.sleep(3600)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("serve", [_trickle, _silent], ids=["trickling", "silent"])
+def test_a_holder_of_every_version_that_stalls_is_hedged_demoted_and_the_sampler_keeps_up(peers, tmp_path, serve):
+    """A peer with its own key announces it holds every coming version and then trickles bytes
+    (or says nothing). The sampler's stream to it is hedged to the learner, it is demoted and not
+    asked again, its stream is abandoned mid-frame, and the sampler gets every version."""
+    lx, (s1, _) = peers
+    chain = f"run15{serve.__name__}"
+    bad = SwarmNode(Identity.load_or_create(tmp_path / "bad.key"), NetworkConfig(initial_peers=s1.node.maddrs()), "wt")
+    node = SwarmNode(Identity.load_or_create(tmp_path / "s5.key"), NetworkConfig(initial_peers=s1.node.maddrs()), "wt")
+    asked = []
+
+    async def handler(info, reader, writer):
+        asked.append(info.peer_id.to_base58())
+        await serve(info, reader, writer)
+
+    # demoted for longer than the test: every request it gets comes from the first fetch
+    cfg = FetchConfig(idle_s=2.0, min_rate=256 * 1024, hedge_s=1.0, demote_s=600.0)
+    fetcher = WeightFetcher(node, s1.learner, cfg=cfg)
+    pre = None
+    try:
+        bad.run(bad.p2p.add_binary_stream_handler("hetero.chunks.v1", handler), timeout=10)
+        assert bad.announce_holdings(chain, list(range(64)))
+        time.sleep(0.5)  # the holder record reaches the DHT
+        pub = publish_versions(lx, 1, chain)
+        pre = WeightPrefetcher(fetcher, interval=0.2)
+        have, seen = ("", -1), []
+        for v in range(1, 5):
+            if v > 1:
+                publish(lx, v - 1, pub.publish({k: t + 1e-3 for k, t in pub.layout.tensors(pub.published).items()},
+                                               v - 1), chain, {})
+            deadline = time.monotonic() + 60
+            while have[1] != v - 1 and time.monotonic() < deadline:
+                for wv in pre.take(*have) or []:
+                    assert wv.blob == lx.store.blobs[wv.version], wv.version
+                    seen.append(wv.version)
+                    have = (wv.chain, wv.version)
+                time.sleep(0.05)
+            assert have == (chain, v - 1), (have, fetcher.stats)
+        assert seen == [0, 1, 2, 3], seen
+        bad_id = bad.peer_id
+        assert asked and set(asked) == {node.peer_id}, asked  # it was asked, and held to account
+        assert fetcher.demoted[bad_id] == 1 and fetcher.strikes.benched(bad_id, time.monotonic()), fetcher.demoted
+        assert fetcher.stats["hedged_streams"] >= 1 and fetcher.stats["bytes_from_learner"] > 0, fetcher.stats
+        assert len(asked) <= 4, asked  # one fetch's streams (`_split`); never again once demoted
+        deadline = time.monotonic() + 30  # its streams are abandoned at their stall bounds, not held
+        while fetcher.stats["stalled_streams"] < len(asked) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert fetcher.stats["stalled_streams"] == len(asked), (fetcher.stats, asked)
+    finally:
+        if pre is not None:
+            pre.close()
+        else:
+            fetcher.close()
+        node.shutdown()
+        bad.shutdown()

@@ -139,7 +139,9 @@ def build_config(learner: str, partner: str, setting: str, seed: int, args: argp
     return SimulatorConfig(
         model=learner, task=ArithmeticConfig(),
         learner=LearnerConfig(stale_loss="gepo", foreign_loss=foreign, foreign_options=dict(args.ftis_options),
-                              eval_every=args.eval_every, eval_size=args.eval_size),
+                              eval_every=args.eval_every, eval_size=args.eval_size,
+                              # the partner shares our tokenizer: named, it is taken as foreign, at its own share
+                              accept_models=(partner,), foreign_step_share=1.0, foreign_per_sampler=1 << 20),
         samplers=samplers, steps=args.steps, seed=seed, threads=1, metrics_path=metrics_path)
 
 

@@ -1,0 +1,114 @@
+"""Many fresh keys at once, as an attacker would run them: for tests/test_intake.py and
+examples/bench_flood.py.
+
+Each key is a bare libp2p host (hivemind's `P2P`, one p2pd each) dialled straight to the learner,
+without a DHT of its own: keys are free, and so, nearly, is a peer per key. All of them share one
+event loop in a background thread; `call` and `flood` block, with timeouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import time
+from pathlib import Path
+
+import msgpack
+from google.protobuf.wrappers_pb2 import BytesValue
+from hivemind.p2p import P2P, PeerID
+
+from swarm.identity import Identity
+from swarm.rollout_rpc import ROLLOUTS
+
+
+class Sybils:
+    def __init__(self, n: int, learner_maddrs: list[str], workdir: Path) -> None:
+        self.identities = [Identity.load_or_create(Path(workdir) / f"sybil{i}.key") for i in range(n)]
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="sybils", daemon=True)
+        self._thread.start()
+        self.p2ps: list[P2P] = self._run(_gather(*[
+            P2P.create(initial_peers=learner_maddrs, identity_path=str(ident.path),
+                       host_maddrs=["/ip4/127.0.0.1/tcp/0"], auto_nat=False, nat_port_map=False)
+            for ident in self.identities]), 120)
+
+    def _run(self, coro, timeout: float):
+        return asyncio.run_coroutine_threadsafe(asyncio.wait_for(coro, timeout), self._loop).result(timeout + 5)
+
+    async def _call(self, i: int, learner: str, payload: bytes) -> dict:
+        reply = await self.p2ps[i].call_protobuf_handler(PeerID.from_base58(learner), ROLLOUTS,
+                                                         BytesValue(value=payload), BytesValue)
+        return msgpack.unpackb(reply.value, raw=False)
+
+    def call(self, i: int, learner: str, payload: bytes, timeout: float = 60) -> dict:
+        """Key `i` sends one rollout batch (raw bytes) to `learner`; its reply."""
+        return self._run(self._call(i, learner, payload), timeout)
+
+    def call_all(self, learner: str, payloads: dict[int, bytes], timeout: float = 120) -> list[dict]:
+        """Keys at once, key i sending payloads[i]; their replies in the order of `payloads`."""
+        return self._run(_gather(*[self._call(i, learner, p) for i, p in payloads.items()]), timeout)
+
+    def flood(self, learner: str, batches: dict[int, list[bytes]], seconds: float, concurrency: int = 1) -> dict:
+        """Each key i of `batches` sends its batches (raw payloads, round and round), `concurrency`
+        calls at a time, as fast as the learner answers, for `seconds`; what came back, summed
+        ("why": replies by the bound they name, "error": by the batch error, "reasons": refused
+        items by reason)."""
+        counts = {"calls": 0, "sent": 0, "bytes": 0, "ok": 0, "rejected": 0, "failed_calls": 0, "why": {}, "error": {},
+                  "reasons": collections.Counter()}
+        sizes = {b: _items_in(b) for own in batches.values() for b in own}
+
+        async def one(i: int, deadline: float) -> None:
+            j = 0
+            while time.monotonic() < deadline:
+                batch = batches[i][j % len(batches[i])]
+                j += 1
+                try:
+                    reply = await asyncio.wait_for(self._call(i, learner, batch), 60)
+                except Exception:  # a timeout or a reset: an attacker just calls again
+                    counts["failed_calls"] += 1
+                    continue
+                counts["calls"], counts["sent"], counts["bytes"] = (counts["calls"] + 1, counts["sent"] + sizes[batch],
+                                                                    counts["bytes"] + len(batch))
+                for k in ("ok", "rejected"):
+                    counts[k] += len(reply.get(k, []))
+                counts["reasons"].update(reply.get("rejected", {}).values())
+                for k in ("why", "error"):
+                    if reply.get(k):
+                        counts[k][reply[k]] = counts[k].get(reply[k], 0) + 1
+
+        deadline = time.monotonic() + seconds
+        self._run(_gather(*[one(i, deadline) for i in batches for _ in range(concurrency)]), seconds + 120)
+        counts["busy"] = counts["sent"] - counts["ok"] - counts["rejected"]  # a call answered unread lists no ids
+        return counts
+
+    def shutdown(self) -> None:
+        try:
+            self._run(_gather(*[p.shutdown() for p in self.p2ps], return_exceptions=True), 30)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+
+
+def batches_of(items: list[list], size: int = 256) -> list[bytes]:
+    """A pool of [id, envelope] items as packed batches of at most `size` (signed and packed once)."""
+    return [msgpack.packb(items[k:k + size]) for k in range(0, len(items), size)]
+
+
+def _items_in(batch: bytes) -> int:
+    try:
+        items = msgpack.unpackb(batch, raw=False)
+    except Exception:  # garbage: no items
+        return 0
+    return len(items) if isinstance(items, list) else 0
+
+
+async def _gather(*coros, return_exceptions: bool = False) -> list:
+    """asyncio.gather inside the loop that runs it (gather itself binds to the caller's loop)."""
+    return await asyncio.gather(*coros, return_exceptions=return_exceptions)
+
+
+def learner_maddrs(peers: list[dict], learner: str) -> list[str]:
+    """The learner's announced addresses, each with its /p2p/ id (to dial it directly)."""
+    maddrs = [m for p in peers if p.get("peer_id") == learner for m in p.get("maddrs", [])]
+    return [m if "/p2p/" in m else f"{m}/p2p/{learner}" for m in maddrs]

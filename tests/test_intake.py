@@ -1,0 +1,396 @@
+"""The learner's intake (swarm/rollout_rpc.py): budgets per key, one pool for all unproven keys,
+batch-level refusals, and what undecodable bytes cost.
+
+Unit tests drive the real `RolloutReceiver` (real journal, real signatures) through the handler it
+registers, on a frozen clock, so every budget is computed by hand. The integration tests send the
+same inputs over the real protocol (real hivemind peers with their own keys on 127.0.0.1) to a real
+learner process, and read the refusals back from its replies and its metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+import uuid
+
+import msgpack
+import pytest
+
+from swarm.envelope import seal
+from swarm.identity import Identity
+from swarm.journal import Journal
+from swarm.records import CompletionRecord, RolloutGroup
+from swarm.rollout_rpc import MAX_BATCH, ROLLOUTS, ReceiverConfig, RolloutReceiver, TokenBuckets, _Room, unpack_batch
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+# ---- the budget math, by hand ----------------------------------------------------------------------
+def test_token_buckets_grant_whole_tokens_refill_at_rate_and_cap_at_the_burst():
+    clock = Clock()
+    b = TokenBuckets(rate=2.0, burst=4.0, clock=clock)
+    assert b.take("a", 10) == 4  # a full burst
+    assert b.take("a", 1) == 0
+    clock.t += 0.75  # 1.5 tokens back
+    assert b.available("a") == 1.5
+    assert b.take("a", 3) == 1  # whole tokens only: 0.5 left
+    assert b.available("a") == 0.5
+    clock.t += 10
+    assert b.available("a") == 4.0  # never above the burst
+    assert b.take("b", 1) == 1  # each peer its own bucket
+
+
+def test_a_charge_may_overdraw_and_is_paid_back_at_the_rate():
+    clock = Clock()
+    b = TokenBuckets(rate=1000.0, burst=1000.0, clock=clock)
+    b.charge("a", 3000)  # one call three times the burst: let through, then owed
+    assert b.available("a") == -2000.0
+    clock.t += 2.0
+    assert b.available("a") == 0.0  # paid back at 1000/s: nothing to spend yet
+    assert b.take("a", 1) == 0
+    clock.t += 0.5
+    assert b.available("a") == 500.0
+
+
+def test_token_buckets_forget_the_least_recent_peer_beyond_max_peers():
+    clock = Clock()
+    b = TokenBuckets(rate=1.0, burst=2.0, max_peers=2, clock=clock)
+    for peer in ("a", "b", "c"):
+        assert b.take(peer, 2) == 2
+    assert b.available("a") == 2.0 and b.available("b") == 0.0  # "a" was evicted: a fresh bucket
+
+
+def test_a_room_takes_one_record_when_empty_and_then_what_fits():
+    journal = _Room("journal_bytes", bound=100, used=0)
+    assert journal.fits(500)  # an empty room always takes one, however large: no sampler stuck for good
+    journal.add(500)
+    assert not journal.fits(1)
+    quota = _Room("quota", bound=3, used=2, per_record=True)
+    assert quota.fits(10**6)  # counts records, not bytes
+    quota.add(10**6)
+    assert quota.used == 3 and not quota.fits(1)
+
+
+@pytest.mark.parametrize("payload,reason", [
+    (b"", "batch_undecodable"),
+    (b"\xc1", "batch_undecodable"),
+    (msgpack.packb([["a", b"x"], ["b", b"y"]])[:-1], "batch_undecodable"),  # truncated
+    (msgpack.packb([]) + b"\x00", "batch_undecodable"),  # trailing bytes
+    (msgpack.packb({"a": 1}), "batch_schema"),
+    (msgpack.packb(7), "batch_schema"),
+    (b"\xdd\xff\xff\xff\xff", "batch_too_many"),  # told by the header: nothing after it is read
+    (msgpack.packb([["i", b""]] * (MAX_BATCH + 1)), "batch_too_many"),
+])
+def test_batch_level_errors_have_a_reason(payload, reason):
+    from swarm.records import RecordError
+
+    with pytest.raises(RecordError) as e:
+        unpack_batch(payload)
+    assert e.value.reason == reason, e.value
+
+
+# ---- the receiver, on a frozen clock ----------------------------------------------------------------
+class Handlers:
+    """What the receiver needs of a SwarmNode: a place to register its handler."""
+
+    def __init__(self) -> None:
+        self.handlers = {}
+
+    def add_handler(self, name, handler) -> None:
+        self.handlers[name] = handler
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    base = tmp_path_factory.mktemp("keys")
+    return [Identity.load_or_create(base / f"k{i}.key") for i in range(12)]
+
+
+def make_item(ident: Identity, pad: int = 0, **extra) -> list:
+    comps = [CompletionRecord("2", [5, 1], [-0.25, -0.5], "stop", 1.0)] * 2
+    g = RolloutGroup(id=uuid.uuid4().hex, swarm="s", task="t", prompt_id="p", prompt="1+1=", model_id="m",
+                     tokenizer="tk", version=0, sampler=ident.peer_id, created=1.0, completions=comps)
+    record = msgpack.unpackb(g.encode(), raw=False)
+    if pad:
+        record["padding"] = b"\x00" * pad
+    record.update(extra)
+    return [g.id, seal(ident, msgpack.packb(record, use_bin_type=True))]
+
+
+class Intake:
+    """A receiver with a real journal on a frozen clock; `send` calls its handler as a peer would."""
+
+    def __init__(self, tmp_path, proven: set[str] = frozenset(), refused: set[str] = frozenset(), **cfg) -> None:
+        self.clock, self.proven, self.refused = Clock(), set(proven), set(refused)
+        node = Handlers()
+        self.receiver = RolloutReceiver(node, Journal(tmp_path / "journal.bin"), cfg=ReceiverConfig(**cfg),
+                                        is_proven=lambda peer: peer in self.proven,
+                                        is_refused=lambda peer: peer in self.refused, clock=self.clock)
+        self.receiver.tarpit_s = 0.0
+        self.handler = node.handlers[ROLLOUTS]
+
+    def send(self, ident: Identity, payload: bytes | list) -> dict:
+        data = payload if isinstance(payload, bytes) else msgpack.packb(payload)
+        return msgpack.unpackb(asyncio.run(self.handler(data, ident.peer_id)), raw=False)
+
+
+def test_unknown_fields_beyond_the_bound_are_refused_with_a_reason(tmp_path, keys):
+    intake = Intake(tmp_path)
+    small, padded = make_item(keys[0], pad=100), make_item(keys[0], pad=1 << 20)
+    reply = intake.send(keys[0], [small, padded])
+    assert reply["ok"] == [small[0]] and reply["rejected"] == {padded[0]: "unknown_fields"}, reply
+    assert intake.receiver.rejected["unknown_fields"] == 1
+    assert len(intake.receiver.journal.read(0, 10)) == 1  # the padded one never reached the journal
+
+
+def test_a_bad_batch_gets_a_reason_is_counted_costs_a_check_and_is_tarpitted(tmp_path, keys):
+    intake = Intake(tmp_path, quota=3, rate=1.0)  # 3 checks saved up, none back on a frozen clock
+    for payload, reason in [(b"\x93\x01", "batch_undecodable"), (msgpack.packb({"x": 1}), "batch_schema"),
+                            (b"\xdc\x01\x01", "batch_too_many")]:
+        reply = intake.send(keys[0], payload)
+        assert reply["error"] == reason and reply["ok"] == [], reply
+        assert intake.receiver.rejected[reason] == 1
+    assert intake.receiver.tarpitted == 3
+    reply = intake.send(keys[0], [make_item(keys[0])])  # its 3 checks were spent on the bad batches
+    assert reply == {"ok": [], "rejected": {}, "busy": [], "backlog": 0, "why": "rate"}, reply
+    assert intake.receiver.throttled["rate"] == 1 and intake.receiver.tarpitted == 4
+
+
+def test_undecodable_bytes_are_charged_before_decoding_and_block_the_sender_until_paid(tmp_path, keys):
+    intake = Intake(tmp_path, proven={keys[0].peer_id, keys[1].peer_id}, byte_rate=1000.0)
+    assert intake.send(keys[0], b"\x93" + b"\xc1" * 2999)["error"] == "batch_undecodable"  # 3000 bytes
+    item = make_item(keys[0])
+    assert intake.send(keys[0], [item])["why"] == "bytes"  # owes 2000 bytes: answered unread
+    intake.clock.t += 2.0  # paid back to exactly 0: still nothing to spend
+    assert intake.send(keys[0], [item])["why"] == "bytes"
+    intake.clock.t += 0.5
+    assert intake.send(keys[0], [item])["ok"] == [item[0]]
+    assert intake.send(keys[1], [make_item(keys[1])])["ok"]  # another key's budget is its own
+    assert intake.receiver.throttled["bytes"] == 2 and intake.receiver.rejected["batch_undecodable"] == 1
+
+
+def test_the_journal_holds_a_bounded_number_of_bytes_per_sampler_until_the_learner_reads_them(tmp_path, keys):
+    item = make_item(keys[0])
+    size = len(msgpack.unpackb(item[1], raw=False)["r"])
+    intake = Intake(tmp_path, proven={keys[0].peer_id, keys[1].peer_id}, journal_bytes=2 * size + 10)
+    items = [item] + [make_item(keys[0]) for _ in range(3)]
+    reply = intake.send(keys[0], items)
+    # the envelope's size (record + key + signature) bounds the record's, before anything is decoded:
+    # the first always fits into an empty room, then the second envelope no longer does
+    assert len(reply["ok"]) == 1 and len(reply["busy"]) == 3 and reply["why"] == "journal_bytes", reply
+    assert intake.receiver.unread_bytes(keys[0].peer_id) == size
+    assert intake.send(keys[1], [make_item(keys[1])])["ok"]  # another sampler's room is its own
+    assert len(intake.receiver.receive(10)) == 2  # the learner read them: room again
+    assert intake.receiver.unread_bytes(keys[0].peer_id) == 0
+    assert len(intake.send(keys[0], items[1:])["ok"]) == 1
+
+
+def test_unproven_keys_share_one_pool_and_proven_keys_keep_their_own(tmp_path, keys):
+    # per key: quota 64 and 64 checks; the pool of all unproven keys: 4 groups held, 4 checks saved up
+    intake = Intake(tmp_path, proven={keys[0].peer_id}, unproven_quota=4, unproven_rate=1.0)
+    replies = [intake.send(k, [make_item(k) for _ in range(3)]) for k in keys[2:12]]  # 10 fresh keys x 3
+    assert sum(len(r["ok"]) for r in replies) == 4, replies  # the pool's 4, whatever the number of keys
+    assert [len(r["ok"]) for r in replies[:2]] == [3, 1]
+    assert {r.get("why") for r in replies[1:]} <= {"unproven_quota", "unproven_rate"}, replies
+    assert sum(intake.receiver.throttled.values()) == 2 + 8  # 2 items of the second key, 8 calls unread
+    reply = intake.send(keys[0], [make_item(keys[0]) for _ in range(10)])  # a proven key: its own budget
+    assert len(reply["ok"]) == 10, reply
+    intake.proven.add(keys[2].peer_id)  # proven now (its first audits passed): the pool is no longer its limit
+    assert len(intake.send(keys[2], [make_item(keys[2]) for _ in range(5)])["ok"]) == 5
+
+
+def test_undecodable_bytes_from_one_fresh_key_cost_the_pool_not_the_proven(tmp_path, keys):
+    intake = Intake(tmp_path, proven={keys[0].peer_id}, unproven_byte_rate=1000.0)
+    assert intake.send(keys[3], b"\xc1" * 3000)["error"] == "batch_undecodable"
+    assert intake.send(keys[4], [make_item(keys[4])])["why"] == "unproven_bytes"  # another fresh key waits
+    assert intake.send(keys[0], [make_item(keys[0])])["ok"]  # the proven one does not
+
+
+def test_a_refused_key_is_answered_by_id_unopened_and_costs_the_pool_nothing(tmp_path, keys):
+    intake = Intake(tmp_path, refused={keys[5].peer_id}, unproven_rate=1.0, unproven_quota=2)
+    items = [make_item(keys[5]) for _ in range(5)] + [["x", b"not even an envelope"]]
+    reply = intake.send(keys[5], items)
+    assert reply["ok"] == [] and reply["rejected"] == {i[0]: "refused_sampler" for i in items}, reply
+    assert intake.receiver.rejected["refused_sampler"] == 6 and intake.receiver.tarpitted == 1
+    # the pool's 2 checks are all still there for a fresh key
+    assert len(intake.send(keys[6], [make_item(keys[6]) for _ in range(3)])["ok"]) == 2
+
+
+def test_a_restarted_receiver_rebuilds_backlogs_from_the_journal(tmp_path, keys):
+    intake = Intake(tmp_path, proven={keys[0].peer_id})
+    intake.send(keys[0], [make_item(keys[0]) for _ in range(3)])
+    intake.receiver.journal.append([b"\xc1 not a record"])  # from an older version, say: never crashes a restart
+    again = RolloutReceiver(Handlers(), intake.receiver.journal)
+    assert again.backlog(keys[0].peer_id) == 3 and again.backlog("?") == 1
+    assert again.unread_bytes(keys[0].peer_id) == intake.receiver.unread_bytes(keys[0].peer_id) > 0
+
+
+def test_receiver_config_says_what_to_fix():
+    with pytest.raises(ValueError, match="quotas must be >= 1"):
+        ReceiverConfig(unproven_quota=0)
+    with pytest.raises(ValueError, match="byte bounds > 0"):
+        ReceiverConfig(journal_bytes=0)
+
+
+# ---- over the real protocol: a real learner, each attacker a peer with its own fresh key ------------
+# small per-key bounds (the honest sampler lives with them too) and a pool that binds before them
+# for many keys; groups_per_step 4 so that steps (and the counters in their metrics) come often
+LEARNER_TOML = """[learner]
+checkpoint_every = 10
+eval_every = 0
+max_staleness = 100000
+groups_per_step = 4
+byte_rate_per_sampler = 262144.0
+journal_bytes_per_sampler = 8192
+unproven_quota = 16
+unproven_rate = 4.0
+unproven_byte_rate = 4194304.0
+unproven_journal_bytes = 65536
+"""
+POOL_QUOTA, POOL_RATE = 16, 4.0
+
+
+@pytest.fixture(scope="module")
+def swarm(tmp_path_factory):
+    from swarmkit import Swarm, start_bootstrap
+
+    s = Swarm(tmp_path_factory.mktemp("intake"))
+    try:
+        start_bootstrap(s)
+        s.start_learner(LEARNER_TOML)
+        s.join("honest", "sampler", "--name", "honest")
+        s.wait_version(3, timeout=240)  # the honest sampler's first groups were audited: it is proven
+        yield s
+    finally:
+        s.stop_all()
+
+
+@pytest.fixture(scope="module")
+def sybils(swarm, tmp_path_factory):
+    from swarmkit import peer_of
+    from sybils import Sybils, learner_maddrs
+
+    learner = peer_of(swarm, "learner")
+    keys = Sybils(20, learner_maddrs(swarm.status(), learner), tmp_path_factory.mktemp("sybils"))
+    keys.learner, keys.forgers = learner, {}
+    yield keys
+    keys.shutdown()
+
+
+def forged(sybils, i: int, n: int, pad: int = 0) -> list[list]:
+    """`n` valid-looking groups of the swarm's task signed by key `i` (with `pad` bytes of an
+    unknown field in each, if asked)."""
+    from swarmkit import Forger
+
+    forger = sybils.forgers.setdefault(i, Forger(sybils.identities[i]))
+    items = []
+    for j in range(n):
+        record = msgpack.unpackb(forger.group(j).encode(), raw=False)
+        if pad:
+            record["padding"] = b"\x00" * pad
+        items.append([record["id"], seal(forger.identity, msgpack.packb(record, use_bin_type=True))])
+    return items
+
+
+def checked(replies: list[dict]) -> int:
+    """Items the learner opened and checked (accepted or refused; a key refused for good has its
+    items refused unopened, and a few of those checked may be among them: not counted)."""
+    return sum(len(r["ok"]) + sum(why != "refused_sampler" for why in r["rejected"].values()) for r in replies)
+
+
+def next_step(swarm) -> dict:
+    """The learner's counters at its next step (drops, throttled, per sampler)."""
+    swarm.wait_version(swarm.version() + 1, timeout=120)
+    return [r for r in swarm.metrics() if r["kind"] == "step"][-1]
+
+
+@pytest.mark.integration
+def test_padded_records_are_refused_over_the_wire(swarm, sybils):
+    padded, small = forged(sybils, 0, 1, pad=1 << 20)[0], forged(sybils, 0, 2, pad=100)[1]
+    reply = sybils.call(0, sybils.learner, msgpack.packb([padded, small]))
+    assert reply["rejected"] == {padded[0]: "unknown_fields"} and reply["ok"] == [small[0]], reply
+    assert next_step(swarm)["drops"].get("unknown_fields", 0) >= 1
+
+
+@pytest.mark.integration
+def test_bad_batches_get_a_reason_and_are_counted(swarm, sybils):
+    cases = [(msgpack.packb(forged(sybils, 1, 2))[:-100], "batch_undecodable"),  # truncated
+             (msgpack.packb({"not": "a list"}), "batch_schema"), (b"\xdc\x01\x01", "batch_too_many")]
+    for payload, reason in cases:
+        reply = sybils.call(1, sybils.learner, payload)
+        assert reply.get("error") == reason and reply["ok"] == [] and reply["rejected"] == {}, (reason, reply)
+    drops = next_step(swarm)["drops"]
+    assert all(drops.get(reason, 0) >= 1 for _, reason in cases), drops
+
+
+@pytest.mark.integration
+def test_undecodable_bytes_cost_their_sender_before_anything_is_decoded(swarm, sybils):
+    garbage = b"\x93" + bytes(range(256)) * 10_000  # 2.5 MiB that msgpack cannot read
+    assert sybils.call(2, sybils.learner, garbage)["error"] == "batch_undecodable"
+    # 2.5 MiB against 256 KiB/s: about 9 s in debt, so the next call is answered unread
+    reply = sybils.call(2, sybils.learner, msgpack.packb(forged(sybils, 2, 1)))
+    assert reply["why"] == "bytes" and reply["ok"] == [] and reply["busy"] == [], reply
+    step = next_step(swarm)
+    assert step["throttled"].get("bytes", 0) >= 1 and step["drops"].get("batch_undecodable", 0) >= 1, step
+
+
+@pytest.mark.integration
+def test_a_samplers_unread_journal_bytes_are_bounded(swarm, sybils):
+    swarm.wait_version(swarm.version() + 2, timeout=120)  # the keys before this one are audited by now
+    items = forged(sybils, 3, 20)
+    size = len(msgpack.unpackb(items[0][1], raw=False)["r"])
+    reply = sybils.call(3, sybils.learner, msgpack.packb(items))
+    assert reply["why"] == "journal_bytes" and 1 <= len(reply["ok"]) <= 8192 // size + 1, (size, reply)
+    # busy: kept by the sampler, sent again later (refused: a group whose content an earlier test sent)
+    assert len(reply["ok"]) + len(reply["busy"]) + len(reply["rejected"]) == 20, reply
+    assert next_step(swarm)["throttled"].get("journal_bytes", 0) >= 1
+
+
+@pytest.mark.integration
+def test_fresh_keys_share_one_pool_while_the_proven_sampler_goes_on(swarm, sybils):
+    from swarmkit import peer_of
+
+    honest = peer_of(swarm, "honest")
+    before = next_step(swarm)["accepted_by_sampler"].get(honest, 0)
+    payloads = {i: msgpack.packb(forged(sybils, i, 20)) for i in range(4, 12)}  # 8 fresh keys, 20 groups each
+    t0 = time.monotonic()
+    replies = sybils.call_all(sybils.learner, payloads)  # all at once
+    elapsed = time.monotonic() - t0
+    # all of them together got what the pool holds: its burst plus what it refilled meanwhile
+    assert checked(replies) <= POOL_QUOTA + POOL_RATE * elapsed, (checked(replies), elapsed, replies)
+    assert any(str(r.get("why")).startswith("unproven_") for r in replies), replies
+    step = next_step(swarm)
+    assert sum(v for k, v in step["throttled"].items() if k.startswith("unproven_")) >= 1, step["throttled"]
+    swarm.wait_version(swarm.version() + 2, timeout=120)
+    assert next_step(swarm)["accepted_by_sampler"].get(honest, 0) > before  # trained on throughout
+
+
+@pytest.mark.integration
+def test_a_flood_of_fresh_keys_is_held_to_the_pool(swarm, sybils, capsys):
+    from swarmkit import flood_rates, peer_of
+    from sybils import batches_of
+
+    honest = peer_of(swarm, "honest")
+    pools = {i: batches_of(forged(sybils, i, 64)) for i in range(12, 20)}  # 8 fresh keys: sign once, resend
+    t_base = swarm.metrics()[-1]["time_s"]
+    time.sleep(20)
+    t_flood = swarm.metrics()[-1]["time_s"]
+    t0 = time.monotonic()
+    counts = sybils.flood(sybils.learner, pools, 20)
+    elapsed = time.monotonic() - t0
+    base, during = flood_rates(swarm.metrics(), honest, t_base, t_flood, swarm.metrics()[-1]["time_s"])
+    with capsys.disabled():
+        print(f"\n  {len(pools)} fresh keys for 20 s: {counts['calls']} calls, {counts['sent']} records sent "
+              f"({counts['ok']} accepted, {counts['busy']} busy, {counts['rejected']} refused: {dict(counts['reasons'])}; "
+              f"busy by bound {counts['why']}); "
+              f"honest sampler {base:.2f} -> {during:.2f} groups/s trained on")
+    opened = counts["ok"] + counts["rejected"] - counts["reasons"]["refused_sampler"]  # as in checked()
+    assert opened <= POOL_QUOTA + POOL_RATE * elapsed, (counts, elapsed)
+    assert sum(n for why, n in counts["why"].items() if why.startswith("unproven_")) >= 1, counts

@@ -36,6 +36,7 @@ from swarm.outbox import Outbox
 from swarm.p2p import SwarmNode
 from swarm.rollout_rpc import ReceiverConfig
 from swarm.swarm_exchange import SwarmLearnerLink, SwarmSamplerLink
+from swarm.weight_rpc import FetchConfig
 
 log = logging.getLogger("hetero-node")
 
@@ -57,6 +58,8 @@ class SamplerRoleConfig:
     """Injected delay before loading newer weights (docs/DESIGN.md, "Delay")."""
     rollout_delay: DelayConfig = field(default_factory=DelayConfig)
     """Injected delay before each rollout is sent."""
+    fetch: FetchConfig = field(default_factory=FetchConfig)
+    """How long a weight source may stall before the sampler asks the next (swarm/weight_rpc.py)."""
 
     def __post_init__(self) -> None:
         if self.prompts_per_batch < 1 or self.max_outbox < 1 or self.max_learner_backlog < 1:
@@ -421,7 +424,8 @@ def run_sampler(cfg: JoinConfig, stop: threading.Event) -> None:
     try:
         tracker = LearnerTracker(node, cfg.follow, cfg.model)
         link = SwarmSamplerLink(node, outbox, lambda: tracker.current, cfg.sampler.weight_delay,
-                                cfg.sampler.rollout_delay, cfg.seed, mates=lambda: tracker.mates)
+                                cfg.sampler.rollout_delay, cfg.seed, mates=lambda: tracker.mates,
+                                fetch=cfg.sampler.fetch)
         sampler = _make_sampler(cfg, node)
         _sampler_loop(cfg, node, outbox, link, sampler, tracker, stop)
     finally:

@@ -165,7 +165,7 @@ def _command(console: Console, command: str) -> None:
     console.print(f"  {command}", soft_wrap=True, highlight=False, markup=False)
 
 
-class _Stopped(Exception):
+class _Stopped(BaseException):  # like KeyboardInterrupt: no `except Exception` on the way swallows it
     """SIGTERM or SIGHUP (a closed terminal) reached the demo: stop the swarm as Ctrl-C does."""
 
 

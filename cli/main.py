@@ -348,9 +348,9 @@ def bootstrap(
                        "hetero-node-learner)\" for a learner whose --workdir is hetero-node-learner (the default)")
         if addr_file:
             addr_file.write_text("\n".join(maddrs) + "\n")
-        from .roles import reachability_check
+        from .roles import reachability_check, tcp_port
 
-        reachability_check(port, public_ip)
+        reachability_check(port or tcp_port(maddrs), public_ip)  # port 0: the one picked for us
 
     run_bootstrap(str(identity), net, swarm, stop, ready, list(trusted_learner), model)
 
@@ -400,16 +400,16 @@ def join(
                    announce=announce_maddr)})
     if role is None and (config is None or "role" not in _toml_keys(config)):
         raise UserError("join needs a role", "add --role sampler or --role learner (or role = ... in --config)")
+    if not cfg.network.initial_peers:  # alone, a node would wait forever for peers that cannot find it
+        raise UserError("join needs the address of the swarm's bootstrap peer",
+                        "pass --initial-peers /ip4/.../tcp/.../p2p/... as the coordinator's bootstrap prints it "
+                        "(or try `hetero-node demo`, a whole swarm on this machine)")
     # one process per workdir (held until exit); torchrun's ranks > 0 run under rank 0's
     claim = claim_dir(cfg.workdir, "--workdir", "join") if os.environ.get("RANK", "0") == "0" else None
     from node.models import resolve_model_path
 
     from node.device import resolve
 
-    if not cfg.network.initial_peers:  # alone, a node would wait forever for peers that cannot find it
-        raise UserError("join needs the address of the swarm's bootstrap peer",
-                        "pass --initial-peers /ip4/.../tcp/.../p2p/... as the coordinator's bootstrap prints it "
-                        "(or try `hetero-node demo`, a whole swarm on this machine)")
     resolve_model_path(cfg.model)  # a wrong model fails now, before the swarm is joined
     resolve(cfg.device, cfg.dtype)  # so does a GPU this machine does not have
     if cfg.nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:

@@ -33,6 +33,7 @@ def writable_dir(path: str | Path, flag: str) -> Path:
 def writable_file(path: str | Path, flag: str) -> Path:
     """`path` as a file this process can create or append to, in a folder it can write or create."""
     path = Path(path)
+    _stat(path, flag)
     if path.is_dir():
         raise UserError(f"{flag} {path} is a folder, not a file", f"pass a file path to {flag}")
     _check_dir(path.parent, flag, path)
@@ -45,6 +46,8 @@ def _check_dir(folder: Path, flag: str, shown: Path) -> None:
     """`folder` exists and takes a new file, or its nearest existing ancestor does (so it can be made).
     A probe file, not os.access: root passes os.access on a read-only mount or on /proc."""
     fix = f"pass a {flag} path in a folder you can write"
+    for p in (folder, *folder.parents):
+        _stat(p, flag)
     existing = next(p for p in (folder.absolute(), *folder.absolute().parents) if p.exists())
     if not existing.is_dir():
         raise UserError(f"cannot write {flag} {shown}: {existing} is a file, not a folder", fix)
@@ -54,6 +57,14 @@ def _check_dir(folder: Path, flag: str, shown: Path) -> None:
     except OSError as e:
         raise UserError(f"cannot write {flag} {shown}: cannot create files in {existing} ({e.strerror or e})",
                         fix) from None
+
+
+def _stat(path: Path, flag: str) -> None:
+    """A path we may not even look at (EACCES on a parent: exists() and is_dir() would raise)."""
+    try:
+        path.exists()
+    except OSError as e:
+        raise UserError(f"cannot write {flag} {path}: {e.strerror or e}", f"pass a {flag} path you can write") from None
 
 
 def claim_dir(path: str | Path, flag: str, command: str) -> IO[str] | None:

@@ -156,9 +156,13 @@ def _start_node(cfg: JoinConfig) -> SwarmNode:
     node = SwarmNode(identity, cfg.network, cfg.swarm)
     log.info("%s %s joined swarm %r; listening on %s", cfg.role, node.peer_id, cfg.swarm, " ".join(node.maddrs()))
     if cfg.network.public_ip:  # now that we listen (on the port we were given, or the one picked for us)
-        picked = next((int(m.split("/tcp/")[1].split("/")[0]) for m in node.maddrs() if "/tcp/" in m), 0)
-        reachability_check(cfg.network.port or picked, cfg.network.public_ip)
+        reachability_check(cfg.network.port or tcp_port(node.maddrs()), cfg.network.public_ip)
     return node
+
+
+def tcp_port(maddrs: list[str]) -> int:
+    """The TCP port of the first of `maddrs` that has one (0 if none)."""
+    return next((int(m.split("/tcp/")[1].split("/")[0]) for m in maddrs if "/tcp/" in m), 0)
 
 
 def reachability_check(port: int, public_ip: str | None) -> None:

@@ -453,15 +453,21 @@ class Learner:
         self.buffer = keep
 
     def ready(self) -> bool:
-        """Whether a full step can be taken within the foreign and unaudited shares, or a short one of
-        those shares alone when `groups_per_step` groups wait and none is checked work: capped groups
-        must not stall training, nor the unproven keys' shared budget that they count against."""
+        """Whether a full step can be taken within the foreign and unaudited shares; or a short one,
+        of what the shares allow, when `groups_per_step` groups wait and waiting cannot fill a step:
+        none of them is checked work, or unproven keys' groups fill their shared budget (the swarm's
+        receiver takes no more from any new key until some are trained on: waiting would stall)."""
         self._drop_stale_buffered()
         n = self.cfg.groups_per_step
         if len(self.buffer) < n:
             return False
         picked = len(self._pick())
-        return picked >= n or (picked > 0 and all(self._kind(b) != "checked" for b in self.buffer))
+        if picked >= n or picked == 0:
+            return picked >= n
+        if all(self._kind(b) != "checked" for b in self.buffer):
+            return True
+        unproven = sum(not self.is_proven(b.sampler) for b in self.buffer)
+        return unproven >= max(self.cfg.unproven_quota, n)
 
     def _kind(self, b: BufferedGroup) -> str:
         """'foreign' (never audited), 'unaudited' (a version we cannot rebuild, from a sampler not yet

@@ -156,10 +156,10 @@ class RolloutReceiver:
             return self._unread_bytes[sampler]
 
     def _note(self, sampler: str, nbytes: int) -> None:
-        with self._lock:
-            self._unread.append((sampler, nbytes))
-            self._unread_n[sampler] += 1
-            self._unread_bytes[sampler] += nbytes
+        """Count one record as unread; the caller holds `_lock` (with the append it belongs to)."""
+        self._unread.append((sampler, nbytes))
+        self._unread_n[sampler] += 1
+        self._unread_bytes[sampler] += nbytes
         self._senders.add(sampler)
 
     def _pool_usage(self) -> tuple[int, int]:
@@ -238,9 +238,12 @@ class RolloutReceiver:
             self.throttled.update(whys)
             log.debug("%s: %d items busy (%s)", short_id(remote), len(busy), dict(whys))
         if records:
-            self.journal.append(records)  # durable before we acknowledge
-            for r in records:
-                self._note(remote, len(r))
+            # durable before we acknowledge; counted with the append, atomically: `receive` (the
+            # learner's thread) must never read a record whose count is not there yet
+            with self._lock:
+                self.journal.append(records)
+                for r in records:
+                    self._note(remote, len(r))
         if not ok and (busy or rejected):
             await self._tarpit(remote, len(payload))
         return self._reply(remote, ok, rejected, busy, why=next(iter(whys), None))

@@ -289,6 +289,15 @@ def test_foreign_groups_fill_only_their_share_of_a_step_and_earn_no_credit(task,
     recs = []  # only foreign groups wait (a swarm of them, or the unproven budget full of them): short steps
     _trained_groups(only, recs)
     assert recs and all((r["groups_own"], r["groups_foreign"]) == (0, 1) for r in recs), recs
+    # the same wait, once unproven keys' groups fill their shared budget (4 here: h3 and f1-f3, neither
+    # key proven), would stall the swarm: no new sampler could send the checked work waited for
+    full, sampler = _pair(task, tmp_path / "full", groups_per_step=4, foreign_step_share=0.5, foreign_per_sampler=1,
+                          accept_models=("other/model",), unproven_quota=4)
+    full.ingest_many([g.encode() for g in sampler("honest").produce(4)])
+    full.ingest_many([_relabel(g, model_id="other/model", chain="", version=0) for g in sampler("other").produce(4)])
+    assert full.ready() and full.step()["groups_foreign"] == 1  # [h0, f0, h1, h2], as above
+    assert not full.is_proven("honest") and len(full.buffer) == 4
+    assert full.ready()  # a short step of h3 and f1: within the foreign share, and the budget drains
 
 
 def test_a_new_key_claiming_an_earlier_runs_chain_is_trained_only_within_the_unaudited_share(task, tmp_path):

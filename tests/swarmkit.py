@@ -3,6 +3,7 @@ test_leaderboard, test_vllm) and examples/bench_flood.py; and an attacker's forg
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -78,6 +79,21 @@ def start_bootstrap(s: Swarm, learners: tuple[str, ...] = ("learner",)) -> None:
     boot = s.start("bootstrap", ["bootstrap", "--port", "0", "--host", "127.0.0.1", "--no-nat",
                                  "--identity", str(s.base / "boot.key"), "--addr-file", str(s.base / "boot.addr"), *trusted])
     s.addr = wait_for_file(s.base / "boot.addr", 90, boot).decode().split()[0]
+
+
+@contextlib.contextmanager
+def honest_swarm(base: Path, learner_toml: str):
+    """A bootstrap, a learner (with `learner_toml`) and one honest sampler, "honest", run until
+    version 3 (its first groups audited: a proven sampler); every process reaped at the end."""
+    s = Swarm(base)
+    try:
+        start_bootstrap(s)
+        s.start_learner(learner_toml)
+        s.join("honest", "sampler", "--name", "honest")
+        s.wait_version(3, timeout=240)
+        yield s
+    finally:
+        s.stop_all()
 
 
 def peer_of(s: Swarm, name: str) -> str:

@@ -23,7 +23,7 @@ from swarm.identity import Identity
 from swarm.records import CompletionRecord
 from swarm.rollout_rpc import ROLLOUTS
 from swarm.weight_rpc import MANIFEST
-from swarmkit import Forger, Swarm, flood_rates, peer_of, start_bootstrap
+from swarmkit import Forger, flood_rates, honest_swarm, peer_of
 
 # a version every 2 steps: versions in between were never published, and a claim of one is refused
 LEARNER_TOML = ("[learner]\ncheckpoint_every = 10\neval_every = 0\nmax_staleness = 100000\n"
@@ -32,15 +32,8 @@ LEARNER_TOML = ("[learner]\ncheckpoint_every = 10\neval_every = 0\nmax_staleness
 
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory):
-    s = Swarm(tmp_path_factory.mktemp("adversary"))
-    try:
-        start_bootstrap(s)
-        s.start_learner(LEARNER_TOML)
-        s.join("honest", "sampler", "--name", "honest")
-        s.wait_version(3, timeout=240)
+    with honest_swarm(tmp_path_factory.mktemp("adversary"), LEARNER_TOML) as s:
         yield s
-    finally:
-        s.stop_all()
 
 
 @pytest.fixture(scope="module")

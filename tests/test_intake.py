@@ -10,7 +10,6 @@ learner process, and read the refusals back from its replies and its metrics.
 from __future__ import annotations
 
 import asyncio
-import collections
 import time
 import uuid
 
@@ -259,17 +258,10 @@ POOL_QUOTA, POOL_RATE = 16, 4.0
 
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory):
-    from swarmkit import Swarm, start_bootstrap
+    from swarmkit import honest_swarm
 
-    s = Swarm(tmp_path_factory.mktemp("intake"))
-    try:
-        start_bootstrap(s)
-        s.start_learner(LEARNER_TOML)
-        s.join("honest", "sampler", "--name", "honest")
-        s.wait_version(3, timeout=240)  # the honest sampler's first groups were audited: it is proven
+    with honest_swarm(tmp_path_factory.mktemp("intake"), LEARNER_TOML) as s:
         yield s
-    finally:
-        s.stop_all()
 
 
 @pytest.fixture(scope="module")

@@ -225,7 +225,7 @@ def test_a_mate_waits_for_a_version_it_is_about_to_fetch_not_for_older_ones(peer
     for version, chain in ((4, "run11"), (6, "other")):
         replies, t0 = [], time.monotonic()
         ask(version, chain)
-        assert replies == [b""] and time.monotonic() - t0 < 1.0
+        assert replies == [b""] and time.monotonic() - t0 < 2.0  # at once: well under the 3 s a waiting request takes
     replies, t0 = [], time.monotonic()
     arrive = threading.Timer(0.5, lambda: (s2.store.begin("run11", 6), s2.store.add_chunk("run11", 6, 0, b"six")))
     arrive.start()
@@ -237,7 +237,7 @@ def test_a_mate_waits_for_a_version_it_is_about_to_fetch_not_for_older_ones(peer
     # no waiting for any version a peer names: only the next one (6 is held in part, so 7)
     replies, t0 = [], time.monotonic()
     ask(9)
-    assert replies == [b""] and time.monotonic() - t0 < 1.0
+    assert replies == [b""] and time.monotonic() - t0 < 2.0  # at once: well under the 3 s a waiting request takes
     # one peer holds at most MAX_WAITING requests waiting; beyond that it is answered at once
     took = {}
 
@@ -250,12 +250,12 @@ def test_a_mate_waits_for_a_version_it_is_about_to_fetch_not_for_older_ones(peer
         t.start()
     for t in threads:
         t.join(20)
-    assert sum(t > 2.9 for t in took.values()) == s2.store.MAX_WAITING and min(took.values()) < 1.0
+    assert sum(t > 2.9 for t in took.values()) == s2.store.MAX_WAITING and min(took.values()) < 2.0
     # the learner publishes, it never fetches: a request for its next version is answered at once
     lx.publish(WeightVersion(BUILTIN_MODEL, "run11", 0, None, b"zero"))
     replies, t0 = [], time.monotonic()
     s1.node.call_stream(s1.learner(), "hetero.chunks.v1", msgpack.packb(["run11", 1, [0], 3.0]), 10, replies.append)
-    assert replies == [b""] and time.monotonic() - t0 < 1.0
+    assert replies == [b""] and time.monotonic() - t0 < 2.0  # at once: well under the 3 s a waiting request takes
 
 
 @pytest.mark.integration

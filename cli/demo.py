@@ -183,17 +183,12 @@ def _stop_on_signals() -> None:
 
 def _force_on_signals() -> None:
     """While the swarm is being stopped, another Ctrl-C or signal kills it at once."""
-    import os
     import signal
 
-    def force(signum, frame):
-        from .procs import kill_descendants
+    from .procs import STOP_SIGNALS, force_exit
 
-        kill_descendants()
-        os._exit(128 + signum)
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, force)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, force_exit)
 
 
 def run_demo(steps: int, n_samplers: int, workdir: Path | None, timeout: float) -> int:

@@ -237,16 +237,15 @@ def _stop_on_signals():
 
     stop = threading.Event()
 
+    from .procs import STOP_SIGNALS, force_exit
+
     def handler(signum, frame):
         if stop.is_set():
-            from .procs import kill_descendants
-
-            kill_descendants()  # forced: take our DHT process and p2pd down with us
-            os._exit(130)
+            force_exit(signum)  # forced: take our DHT process and p2pd down with us
         logging.getLogger("hetero-node").info("stopping (signal %d); again to force", signum)
         stop.set()
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the terminal was closed
+    for sig in STOP_SIGNALS:
         signal.signal(sig, handler)
     return stop
 

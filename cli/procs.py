@@ -82,6 +82,17 @@ def kill_descendants(pid: int | None = None) -> None:
             pass
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""Ctrl-C, kill, and a closed terminal: every command stops on each."""
+
+
+def force_exit(signum: int, frame=None) -> None:
+    """A signal handler for the second stop signal: kill everything this process started (its DHT
+    process and p2pd, or a demo's swarm) and exit at once, 128 + the signal as a shell reports it."""
+    kill_descendants()
+    os._exit(128 + signum)
+
+
 def die_with_parent() -> Callable[[], None]:
     """A Popen preexec_fn: the child gets SIGTERM when its parent (this process) dies (Linux).
 

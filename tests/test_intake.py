@@ -385,4 +385,5 @@ def test_a_flood_of_fresh_keys_is_held_to_the_pool(swarm, sybils, capsys):
               f"honest sampler {base:.2f} -> {during:.2f} groups/s trained on")
     opened = counts["ok"] + counts["rejected"] - counts["reasons"]["refused_sampler"]  # as in checked()
     assert opened <= POOL_QUOTA + POOL_RATE * elapsed, (counts, elapsed)
+    assert during > 0, "the honest, proven sampler was starved by the fresh keys"  # its own budget, not the pool's
     assert sum(n for why, n in counts["why"].items() if why.startswith("unproven_")) >= 1, counts

@@ -162,25 +162,32 @@ class RolloutReceiver:
         self._unread_bytes[sampler] += nbytes
         self._senders.add(sampler)
 
-    def _pool_usage(self) -> tuple[int, int]:
-        """(groups not yet trained on, journal bytes not yet read) of all unproven samplers together."""
+    def _pool_usage(self) -> tuple[int, int, set[str]]:
+        """(groups not yet trained on, journal bytes not yet read, the keys holding them) of all
+        unproven samplers together."""
         groups = nbytes = 0
+        holders = set()
         for peer in list(self._senders):
             n = self.backlog(peer)
             if n == 0:
                 self._senders.discard(peer)
             elif not self._is_proven(peer):
                 groups, nbytes = groups + n, nbytes + self.unread_bytes(peer)
-        return groups, nbytes
+                holders.add(peer)
+        return groups, nbytes, holders
 
     def _rooms(self, remote: str, proven: bool) -> list[_Room]:
         """What `remote` may still add: its own bounds, then, unproven, the pool's."""
-        rooms = [_Room("quota", self.cfg.quota, self.backlog(remote), per_record=True),
-                 _Room("journal_bytes", self.cfg.journal_bytes, self.unread_bytes(remote))]
+        mine, mine_bytes = self.backlog(remote), self.unread_bytes(remote)
+        rooms = [_Room("quota", self.cfg.quota, mine, per_record=True),
+                 _Room("journal_bytes", self.cfg.journal_bytes, mine_bytes)]
         if not proven:
-            groups, nbytes = self._pool_usage()
-            rooms += [_Room("unproven_quota", self.cfg.unproven_quota, groups, per_record=True),
-                      _Room("unproven_journal_bytes", self.cfg.unproven_journal_bytes, nbytes)]
+            groups, nbytes, holders = self._pool_usage()
+            k = len(holders | {remote})
+            rooms += [_Room("unproven_quota", pool_bound(self.cfg.unproven_quota, groups, mine, k),
+                            groups, per_record=True),
+                      _Room("unproven_journal_bytes", pool_bound(self.cfg.unproven_journal_bytes, nbytes, mine_bytes, k),
+                            nbytes)]
         return rooms
 
     def _door(self, remote: str, proven: bool, rooms: list[_Room]) -> str | None:
@@ -336,6 +343,17 @@ class RolloutReceiver:
                         _decrement(self._unread_bytes, sampler, nbytes)
                 return out
             time.sleep(0.05)
+
+
+def pool_bound(cap: int, used: int, mine: int, keys: int) -> int:
+    """The unproven pool's bound as one key sees it: the pool's `cap`, or more while the key holds
+    less than its fair share, cap // keys (keys: the unproven keys holding something, it included).
+
+    A key that can never be proven (a foreign model's sampler: its groups are never audited) or a
+    fast one would otherwise keep the pool full and starve every new key; with the fair share a
+    new key always gets in at once while keys <= cap. The pool's use stays <= 2 x cap: each key
+    can push it past `cap` only up to its own share, and the shares sum to <= cap."""
+    return max(cap, used + max(0, cap // keys - mine))
 
 
 def unpack_batch(payload: bytes) -> list:

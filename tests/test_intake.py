@@ -20,7 +20,8 @@ from swarm.envelope import seal
 from swarm.identity import Identity
 from swarm.journal import Journal
 from swarm.records import CompletionRecord, RolloutGroup
-from swarm.rollout_rpc import MAX_BATCH, ROLLOUTS, ReceiverConfig, RolloutReceiver, TokenBuckets, _Room, unpack_batch
+from swarm.rollout_rpc import (MAX_BATCH, ROLLOUTS, ReceiverConfig, RolloutReceiver, TokenBuckets, _Room, pool_bound,
+                               unpack_batch)
 
 
 class Clock:
@@ -75,6 +76,15 @@ def test_a_room_takes_one_record_when_empty_and_then_what_fits():
     assert quota.fits(10**6)  # counts records, not bytes
     quota.add(10**6)
     assert quota.used == 3 and not quota.fits(1)
+
+
+def test_the_pool_bound_lets_a_key_below_its_fair_share_in_and_no_further():
+    assert pool_bound(cap=32, used=10, mine=0, keys=2) == 32  # room in the pool: its cap
+    assert pool_bound(cap=32, used=32, mine=32, keys=1) == 32  # one key at the cap: nothing more
+    assert pool_bound(cap=32, used=32, mine=0, keys=2) == 48  # full of another key's: this one's share, 16
+    assert pool_bound(cap=32, used=40, mine=6, keys=3) == 44  # share 10, holds 6: 4 more
+    assert pool_bound(cap=32, used=40, mine=12, keys=3) == 40  # over its share
+    assert pool_bound(cap=4, used=4, mine=0, keys=5) == 4  # more keys than the cap: shares round down to 0
 
 
 @pytest.mark.parametrize("payload,reason", [
@@ -203,6 +213,18 @@ def test_unproven_keys_share_one_pool_and_proven_keys_keep_their_own(tmp_path, k
     assert len(reply["ok"]) == 10, reply
     intake.proven.add(keys[2].peer_id)  # proven now (its first audits passed): the pool is no longer its limit
     assert len(intake.send(keys[2], [make_item(keys[2]) for _ in range(5)])["ok"]) == 5
+
+
+def test_a_key_that_fills_the_pool_cannot_keep_a_new_key_out(tmp_path, keys):
+    # a foreign model's sampler is never audited, so never proven: it must not hold the pool for good
+    intake = Intake(tmp_path, unproven_quota=8)
+    assert len(intake.send(keys[1], [make_item(keys[1]) for _ in range(10)])["ok"]) == 8  # alone: the whole pool
+    assert intake.send(keys[1], [make_item(keys[1])])["why"] == "unproven_quota"
+    intake.clock.t += 10  # the pool's checks per second are back: only the groups held bound it now
+    assert len(intake.send(keys[2], [make_item(keys[2]) for _ in range(10)])["ok"]) == 4  # its fair share, 8 // 2
+    reply = intake.send(keys[3], [make_item(keys[3]) for _ in range(10)])
+    assert len(reply["ok"]) == 2 and reply["why"] == "unproven_quota"  # 8 // 3; the pool holds 14 <= 2 x 8
+    assert intake.send(keys[2], [make_item(keys[2])])["why"] == "unproven_quota"  # at its share: waits
 
 
 def test_undecodable_bytes_from_one_fresh_key_cost_the_pool_not_the_proven(tmp_path, keys):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from .checkable import BASE_NONCE, audit_tokens, uniforms
+from .checkable import BASE_NONCE, miss_distances, uniforms, within_tolerance
 from .engines.base import SamplingParams
 from .logprobs import completion_logits, logprobs_from_logits, pack
 from .weight_codec import EncodedVersion, Layout, apply_version, make_view
@@ -119,10 +119,12 @@ class AuditItem:
 
 
 @torch.no_grad()
-def audit_groups(model: torch.nn.Module, items: list[AuditItem], params: SamplingParams, pad_id: int,
-                 tol: float) -> list[AuditResult]:
-    """Check that each completion's tokens are those its seed selects under `model` (the weights
-    of the version the groups claim): one forward pass over all the groups' rows."""
+def audit_distances(model: torch.nn.Module, items: list[AuditItem], params: SamplingParams,
+                    pad_id: int) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
+    """Per group: every completion position's miss distance and boundary room (d, m of
+    node/checkable.miss_distances, float64 on the CPU, rows in order) under `model` (the weights of
+    the version the groups claim), and the mean |claimed - recomputed| behaviour log-prob per
+    completion. One forward pass for all groups."""
     rows = [(it.prompt_ids, toks, claimed, seed) for it in items for (toks, claimed), seed in zip(it.completions, it.seeds)]
     device = next(model.parameters()).device
     batch = pack([r[0] for r in rows], [r[1] for r in rows], pad_id).to(device)
@@ -130,29 +132,41 @@ def audit_groups(model: torch.nn.Module, items: list[AuditItem], params: Samplin
     tokens = torch.tensor([t for r in rows for t in r[1]], dtype=torch.long, device=device)
     us = torch.tensor([u for r in rows for u in uniforms(r[3], len(r[1]))], dtype=torch.float64, device=device)
     claimed = torch.tensor([c for r in rows for c in r[2]], dtype=torch.float32, device=device)
-    ok, mine = torch.ones_like(tokens, dtype=torch.bool), torch.zeros_like(claimed)
+    dist, room, mine = torch.zeros_like(us), torch.zeros_like(us), torch.zeros_like(claimed)
     for sl, logits in completion_logits(model, batch):  # whole distributions, chunk by chunk
-        ok[sl] = audit_tokens(logits, tokens[sl], us[sl], params.temperature, params.top_k, params.top_p, tol)
+        dist[sl], room[sl] = miss_distances(logits, tokens[sl], us[sl], params.temperature, params.top_k, params.top_p)
         mine[sl] = logprobs_from_logits(logits, tokens[sl], params.logprob_temperature)
     lengths = torch.tensor([len(r[1]) for r in rows], device=device)
     row_of = torch.repeat_interleave(torch.arange(len(rows), device=device), lengths)
-    failed = torch.zeros(len(rows), device=device).index_add_(0, row_of, (~ok).float())
     gap = torch.zeros(len(rows), device=device).index_add_(0, row_of, (mine - claimed).abs()) / lengths.clamp(min=1)
-    failed, gap = failed.long().tolist(), gap.tolist()  # one transfer for the whole audit
-    results, row = [], 0
+    dist, room, gap = dist.cpu(), room.cpu(), gap.tolist()  # one transfer for the whole audit
+    out, row, pos = [], 0, 0
     for it in items:
         n = len(it.completions)
-        bad = sum(failed[row : row + n])
-        results.append(AuditResult(bad == 0, sum(len(r[1]) for r in rows[row : row + n]), bad,
-                                   sum(gap[row : row + n]) / max(n, 1)))
-        row += n
+        size = int(lengths[row : row + n].sum())
+        out.append((dist[pos : pos + size], room[pos : pos + size], sum(gap[row : row + n]) / max(n, 1)))
+        row, pos = row + n, pos + size
+    return out
+
+
+def audit_groups(model: torch.nn.Module, items: list[AuditItem], params: SamplingParams, pad_id: int,
+                 tol: float, rel_tol: float = 0.0) -> list[AuditResult]:
+    """Check that each completion's tokens are those its seed selects under `model` (the weights
+    of the version the groups claim): one forward pass over all the groups' rows. A token passes
+    if u_t misses its interval by d <= tol + rel_tol * m (node/checkable.miss_distances: m is the
+    room another engine's rounding has at that boundary, so rel_tol bounds that engine's logit
+    error range over T)."""
+    results = []
+    for dist, room, gap in audit_distances(model, items, params, pad_id):
+        bad = int((~within_tolerance(dist, room, tol, rel_tol)).sum())
+        results.append(AuditResult(bad == 0, len(dist), bad, gap))
     return results
 
 
 def audit_group(model: torch.nn.Module, prompt_ids: list[int], completions: list[tuple[list[int], list[float]]],
-                seeds: list[bytes], params: SamplingParams, pad_id: int, tol: float) -> AuditResult:
+                seeds: list[bytes], params: SamplingParams, pad_id: int, tol: float, rel_tol: float = 0.0) -> AuditResult:
     """`audit_groups` for one group."""
-    return audit_groups(model, [AuditItem(prompt_ids, completions, seeds)], params, pad_id, tol)[0]
+    return audit_groups(model, [AuditItem(prompt_ids, completions, seeds)], params, pad_id, tol, rel_tol)[0]
 
 
 class RefusalList:

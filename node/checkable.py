@@ -89,19 +89,48 @@ def pick_tokens(logits: torch.Tensor, us: torch.Tensor, temperature: float, top_
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=logits.shape[-1] - 1)
 
 
+def miss_distances(logits: torch.Tensor, tokens: torch.Tensor, us: torch.Tensor, temperature: float,
+                   top_k: int = 0, top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """How far each position's uniform lies outside its token's interval, and the room an engine's
+    rounding has at that boundary: logits [N, V] (the auditor's, at the claimed version), tokens
+    [N], us [N] -> (d, m), float64 [N] each.
+
+    d = 0 where u_t lies in [C_{k-1}, C_k), else the distance (CDF units) to the nearer boundary B;
+    inf for a filtered-out token (pi = 0). m = min(B, 1 - B) at that boundary. Why m: another
+    engine computes logits z + e (bfloat16, other kernels); to first order its CDF moves by
+        dC_k = sum_{i <= k} pi_i (e_i - ebar) / T = -sum_{i > k} pi_i (e_i - ebar) / T,  ebar = sum_j pi_j e_j
+    so |dC_k| <= min(C_k, 1 - C_k) * range(e) / T. An honest sampler misses only where u_t falls
+    between its boundary and ours, so d <= m * range(e) / T; a chosen token misses by the mass
+    between u_t and its interval, which near a confident token's boundary (m small) is far more.
+    Greedy (T = 0): d is how far the token's logit is below the top one (in logits), m = 1."""
+    tokens = tokens.to(logits.device)
+    if temperature == 0:
+        top = logits.double().max(-1).values
+        d = (top - logits.double().gather(-1, tokens[:, None]).squeeze(-1)).clamp(min=0)
+        return d, torch.ones_like(d)
+    p = sampling_probs(logits, temperature, top_k, top_p)
+    p = p / p.sum(-1, keepdim=True)
+    cdf = p.cumsum(-1)
+    hi = cdf.gather(-1, tokens[:, None]).squeeze(-1)
+    p_tok = p.gather(-1, tokens[:, None]).squeeze(-1)
+    lo = hi - p_tok
+    u = us.to(cdf.device, torch.float64)
+    d = torch.maximum(lo - u, u - hi).clamp(min=0)  # u == hi is outside [lo, hi) by 0: see audit_tokens
+    boundary = torch.where(u < lo, lo, hi)
+    m = torch.minimum(boundary, 1 - boundary).clamp(min=0)
+    return torch.where(p_tok > 0, d, torch.inf), m
+
+
+def within_tolerance(d: torch.Tensor, m: torch.Tensor, tol: float, rel_tol: float = 0.0) -> torch.Tensor:
+    """The audit's rule per position: d <= tol + rel_tol * m (d, m of `miss_distances`). `tol`
+    absorbs float32 engines' differences (~1e-6); `rel_tol` bounds another engine's logit error
+    range over T (bfloat16: examples/bench_bf16_audit.py)."""
+    return d <= tol + rel_tol * m
+
+
 def audit_tokens(logits: torch.Tensor, tokens: torch.Tensor, us: torch.Tensor, temperature: float,
                  top_k: int = 0, top_p: float = 1.0, tol: float = 1e-3) -> torch.Tensor:
     """Which positions hold a token the randomness selects: logits [N, V] (the auditor's, at the
     claimed version), tokens [N], us [N] -> bool [N]. An interval [C_{k-1}, C_k) of token k is
     widened by `tol` on both sides; a filtered-out token (pi = 0) never passes."""
-    tokens = tokens.to(logits.device)
-    if temperature == 0:
-        top = logits.float().max(-1).values
-        return logits.float().gather(-1, tokens[:, None]).squeeze(-1) >= top - tol
-    p = sampling_probs(logits, temperature, top_k, top_p)
-    cdf = p.cumsum(-1)
-    hi = cdf.gather(-1, tokens[:, None]).squeeze(-1) / cdf[:, -1]
-    p_tok = p.gather(-1, tokens[:, None]).squeeze(-1) / cdf[:, -1]
-    lo = hi - p_tok
-    u = us.to(cdf.device, torch.float64)
-    return (p_tok > 0) & (u >= lo - tol) & (u < hi + tol)
+    return within_tolerance(miss_distances(logits, tokens, us, temperature, top_k, top_p)[0], 0.0, tol)

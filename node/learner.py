@@ -134,7 +134,15 @@ class LearnerConfig:
     audit_rate: float = 0.1
     """...and the share of its groups audited after those, chosen at random by the learner."""
     audit_tolerance: float = 1e-3
-    """Slack in CDF units around each token's interval for engine numerics (node/checkable.py)."""
+    """Slack in CDF units around each token's interval for engine numerics (node/checkable.py)..."""
+    audit_rel_tolerance: float = 0.0
+    """...plus this much times the boundary's room m = min(C, 1 - C): an engine whose logits differ
+    from ours by at most e moves a boundary by <= m * range(e) / T (node/checkable.miss_distances).
+    0 audits float32 samplers tightly. Honest bfloat16 samplers need about 0.25-0.5 (they miss by
+    up to d/m = 0.05 on the built-in model, 0.25 on a deeper one), and every bit of it is room an
+    attacker who computes u_t can use: at 0.25 a completion swapped for the right answer passes
+    16% of audits instead of 0.3% (examples/bench_bf16_audit.py, examples/bench_audit.py;
+    docs/DESIGN.md, "Trust"). So bfloat16 samplers stay opt-in."""
     audit_logprob_gap: float = 0.25
     """An audited group also fails if its claimed log-probs are further than this (mean |gap| per
     token) from ours at the very version it claims: honest engines are within 1e-5 in float32."""
@@ -162,9 +170,9 @@ class LearnerConfig:
         if self.max_staleness < 0 or self.groups_per_step < 1 or self.eval_every < 0 or self.eval_size < 1:
             raise ValueError("learner: need max_staleness >= 0, groups_per_step >= 1, eval_every >= 0, eval_size >= 1")
         if not self.max_logprob_gap > 0 or not self.audit_logprob_gap > 0 or self.audit_first < 0 or not 0 <= self.audit_rate <= 1 \
-                or not 0 <= self.audit_tolerance < 1:
+                or not 0 <= self.audit_tolerance < 1 or not 0 <= self.audit_rel_tolerance < 1:
             raise ValueError("learner: need max_logprob_gap > 0, audit_first >= 0, 0 <= audit_rate <= 1, "
-                             "0 <= audit_tolerance < 1")
+                             "0 <= audit_tolerance < 1, 0 <= audit_rel_tolerance < 1")
         if self.quota_per_sampler < 1 or self.rate_per_sampler <= 0 or self.unproven_quota < 1 \
                 or min(self.unproven_rate, self.byte_rate_per_sampler, self.unproven_byte_rate) <= 0:
             raise ValueError("learner: quota_per_sampler and unproven_quota must be >= 1, rate_per_sampler, "
@@ -624,7 +632,7 @@ class Learner:
         items = [AuditItem(b.group.prompt_ids, [(c.token_ids, c.logprobs) for c in b.group.completions],
                            group_seeds(nonce, b.group.problem_id, b.sampler, len(b.group.completions))) for b in groups]
         results = audit_groups(self._audit_model, items, self.sampling.params, self.tok.pad_token_id,
-                               self.cfg.audit_tolerance)
+                               self.cfg.audit_tolerance, self.cfg.audit_rel_tolerance)
         st["time_s"] += time.perf_counter() - t0
         return [self._verdict(b, r) for b, r in zip(groups, results)]
 

@@ -109,13 +109,12 @@ def miss_distances(logits: torch.Tensor, tokens: torch.Tensor, us: torch.Tensor,
         d = (top - logits.double().gather(-1, tokens[:, None]).squeeze(-1)).clamp(min=0)
         return d, torch.ones_like(d)
     p = sampling_probs(logits, temperature, top_k, top_p)
-    p = p / p.sum(-1, keepdim=True)
-    cdf = p.cumsum(-1)
-    hi = cdf.gather(-1, tokens[:, None]).squeeze(-1)
-    p_tok = p.gather(-1, tokens[:, None]).squeeze(-1)
+    cdf = p.cumsum(-1)  # [N, V] float64: no further full-vocabulary temporaries (chunks are sized for one)
+    hi = cdf.gather(-1, tokens[:, None]).squeeze(-1) / cdf[:, -1]
+    p_tok = p.gather(-1, tokens[:, None]).squeeze(-1) / cdf[:, -1]
     lo = hi - p_tok
     u = us.to(cdf.device, torch.float64)
-    d = torch.maximum(lo - u, u - hi).clamp(min=0)  # u == hi is outside [lo, hi) by 0: see audit_tokens
+    d = torch.maximum(lo - u, u - hi).clamp(min=0)  # u == hi (measure zero) counts as inside
     boundary = torch.where(u < lo, lo, hi)
     m = torch.minimum(boundary, 1 - boundary).clamp(min=0)
     return torch.where(p_tok > 0, d, torch.inf), m

@@ -74,7 +74,7 @@ def test_the_relative_tolerance_scales_with_the_room_at_the_boundary():
     # the same miss near the CDF's end (u = 0.05 for token 1: boundary 0.2, room 0.2) needs more
     d, m = miss_distances(LOGITS, torch.tensor([1]), torch.tensor([0.05], dtype=torch.float64), 1.0)
     assert (d.item(), m.item()) == pytest.approx((0.15, 0.2))
-    assert not within_tolerance(d, m, tol=1e-3, rel_tol=0.5).item() and within_tolerance(d, m, 0.0, 0.75).item()
+    assert not within_tolerance(d, m, tol=1e-3, rel_tol=0.5).item() and within_tolerance(d, m, 0.0, 0.8).item()
 
 
 @pytest.mark.parametrize("seed", range(5))

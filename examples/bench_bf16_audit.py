@@ -122,15 +122,14 @@ def one_edit(model, prompt: list[int], comp: tuple[list[int], list[float]], pad:
     whose interval lies next to the sampled one's, the hardest to tell by CDF distance)."""
     toks, lps = list(comp[0]), list(comp[1])
     t = rng.randrange(len(toks))
-    batch = pack([prompt], [toks], pad)
-    logits = next(iter(completion_logits(model, batch)))[1]  # [positions, V] (short here: one chunk)
-    row = logits[t]
     if how == "likely":
-        row = row.clone()
+        *_, (_, logits) = completion_logits(model, pack([prompt], [toks[: t + 1]], pad))  # position t is the last
+        row = logits[-1].clone()
         row[toks[t]] = -torch.inf
         new = int(row.argmax())
     else:
-        new = toks[t] + 1 if toks[t] + 1 < row.shape[0] else toks[t] - 1
+        vocab = model.get_output_embeddings().out_features
+        new = toks[t] + 1 if toks[t] + 1 < vocab else toks[t] - 1
     toks[t] = new
     return toks[: t + 1], lps[: t + 1]  # the completion ends at the edit (what follows would be re-drawn)
 

@@ -136,14 +136,15 @@ def audit_distances(model: torch.nn.Module, items: list[AuditItem], params: Samp
     for sl, logits in completion_logits(model, batch):  # whole distributions, chunk by chunk
         dist[sl], room[sl] = miss_distances(logits, tokens[sl], us[sl], params.temperature, params.top_k, params.top_p)
         mine[sl] = logprobs_from_logits(logits, tokens[sl], params.logprob_temperature)
-    lengths = torch.tensor([len(r[1]) for r in rows], device=device)
+    sizes = [len(r[1]) for r in rows]
+    lengths = torch.tensor(sizes, device=device)
     row_of = torch.repeat_interleave(torch.arange(len(rows), device=device), lengths)
     gap = torch.zeros(len(rows), device=device).index_add_(0, row_of, (mine - claimed).abs()) / lengths.clamp(min=1)
     dist, room, gap = dist.cpu(), room.cpu(), gap.tolist()  # one transfer for the whole audit
     out, row, pos = [], 0, 0
     for it in items:
         n = len(it.completions)
-        size = int(lengths[row : row + n].sum())
+        size = sum(sizes[row : row + n])  # host-side: no device sync per group
         out.append((dist[pos : pos + size], room[pos : pos + size], sum(gap[row : row + n]) / max(n, 1)))
         row, pos = row + n, pos + size
     return out

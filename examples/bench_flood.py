@@ -44,7 +44,8 @@ def attack(learner: str, maddrs: str, keys: int, seconds: float, nice: int, garb
     from sybils import Sybils, batches_of
 
     os.nice(nice)
-    sybils = Sybils(keys, maddrs.split(","), Path(tempfile.mkdtemp()))
+    # garbage is sent eagerly, without waiting for the door: the worst a flooder can do
+    sybils = Sybils(keys, maddrs.split(","), Path(tempfile.mkdtemp()), eager=bool(garbage_mib))
     if garbage_mib:  # bytes msgpack cannot read, behind a list header that promises 3 items
         batches = {i: [b"\x93" + bytes(range(256)) * int(garbage_mib * 4096)] for i in range(keys)}
     else:  # valid-looking groups, signed once; at least a quota's worth per call
@@ -65,7 +66,7 @@ def flood(s: Swarm, args: argparse.Namespace, nice: int) -> tuple[dict, float, f
     maddrs = ",".join(learner_maddrs(s.status(), learner))
     proc = subprocess.Popen([sys.executable, __file__, "--attack", learner, maddrs, "--keys", str(args.keys),
                              "--seconds", str(args.seconds), "--nice", str(nice), "--garbage", str(args.garbage),
-                             "--concurrency", str(args.concurrency)], stdout=subprocess.PIPE, text=True)
+                             "--concurrency", str(args.concurrency)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL if args.garbage else None, text=True)
     try:
         while proc.stdout.readline().strip() != "ready":
             if proc.poll() is not None:
@@ -81,6 +82,25 @@ def flood(s: Swarm, args: argparse.Namespace, nice: int) -> tuple[dict, float, f
 def learner_memory_mb(s: Swarm) -> float:
     status = Path(f"/proc/{s.nodes['learner'].popen.pid}/status").read_text()
     return int(status.split("VmRSS:")[1].split()[0]) / 1024
+
+
+def read_mib(s: Swarm) -> dict[str, float]:
+    """MiB read so far (`rchar`: sockets and files) by the learner's processes, by name: the learner
+    itself (payloads from its p2pd, its journal) and its p2pd (every byte from the network)."""
+    out: dict[str, float] = {}
+    todo = [s.nodes["learner"].popen.pid]
+    while todo:
+        pid = todo.pop()
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+            rchar = int(Path(f"/proc/{pid}/io").read_text().split("rchar:")[1].split()[0])
+            todo += [int(c) for t in Path(f"/proc/{pid}/task").iterdir()
+                     for c in (t / "children").read_text().split()]
+        except (OSError, IndexError):  # gone meanwhile
+            continue
+        key = "p2pd" if "p2pd" in name else "learner" if pid == s.nodes["learner"].popen.pid else "other"
+        out[key] = out.get(key, 0.0) + rchar / 2**20
+    return out
 
 
 def main() -> None:
@@ -112,7 +132,9 @@ def main() -> None:
             t0 = s.metrics()[-1]["time_s"]
             time.sleep(args.seconds)
             t_end_base, rss_before = s.metrics()[-1]["time_s"], learner_memory_mb(s)
+            read0 = read_mib(s)
             counts, t1, t2 = flood(s, args, nice)
+            read = {k: v - read0.get(k, 0.0) for k, v in read_mib(s).items()}
             base, _ = flood_rates(s.metrics(), honest, t0, t_end_base, t_end_base)
             _, during = flood_rates(s.metrics(), honest, t1, t1, t2)
             journal = (s.base / "learner" / "journal.bin").stat().st_size / 2**20
@@ -121,6 +143,8 @@ def main() -> None:
                   f"{counts['ok']:>9} {counts['busy']:>9} {counts['rejected']:>8} {rss_before:>17.0f} -> "
                   f"{learner_memory_mb(s):>5.0f} MB "
                   f"{journal:>6.2f} MB")
+            print(f"{'':<26} read by the learner's p2pd {read.get('p2pd', 0):.0f} MiB, by the learner "
+                  f"{read.get('learner', 0):.0f} MiB (sockets and files, flood and honest traffic, {t2 - t1:.0f} s)")
             print(f"{'':<26} flood: {counts['calls']} calls, {counts['bytes'] / 2**20:.0f} MiB; busy by bound "
                   f"{counts['why']}; refused {counts['reasons']}; batch errors {counts['error']}")
     finally:

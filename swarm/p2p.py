@@ -9,6 +9,7 @@ at 4 MiB by hivemind, so callers keep messages under `MAX_MESSAGE`.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import queue
 import threading
@@ -34,8 +35,25 @@ Handler = Callable[[bytes, str], Awaitable[bytes]]
 """async handler(payload, remote_peer_id) -> reply payload."""
 StreamHandler = Callable[[bytes, str], AsyncIterator[bytes | memoryview]]
 """async generator handler(payload, remote_peer_id) yielding reply items (each under MAX_MESSAGE)."""
+Door = Callable[[str, int, int], Awaitable["bytes | None"]]
+"""async door(remote_peer_id, declared payload bytes, its calls past the door now) -> a reply that
+ends the call before its payload is read, or None to read it (the door then owns the cost)."""
 T = TypeVar("T")
 _END = object()
+
+
+class StreamStalled(TimeoutError):
+    """A peer sent nothing for `Stall.idle_s`, or an item slower than `Stall.min_rate`."""
+
+
+@dataclass(frozen=True)
+class Stall:
+    """Bounds on a stream reply, per item: its frame header within `idle_s` of the previous item
+    (or of the request), and its payload within `idle_s + length / min_rate` of its header, so an
+    item must average about `min_rate` bytes/s once `idle_s` of slack is spent. One deadline per
+    payload rather than per piece read: reading a frame in pieces would copy it twice."""
+    idle_s: float
+    min_rate: float
 
 
 class SwarmNode:
@@ -124,6 +142,59 @@ class SwarmNode:
                         await P2P.send_protobuf(RPCError(message=str(e)), writer)
 
         self.run(self.p2p.add_binary_stream_handler(name, _handle), timeout=10)
+
+    def add_gated_handler(self, name: str, door: Door, handler: Handler, request_timeout: float = 30.0,
+                          body: Stall = Stall(idle_s=10.0, min_rate=64 * 1024), send_timeout: float = 30.0) -> None:
+        """A request/reply RPC whose payload is read only once `door` lets it in (`call_gated`).
+
+        A unary hivemind call hands the handler a payload that p2pd has already read whole, so a peer
+        past its byte budget still costs the receiver every byte it sends (64 calls of 2.5 MiB at once
+        did). Here the caller first declares the payload's size; the door answers (busy, say) before a
+        byte of it is read, and a caller that sends it anyway is not read: the stream's flow control
+        (p2pd's socket and yamux's window) stops it after a few hundred KiB. The payload then must
+        come within `body` (a trickle does not hold a handler) and be no longer than declared.
+        """
+        open_calls: collections.Counter[str] = collections.Counter()
+
+        async def _handle(info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            remote = info.peer_id.to_base58()
+            with closing(writer):
+                try:
+                    marker, ask = await asyncio.wait_for(_read_frame(reader, 32), request_timeout)
+                    declared = _declared_size(ask) if marker == P2P.MESSAGE_MARKER else None
+                except Exception as e:  # nothing in time, a closed stream, a broken or oversized ask
+                    log.debug("%s: no request from %s (%s)", name, short_id(remote), e)
+                    return
+                if declared is None:
+                    return
+                refusal = await door(remote, declared, open_calls[remote])
+                if refusal is not None:  # its payload, if it sent it anyway, stays unread
+                    with suppress(ConnectionError, asyncio.TimeoutError):
+                        await _send_item(writer, refusal, send_timeout)
+                    return
+                open_calls[remote] += 1
+                try:
+                    await _send_item(writer, b"", send_timeout)  # go
+                    marker, data = await _read_frame(reader, declared + 16, body)
+                    payload = BytesValue.FromString(data).value if marker == P2P.MESSAGE_MARKER else None
+                    if payload is None or len(payload) > declared:
+                        log.debug("%s: %s broke its declared size", name, short_id(remote))
+                        return
+                    await _send_item(writer, await handler(payload, remote), send_timeout)
+                except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError, RemoteError) as e:
+                    log.debug("%s: call from %s ended: %s", name, short_id(remote), e)
+                except Exception as e:  # as hivemind does: the caller gets the error, not a silent end
+                    log.warning("%s handler failed: %s", name, e, exc_info=True)
+                    with suppress(Exception):
+                        await P2P.send_protobuf(RPCError(message=str(e)), writer)
+                finally:
+                    _decrement(open_calls, remote)
+
+        self.run(self.p2p.add_binary_stream_handler(name, _handle), timeout=10)
+
+    def call_gated(self, peer_id: str, name: str, payload: bytes, timeout: float) -> bytes:
+        """Call a gated RPC (`add_gated_handler`): the door's answer, or the handler's reply."""
+        return self._routed(peer_id, lambda: call_gated(self.p2p, peer_id, name, payload), timeout)
 
     def call_stream(self, peer_id: str, name: str, payload: bytes, timeout: float,
                     on_item: Callable[[memoryview | bytes], None], max_item: int = MAX_MESSAGE,
@@ -234,22 +305,55 @@ async def _cancel_others(timeout: float) -> None:
         await asyncio.wait(others, timeout=timeout)
 
 
+async def call_gated(p2p: P2P, peer_id: str, name: str, payload: bytes, max_reply: int = MAX_MESSAGE,
+                     eager: bool = False) -> bytes:
+    """One gated call on `p2p`: declare the payload's size, send it only if the door says go, and
+    return the reply (the door's own, when it said no). `eager` sends the payload without waiting
+    for the door, as a flooder would (tests use it to show that it gains nothing)."""
+    _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), name)
+    with closing(writer):
+        await P2P.send_protobuf(BytesValue(value=len(payload).to_bytes(8, "big")), writer)
+        if eager:  # the payload is written while the answer is awaited: a door that says no never reads it
+            send = asyncio.ensure_future(P2P.send_protobuf(BytesValue(value=payload), writer))
+            try:
+                return await _read_reply(reader, name, peer_id, max_reply)
+            finally:
+                send.cancel()
+        answer = await _read_reply(reader, name, peer_id, max_reply)
+        if answer:
+            return answer
+        await P2P.send_protobuf(BytesValue(value=payload), writer)
+        return await _read_reply(reader, name, peer_id, max_reply)
+
+
+async def _read_reply(reader: asyncio.StreamReader, name: str, peer_id: str, max_reply: int) -> bytes:
+    marker, data = await _read_frame(reader, max_reply + 16)
+    if marker == P2P.ERROR_MARKER:
+        raise RemoteError(f"{name} at {short_id(peer_id)} failed: {RPCError.FromString(data).message}")
+    return bytes(_bytes_value_view(data))
+
+
+async def _send_item(writer: asyncio.StreamWriter, item: bytes, timeout: float) -> None:
+    writer.write(_item_header(len(item)))
+    writer.write(item)
+    await asyncio.wait_for(writer.drain(), timeout)
+
+
+def _declared_size(ask: bytes) -> int | None:
+    """The payload size a gated call declares (8 bytes, big-endian), if it is one we read at all."""
+    value = BytesValue.FromString(ask).value
+    n = int.from_bytes(value, "big") if len(value) == 8 else -1
+    return n if 0 <= n <= MAX_MESSAGE else None
+
+
+def _decrement(counter: collections.Counter, key: str) -> None:
+    counter[key] -= 1
+    if counter[key] <= 0:
+        del counter[key]
+
+
 class RemoteError(RuntimeError):
     """A peer's handler failed, or it broke the stream protocol."""
-
-
-class StreamStalled(TimeoutError):
-    """A peer sent nothing for `Stall.idle_s`, or an item slower than `Stall.min_rate`."""
-
-
-@dataclass(frozen=True)
-class Stall:
-    """Bounds on a stream reply, per item: its frame header within `idle_s` of the previous item
-    (or of the request), and its payload within `idle_s + length / min_rate` of its header, so an
-    item must average about `min_rate` bytes/s once `idle_s` of slack is spent. One deadline per
-    payload rather than per piece read: reading a frame in pieces would copy it twice."""
-    idle_s: float
-    min_rate: float
 
 
 async def _within(read: Awaitable[T], seconds: float | None, what: str) -> T:

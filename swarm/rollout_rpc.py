@@ -1,9 +1,14 @@
 """Rollouts over the swarm: signed records from a sampler's outbox to the learner's journal.
 
-  hetero.rollouts.v1  [[record id, envelope], ...] -> {"ok": [ids], "rejected": {id: reason},
+  hetero.rollouts.v2  [[record id, envelope], ...] -> {"ok": [ids], "rejected": {id: reason},
                       "busy": [ids], "backlog": this sampler's groups received but not yet trained on,
                       "why": the bound that made items busy (when some are),
                       "error": why the batch itself was refused (when it was)}
+
+A gated call (swarm/p2p.py, `call_gated`): the sampler declares the batch's size, the learner's
+door answers busy or go before reading a byte of it, and only then is the batch sent. (v1 was a
+unary call, whose payload p2pd reads whole before any check: a key past its byte budget still made
+the learner read every byte it sent.)
 
 Learner side (`RolloutReceiver`): every check happens *before* the acknowledgement, so nothing
 refused ever reaches the journal: the envelope's signature, its signer = the calling peer (libp2p
@@ -17,8 +22,10 @@ so an acknowledged rollout survives a learner crash. A batch that is not a msgpa
 Fair share (`ReceiverConfig`): per sampler, at most `quota` groups received and not yet trained
 on, `journal_bytes` of its records in the journal not yet read by the learner, `rate` records
 checked per second (checking costs the learner CPU, a signature, a decode, a detokenisation, even
-for records it then refuses) and `byte_rate` bytes read per second, counted on the raw payload
-before anything is decoded, so bytes that cannot be decoded cost their sender as much as any.
+for records it then refuses) and `byte_rate` bytes read per second, charged at the door on the size the sender declares
+(a payload longer than declared is not read), so bytes that cannot be decoded cost their sender as
+much as any, and a sender past its budget is not read at all. At most `MAX_OPEN_CALLS` of a peer's
+calls are past the door at once.
 Keys are free, so a key the learner has not yet proven (`is_proven`: it passed its first audits)
 also draws on one pool shared by every unproven key, with the same four bounds (`unproven_*`): any
 number of fresh keys get what the pool holds, and proven samplers keep their own budgets whatever
@@ -55,13 +62,16 @@ from .records import MAX_ID, RecordError, RolloutGroup, decode_rollout_group
 
 log = logging.getLogger(__name__)
 
-ROLLOUTS = "hetero.rollouts.v1"
+ROLLOUTS = "hetero.rollouts.v2"
 MAX_BATCH = 256
+MAX_OPEN_CALLS = 2
+"""Calls of one peer past the door at once (a sender makes one at a time): more are busy."""
 TARPIT_S = 1.0
 TARPIT_PER_PEER = 4
 TARPIT_BYTES = 64 << 20
 """Payload bytes held by tarpitted calls, all peers together: past it calls are answered at once
 (a waiting call keeps its payload, so a thousand keys must not make the tarpit hold gigabytes)."""
+
 MiB = 1 << 20
 _POOL = ""
 """The one bucket of the unproven pool (no peer id is empty)."""
@@ -140,7 +150,7 @@ class RolloutReceiver:
         unproven pool's use is summed over them."""
         for r in journal.read(self.cursor, len(journal)):
             self._note(_sampler_of(r), len(r))
-        node.add_handler(ROLLOUTS, self._on_rollouts)
+        node.add_gated_handler(ROLLOUTS, self._on_call, self._on_rollouts)
 
     def backlog(self, sampler: str) -> int:
         """`sampler`'s groups received but not yet trained on: its share of the journal's unread
@@ -211,19 +221,30 @@ class RolloutReceiver:
             self._pool_rate.take(_POOL, 1)
         return None
 
-    async def _on_rollouts(self, payload: bytes, remote: str) -> bytes:
+    async def _on_call(self, remote: str, nbytes: int, open_calls: int) -> bytes | None:
+        """The door, before a byte of the payload is read: busy (after the tarpit) past a bound, or
+        None, having charged the `nbytes` the caller declared to its byte budget (and the pool's):
+        read from here on, they cost their sender, decodable or not. Charged here rather than
+        after the read, so that many calls at once cannot all pass before the first is paid."""
         refused = self._is_refused(remote)
         proven = not refused and self._is_proven(remote)
         rooms = [] if refused else self._rooms(remote, proven)
-        why = self._door(remote, proven or refused, rooms)
+        why = "concurrent" if open_calls >= MAX_OPEN_CALLS else self._door(remote, proven or refused, rooms)
         if why is not None:
             self.throttled[why] += 1
-            await self._tarpit(remote, len(payload))
-            # not even unpacked: whatever it sent stays its own to resend
+            await self._tarpit(remote, 0)  # its payload unread: what p2pd read ahead stays there
             return self._reply(remote, [], {}, [], why=why)
-        self._bytes.charge(remote, len(payload))  # read from here on: it costs its sender, decodable or not
+        self._bytes.charge(remote, nbytes)
         if not proven and not refused:
-            self._pool_bytes.charge(_POOL, len(payload))
+            self._pool_bytes.charge(_POOL, nbytes)
+        return None
+
+    async def _on_rollouts(self, payload: bytes, remote: str) -> bytes:
+        """A batch the door let in (its bytes already charged): every item checked, the valid ones
+        journaled, then the reply."""
+        refused = self._is_refused(remote)
+        proven = not refused and self._is_proven(remote)
+        rooms = [] if refused else self._rooms(remote, proven)
         try:
             items = unpack_batch(payload)
         except RecordError as e:
@@ -290,7 +311,8 @@ class RolloutReceiver:
         a peer that calls again at once (a flood) then makes at most a few calls a second, so its
         bytes stop costing the learner's network stack and event loop. Bounded per peer (a few
         waiting calls each) and in bytes held, so parallel calls cannot pile up here; past that
-        they are answered at once."""
+        they are answered at once. (Holding more of the calls turned away at the door, unread, did
+        not help: a held stream lets p2pd read further ahead, 1.1 against 0.65 MiB a call.)"""
         if self._tarpitted[remote] >= TARPIT_PER_PEER or self._held + nbytes > TARPIT_BYTES:
             return
         self._tarpitted[remote] += 1
@@ -300,9 +322,7 @@ class RolloutReceiver:
             await asyncio.sleep(self.tarpit_s)
         finally:
             self._held -= nbytes
-            self._tarpitted[remote] -= 1
-            if not self._tarpitted[remote]:
-                del self._tarpitted[remote]
+            _decrement(self._tarpitted, remote, 1)
 
     def _open(self, item, rid: str, remote: str) -> bytes:
         """The record inside one [id, envelope] item, if it passes every check (else RecordError)."""
@@ -511,7 +531,7 @@ class RolloutSender:
             return 0
         # an empty batch is a cheap poll: it refreshes learner_backlog while we are paused
         self._last_reply = time.monotonic()
-        reply = msgpack.unpackb(self.node.call(learner, ROLLOUTS, msgpack.packb([[i, e] for i, e in due]),
+        reply = msgpack.unpackb(self.node.call_gated(learner, ROLLOUTS, msgpack.packb([[i, e] for i, e in due]),
                                                self.rpc_timeout), raw=False)
         if reply.get("error"):  # our batch itself was refused: a bug on one side, not a busy learner
             self.stats["batch_errors"] += 1

@@ -15,15 +15,17 @@ import time
 from pathlib import Path
 
 import msgpack
-from google.protobuf.wrappers_pb2 import BytesValue
-from hivemind.p2p import P2P, PeerID
+from hivemind.p2p import P2P
 
 from swarm.identity import Identity
+from swarm.p2p import call_gated
 from swarm.rollout_rpc import ROLLOUTS
 
 
 class Sybils:
-    def __init__(self, n: int, learner_maddrs: list[str], workdir: Path) -> None:
+    def __init__(self, n: int, learner_maddrs: list[str], workdir: Path, eager: bool = False) -> None:
+        self.eager = eager
+        """Send each batch without waiting for the learner's door (as a flooder would)."""
         self.identities = [Identity.load_or_create(Path(workdir) / f"sybil{i}.key") for i in range(n)]
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="sybils", daemon=True)
@@ -37,9 +39,8 @@ class Sybils:
         return asyncio.run_coroutine_threadsafe(asyncio.wait_for(coro, timeout), self._loop).result(timeout + 5)
 
     async def _call(self, i: int, learner: str, payload: bytes) -> dict:
-        reply = await self.p2ps[i].call_protobuf_handler(PeerID.from_base58(learner), ROLLOUTS,
-                                                         BytesValue(value=payload), BytesValue)
-        return msgpack.unpackb(reply.value, raw=False)
+        reply = await call_gated(self.p2ps[i], learner, ROLLOUTS, payload, eager=self.eager)
+        return msgpack.unpackb(reply, raw=False)
 
     def call(self, i: int, learner: str, payload: bytes, timeout: float = 60) -> dict:
         """Key `i` sends one rollout batch (raw bytes) to `learner`; its reply."""

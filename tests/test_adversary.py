@@ -47,7 +47,7 @@ def attacker(swarm, tmp_path_factory):
 
 
 def _send(node, learner: str, items: list) -> dict:
-    return msgpack.unpackb(node.call(learner, ROLLOUTS, msgpack.packb(items), timeout=60), raw=False)
+    return msgpack.unpackb(node.call_gated(learner, ROLLOUTS, msgpack.packb(items), timeout=60), raw=False)
 
 
 @pytest.mark.integration
@@ -58,7 +58,10 @@ def test_a_peer_announcing_itself_learner_is_not_followed(swarm, attacker):
         got.append(remote)
         return msgpack.packb({"ok": [], "rejected": {}, "busy": [], "backlog": 0})
 
-    attacker.add_handler(ROLLOUTS, impostor)
+    async def door(remote: str, nbytes: int, open_calls: int) -> None:  # lets everything in
+        return None
+
+    attacker.add_gated_handler(ROLLOUTS, door, impostor)
     assert attacker.announce({"role": "learner", "model_id": BUILTIN_MODEL, "version": 10**6, "engine": "hf",
                               "throughput": 0.0, "maddrs": attacker.maddrs()}, ttl=120)
     before = swarm.version()

@@ -112,8 +112,8 @@ class Handlers:
     def __init__(self) -> None:
         self.handlers = {}
 
-    def add_handler(self, name, handler) -> None:
-        self.handlers[name] = handler
+    def add_gated_handler(self, name, door, handler) -> None:
+        self.handlers[name] = (door, handler)
 
 
 @pytest.fixture(scope="module")
@@ -143,11 +143,15 @@ class Intake:
                                         is_proven=lambda peer: peer in self.proven,
                                         is_refused=lambda peer: peer in self.refused, clock=self.clock)
         self.receiver.tarpit_s = 0.0
-        self.handler = node.handlers[ROLLOUTS]
+        self.door, self.handler = node.handlers[ROLLOUTS]
 
-    def send(self, ident: Identity, payload: bytes | list) -> dict:
+    def send(self, ident: Identity, payload: bytes | list, open_calls: int = 0) -> dict:
+        """One gated call: the door on the declared size, then, if it lets the batch in, the batch."""
         data = payload if isinstance(payload, bytes) else msgpack.packb(payload)
-        return msgpack.unpackb(asyncio.run(self.handler(data, ident.peer_id)), raw=False)
+
+        async def call() -> bytes:
+            return await self.door(ident.peer_id, len(data), open_calls) or await self.handler(data, ident.peer_id)
+        return msgpack.unpackb(asyncio.run(call()), raw=False)
 
 
 def test_unknown_fields_beyond_the_bound_are_refused_with_a_reason(tmp_path, keys):
@@ -183,6 +187,17 @@ def test_undecodable_bytes_are_charged_before_decoding_and_block_the_sender_unti
     assert intake.send(keys[0], [item])["ok"] == [item[0]]
     assert intake.send(keys[1], [make_item(keys[1])])["ok"]  # another key's budget is its own
     assert intake.receiver.throttled["bytes"] == 2 and intake.receiver.rejected["batch_undecodable"] == 1
+
+
+def test_a_peers_calls_past_the_door_at_once_are_bounded(tmp_path, keys):
+    from swarm.rollout_rpc import MAX_OPEN_CALLS
+
+    intake = Intake(tmp_path, proven={keys[0].peer_id})
+    item = make_item(keys[0])
+    reply = intake.send(keys[0], [item], open_calls=MAX_OPEN_CALLS)  # two of its calls are being read
+    assert reply == {"ok": [], "rejected": {}, "busy": [], "backlog": 0, "why": "concurrent"}, reply
+    assert intake.receiver.throttled["concurrent"] == 1 and len(intake.receiver.journal) == 0
+    assert intake.send(keys[0], [item], open_calls=MAX_OPEN_CALLS - 1)["ok"] == [item[0]]
 
 
 def test_the_journal_holds_a_bounded_number_of_bytes_per_sampler_until_the_learner_reads_them(tmp_path, keys):
@@ -353,6 +368,18 @@ def test_undecodable_bytes_cost_their_sender_before_anything_is_decoded(swarm, s
     assert reply["why"] == "bytes" and reply["ok"] == [] and reply["busy"] == [], reply
     step = next_step(swarm)
     assert step["throttled"].get("bytes", 0) >= 1 and step["drops"].get("batch_undecodable", 0) >= 1, step
+    # sent without waiting for the door, garbage in debt is still not read: answered busy (or its
+    # stream cut under the unread bytes), never decoded
+    sybils.eager = True
+    try:
+        reply = sybils.call(2, sybils.learner, garbage)
+        assert reply == {"ok": [], "rejected": {}, "busy": [], "backlog": reply["backlog"], "why": "bytes"}, reply
+    except ConnectionError:
+        pass
+    finally:
+        sybils.eager = False
+    after = next_step(swarm)
+    assert after["drops"].get("batch_undecodable") == step["drops"]["batch_undecodable"], (step, after)
 
 
 @pytest.mark.integration

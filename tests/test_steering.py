@@ -74,7 +74,7 @@ def _in_process_attacks(s: Swarm) -> dict[str, str]:
         learner = peer_of(s, "learner")
 
         def send(g) -> str:
-            reply = msgpack.unpackb(node.call(learner, ROLLOUTS, msgpack.packb([[g.id, seal(ident, g.encode())]]),
+            reply = msgpack.unpackb(node.call_gated(learner, ROLLOUTS, msgpack.packb([[g.id, seal(ident, g.encode())]]),
                                               timeout=60), raw=False)
             return "ok" if g.id in reply["ok"] else reply["rejected"].get(g.id, "busy")
 

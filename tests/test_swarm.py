@@ -24,6 +24,7 @@ from swarm.journal import Journal
 from swarm.outbox import Outbox
 from swarmkit import Swarm, peer_of as _peer, start_bootstrap
 from swarm.records import CompletionRecord, RecordError, RolloutGroup, decode_rollout_group
+from swarm.rollout_rpc import ROLLOUTS
 
 LEARNER_TOML = ("[learner]\ncheckpoint_every = 5\neval_every = 0\nmax_staleness = 1000\ngroups_per_step = 8\n"
                 "accept_models = [\"builtin:tiny-arith-b\"]\n")  # named: taken as foreign (F-TIS), not audited
@@ -147,9 +148,9 @@ def test_forged_and_malformed_records_are_rejected_and_counted(swarm, tmp_path):
     try:
         items, expected = _attack_payloads(attacker, _peer(swarm, "sampler-a"))
         learner = _peer(swarm, "learner")
-        reply = msgpack.unpackb(node.call(learner, "hetero.rollouts.v1", msgpack.packb(items), timeout=60), raw=False)
+        reply = msgpack.unpackb(node.call_gated(learner, ROLLOUTS, msgpack.packb(items), timeout=60), raw=False)
         assert reply["ok"] == [] and reply["rejected"] == expected
-        junk = msgpack.unpackb(node.call(learner, "hetero.rollouts.v1", b"\xc1", timeout=60), raw=False)
+        junk = msgpack.unpackb(node.call_gated(learner, ROLLOUTS, b"\xc1", timeout=60), raw=False)
         assert junk == {"ok": [], "rejected": {}, "busy": [], "backlog": junk["backlog"], "error": "batch_undecodable"}
     finally:
         node.shutdown()

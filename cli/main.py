@@ -251,10 +251,11 @@ def _stop_on_signals():
 
 
 def _network(host: str, port: int, public_ip: Optional[str], initial_peers: list[str], client_mode: bool,
-             nat: Optional[bool], relay: bool, announce: list[str] = ()) -> dict:
+             nat: Optional[bool], relay: bool, announce: list[str] = (), reachability: Optional[str] = None) -> dict:
     """The [network] table's overrides from flags (validated with the rest of the config)."""
     _check_public_ip(public_ip)
     return {"network.host": host, "network.port": port, "network.public_ip": public_ip,
+            "network.reachability": reachability,
             "network.initial_peers": list(initial_peers) or None, "network.client_mode": client_mode,
             "network.announce_maddrs": list(announce) or None,
             "network.nat_port_map": _nat_default(host, public_ip) if nat is None else nat,
@@ -363,10 +364,14 @@ def join(
     model: Annotated[Optional[str], typer.Option(help="Model to serve or train: HF folder or hub id (default: the built-in tiny model).")] = None,
     config: ConfigOpt = None,
     workdir: Annotated[Optional[Path], typer.Option(help="Identity, outbox, journal, checkpoints, metrics (default ./hetero-node-<role>).")] = None,
-    host: HostOpt = "127.0.0.1",
+    host: Annotated[Optional[str], typer.Option(help="Listen address: 127.0.0.1 (this machine only) or 0.0.0.0 (all "
+                                                "interfaces; the default when a bootstrap is on another machine).")] = None,
     port: PortOpt = 0,
     public_ip: PublicIpOpt = None,
-    client_mode: Annotated[bool, typer.Option(help="Behind NAT with no open port: outgoing connections and relays only.")] = False,
+    reachability: Annotated[Optional[Literal["auto", "public", "private"]], typer.Option(
+        help="Whether peers can dial this machine: auto (ask the bootstrap; the default), public, or private "
+             "(behind a NAT: a DHT client, reached through relays).")] = None,
+    client_mode: Annotated[bool, typer.Option(help="Same as --reachability private.")] = False,
     nat: NatOpt = None,
     announce_maddr: AnnounceOpt = [],
     follow: Annotated[Optional[str], typer.Option(help="Sampler: the learner peer id to follow (default: the first found).")] = None,
@@ -389,6 +394,10 @@ def join(
     _setup_logging(verbose)
     from .roles import JoinConfig, run_learner, run_sampler
 
+    from swarm.reach import all_loopback
+
+    if host is None:  # listening on loopback only, no one elsewhere could dial us
+        host = "127.0.0.1" if not public_ip and (not initial_peers or all_loopback(initial_peers)) else "0.0.0.0"
     if public_ip and host.startswith("127."):
         host = "0.0.0.0"
     cfg = _load(JoinConfig, config, {
@@ -396,7 +405,7 @@ def join(
         "name": name, "workdir": _str(workdir), "tensorboard": tensorboard, "device": device, "dtype": dtype,
         "nproc_per_node": nproc_per_node,
         **_network(host, port, public_ip, initial_peers, client_mode, nat, relay=bool(public_ip) or client_mode,
-                   announce=announce_maddr)})
+                   announce=announce_maddr, reachability=reachability)})
     if role is None and (config is None or "role" not in _toml_keys(config)):
         raise UserError("join needs a role", "add --role sampler or --role learner (or role = ... in --config)")
     if not cfg.network.initial_peers:  # alone, a node would wait forever for peers that cannot find it

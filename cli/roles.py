@@ -34,6 +34,7 @@ from swarm.identity import Identity, short_id
 from swarm.journal import Journal
 from swarm.outbox import Outbox
 from swarm.p2p import SwarmNode
+from swarm.reach import serve_reachability, settle
 from swarm.rollout_rpc import ReceiverConfig
 from swarm.swarm_exchange import SwarmLearnerLink, SwarmSamplerLink
 from swarm.weight_rpc import FetchConfig
@@ -153,7 +154,7 @@ def _start_node(cfg: JoinConfig) -> SwarmNode:
         torch.set_num_threads(threads)
     Path(cfg.workdir).mkdir(parents=True, exist_ok=True)
     identity = Identity.load_or_create(cfg.identity_path)
-    node = SwarmNode(identity, cfg.network, cfg.swarm)
+    node = SwarmNode(identity, settle(cfg.network), cfg.swarm)
     log.info("%s %s joined swarm %r; listening on %s", cfg.role, node.peer_id, cfg.swarm, " ".join(node.maddrs()))
     if cfg.network.public_ip:  # now that we listen (on the port we were given, or the one picked for us)
         reachability_check(cfg.network.port or tcp_port(node.maddrs()), cfg.network.public_ip)
@@ -197,6 +198,7 @@ def run_bootstrap(identity_path: str, net: NetworkConfig, swarm: str, stop: thre
                   model_id: str = "") -> None:
     """A coordinator's entry point; it signs the swarm record naming the `learners` samplers follow."""
     node = SwarmNode(Identity.load_or_create(identity_path), net, swarm)
+    serve_reachability(node)  # joining peers ask it whether they can be dialled (swarm/reach.py)
     if not learners:
         log.warning("no --trusted-learner given: samplers of swarm %r will follow only a learner they pin "
                     "with --follow", swarm)

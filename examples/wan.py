@@ -78,7 +78,8 @@ LISTEN_PORT = 31337
 """Every host listens on this port of its own address (namespaces do not share ports)."""
 SEGMENT = 1448
 """TCP payload of one 1500-byte packet: the unit the loss probability is per."""
-_NAME = re.compile(rf"^{PREFIX}(\d+)-[0-9a-f]+-(hub|h\d+)$")
+_NAME = re.compile(rf"^{PREFIX}(\d+)-[0-9a-f]+-(hub|h\d+|r\d+)$")
+"""Namespaces this module and examples/internet.py make: a hub, hosts, home routers."""
 
 
 # ---- running commands ------------------------------------------------------------------------------
@@ -266,10 +267,11 @@ class Wan:
         log.info("emulated WAN %s: %d hosts, %.0f Mbit/s each way, %.0f ms RTT, loss %.2g", self.tag, self.n,
                  self.rate_mbit, self.rtt_ms, self.loss)
 
-    def _shape(self, ns: str, dev: str) -> None:
-        rate_bytes = self.rate_mbit * 1e6 / 8
+    def _shape(self, ns: str, dev: str, rate_mbit: float | None = None) -> None:
+        rate_mbit = rate_mbit or self.rate_mbit
+        rate_bytes = rate_mbit * 1e6 / 8
         burst = max(32 * 1024, int(rate_bytes * 0.002))  # >= rate/HZ, so tbf can reach the rate
-        _run("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{self.rate_mbit}mbit",
+        _run("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{rate_mbit}mbit",
              "burst", str(burst), "latency", f"{self.queue_ms}ms")
 
     def _start_relay(self) -> None:

@@ -28,7 +28,8 @@ from .tally import TallyModel, tallies_key
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+"""2: rollouts over a gated call (hetero.rollouts.v2), peer records say whether the peer is private."""
 SOFTWARE = "hetero-node/0.1.0"
 
 
@@ -48,6 +49,8 @@ class PeerInfoModel(pydantic.BaseModel):
     """Optional display name (leaderboard); untrusted text, escaped wherever it is shown."""
     updated: pydantic.StrictFloat = 0.0
     """DHT time of the announcement (status shows 'last seen')."""
+    private: pydantic.StrictBool = False
+    """Behind a NAT (swarm/reach.py): no peer can dial it, so no mate asks it for weight chunks."""
 
 
 class HolderModel(pydantic.BaseModel):
@@ -136,6 +139,10 @@ class NetworkConfig:
     use_auto_relay: bool = False
     client_mode: bool = False
     """Behind NAT with no open port: make outgoing connections only (reached through relays)."""
+    reachability: str = "auto"
+    """Whether peers can dial this one: auto (a joining node asks a bootstrap, swarm/reach.py, unless
+    every bootstrap is on this machine), public, or private (= client_mode: a DHT client, reached
+    through relays)."""
     initial_peers: list[str] = field(default_factory=list)
     """Multiaddrs of bootstrap peers, each with its /p2p/<peer id>."""
     announce_maddrs: list[str] = field(default_factory=list)
@@ -147,6 +154,8 @@ class NetworkConfig:
             check_multiaddr(addr)
         for addr in self.announce_maddrs:
             check_announce_maddr(addr)
+        if self.reachability not in ("auto", "public", "private"):
+            raise ValueError(f"reachability must be auto, public or private, not {self.reachability!r}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be 0..65535, not {self.port}")
 
@@ -179,6 +188,9 @@ def _dht(identity: Identity, net: NetworkConfig, validators: list, announce: lis
         identity_path=str(identity.path), host_maddrs=[f"/ip4/{net.host}/tcp/{net.port}"],
         announce_maddrs=announce or None, nat_port_map=net.nat_port_map, use_relay=net.use_relay,
         use_auto_relay=net.use_auto_relay, client_mode=net.client_mode, startup_timeout=30,
+        # behind a NAT: ask for a relay at once rather than after AutoNAT's verdict (which 1.1.12's
+        # daemon got wrong for a NAT'd peer: docs/DESIGN.md, "Dependencies")
+        force_reachability="private" if net.client_mode and net.use_auto_relay else None,
     )
 
 
@@ -223,7 +235,7 @@ def _live_values(dht: DHT, key: str) -> list[tuple[dict[str, Any], float]]:
 def announce(dht: DHT, identity: Identity, swarm: str, info: dict[str, Any], ttl: float = 60.0) -> bool:
     """Store (or refresh) this peer's PeerInfo, signed, expiring in `ttl` seconds."""
     # every field explicitly: SchemaValidator refuses values that parse to anything different
-    info = {"learner": "", "name": "", **info, "peer_id": identity.peer_id, "software": SOFTWARE, "protocol": PROTOCOL_VERSION,
+    info = {"learner": "", "name": "", "private": False, **info, "peer_id": identity.peer_id, "software": SOFTWARE, "protocol": PROTOCOL_VERSION,
             "updated": float(get_dht_time())}
     return _store(dht, peers_key(swarm), info, ttl, identity)
 

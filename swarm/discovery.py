@@ -24,7 +24,8 @@ class LearnerTracker:
         self.node, self.follow, self.model_id, self.every = node, follow, model_id, every
         self.current: str | None = None
         self.mates: list[str] = []
-        """Samplers following the same learner with the same model: they share version downloads."""
+        """Samplers following the same learner with the same model that peers can dial (not private):
+        they share version downloads."""
         self.ignored: set[str] = set()
         """Peers announcing role=learner that nobody we trust named (logged once each)."""
         self._checked = 0.0
@@ -42,7 +43,7 @@ class LearnerTracker:
                         "and --follow does not pin it", short_id(impostor))
         pick = min(live & trusted, default=None)
         self.mates = sorted(p["peer_id"] for p in peers if p.get("role") == "sampler" and p.get("learner") == pick
-                            and p.get("model_id") == self.model_id)
+                            and p.get("model_id") == self.model_id and not p.get("private"))
         if pick != self.current and pick:
             log.info("following learner %s", short_id(pick))
         elif pick != self.current:

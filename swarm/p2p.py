@@ -60,6 +60,8 @@ class SwarmNode:
     def __init__(self, identity: Identity, net: NetworkConfig, swarm: str) -> None:
         self.identity = identity
         self.swarm = swarm
+        self.private = net.client_mode
+        """Behind a NAT (swarm/reach.py): peers cannot dial us, except through a relay."""
         self.coordinators = {peer_id_of_maddr(m) for m in net.initial_peers}
         """Peers whose swarm record this node trusts: the bootstrap peers it was pointed at."""
         self.dht = create_dht(identity, net, swarm)  # forks: do this before CUDA is initialised
@@ -79,8 +81,10 @@ class SwarmNode:
     def maddrs(self) -> list[str]:
         return [str(m) for m in self.dht.get_visible_maddrs()]
 
+
+
     def announce(self, info: dict, ttl: float = 60.0) -> bool:
-        return announce(self.dht, self.identity, self.swarm, info, ttl)
+        return announce(self.dht, self.identity, self.swarm, {"private": self.private, **info}, ttl)
 
     def peers(self) -> list[dict]:
         return list_peers(self.dht, self.swarm)

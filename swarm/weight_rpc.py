@@ -354,7 +354,8 @@ class WeightFetcher:
             chain, entries = manifest["chain"], {e["version"]: e for e in manifest["versions"]}
             wanted = plan_fetch(chain, list(entries), have_chain, have_version)
             holders = self._holders(chain) if wanted else {}
-            mates = sorted({*self.mates(), self.node.peer_id}) if wanted else []
+            # a private sampler (behind a NAT) owns no chunks: it takes every one from its public mates
+            mates = sorted({*self.mates(), *([] if self.node.private else [self.node.peer_id])}) if wanted else []
             blobs = [self._download(learner, chain, entries[v], holders.get(v, []), mates) for v in wanted]
         except Exception as e:  # a learner that vanished, a bad chunk from every source: try later
             for v in wanted:  # chunks of versions fetched before the failure are not kept either
@@ -380,6 +381,8 @@ class WeightFetcher:
             self._announce(*item)
 
     def _announce(self, chain: str, versions: list[int]) -> None:
+        if self.node.private:  # mates would time out on us and demote us: serve no one
+            return
         try:
             if not self.node.announce_holdings(chain, versions):
                 log.info("the DHT refused our holder record for %s", versions)

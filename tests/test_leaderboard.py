@@ -596,7 +596,7 @@ def test_validators_refuse_a_peer_record_naming_another_peer_and_a_second_subkey
 
     def info(peer_id: str, name: str) -> dict:
         return {"peer_id": peer_id, "role": "sampler", "model_id": "m", "version": 0, "engine": "hf", "throughput": 0.0,
-                "software": "x", "protocol": 1, "maddrs": [], "learner": "", "name": name, "updated": 0.0}
+                "software": "x", "protocol": 2, "maddrs": [], "learner": "", "name": name, "updated": 0.0, "private": False}
 
     assert reader.validate(_record(attacker, attacker, info(attacker.peer_id, "me"), "hetero_t_peers"))
     # under its own key, naming the honest peer (to put its name on the honest peer's leaderboard row)

@@ -27,6 +27,7 @@ from node.engines.vllm import VLLMConfig
 from node.learner import LearnerConfig
 from node.models import BUILTIN_MODEL
 from node.tasks import ArithmeticConfig
+from cli.errors import UserError
 from swarm.delay import DelayConfig
 from swarm.dht import NetworkConfig
 from swarm.discovery import LearnerTracker
@@ -154,7 +155,15 @@ def _start_node(cfg: JoinConfig) -> SwarmNode:
         torch.set_num_threads(threads)
     Path(cfg.workdir).mkdir(parents=True, exist_ok=True)
     identity = Identity.load_or_create(cfg.identity_path)
-    node = SwarmNode(identity, settle(cfg.network), cfg.swarm)
+    net = settle(cfg.network)
+    if cfg.role == "learner" and net.client_mode:
+        # every sampler must reach it; through a relay all of it would cross the coordinator's
+        # bootstrap, within the relay's limits (docs/DESIGN.md, "The real internet")
+        raise UserError("a learner behind a NAT cannot be reached by samplers",
+                        f"forward TCP port {net.port or 31338} on your router to this machine and pass --public-ip "
+                        f"<your public address> --port {net.port or 31338}, or run the learner on a machine with a "
+                        "public address")
+    node = SwarmNode(identity, net, cfg.swarm)
     log.info("%s %s joined swarm %r; listening on %s", cfg.role, node.peer_id, cfg.swarm, " ".join(node.maddrs()))
     if cfg.network.public_ip:  # now that we listen (on the port we were given, or the one picked for us)
         reachability_check(cfg.network.port or tcp_port(node.maddrs()), cfg.network.public_ip)

@@ -24,9 +24,11 @@ SIGTERM and at interpreter exit, as examples/wan.py's (its `remove_stale` knows 
 from __future__ import annotations
 
 import functools
+import re
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,6 +95,25 @@ class Internet(Wan):
     def ip(self, i: int) -> str:  # type: ignore[override]  (an instance's hosts, public or at home)
         return self.public_ip(i) if i < self.public else f"192.168.{i - self.public + 1}.2"
 
+    def maddr(self, i: int) -> str:  # type: ignore[override]
+        """Where the others dial public host i (home hosts cannot be dialled)."""
+        return f"/ip4/{self.ip(i)}/tcp/{LISTEN_PORT}"
+
+    def is_home(self, i: int) -> bool:
+        return i >= self.public
+
+    def relay_stats(self) -> dict:
+        """Bytes each host has sent and received so far, from the kernel's shapers (libp2p's framing
+        and encryption included), in examples/wan.py's form: {"bytes": {"i->*": sent, "*->i":
+        received}}, so that `sent_by` and `received_by` read it unchanged."""
+        out: dict[str, int] = {}
+        for i in range(self.n):
+            j = i - self.public
+            up = (self.router(j), "wan0") if self.is_home(i) else (self.ns(i), "eth0")
+            down = (self.hub, f"r{j}" if self.is_home(i) else f"h{i}")
+            out[f"{i}->*"], out[f"*->{i}"] = _sent_bytes(*up), _sent_bytes(*down)
+        return {"bytes": out, "conns": {}, "time": time.time()}
+
     def public_args(self, i: int) -> list[str]:
         """`hetero-node bootstrap/join` flags for public host i: its public address, a fixed port."""
         return ["--host", "0.0.0.0", "--public-ip", self.public_ip(i), "--port", str(LISTEN_PORT), "--no-nat"]
@@ -156,6 +177,13 @@ def _router_rules(drop_inbound: bool) -> str:
                  '  chain input {\n    type filter hook input priority 0; policy accept;\n' \
                  '    ct state established,related accept\n    iifname "wan0" ct state new drop\n  }\n}\n'
     return rules
+
+
+def _sent_bytes(ns: str, dev: str) -> int:
+    """Bytes the qdisc of `dev` in `ns` has sent (`tc -s`)."""
+    out = _run("tc", "-s", "-n", ns, "qdisc", "show", "dev", dev).stdout
+    m = re.search(r"Sent (\d+) bytes", out)
+    return int(m.group(1)) if m else 0
 
 
 def _nft(ns: str, rules: str) -> None:

@@ -77,6 +77,13 @@ def test_volunteers_behind_nat_join_with_no_flag_and_the_swarm_learns(tmp_path):
         # the NAT holds: nothing on the internet opens a connection to a home, and homes reach the public
         assert not net.can_connect(1, net.router_ip(0), LISTEN_PORT)
         assert net.can_connect(net.home_host(0), net.public_ip(1), LISTEN_PORT)
+        # a learner at home is told at start, in one line, that samplers could not reach it
+        (tmp_path / "home-learner").mkdir()
+        home_learner = net.start(net.home_host(1), "home-learner", [*join, "--role", "learner", "--no-nat", "--workdir",
+                                                                    str(tmp_path / "home-learner")], logs)
+        assert home_learner.popen.wait(timeout=120) == 2
+        text = _log(tmp_path, "home-learner")
+        assert "error: a learner behind a NAT cannot be reached by samplers" in text and "Traceback" not in text, text
         made = list(net._made)
     time.sleep(0.5)
     import subprocess

@@ -342,7 +342,7 @@ def bootstrap(
 
         typer.echo(f"bootstrap peer ready at {' '.join(maddrs)}")
         typer.echo("volunteers join with:")
-        typer.echo(f"  {volunteer_command(maddrs, swarm)}")
+        typer.echo(f"  {volunteer_command(maddrs, swarm, list(initial_peers))}")
         if not trusted_learner:
             typer.echo("no learner is named yet: restart with --trusted-learner \"$(hetero-node peer-id "
                        "hetero-node-learner)\" for a learner whose --workdir is hetero-node-learner (the default)")

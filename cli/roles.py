@@ -196,10 +196,12 @@ def _public_first(maddrs: list[str]) -> list[str]:
     return sorted(maddrs, key=lambda m: m.startswith(("/ip4/127.", "/ip6/::1/")))
 
 
-def volunteer_command(maddrs: list[str], swarm: str) -> str:
-    """The exact command volunteers paste to join this swarm as samplers."""
+def volunteer_command(maddrs: list[str], swarm: str, others: list[str] = ()) -> str:
+    """The exact command volunteers paste to join this swarm as samplers: this bootstrap's first
+    public address, then the coordinator's `others` (a volunteer joins through any one alive)."""
     where = f" --swarm {swarm}" if swarm != "demo" else ""
-    return f"hetero-node join --role sampler{where} --initial-peers {_public_first(maddrs)[0]}"
+    peers = "".join(f" --initial-peers {m}" for m in [_public_first(maddrs)[0], *others])
+    return f"hetero-node join --role sampler{where}{peers}"
 
 
 def run_bootstrap(identity_path: str, net: NetworkConfig, swarm: str, stop: threading.Event,
@@ -330,7 +332,8 @@ def _learner_loop(cfg: JoinConfig, node: SwarmNode, stop: threading.Event, place
         learner.run_eval()
     announce, tally, status = Every(cfg.announce_every_s), Every(cfg.tally_every_s), Every(cfg.status_every_s)
     last_data, named = time.monotonic(), False
-    log.info("volunteers join with: %s", volunteer_command(cfg.network.initial_peers, cfg.swarm))
+    peers = cfg.network.initial_peers
+    log.info("volunteers join with: %s", volunteer_command(peers[:1], cfg.swarm, peers[1:]))
     try:
         while not stop.is_set():
             if announce():

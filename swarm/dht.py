@@ -166,8 +166,7 @@ def peers_key(swarm: str) -> str:
 
 def create_dht(identity: Identity, net: NetworkConfig, swarm: str) -> DHT:
     """Start the DHT (a forked process with its p2pd). Create it before CUDA is initialised."""
-    validators = [RSASignatureValidator(identity.dht_private_key()), SchemaValidator(SwarmSchema, prefix=f"hetero_{swarm}"),
-                  OwnerValidator(swarm)]
+    validators = swarm_validators(identity, swarm)
     announce = list(net.announce_maddrs) + ([f"/ip4/{net.public_ip}/tcp/{net.port}"] if net.public_ip else [])
     try:
         return _dht(identity, net, validators, announce)
@@ -180,6 +179,12 @@ def create_dht(identity: Identity, net: NetworkConfig, swarm: str) -> DHT:
             raise SwarmConnectError(f"port {net.port} on {net.host} is already in use",
                                     "pick another --port, or 0 for any free one") from None
         raise
+
+
+def swarm_validators(identity: Identity, swarm: str) -> list:
+    """What every peer checks of the swarm's DHT records: signatures, the schema, owners."""
+    return [RSASignatureValidator(identity.dht_private_key()), SchemaValidator(SwarmSchema, prefix=f"hetero_{swarm}"),
+            OwnerValidator(swarm)]
 
 
 def _dht(identity: Identity, net: NetworkConfig, validators: list, announce: list[str] | None) -> DHT:

@@ -258,7 +258,7 @@ def _network(host: str, port: int, public_ip: Optional[str], initial_peers: list
             "network.reachability": reachability,
             "network.initial_peers": list(initial_peers) or None, "network.client_mode": client_mode,
             "network.announce_maddrs": list(announce) or None,
-            "network.nat_port_map": _nat_default(host, public_ip) if nat is None else nat,
+            "network.nat_port_map": nat if nat is not None or host is None else _nat_default(host, public_ip),
             "network.use_relay": relay or client_mode, "network.use_auto_relay": client_mode}
 
 
@@ -394,11 +394,7 @@ def join(
     _setup_logging(verbose)
     from .roles import JoinConfig, run_learner, run_sampler
 
-    from swarm.reach import all_loopback
-
-    if host is None:  # listening on loopback only, no one elsewhere could dial us
-        host = "127.0.0.1" if not public_ip and (not initial_peers or all_loopback(initial_peers)) else "0.0.0.0"
-    if public_ip and host.startswith("127."):
+    if public_ip and host and host.startswith("127."):
         host = "0.0.0.0"
     cfg = _load(JoinConfig, config, {
         "role": role, "swarm": swarm, "model": model, "follow": follow, "max_steps": max_steps, "engine": engine,
@@ -406,6 +402,8 @@ def join(
         "nproc_per_node": nproc_per_node,
         **_network(host, port, public_ip, initial_peers, client_mode, nat, relay=bool(public_ip) or client_mode,
                    announce=announce_maddr, reachability=reachability)})
+    if nat is None:  # the listen address is settled now (NetworkConfig: from the bootstraps, when not given)
+        cfg.network.nat_port_map = _nat_default(cfg.network.host, cfg.network.public_ip)
     if role is None and (config is None or "role" not in _toml_keys(config)):
         raise UserError("join needs a role", "add --role sampler or --role learner (or role = ... in --config)")
     if not cfg.network.initial_peers:  # alone, a node would wait forever for peers that cannot find it

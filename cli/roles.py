@@ -155,7 +155,7 @@ def _start_node(cfg: JoinConfig) -> SwarmNode:
         torch.set_num_threads(threads)
     Path(cfg.workdir).mkdir(parents=True, exist_ok=True)
     identity = Identity.load_or_create(cfg.identity_path)
-    net = settle(cfg.network)
+    net, _ = settle(cfg.network, unknown_is_public=cfg.role == "learner")
     if cfg.role == "learner" and net.client_mode:
         # every sampler must reach it; through a relay all of it would cross the coordinator's
         # bootstrap, within the relay's limits (docs/DESIGN.md, "The real internet")

@@ -68,7 +68,7 @@ def _node(args, workdir: Path):
     if args.home:  # behind a home router: settled as `join` settles it (asks the bootstrap)
         from swarm.reach import settle
 
-        net = settle(NetworkConfig(host="0.0.0.0", initial_peers=[args.boot]))
+        net, _ = settle(NetworkConfig(host="0.0.0.0", initial_peers=[args.boot]))
     else:
         net = NetworkConfig(host=args.host, port=args.port, announce_maddrs=[args.announce],
                             initial_peers=[args.boot] if args.boot else [])

@@ -97,6 +97,17 @@ class BadAddressError(ValueError):
                     "/ip4/1.2.3.4/tcp/31337/p2p/QmXyz... (hetero-node bootstrap shows it)")
 
 
+def is_loopback(maddr: str) -> bool:
+    """Whether a multiaddr is on this machine (127.0.0.0/8, ::1)."""
+    import ipaddress
+
+    parts = maddr.split("/")
+    try:
+        return len(parts) > 2 and parts[1] in ("ip4", "ip6") and ipaddress.ip_address(parts[2]).is_loopback
+    except ValueError:
+        return False
+
+
 def check_multiaddr(addr: str) -> str:
     """`addr` if it is a multiaddr that names a peer (/ip4/1.2.3.4/tcp/31337/p2p/Qm...)."""
     from hivemind.utils.multiaddr import Multiaddr
@@ -127,8 +138,9 @@ def check_announce_maddr(addr: str) -> str:
 
 @dataclass
 class NetworkConfig:
-    host: str = "127.0.0.1"
-    """Listen address; 0.0.0.0 on an internet machine."""
+    host: str = ""
+    """Listen address: 127.0.0.1 (this machine only) or 0.0.0.0 (all interfaces); empty: 0.0.0.0 when
+    a bootstrap is on another machine (on 127.0.0.1 nobody there could dial us), else 127.0.0.1."""
     port: int = 0
     """0 picks a free port (tests); a fixed port on a public machine."""
     public_ip: str | None = None
@@ -154,6 +166,9 @@ class NetworkConfig:
             check_multiaddr(addr)
         for addr in self.announce_maddrs:
             check_announce_maddr(addr)
+        if not self.host:
+            remote = any(not is_loopback(m) for m in self.initial_peers)
+            self.host = "0.0.0.0" if remote or self.public_ip else "127.0.0.1"
         if self.reachability not in ("auto", "public", "private"):
             raise ValueError(f"reachability must be auto, public or private, not {self.reachability!r}")
         if not 0 <= self.port <= 65535:

@@ -18,6 +18,7 @@ from contextlib import closing, suppress
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
+from google.protobuf.message import DecodeError
 from google.protobuf.wrappers_pb2 import BytesValue
 from hivemind.p2p import P2P, P2PContext, PeerID
 from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
@@ -147,7 +148,7 @@ class SwarmNode:
 
         self.run(self.p2p.add_binary_stream_handler(name, _handle), timeout=10)
 
-    def add_gated_handler(self, name: str, door: Door, handler: Handler, request_timeout: float = 30.0,
+    def add_gated_handler(self, name: str, door: Door, handler: Handler, request_timeout: float = 10.0,
                           body: Stall = Stall(idle_s=10.0, min_rate=64 * 1024), send_timeout: float = 30.0) -> None:
         """A request/reply RPC whose payload is read only once `door` lets it in (`call_gated`).
 
@@ -171,8 +172,13 @@ class SwarmNode:
                     return
                 if declared is None:
                     return
-                refusal = await door(remote, declared, open_calls[remote])
+                try:
+                    refusal = await door(remote, declared, open_calls[remote])
+                except Exception as e:  # a bug of ours: the call ends, the node goes on
+                    log.warning("%s door failed: %s", name, e, exc_info=True)
+                    return
                 if refusal is not None:  # its payload, if it sent it anyway, stays unread
+                    assert refusal, "a door's refusal must not be empty: the caller reads that as go"
                     with suppress(ConnectionError, asyncio.TimeoutError):
                         await _send_item(writer, refusal, send_timeout)
                     return
@@ -180,9 +186,13 @@ class SwarmNode:
                 try:
                     await _send_item(writer, b"", send_timeout)  # go
                     marker, data = await _read_frame(reader, declared + 16, body)
-                    payload = BytesValue.FromString(data).value if marker == P2P.MESSAGE_MARKER else None
+                    try:
+                        payload = BytesValue.FromString(data).value if marker == P2P.MESSAGE_MARKER else None
+                    except DecodeError:
+                        payload = None
                     if payload is None or len(payload) > declared:
-                        log.debug("%s: %s broke its declared size", name, short_id(remote))
+                        log.debug("%s: %s broke the protocol (not a frame of at most its declared size)",
+                                  name, short_id(remote))
                         return
                     await _send_item(writer, await handler(payload, remote), send_timeout)
                 except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError, RemoteError) as e:
@@ -320,9 +330,14 @@ async def call_gated(p2p: P2P, peer_id: str, name: str, payload: bytes, max_repl
         if eager:  # the payload is written while the answer is awaited: a door that says no never reads it
             send = asyncio.ensure_future(P2P.send_protobuf(BytesValue(value=payload), writer))
             try:
+                answer = await _read_reply(reader, name, peer_id, max_reply)
+                if answer:
+                    return answer
+                await send  # go: the handler reads it and replies
                 return await _read_reply(reader, name, peer_id, max_reply)
             finally:
                 send.cancel()
+                await asyncio.gather(send, return_exceptions=True)
         answer = await _read_reply(reader, name, peer_id, max_reply)
         if answer:
             return answer

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import ipaddress
 import logging
 import socket
 from dataclasses import dataclass
@@ -54,21 +53,25 @@ class Reach:
 
 def serve_reachability(node) -> collections.Counter:
     """Answer `hetero.reach.v1` on a bootstrap's `SwarmNode`; returns its counters (probes run,
-    malformed requests, callers whose address it could not tell)."""
-    slots = asyncio.Semaphore(MAX_PROBES)
+    requests refused by reason: malformed, no_address, busy)."""
+    running: set[str] = set()
     counts: collections.Counter = collections.Counter()
 
     async def handler(payload: bytes, remote: str) -> bytes:
         ports = _ports(payload)
         ip = await _observed_ip(node.p2p, remote)
-        if ip is None or not ports:
-            why = "malformed" if not ports else "no_address"
+        why = "malformed" if not ports else "no_address" if ip is None else \
+            "busy" if remote in running or len(running) >= MAX_PROBES else None
+        if why is not None:  # one probe per peer at a time, MAX_PROBES in all: the rest at once, not queued
             counts[why] += 1
             log.info("reachability request from %s refused: %s", short_id(remote), why)
             return msgpack.packb({"ip": ip or "", "open": [], "error": why})
         counts["probes"] += 1
-        async with slots:
+        running.add(remote)
+        try:
             results = await asyncio.gather(*(_connects(ip, port) for port in ports))
+        finally:
+            running.discard(remote)
         open_ports = [port for port, ok in zip(ports, results) if ok]
         log.debug("reachability of %s at %s: open %s of %s", short_id(remote), ip, open_ports, ports)
         return msgpack.packb({"ip": ip, "open": open_ports})
@@ -109,85 +112,95 @@ async def _connects(ip: str, port: int) -> bool:
     return True
 
 
-def probe(host: str, port: int, initial_peers: list[str], timeout: float = 30.0) -> Reach:
-    """Ask the bootstraps in `initial_peers`, in turn, whether a peer listening on host:port can be
-    dialled from outside. Blocks for at most about `timeout` seconds."""
-    return asyncio.run(asyncio.wait_for(_probe(host, port, initial_peers), timeout))
+def probe(host: str, port: int, initial_peers: list[str], timeout: float = 20.0) -> tuple[Reach, int]:
+    """Whether a peer listening on host:port (port 0: one picked now) can be dialled from outside,
+    as the first of the bootstraps in `initial_peers` to answer sees it; and the port. Blocks for
+    at most about `timeout` seconds."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        # a plain listener, so that the bootstrap's connection back finds something that accepts; our
+        # own call goes out from another port: a NAT that lets a peer in once we sent it something
+        # (an address-restricted cone) must not pass for an open port
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+        listener.listen(16)
+        port = listener.getsockname()[1]
+        try:
+            reach = asyncio.run(asyncio.wait_for(_probe(host, port, initial_peers), timeout))
+        except Exception as e:  # the daemon did not start, or nobody answered in time
+            reach = Reach(None, why=f"{type(e).__name__}: {e}")
+    return reach, port
 
 
 async def _probe(host: str, port: int, initial_peers: list[str]) -> Reach:
     from hivemind.p2p import P2P, PeerID
 
-    p2p = await P2P.create(initial_peers=initial_peers, host_maddrs=[f"/ip4/{host}/tcp/{port}"], auto_nat=False,
-                           nat_port_map=False, use_relay=False, check_if_identity_free=False, startup_timeout=20)
-    try:
+    p2p = await P2P.create(initial_peers=initial_peers, host_maddrs=[f"/ip4/{host}/tcp/0"], auto_nat=False,
+                           nat_port_map=False, use_relay=False, check_if_identity_free=False, startup_timeout=15)
+    bootstraps = [maddr.rsplit("/p2p/", 1)[-1] for maddr in initial_peers]
+
+    async def ask(bootstrap: str) -> Reach:
+        reply = msgpack.unpackb(await _call(p2p, PeerID.from_base58(bootstrap), port), raw=False)
+        if reply.get("error"):
+            raise RuntimeError(reply["error"])
+        return Reach(port in reply.get("open", []), str(reply.get("ip", "")), bootstrap)
+
+    try:  # all at once: the first answer wins (a dead bootstrap must not use up the time)
+        pending = {asyncio.ensure_future(ask(b)) for b in bootstraps}
         why = "no bootstrap answered"
-        for maddr in initial_peers:
-            bootstrap = maddr.rsplit("/p2p/", 1)[-1]
-            try:
-                reply = msgpack.unpackb(await asyncio.wait_for(_call(p2p, PeerID.from_base58(bootstrap)), 15),
-                                        raw=False)
-            except Exception as e:  # an older bootstrap, unreachable, slow: try the next
-                why = f"{short_id(bootstrap)}: {type(e).__name__}: {e}"
-                continue
-            return Reach(port in reply.get("open", []), str(reply.get("ip", "")), bootstrap)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task.exception() is None:
+                    for other in pending:
+                        other.cancel()
+                    return task.result()
+                why = f"{type(task.exception()).__name__}: {task.exception()}"
         return Reach(None, why=why)
     finally:
         await p2p.shutdown()
 
 
-async def _call(p2p, bootstrap) -> bytes:
+async def _call(p2p, bootstrap, port: int) -> bytes:
     from google.protobuf.wrappers_pb2 import BytesValue
 
-    maddrs = await p2p.get_visible_maddrs()
-    ports = sorted({int(str(m).split("/tcp/")[1].split("/")[0]) for m in maddrs if "/tcp/" in str(m)})
-    reply = await p2p.call_protobuf_handler(bootstrap, REACH, BytesValue(value=msgpack.packb({"ports": ports})),
+    reply = await p2p.call_protobuf_handler(bootstrap, REACH, BytesValue(value=msgpack.packb({"ports": [port]})),
                                             BytesValue)
     return reply.value
 
 
-def free_port(host: str) -> int:
-    """A TCP port free on `host` now: the probe and then the node listen on it (a port forward or a
-    router's mapping is per port, so both must use the same one)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def all_loopback(maddrs: list[str]) -> bool:
     """Whether every one of `maddrs` is on this machine (no NAT between: nothing to probe)."""
-    def loopback(m: str) -> bool:
-        parts = m.split("/")
-        try:
-            return len(parts) > 2 and parts[1] in ("ip4", "ip6") and ipaddress.ip_address(parts[2]).is_loopback
-        except ValueError:
-            return False
-    return bool(maddrs) and all(loopback(m) for m in maddrs)
+    from .dht import is_loopback
+
+    return bool(maddrs) and all(is_loopback(m) for m in maddrs)
 
 
-def settle(net):
-    """The network settings a joining node runs with (`NetworkConfig`), its reachability settled:
-    public, it serves the DHT and can relay for others; private (behind a NAT), it is a DHT client
-    that asks the swarm's relays for a reservation, so that others reach it through them."""
+def settle(net, unknown_is_public: bool = False):
+    """(the network settings a joining node runs with, `NetworkConfig`, and what the probe found, if
+    one ran): public, it serves the DHT and can relay for others; private (behind a NAT), it is a
+    DHT client that asks the swarm's relays for a reservation, so that others reach it through them.
+    When no bootstrap could tell, private (works everywhere), or public with `unknown_is_public`
+    (a learner: its coordinator set it up to be reached)."""
     from dataclasses import replace
 
+    private = dict(client_mode=True, use_relay=True, use_auto_relay=True, reachability="private")
     if net.client_mode or net.reachability == "private":
-        return replace(net, client_mode=True, use_relay=True, use_auto_relay=True, reachability="private")
+        return replace(net, **private), None
     if net.reachability == "public" or net.public_ip or all_loopback(net.initial_peers):
-        return net  # said so, or checked on its own (a --public-ip), or nothing between us and the swarm
-    port = net.port or free_port(net.host)
-    try:
-        reach = probe(net.host, port, list(net.initial_peers))
-    except Exception as e:  # the daemon did not start, or the whole probe timed out
-        reach = Reach(None, why=f"{type(e).__name__}: {e}")
-    if reach.reachable:
-        log.info("reachability: the bootstrap %s connected to %s:%d: joining as a public peer",
-                 short_id(reach.bootstrap), reach.ip, port)
-        return replace(net, port=port, use_relay=True, reachability="public")
+        return net, None  # said so, or checked on its own (a --public-ip), or nothing between us and the swarm
+    reach, port = probe(net.host, net.port, list(net.initial_peers))
+    if reach.reachable or (reach.reachable is None and unknown_is_public):
+        if reach.reachable:
+            log.info("reachability: the bootstrap %s connected to %s:%d: joining as a public peer",
+                     short_id(reach.bootstrap), reach.ip, port)
+        else:
+            log.warning("reachability: no bootstrap could tell whether peers can dial this machine (%s); "
+                        "joining as a public peer", reach.why)
+        return replace(net, port=port, use_relay=True, reachability="public"), reach
     if reach.reachable is None:
         log.warning("reachability: no bootstrap could tell whether peers can dial this machine (%s); "
                     "joining behind relays, which works everywhere", reach.why)
     else:
         log.info("reachability: the bootstrap %s could not connect to %s:%d (behind a NAT or a firewall): "
                  "joining as a DHT client, reached through relays", short_id(reach.bootstrap), reach.ip, port)
-    return replace(net, port=port, client_mode=True, use_relay=True, use_auto_relay=True, reachability="private")
+    return replace(net, port=port, **private), reach

@@ -4,6 +4,8 @@ private) runs in tests/test_internet.py, inside namespaces."""
 
 from __future__ import annotations
 
+import time
+
 import msgpack
 import pytest
 
@@ -39,12 +41,19 @@ def test_loopback_bootstraps_need_no_probe():
     (NetworkConfig(initial_peers=[REMOTE], client_mode=True), True),
 ])
 def test_settle_without_a_probe(net, private):
-    out = settle(net)
-    assert out.client_mode == private and out.use_auto_relay == private
+    out, reach = settle(net)
+    assert reach is None and out.client_mode == private and out.use_auto_relay == private
     if not private:
         assert out == net  # untouched
     else:
         assert out.use_relay and out.reachability == "private"
+
+
+def test_the_listen_address_follows_the_bootstraps_unless_given():
+    assert NetworkConfig().host == "127.0.0.1" and NetworkConfig(initial_peers=[BOOT]).host == "127.0.0.1"
+    assert NetworkConfig(initial_peers=[BOOT, REMOTE]).host == "0.0.0.0"  # one elsewhere: it must dial us
+    assert NetworkConfig(public_ip="203.0.113.9").host == "0.0.0.0"
+    assert NetworkConfig(host="10.0.0.2", initial_peers=[REMOTE]).host == "10.0.0.2"
 
 
 def test_an_unknown_reachability_is_a_config_error():
@@ -63,17 +72,39 @@ def test_a_bootstrap_answers_a_probe_and_refuses_garbage_with_a_reason(tmp_path)
     caller = SwarmNode(Identity.load_or_create(tmp_path / "caller.key"), NetworkConfig(initial_peers=boot.maddrs()),
                        "reach")
     try:
-        # a real probe: a listener on a free port of this machine, dialled back by the bootstrap
-        from swarm.reach import free_port
-
-        port = free_port("127.0.0.1")
-        reach = probe("127.0.0.1", port, boot.maddrs())
+        # a real probe: a listener on a port of this machine, dialled back by the bootstrap; a dead
+        # bootstrap named first does not use up the time (all are asked at once)
+        dead = "/ip4/127.0.0.1/tcp/9/p2p/QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
+        reach, port = probe("127.0.0.1", 0, [dead, *boot.maddrs()])
         assert reach.reachable is True and reach.ip == "127.0.0.1" and reach.bootstrap == boot.peer_id, reach
+        assert port > 0
         # a peer with its own key sends garbage, and too many ports: refused with a reason, counted
         for payload in (b"\xc1", msgpack.packb({"ports": list(range(1, 100))})):
             reply = msgpack.unpackb(caller.call(boot.peer_id, REACH, payload, timeout=30), raw=False)
             assert reply == {"ip": "127.0.0.1", "open": [], "error": "malformed"}, reply
         assert counts["malformed"] == 2 and counts["probes"] == 1
+        # a second request while its first is being probed is refused at once, not queued
+        import socket
+        import threading
+
+        with socket.socket() as full:  # a listener whose backlog is full: the bootstrap's connect hangs
+            full.bind(("127.0.0.1", 0))
+            full.listen(0)
+            fillers = []
+            try:
+                while len(fillers) < 8:  # until a connect hangs: the queue is full
+                    fillers.append(socket.create_connection(full.getsockname(), timeout=0.5))
+            except OSError:
+                pass
+            ask = msgpack.packb({"ports": [full.getsockname()[1]]})
+            first = threading.Thread(target=caller.call, args=(boot.peer_id, REACH, ask), kwargs={"timeout": 30})
+            first.start()
+            time.sleep(1.0)
+            reply = msgpack.unpackb(caller.call(boot.peer_id, REACH, ask, timeout=30), raw=False)
+            first.join(30)
+            for s in fillers:
+                s.close()
+        assert reply["error"] == "busy" and counts["busy"] == 1 and counts["probes"] == 2, (reply, counts)
     finally:
         caller.shutdown()
         boot.shutdown()

@@ -11,12 +11,16 @@ and hivemind 1.1.12's daemon reported a NAT'd peer reachable (docs/DESIGN.md, "D
 bootstrap's check is direct and takes one round trip and a connect: a TCP connection from the
 bootstrap's network to the address it sees the caller at (after any NAT), at the caller's listening
 ports. It tries only that address, so no one can make a bootstrap scan someone else's machine, and
-it bounds its work: a few ports, `CONNECT_S` each, `MAX_PROBES` at once.
+it bounds its work: a few ports, `CONNECT_S` each, one probe per peer and `MAX_PROBES` in all at
+once (more are answered "busy" at once, not queued).
 
-The caller (`probe`) runs a bare libp2p peer with a throwaway key on the very address and port the
-node will listen on (a port forward or a UPnP mapping is per port), asks each bootstrap in turn, and
-stops it before the node starts. An unanswered probe (an older bootstrap, a timeout) counts as not
-reachable: a client behind relays works everywhere, a server that cannot be dialled does not.
+The caller (`probe`) listens with a plain socket on the very address and port the node will then
+listen on (a port forward is per port), and asks every bootstrap at once through a bare libp2p
+peer with a throwaway key on another port, so that its own call opens no NAT mapping for the port
+under test (an address-restricted NAT lets in whoever we sent to: the bootstrap must not pass for
+everyone). An unanswered probe (an older bootstrap, a timeout) counts as not reachable: a client
+behind relays works everywhere, a server that cannot be dialled does not. Not seen by the probe:
+a UPnP mapping the node's daemon would make later (`nat_port_map`): such a node joins as private.
 """
 
 from __future__ import annotations

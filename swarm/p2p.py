@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import queue
 import threading
@@ -124,6 +125,7 @@ class SwarmNode:
         item three times (into a BytesValue, into its serialization, and the caller's slice), which
         on a memory-bound host costs more than the transfer itself (examples/bench_distribution.py).
         """
+        @_quiet_on_shutdown
         async def _handle(info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             with closing(writer):
                 try:
@@ -161,6 +163,7 @@ class SwarmNode:
         """
         open_calls: collections.Counter[str] = collections.Counter()
 
+        @_quiet_on_shutdown
         async def _handle(info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             remote = info.peer_id.to_base58()
             with closing(writer):
@@ -317,6 +320,18 @@ async def _cancel_others(timeout: float) -> None:
         t.cancel()
     if others:
         await asyncio.wait(others, timeout=timeout)
+
+
+def _quiet_on_shutdown(handle):
+    """A stream handler whose task ends quietly when cancelled (`shutdown` cancels the calls still
+    being served): asyncio's stream callback would log a cancelled handler task as an error."""
+    @functools.wraps(handle)
+    async def wrapped(*args) -> None:
+        try:
+            await handle(*args)
+        except asyncio.CancelledError:
+            log.debug("a stream handler was cancelled (shutting down)")
+    return wrapped
 
 
 async def call_gated(p2p: P2P, peer_id: str, name: str, payload: bytes, max_reply: int = MAX_MESSAGE,

@@ -190,8 +190,10 @@ def settle(net, unknown_is_public: bool = False):
     private = dict(client_mode=True, use_relay=True, use_auto_relay=True, reachability="private")
     if net.client_mode or net.reachability == "private":
         return replace(net, **private), None
-    if net.reachability == "public" or net.public_ip or all_loopback(net.initial_peers):
-        return net, None  # said so, or checked on its own (a --public-ip), or nothing between us and the swarm
+    if net.reachability == "public" or net.public_ip or net.announce_maddrs or all_loopback(net.initial_peers):
+        # said so; or told how peers reach it (a --public-ip, checked on its own; announced addresses:
+        # a port forward or a proxy); or nothing between us and the swarm
+        return net, None
     reach, port = probe(net.host, net.port, list(net.initial_peers))
     if reach.reachable or (reach.reachable is None and unknown_is_public):
         if reach.reachable:

@@ -37,6 +37,7 @@ def test_loopback_bootstraps_need_no_probe():
     (NetworkConfig(initial_peers=[BOOT]), False),  # all on this machine: as configured, no probe
     (NetworkConfig(initial_peers=[REMOTE], reachability="public"), False),
     (NetworkConfig(initial_peers=[REMOTE], public_ip="203.0.113.9"), False),
+    (NetworkConfig(initial_peers=[REMOTE], announce_maddrs=["/ip4/203.0.113.9/tcp/4001"]), False),  # a forward
     (NetworkConfig(initial_peers=[REMOTE], reachability="private"), True),
     (NetworkConfig(initial_peers=[REMOTE], client_mode=True), True),
 ])

@@ -148,8 +148,17 @@ def test_forged_and_malformed_records_are_rejected_and_counted(swarm, tmp_path):
     try:
         items, expected = _attack_payloads(attacker, _peer(swarm, "sampler-a"))
         learner = _peer(swarm, "learner")
-        reply = msgpack.unpackb(node.call_gated(learner, ROLLOUTS, msgpack.packb(items), timeout=60), raw=False)
-        assert reply["ok"] == [] and reply["rejected"] == expected
+        rejected, ok = {}, []
+        for _ in range(30):  # items answered busy (the unproven keys' shared rate, drawn on by the
+            # swarm's other new keys too) are sent again, as a sampler would
+            reply = msgpack.unpackb(node.call_gated(learner, ROLLOUTS, msgpack.packb(items), timeout=60), raw=False)
+            rejected.update(reply["rejected"])
+            ok += reply["ok"]
+            items = [item for item in items if item[0] not in {*reply["ok"], *reply["rejected"]}]  # busy or unread
+            if not items:
+                break
+            time.sleep(1.0)
+        assert ok == [] and rejected == expected, (ok, rejected, reply)
         junk = msgpack.unpackb(node.call_gated(learner, ROLLOUTS, b"\xc1", timeout=60), raw=False)
         assert junk == {"ok": [], "rejected": {}, "busy": [], "backlog": junk["backlog"], "error": "batch_undecodable"}
     finally:

@@ -85,8 +85,9 @@ def learner_memory_mb(s: Swarm) -> float:
 
 
 def read_mib(s: Swarm) -> dict[str, float]:
-    """MiB read so far (`rchar`: sockets and files) by the learner's processes, by name: the learner
-    itself (payloads from its p2pd, its journal) and its p2pd (every byte from the network)."""
+    """MiB read so far (`rchar`) by the learner's processes, by name. Only the daemon's figure means
+    what it says: p2pd (Go) reads sockets with read(2), which `rchar` counts, so it is every byte from
+    the network; Python's asyncio reads them with recv(2), which it does not count."""
     out: dict[str, float] = {}
     todo = [s.nodes["learner"].popen.pid]
     while todo:
@@ -143,8 +144,10 @@ def main() -> None:
                   f"{counts['ok']:>9} {counts['busy']:>9} {counts['rejected']:>8} {rss_before:>17.0f} -> "
                   f"{learner_memory_mb(s):>5.0f} MB "
                   f"{journal:>6.2f} MB")
-            print(f"{'':<26} read by the learner's p2pd {read.get('p2pd', 0):.0f} MiB, by the learner "
-                  f"{read.get('learner', 0):.0f} MiB (sockets and files, flood and honest traffic, {t2 - t1:.0f} s)")
+            let_in = (f"; garbage let in by the door and decoded: {counts['error'].get('batch_undecodable', 0)} calls, "
+                      f"the rest answered at the door, unread by the learner's process" if args.garbage else "")
+            print(f"{'':<26} read by the learner's p2pd {read.get('p2pd', 0):.0f} MiB (the network's bytes, flood and "
+                  f"honest, {t2 - t1:.0f} s){let_in}")
             print(f"{'':<26} flood: {counts['calls']} calls, {counts['bytes'] / 2**20:.0f} MiB; busy by bound "
                   f"{counts['why']}; refused {counts['reasons']}; batch errors {counts['error']}")
     finally:

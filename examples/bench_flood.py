@@ -84,11 +84,10 @@ def learner_memory_mb(s: Swarm) -> float:
     return int(status.split("VmRSS:")[1].split()[0]) / 1024
 
 
-def read_mib(s: Swarm) -> dict[str, float]:
-    """MiB read so far (`rchar`) by the learner's processes, by name. Only the daemon's figure means
-    what it says: p2pd (Go) reads sockets with read(2), which `rchar` counts, so it is every byte from
-    the network; Python's asyncio reads them with recv(2), which it does not count."""
-    out: dict[str, float] = {}
+def p2pd_read_mib(s: Swarm) -> float:
+    """MiB read so far (`rchar`) by the learner's p2pd: every byte from the network, as Go reads
+    sockets with read(2), which `rchar` counts (Python's recv(2), in the learner itself, it does not)."""
+    total = 0.0
     todo = [s.nodes["learner"].popen.pid]
     while todo:
         pid = todo.pop()
@@ -99,9 +98,8 @@ def read_mib(s: Swarm) -> dict[str, float]:
                      for c in (t / "children").read_text().split()]
         except (OSError, IndexError):  # gone meanwhile
             continue
-        key = "p2pd" if "p2pd" in name else "learner" if pid == s.nodes["learner"].popen.pid else "other"
-        out[key] = out.get(key, 0.0) + rchar / 2**20
-    return out
+        total += rchar / 2**20 if "p2pd" in name else 0.0
+    return total
 
 
 def main() -> None:
@@ -133,9 +131,9 @@ def main() -> None:
             t0 = s.metrics()[-1]["time_s"]
             time.sleep(args.seconds)
             t_end_base, rss_before = s.metrics()[-1]["time_s"], learner_memory_mb(s)
-            read0 = read_mib(s)
+            read0 = p2pd_read_mib(s)
             counts, t1, t2 = flood(s, args, nice)
-            read = {k: v - read0.get(k, 0.0) for k, v in read_mib(s).items()}
+            read = p2pd_read_mib(s) - read0
             base, _ = flood_rates(s.metrics(), honest, t0, t_end_base, t_end_base)
             _, during = flood_rates(s.metrics(), honest, t1, t1, t2)
             journal = (s.base / "learner" / "journal.bin").stat().st_size / 2**20
@@ -146,7 +144,7 @@ def main() -> None:
                   f"{journal:>6.2f} MB")
             let_in = (f"; garbage let in by the door and decoded: {counts['error'].get('batch_undecodable', 0)} calls, "
                       f"the rest answered at the door, unread by the learner's process" if args.garbage else "")
-            print(f"{'':<26} read by the learner's p2pd {read.get('p2pd', 0):.0f} MiB (the network's bytes, flood and "
+            print(f"{'':<26} read by the learner's p2pd {read:.0f} MiB (the network's bytes, flood and "
                   f"honest, {t2 - t1:.0f} s){let_in}")
             print(f"{'':<26} flood: {counts['calls']} calls, {counts['bytes'] / 2**20:.0f} MiB; busy by bound "
                   f"{counts['why']}; refused {counts['reasons']}; batch errors {counts['error']}")

@@ -138,9 +138,7 @@ class SwarmNode:
                     return
                 try:
                     async for item in handler(request.value, info.peer_id.to_base58()):
-                        writer.write(_item_header(len(item)))
-                        writer.write(item)
-                        await asyncio.wait_for(writer.drain(), send_timeout)
+                        await _send_item(writer, item, send_timeout)
                 except (ConnectionError, asyncio.TimeoutError) as e:  # the caller left or stopped reading
                     log.debug("%s: stream to %s ended: %s", name, short_id(info.peer_id.to_base58()), e)
                 except Exception as e:  # as hivemind does: the caller gets the error, not a silent end
@@ -205,7 +203,7 @@ class SwarmNode:
                     with suppress(Exception):
                         await P2P.send_protobuf(RPCError(message=str(e)), writer)
                 finally:
-                    _decrement(open_calls, remote)
+                    decrement(open_calls, remote)
 
         self.run(self.p2p.add_binary_stream_handler(name, _handle), timeout=10)
 
@@ -367,7 +365,8 @@ async def _read_reply(reader: asyncio.StreamReader, name: str, peer_id: str, max
     return bytes(_bytes_value_view(data))
 
 
-async def _send_item(writer: asyncio.StreamWriter, item: bytes, timeout: float) -> None:
+async def _send_item(writer: asyncio.StreamWriter, item: bytes | memoryview, timeout: float) -> None:
+    """One item of hivemind's protobuf stream, written as it is (no copy into a BytesValue)."""
     writer.write(_item_header(len(item)))
     writer.write(item)
     await asyncio.wait_for(writer.drain(), timeout)
@@ -380,8 +379,9 @@ def _declared_size(ask: bytes) -> int | None:
     return n if 0 <= n <= MAX_MESSAGE else None
 
 
-def _decrement(counter: collections.Counter, key: str) -> None:
-    counter[key] -= 1
+def decrement(counter: collections.Counter, key, n: int = 1) -> None:
+    """Take `n` from `counter[key]`, dropping the key at zero (per-peer counters must not grow)."""
+    counter[key] -= n
     if counter[key] <= 0:
         del counter[key]
 

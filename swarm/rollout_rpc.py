@@ -57,7 +57,7 @@ from .envelope import open_envelope, seal
 from .identity import short_id
 from .journal import Journal
 from .outbox import Outbox
-from .p2p import MAX_MESSAGE, SwarmNode
+from .p2p import MAX_MESSAGE, SwarmNode, decrement
 from .records import MAX_ID, RecordError, RolloutGroup, decode_rollout_group
 
 log = logging.getLogger(__name__)
@@ -322,7 +322,7 @@ class RolloutReceiver:
             await asyncio.sleep(self.tarpit_s)
         finally:
             self._held -= nbytes
-            _decrement(self._tarpitted, remote, 1)
+            decrement(self._tarpitted, remote, 1)
 
     def _open(self, item, rid: str, remote: str) -> bytes:
         """The record inside one [id, envelope] item, if it passes every check (else RecordError)."""
@@ -359,8 +359,8 @@ class RolloutReceiver:
                     self.cursor += len(out)
                     for _ in out:
                         sampler, nbytes = self._unread.popleft()
-                        _decrement(self._unread_n, sampler, 1)
-                        _decrement(self._unread_bytes, sampler, nbytes)
+                        decrement(self._unread_n, sampler, 1)
+                        decrement(self._unread_bytes, sampler, nbytes)
                 return out
             time.sleep(0.05)
 
@@ -416,12 +416,6 @@ def _sampler_of(record: bytes) -> str:
         return "?"
     sampler = d.get("sampler") if isinstance(d, dict) else None
     return sampler if isinstance(sampler, str) else "?"
-
-
-def _decrement(counter: collections.Counter, key: str, n: int) -> None:
-    counter[key] -= n
-    if counter[key] <= 0:
-        del counter[key]
 
 
 @dataclass

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from swarm.lifetime import proc_table as _proc_table
+
 
 @dataclass
 class NodeProcess:
@@ -39,24 +41,9 @@ class NodeProcess:
         return bool(group_members(self.pgid))
 
     def kill9(self) -> None:
-        """Only the node process itself, as a crash would (its DHT and p2pd are left behind)."""
+        """Only the node process itself, as a crash would (its DHT process then stops itself and p2pd)."""
         self.popen.send_signal(signal.SIGKILL)
         self.popen.wait(10)
-
-
-def _proc_table() -> list[tuple[int, str, int, int]]:
-    """(pid, state, ppid, pgid) of every process, from /proc (Linux)."""
-    rows = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue  # exited while we looked
-        state, ppid, pgid = stat[stat.rindex(")") + 2 :].split()[:3]  # after "pid (comm) "
-        rows.append((int(entry.name), state, int(ppid), int(pgid)))
-    return rows
 
 
 def group_members(pgid: int) -> list[int]:

@@ -23,6 +23,7 @@ from hivemind.dht.schema import SchemaValidator, conbytes
 from hivemind.utils import get_dht_time
 
 from .identity import Identity
+from .lifetime import end_with_parent
 from .ownership import OwnerValidator
 from .tally import TallyModel, tallies_key
 
@@ -202,8 +203,16 @@ def swarm_validators(identity: Identity, swarm: str) -> list:
             OwnerValidator(swarm)]
 
 
+class _DHT(DHT):
+    """hivemind's DHT, whose process and p2pd end when the node's process does (swarm/lifetime.py)."""
+
+    def run(self) -> None:
+        end_with_parent()
+        super().run()
+
+
 def _dht(identity: Identity, net: NetworkConfig, validators: list, announce: list[str] | None) -> DHT:
-    return DHT(
+    return _DHT(
         initial_peers=net.initial_peers or None, start=True, record_validators=validators,
         identity_path=str(identity.path), host_maddrs=[f"/ip4/{net.host}/tcp/{net.port}"],
         announce_maddrs=announce or None, nat_port_map=net.nat_port_map, use_relay=net.use_relay,

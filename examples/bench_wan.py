@@ -13,7 +13,8 @@ sampler holds it, then one patch every `--interval` seconds: `--patch-mb` MB of 
 depends on the size, not the content), or the files of `--blob-dir` (v1, v2, ... in the order of the
 number in their names; a v0 there is used as the keyframe), e.g. real encoded 0.6B patches.
 
-Printed per version: seconds until 50 / 90 / 100% of the samplers hold it (verified; a sampler
+Printed per sampler, once: seconds from its process start until it is in the DHT (reachability
+settled), has found the learner, holds the keyframe. Printed per version: seconds until 50 / 90 / 100% of the samplers hold it (verified; a sampler
 polls once a second, so up to 1 s of it is the poll), the median time one fetch took, the learner's
 upload in copies of the version (counted by its ChunkStore, and on the wire at the relay: libp2p's
 framing and encryption included), the largest download of one sampler in copies (verified bytes, and
@@ -159,13 +160,16 @@ def role_sampler(args) -> None:
 
     stop, work = _stop_event(), Path(args.dir) / args.name
     node = _node(args, work)
+    _event(work / "joined.jsonl", step="dht", spawned=args.spawned)  # in the swarm's DHT, reachability settled
     tracker = LearnerTracker(node, args.follow, MODEL, every=5.0)
     fetcher = WeightFetcher(node, lambda: tracker.current, mates=lambda: tracker.mates)
-    chain, version, last_announce = "", -1, 0.0
+    chain, version, last_announce, found = "", -1, 0.0, False
     try:
         while not stop.is_set():
             t0 = time.time()
-            tracker.refresh()
+            if tracker.refresh() and not found:
+                found = True
+                _event(work / "joined.jsonl", step="learner", spawned=args.spawned)
             if t0 - last_announce > 5 and tracker.current:  # mates find each other by these records
                 node.announce({"role": "sampler", "model_id": MODEL, "version": max(version, 0), "engine": "",
                                "throughput": 0.0, "maddrs": node.maddrs(), "learner": tracker.current}, ttl=30)
@@ -254,7 +258,8 @@ def run(args) -> None:
         roles = [wan.spawn("learner", wan.ns(1), [*me, "learner", *_role_args(wan, 1, out, addr), *_learner_flags(args)],
                            logs)]
         roles += [wan.spawn(n, wan.ns(2 + k), [*me, "sampler", *_role_args(wan, 2 + k, out, addr), "--name", n,
-                                               "--follow", learner_id, *(["--sync-polls"] if args.sync_polls else [])],
+                                               "--follow", learner_id, "--spawned", str(time.time()),
+                                               *(["--sync-polls"] if args.sync_polls else [])],
                                   logs) for k, n in enumerate(names)]
         print(f"{args.samplers} samplers, learner and bootstrap in namespaces of {wan.tag}; logs in {logs}")
         _wait(lambda: all(0 in _held(out, n) for n in names), 300, "not every sampler got v0", roles)
@@ -325,6 +330,7 @@ def report(args, out: Path, names: list[str], relay_series: list[tuple[float, di
         print(f"{v:>3} {size / 2**20:6.1f} {wan.one_copy_s(size):7.2f} {_s(pct[0]):>6} {_s(pct[1]):>6} {_s(pct[2]):>6} "
               f"{len(times):>2}/{len(names):<2} {statistics.median(took) if took else math.nan:7.2f} {upload:8.2f} "
               f"{wire_up:6.2f} {down:10.2f} {wire_down:6.2f}")
+    _report_join(out, names, held)
     stale = _staleness(pubs, held, end)
     print(f"staleness samplers see (newest published - held, every second from v1 on, {len(stale)} samples): "
           f"mean {statistics.fmean(stale):.2f}, p90 {_q(stale, 0.9)}, max {max(stale)}")
@@ -340,6 +346,22 @@ def report(args, out: Path, names: list[str], relay_series: list[tuple[float, di
     print(f"        no sampler downloads more than {GOAL_DOWNLOAD:g} copy: worst {worst_down:.2f} verified, {worst_wire:.2f} "
           f"on the wire with framing, encryption and the DHT [{'met' if worst_down <= GOAL_DOWNLOAD + 1e-9 else 'MISSED'}]")
     print(f"records and logs: {out}")
+
+
+def _report_join(out: Path, names: list[str], held: dict[str, dict[int, float]]) -> None:
+    """Seconds from a sampler's process start to: in the DHT (reachability settled), the learner
+    found, the keyframe v0 held. All samplers start at once, so on a small machine this includes
+    waiting for the CPU (imports)."""
+    since: dict[str, list[float]] = {"dht": [], "learner": [], "v0": []}
+    for n in names:
+        for e in _jsonl(out / n / "joined.jsonl"):
+            since[e["step"]].append(e["t"] - e["spawned"])
+            spawned = e["spawned"]
+        if 0 in held[n]:
+            since["v0"].append(held[n][0] - spawned)
+    print("join, s from process start (all at once): " + ", ".join(
+        f"{what} median {statistics.median(xs):.1f} max {max(xs):.1f}" for what, xs in
+        (("in the DHT", since["dht"]), ("learner found", since["learner"]), ("v0 held", since["v0"])) if xs))
 
 
 def _staleness(pubs: dict, held: dict[str, dict[int, float]], end: float) -> list[int]:
@@ -384,6 +406,7 @@ def main() -> None:
         ap.add_argument(flag, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=31337, help=argparse.SUPPRESS)
     ap.add_argument("--home", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--spawned", type=float, default=0.0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.role != "run":
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.role} %(name)s %(message)s")

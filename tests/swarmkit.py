@@ -96,6 +96,30 @@ def honest_swarm(base: Path, learner_toml: str):
         s.stop_all()
 
 
+def check_books(learner_dir: Path) -> dict:
+    """After a learner's graceful stop (it writes a final checkpoint): every acknowledged rollout it
+    read from its journal was accepted, and each accepted one was trained on, or is buffered, once.
+    Returns the final checkpoint's state."""
+    import msgpack
+
+    from swarm.journal import Journal
+    from swarm.records import decode_rollout_group
+
+    from node.checkpoint import latest_checkpoint
+
+    last = latest_checkpoint(learner_dir / "checkpoints")
+    state = json.loads((last / "state.json").read_text())
+    journal = Journal(learner_dir / "journal.bin")
+    cursor = state["extra"]["journal_cursor"]
+    assert 0 < journal.first <= cursor <= len(journal)  # compacted: it keeps what no checkpoint holds
+    consumed = {decode_rollout_group(r).id for r in journal.read(journal.first, cursor - journal.first)}
+    buffered = len(msgpack.unpackb((last / "buffer.msgpack").read_bytes()))
+    seen = set(state["seen"])
+    assert consumed <= seen  # every acknowledged rollout the learner read was accepted
+    assert sum(state["accepted_by_sampler"].values()) + buffered == len(seen)  # and trained on once
+    return state
+
+
 def peer_of(s: Swarm, name: str) -> str:
     wait_for_file(s.base / name / "identity.key", 60)
     return Identity.load_or_create(s.base / name / "identity.key").peer_id

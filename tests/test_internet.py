@@ -9,15 +9,21 @@ Skipped, with the reason, where namespaces or nftables are missing."""
 
 from __future__ import annotations
 
+import json
+import random
+import shutil
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from cli.procs import wait_for_file
+from cli.procs import stop, wait_for_file
 from examples.internet import Home, Internet, skip_reason
 from examples.wan import LISTEN_PORT
 from swarm.identity import Identity
+from external import missing
+from swarmkit import check_books
 from test_wan import _last_step, _sampler_version, _wait
 
 pytestmark = pytest.mark.integration
@@ -32,10 +38,6 @@ def _log(base: Path, name: str) -> str:
 
 
 def test_volunteers_behind_nat_join_with_no_flag_and_the_swarm_learns(tmp_path):
-    import shutil
-
-    from external import missing
-
     if shutil.which("nft") is None:  # CI installs it (.ci/run): there its absence fails the test
         missing("nftables (the home routers' NAT)", "sudo apt-get install -y nftables")
     reason = skip_reason()
@@ -92,8 +94,92 @@ def test_volunteers_behind_nat_join_with_no_flag_and_the_swarm_learns(tmp_path):
         assert "error: a learner behind a NAT cannot be reached by samplers" in text and "Traceback" not in text, text
         made = list(net._made)
     time.sleep(0.5)
-    import subprocess
-
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
     assert not any(n in listed for n in made), listed
     assert not any(p.group_alive() for p in procs)
+
+
+CHURN_LEARNER_TOML = "[learner]\ncheckpoint_every = 5\neval_every = 0\nmax_staleness = 1000\ngroups_per_step = 8\n"
+
+
+def _gaps_within_lifetimes(steps: list[dict]) -> list[float]:
+    """Seconds between consecutive steps of one learner process (time_s restarts with a process)."""
+    return [b["time_s"] - a["time_s"] for a, b in zip(steps, steps[1:]) if b["time_s"] >= a["time_s"]]
+
+
+def test_churn_across_the_internet_loses_nothing_acknowledged(tmp_path):
+    """8 samplers, 6 of them at home behind NAT, killed with -9 and restarted at random, and the
+    learner killed with -9 once: the learner goes on, nothing acknowledged is lost or credited twice,
+    no process outlives its node."""
+
+    if shutil.which("nft") is None:
+        missing("nftables (the home routers' NAT)", "sudo apt-get install -y nftables")
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    homes = [Home(drop_inbound=j % 2 == 0, rate_mbit=(10, 50, 100)[j % 3]) for j in range(6)]
+    with Internet(public=4, homes=homes, rate_mbit=100, workdir=tmp_path / "net") as net:
+        logs = tmp_path / "logs"
+        learner_id = Identity.load_or_create(tmp_path / "learner" / "identity.key").peer_id
+        boot = net.start(0, "bootstrap", ["bootstrap", *net.public_args(0), "--identity", str(tmp_path / "boot.key"),
+                                          "--addr-file", str(tmp_path / "boot.addr"), "--trusted-learner", learner_id],
+                         logs)
+        addr = wait_for_file(tmp_path / "boot.addr", 90, boot).decode().split()[0]
+        (tmp_path / "learner.toml").write_text(CHURN_LEARNER_TOML)
+        (tmp_path / "sampler.toml").write_text(SAMPLER_TOML)
+        join = ["join", "--initial-peers", addr]
+        learner_args = [*join, "--role", "learner", *net.public_args(1), "--workdir", str(tmp_path / "learner"),
+                        "--config", str(tmp_path / "learner.toml")]
+        hosts = {f"s{i}": 2 + i for i in range(2)} | {f"s{2 + j}": net.home_host(j) for j in range(6)}
+
+        def start_sampler(name: str):
+            return net.start(hosts[name], name, [*join, "--role", "sampler", "--no-nat", "--workdir",
+                                                 str(tmp_path / name), "--config", str(tmp_path / "sampler.toml")], logs)
+
+        procs = {"learner": net.start(1, "learner", learner_args, logs)} | {n: start_sampler(n) for n in hosts}
+        _wait(lambda: _last_step(tmp_path / "learner")["version"] >= 3, 300, "the learner reached version 3",
+              [*procs.values(), boot])
+
+        def killed(proc) -> None:  # kill -9, as a crash; its DHT process and p2pd end by themselves
+            proc.kill9()
+            deadline = time.monotonic() + 15
+            while proc.group_alive() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert not proc.group_alive(), f"{proc.name}'s DHT process or p2pd outlived it"
+
+        rng, learner_down_s = random.Random(0), 0.0
+        for round_ in range(6):
+            victim = rng.choice(sorted(hosts))
+            killed(procs[victim])
+            if round_ == 3:  # and the learner, once, while that sampler is down
+                killed(procs["learner"])
+                t_kill, v_kill = time.monotonic(), _last_step(tmp_path / "learner")["version"]
+                time.sleep(3)
+                procs["learner"] = net.start(1, "learner", learner_args, logs)
+                running = [p for n, p in procs.items() if n != victim]
+                _wait(lambda: _last_step(tmp_path / "learner")["version"] > v_kill, 180,
+                      "the restarted learner trained a new version", [*running, boot])
+                learner_down_s = time.monotonic() - t_kill
+            time.sleep(rng.uniform(2, 8))
+            procs[victim] = start_sampler(victim)
+            time.sleep(rng.uniform(5, 10))
+        v_end = _last_step(tmp_path / "learner")["version"]
+        _wait(lambda: _last_step(tmp_path / "learner")["version"] >= v_end + 3, 180,
+              "the learner kept training after the churn", [*procs.values(), boot])
+        stop([procs["learner"]], grace=30)  # a graceful stop writes the final checkpoint
+        state = check_books(tmp_path / "learner")
+        lines = (tmp_path / "learner" / "metrics.jsonl").read_text().splitlines()
+        steps = [r for r in map(json.loads, lines) if r["kind"] == "step"]
+        gaps = _gaps_within_lifetimes(steps)
+        assert max(gaps) <= 30, f"the learner stalled {max(gaps):.0f} s between two versions (gaps {gaps})"
+        credited = {net_id for net_id, n in state["accepted_by_sampler"].items() if n > 0}
+        ids = {Identity.load_or_create(tmp_path / n / "identity.key").peer_id for n in hosts}
+        assert len(credited & ids) >= 6, f"only {len(credited & ids)} of 8 samplers' rollouts were trained on"
+        print(f"\nchurn: {len(steps)} steps, longest gap {max(gaps):.1f} s, learner down {learner_down_s:.1f} s "
+              f"(kill -9 to its next version), {len(state['seen'])} groups accepted, {len(credited & ids)} samplers")
+        made = list(net._made)
+        all_procs = [*procs.values(), boot, *net.nodes]
+    time.sleep(0.5)
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
+    assert not any(n in listed for n in made), listed
+    assert not any(p.group_alive() for p in all_procs)

@@ -4,8 +4,9 @@ hivemind runs the DHT in a forked process, which starts p2pd. When the node is k
 by the kernel's OOM killer, the common way a volunteer's node dies), nothing of its code runs, and
 both used to live on, re-parented to init, holding the node's port and identity: a restarted node
 then met its own ghost in the swarm. `end_with_parent`, called in the DHT's process, watches for
-the node's death and stops p2pd and itself; it also stops them on a SIGTERM (hivemind's last resort
-when the DHT does not shut down in time), which used to leave p2pd running.
+the node's death and stops p2pd and itself, and removes the sockets hivemind left in /tmp; it also
+stops them on a SIGTERM (hivemind's last resort when the DHT does not shut down in time), which
+used to leave p2pd running.
 
 The watch polls the parent's pid rather than asking the kernel (PR_SET_PDEATHSIG): the kernel sends
 that signal when the *thread* that forked the child exits, and the DHT may be created from any
@@ -14,6 +15,7 @@ thread.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import signal
@@ -67,11 +69,15 @@ def unix_socket_paths(pid: int) -> list[str]:
     return [cols[7] for cols in (line.split() for line in lines) if len(cols) >= 8 and cols[6] in inodes]
 
 
-def stop_children_and_exit(code: int, grace_s: float = 3.0) -> None:
+def hivemind_sockets(pid: int) -> set[str]:
+    return {p for p in unix_socket_paths(pid) if p.startswith(SOCKET_PREFIX)}
+
+
+def stop_children_and_exit(code: int, grace_s: float = 3.0, also_remove: set[str] = frozenset()) -> None:
     """SIGTERM this process's children (p2pd), SIGKILL what is left after `grace_s`, remove the
-    hivemind sockets they and we held, and exit with `code` at once."""
+    hivemind sockets they and we held (and `also_remove`), and exit with `code` at once."""
     kids = children(os.getpid())
-    paths = {p for pid in (os.getpid(), *kids) for p in unix_socket_paths(pid) if p.startswith(SOCKET_PREFIX)}
+    paths = set(also_remove).union(*(hivemind_sockets(pid) for pid in (os.getpid(), *kids)))
     for pid in kids:
         _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
@@ -88,14 +94,21 @@ def stop_children_and_exit(code: int, grace_s: float = 3.0) -> None:
 
 
 def end_with_parent(poll_s: float = 1.0) -> None:
-    """In a helper process: end (with its children) within `poll_s` of the parent's death, and on SIGTERM."""
+    """In a helper process: end (with its children) within `poll_s` of the parent's death, and on
+    SIGTERM. The parent's own hivemind socket (its p2p client's, for incoming streams) is removed too:
+    the last one seen while it lived, looked up every `5 * poll_s`."""
     parent = os.getppid()
 
     def watch() -> None:
-        while os.getppid() == parent:
+        theirs: set[str] = set()
+        for tick in itertools.count():
+            if os.getppid() != parent:
+                break
+            if tick % 5 == 0:
+                theirs = hivemind_sockets(parent) or theirs
             time.sleep(poll_s)
         log.warning("the node's process %d is gone: stopping its DHT and p2pd", parent)
-        stop_children_and_exit(0)
+        stop_children_and_exit(0, also_remove=theirs)
 
     threading.Thread(target=watch, name="end-with-parent", daemon=True).start()
     signal.signal(signal.SIGTERM, lambda signum, frame: stop_children_and_exit(128 + signum))

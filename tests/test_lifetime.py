@@ -28,7 +28,8 @@ print(daemon.pid, flush=True)
 time.sleep(120)
 """
 NODE = """
-import subprocess, sys, time
+import socket, subprocess, sys, time
+s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[2] + ".node"); s.listen()
 helper = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]])
 print(helper.pid, flush=True)
 time.sleep(120)
@@ -64,8 +65,9 @@ def node(tmp_path):
     except ProcessLookupError:
         pass
     proc.wait(10)
-    if os.path.exists(sock):
-        os.unlink(sock)
+    for path in (sock, sock + ".node"):
+        if os.path.exists(path):
+            os.unlink(path)
 
 
 def test_a_helper_process_ends_with_its_daemon_when_the_node_is_killed_9(node):
@@ -75,6 +77,7 @@ def test_a_helper_process_ends_with_its_daemon_when_the_node_is_killed_9(node):
     proc.wait(10)
     assert _gone(helper) and _gone(daemon), "the helper or its daemon outlived the node"
     assert not os.path.exists(sock), "the helper's hivemind socket was left in /tmp"
+    assert not os.path.exists(sock + ".node"), "the node's hivemind socket was left in /tmp"
 
 
 def test_a_helper_process_stops_its_daemon_on_sigterm(node):

@@ -13,8 +13,8 @@ sampler holds it, then one patch every `--interval` seconds: `--patch-mb` MB of 
 depends on the size, not the content), or the files of `--blob-dir` (v1, v2, ... in the order of the
 number in their names; a v0 there is used as the keyframe), e.g. real encoded 0.6B patches.
 
-Printed per sampler, once: seconds from its process start until it is in the DHT (reachability
-settled), has found the learner, holds the keyframe. Printed per version: seconds until 50 / 90 / 100% of the samplers hold it (verified; a sampler
+Printed per sampler, once: seconds from its process start until its imports are done, it is in the
+DHT (reachability settled), has found the learner, holds the keyframe. Printed per version: seconds until 50 / 90 / 100% of the samplers hold it (verified; a sampler
 polls once a second, so up to 1 s of it is the poll), the median time one fetch took, the learner's
 upload in copies of the version (counted by its ChunkStore, and on the wire at the relay: libp2p's
 framing and encryption included), the largest download of one sampler in copies (verified bytes, and
@@ -159,6 +159,7 @@ def role_sampler(args) -> None:
     from swarm.weight_rpc import WeightFetcher
 
     stop, work = _stop_event(), Path(args.dir) / args.name
+    _event(work / "joined.jsonl", step="python", spawned=args.spawned)  # imports done
     node = _node(args, work)
     _event(work / "joined.jsonl", step="dht", spawned=args.spawned)  # in the swarm's DHT, reachability settled
     tracker = LearnerTracker(node, args.follow, MODEL, every=5.0)
@@ -352,7 +353,7 @@ def _report_join(out: Path, names: list[str], held: dict[str, dict[int, float]])
     """Seconds from a sampler's process start to: in the DHT (reachability settled), the learner
     found, the keyframe v0 held. All samplers start at once, so on a small machine this includes
     waiting for the CPU (imports)."""
-    since: dict[str, list[float]] = {"dht": [], "learner": [], "v0": []}
+    since: dict[str, list[float]] = {"python": [], "dht": [], "learner": [], "v0": []}
     for n in names:
         for e in _jsonl(out / n / "joined.jsonl"):
             since[e["step"]].append(e["t"] - e["spawned"])
@@ -361,7 +362,7 @@ def _report_join(out: Path, names: list[str], held: dict[str, dict[int, float]])
             since["v0"].append(held[n][0] - spawned)
     print("join, s from process start (all at once): " + ", ".join(
         f"{what} median {statistics.median(xs):.1f} max {max(xs):.1f}" for what, xs in
-        (("in the DHT", since["dht"]), ("learner found", since["learner"]), ("v0 held", since["v0"])) if xs))
+        (("imports done", since["python"]), ("in the DHT", since["dht"]), ("learner found", since["learner"]), ("v0 held", since["v0"])) if xs))
 
 
 def _staleness(pubs: dict, held: dict[str, dict[int, float]], end: float) -> list[int]:

@@ -10,7 +10,8 @@
    answer plus one extra digit, claimed log-prob -2/token), and a subtler chooser that samples
    honestly and swaps one completion of eight for a correct answer; each audited once.
 3. Cost: audit seconds against the learner's optimizer-step seconds, with every group audited and
-   in a second run at the default audit policy (first 4 groups of each sampler, then 10%).
+   in a second run at the default audit policy (first 4 groups of each sampler, 10% until it has
+   passed 32 audits, 3% after).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     sampling = SamplingConfig()
     cfg = SimulatorConfig(
-        learner=LearnerConfig(audit_rate=1.0, eval_every=0, eval_size=50, audit_rel_tolerance=args.rel_tolerance),
+        learner=LearnerConfig(audit_rate=1.0, audit_rate_trusted=1.0, eval_every=0, eval_size=50, audit_rel_tolerance=args.rel_tolerance),
         sampling=sampling, steps=args.steps,
         samplers=(SimSamplerSpec(count=1), SimSamplerSpec(name="stale", count=2,
                                                           weight_delay=DelayConfig(kind="lognormal", lower_s=30, upper_s=20 * 30))),
@@ -91,9 +92,16 @@ def main() -> None:
     d = default.learner
     print(f"3. cost: every group audited: {per_audit * 1e3:.1f} ms per audited group (one forward pass per claimed "
           f"version), {learner.audit_stats['time_s'] / learner.train_time_s:.0%} of optimizer-step time; "
-          f"default policy (first 4 per sampler, then 10%): {d.audit_stats['audits']} of "
+          f"default policy (first 4 per sampler, 10% until 32 passed, then 3%): {d.audit_stats['audits']} of "
           f"{d.version * d.cfg.groups_per_step} groups audited in {d.audit_stats['time_s']:.1f} s against "
           f"{d.train_time_s:.1f} s of optimizer steps = {d.audit_stats['time_s'] / d.train_time_s:.1%} of learner compute")
+    steps = [r for r in d.history if r.get("kind") == "step"]
+    half, last = steps[len(steps) // 2], steps[-1]
+    print(f"   in the run's second half (v{half['version']}-v{last['version']}; a sampler is audited at "
+          f"{d.cfg.audit_rate_trusted:.0%} once past {d.cfg.audit_trusted_after} audits): "
+          f"{last['audit']['audits'] - half['audit']['audits']} audits, "
+          f"{(last['audit']['time_s'] - half['audit']['time_s']) / (last['train_time_s'] - half['train_time_s']):.1%} "
+          f"of learner compute (goal <= 5%)")
 
 if __name__ == "__main__":
     main()

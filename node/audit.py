@@ -1,7 +1,7 @@
 """Spot audits of checkable sampling (node/checkable.py) and what a failed audit costs.
 
     archive = VersionArchive(window=64)          # the learner's own published versions
-    archive.put(chain, version, enc, nonce)      # on every publish
+    archive.put(chain, version, enc, nonce, view)  # on every publish (the view: cached if it fits)
     model_v.load_state_dict(archive.weights(chain, v))
     results = audit_groups(model_v, items, params, pad_id, tol)   # one forward pass for v's groups
 
@@ -35,25 +35,39 @@ class VersionArchive:
     """The learner's published versions of the last `window` versions, as the encoded keyframes and
     patches it sent (plus the base model as chain "" version 0), rebuilt on demand."""
 
-    def __init__(self, window: int, cache: int = 4) -> None:
+    def __init__(self, window: int, cache_bytes: int = 256 << 20) -> None:
         self.window = window
-        self.cache = cache
+        self.cache_bytes = cache_bytes
         self.encoded: dict[tuple[str, int], EncodedVersion] = {}
         self.nonces: dict[tuple[str, int], bytes] = {("", 0): BASE_NONCE}
         self._base: tuple[Layout, torch.Tensor] | None = None
         self._cache: collections.OrderedDict[tuple[str, int], torch.Tensor] = collections.OrderedDict()
-        """Flat views rebuilt lately (LRU, `cache` of them): audits mostly hit the same few versions,
-        and a rebuild starts from the nearest cached ancestor rather than from the keyframe."""
+        """Flat views, newest use last, within `cache_bytes` (and at least the last one rebuilt): the
+        views the learner published, handed over as it publishes them, and those rebuilt lately. An
+        audit of a cached version costs no decode; a rebuild starts from the nearest cached
+        ancestor rather than from the keyframe. With a small model every version within the
+        staleness samplers show fits (the demo's: 3.2 MB each); a 0.6B float32 view (2.4 GB) does
+        not, and is rebuilt as before."""
 
     def put_base(self, weights: dict[str, torch.Tensor]) -> None:
         """The weights every sampler starts from before it loads a version (chain "", version 0):
         kept as they are, in float32."""
         self._base = Layout.of(weights), make_view(weights, torch.float32).cpu()
 
-    def put(self, chain: str, version: int, enc: EncodedVersion, nonce: bytes) -> None:
+    def put(self, chain: str, version: int, enc: EncodedVersion, nonce: bytes, view: torch.Tensor | None = None) -> None:
+        """Archive a published version; `view`, the flat view it rebuilds (what the publisher
+        encoded, never modified after), is cached on the CPU where it fits."""
         self.encoded[(chain, version)] = enc
         self.nonces[(chain, version)] = nonce
+        if view is not None and _nbytes(view) <= self.cache_bytes:
+            self._remember((chain, version), view.detach().cpu())
         self._prune(chain, version)
+
+    def _remember(self, key: tuple[str, int], flat: torch.Tensor) -> None:
+        self._cache[key] = flat
+        self._cache.move_to_end(key)
+        while len(self._cache) > 1 and sum(map(_nbytes, self._cache.values())) > self.cache_bytes:
+            self._cache.popitem(last=False)
 
     def holds(self, chain: str, version: int) -> bool:
         return (chain, version) in self.encoded
@@ -94,10 +108,12 @@ class VersionArchive:
         flat = self._cache.get((chain, path[-1].base)) if path[-1].base is not None else None
         for enc in reversed(path):
             flat = apply_version(flat, enc)
-        self._cache[key] = flat
-        while len(self._cache) > self.cache:
-            self._cache.popitem(last=False)
+        self._remember(key, flat)
         return self.encoded[key].layout.tensors(flat)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 @dataclass

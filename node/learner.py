@@ -132,7 +132,13 @@ class LearnerConfig:
     audit_first: int = 4
     """Own-model groups audited for checkable sampling (node/audit.py) from each new sampler..."""
     audit_rate: float = 0.1
-    """...and the share of its groups audited after those, chosen at random by the learner."""
+    """...and the share of its groups audited after those, chosen at random by the learner..."""
+    audit_trusted_after: int = 32
+    """...until it has passed this many audits; from then on, `audit_rate_trusted` of its groups.
+    New keys are audited heavily, a long record lightly: one failed audit still refuses the sampler
+    and revokes all its credit, so cheating on k groups is caught with probability
+    1 - (1 - audit_rate_trusted)^k (k = 100: 95% at 3%)."""
+    audit_rate_trusted: float = 0.03
     audit_tolerance: float = 1e-3
     """Slack in CDF units around each token's interval for engine numerics (node/checkable.py)..."""
     audit_rel_tolerance: float = 0.0
@@ -170,8 +176,10 @@ class LearnerConfig:
         if self.max_staleness < 0 or self.groups_per_step < 1 or self.eval_every < 0 or self.eval_size < 1:
             raise ValueError("learner: need max_staleness >= 0, groups_per_step >= 1, eval_every >= 0, eval_size >= 1")
         if not self.max_logprob_gap > 0 or not self.audit_logprob_gap > 0 or self.audit_first < 0 or not 0 <= self.audit_rate <= 1 \
+                or not 0 <= self.audit_rate_trusted <= 1 or self.audit_trusted_after < self.audit_first \
                 or not 0 <= self.audit_tolerance < 1 or not 0 <= self.audit_rel_tolerance < 1:
             raise ValueError("learner: need max_logprob_gap > 0, audit_first >= 0, 0 <= audit_rate <= 1, "
+                             "0 <= audit_rate_trusted <= 1, audit_trusted_after >= audit_first, "
                              "0 <= audit_tolerance < 1, 0 <= audit_rel_tolerance < 1")
         if self.quota_per_sampler < 1 or self.rate_per_sampler <= 0 or self.unproven_quota < 1 \
                 or min(self.unproven_rate, self.byte_rate_per_sampler, self.unproven_byte_rate) <= 0:
@@ -596,7 +604,7 @@ class Learner:
         """Spot-audit own-model groups (node/audit.py); returns those that may be trained on, and
         the ids of those among them chosen for an audit whose version we no longer hold."""
         chosen = [b for b in taken if b.route == "stale" and (self.audits[b.sampler] < self.cfg.audit_first
-                                                               or self._audit_rng.random() < self.cfg.audit_rate)]
+                                                               or self._audit_rng.random() < self.audit_rate(b.sampler))]
         # one forward pass per claimed version: its weights are rebuilt and loaded once
         by_version: dict[tuple[str, int], list[BufferedGroup]] = {}
         for b in chosen:
@@ -615,6 +623,12 @@ class Learner:
         # crash); an accepted group is never lost, so it is trained on (the gap check and the dual
         # clip still bound it), but unchecked work earns no credit
         return keep, {id(b) for b in keep if verdicts.get(id(b)) == "unauditable"}
+
+    def audit_rate(self, sampler: str) -> float:
+        """The share of `sampler`'s groups audited once past its first `audit_first`: heavier while
+        its record is short."""
+        trusted = self.audits[sampler] >= self.cfg.audit_trusted_after
+        return self.cfg.audit_rate_trusted if trusted else self.cfg.audit_rate
 
     def _audit_version(self, key: tuple[str, int], groups: list[BufferedGroup]) -> list[str]:
         """Audit groups that claim the same version; a verdict each: pass, unauditable or why it failed."""
@@ -697,7 +711,7 @@ class Learner:
         weights, aliases = untie(self.model.state_dict())
         enc = self.publisher.publish(weights, self.version)
         blob = encode_version(enc, self.model_id, self.chain, aliases)
-        self.archive.put(self.chain, self.version, enc, version_nonce(blob))
+        self.archive.put(self.chain, self.version, enc, version_nonce(blob), view=self.publisher.published)
         self.link.publish_weights(WeightVersion(self.model_id, self.chain, self.version, enc.base, blob))
         self._last_publish = (self.version, time.monotonic(), len(blob))
         return {k: round(v, 6) if isinstance(v, float) else v for k, v in enc.stats.items()}

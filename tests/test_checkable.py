@@ -102,9 +102,13 @@ def test_seeds_and_uniforms_are_fixed_by_nonce_prompt_sampler_and_index():
     assert abs(sum(us) / len(us) - 0.5) < 0.05
 
 
-def test_the_archive_rebuilds_every_published_version_bit_exactly_and_the_nonce_is_content():
+@pytest.mark.parametrize("views,cache_bytes", [(False, 256 << 20), (True, 256 << 20), (True, 1)],
+                         ids=["rebuilt", "published-views-cached", "nothing-fits"])
+def test_the_archive_rebuilds_every_published_version_bit_exactly_and_the_nonce_is_content(views, cache_bytes,
+                                                                                          monkeypatch):
     model = load_model(BUILTIN_MODEL)
-    pub, archive, sent = Publisher(PublishConfig(view="bfloat16", keyframe_every=3), torch.bfloat16), VersionArchive(window=4), {}
+    pub, sent = Publisher(PublishConfig(view="bfloat16", keyframe_every=3), torch.bfloat16), {}
+    archive = VersionArchive(window=4, cache_bytes=cache_bytes)
     torch.manual_seed(0)
     base = {k: t.clone() for k, t in untie(model.state_dict())[0].items()}
     archive.put_base(base)
@@ -116,10 +120,14 @@ def test_the_archive_rebuilds_every_published_version_bit_exactly_and_the_nonce_
         weights, aliases = untie(model.state_dict())
         enc = pub.publish(weights, v)
         blob = encode_version(enc, BUILTIN_MODEL, "c", aliases)
-        archive.put("c", v, enc, version_nonce(blob))
+        archive.put("c", v, enc, version_nonce(blob), view=pub.published if views else None)
         published = apply_version(published if enc.base is not None else None, enc)  # what a sampler holds
         sent[v] = {k: t.clone() for k, t in enc.layout.tensors(published).items()}
         assert version_nonce(blob) == version_nonce(encode_version(enc, BUILTIN_MODEL, "c", aliases))
+    if views and cache_bytes > 1:  # every version of the window was cached as published: no decode at all
+        import node.audit
+
+        monkeypatch.setattr(node.audit, "apply_version", lambda *a: pytest.fail("decoded a cached version"))
     for v in range(4, 9):  # the window
         rebuilt = archive.weights("c", v)
         assert all(torch.equal(rebuilt[k], sent[v][k]) for k in sent[v]), v
@@ -356,3 +364,17 @@ def test_a_new_key_claiming_an_earlier_runs_chain_is_trained_only_within_the_una
     assert learner.audits["new"] == 0 and not learner.is_proven("new")  # unauditable is never a passed audit
     assert learner.audit_stats["unauditable"] == 3 and "new" not in learner.tally.peers
     assert learner.untrained_by("new") == 1
+
+
+def test_a_long_record_is_audited_lightly_and_the_bounds_are_checked(task, tmp_path):
+    learner, _ = _pair(task, tmp_path, audit_first=4, audit_rate=0.1, audit_trusted_after=32, audit_rate_trusted=0.03)
+    rates = []
+    for passed in (0, 4, 31, 32, 500):
+        learner.audits["x"] = passed
+        rates.append(learner.audit_rate("x"))
+    assert rates == [0.1, 0.1, 0.1, 0.03, 0.03]
+    assert learner.audit_rate("never-seen") == 0.1
+    with pytest.raises(ValueError, match="audit_trusted_after >= audit_first"):
+        LearnerConfig(audit_first=8, audit_trusted_after=4)
+    with pytest.raises(ValueError, match="audit_rate_trusted"):
+        LearnerConfig(audit_rate_trusted=1.5)

@@ -14,8 +14,11 @@ depends on the size, not the content), or the files of `--blob-dir` (v1, v2, ...
 number in their names; a v0 there is used as the keyframe), e.g. real encoded 0.6B patches.
 
 Printed per sampler, once: seconds from its process start until its imports are done, it is in the
-DHT (reachability settled), has found the learner, holds the keyframe. Printed per version: seconds until 50 / 90 / 100% of the samplers hold it (verified; a sampler
-polls once a second, so up to 1 s of it is the poll), the median time one fetch took, the learner's
+DHT (reachability settled), has found the learner, holds the keyframe. Printed per version:
+seconds until 50 / 90 / 100% of the samplers hold it (verified; samplers long-poll the learner, as
+`join` does, so they hear of it when it is published; with `--long-poll 0` they poll once a second
+and up to 1 s of it is the poll), the median time one fetch took (from the publication or the
+poll, whichever is later), the learner's
 upload in copies of the version (counted by its ChunkStore, and on the wire at the relay: libp2p's
 framing and encryption included), the largest download of one sampler in copies (verified bytes, and
 on the wire), beside the physical limit (one copy at the link rate plus one RTT); and the staleness
@@ -177,7 +180,8 @@ def role_sampler(args) -> None:
                 last_announce = t0
             (work / "mates.json").write_text(json.dumps(tracker.mates))  # the driver waits until all agree
             before = dict(fetcher.stats)
-            got = fetcher.fetch(chain, version) if tracker.current else None
+            wait = 0.0 if args.sync_polls else args.long_poll  # the learner answers once it publishes
+            got = fetcher.fetch(chain, version, wait=wait, stop=stop) if tracker.current else None
             if got:
                 chain, version = got[-1].chain, got[-1].version
                 _event(work / "fetches.jsonl", versions=[w.version for w in got], sizes=[len(w.blob) for w in got],
@@ -260,6 +264,7 @@ def run(args) -> None:
                            logs)]
         roles += [wan.spawn(n, wan.ns(2 + k), [*me, "sampler", *_role_args(wan, 2 + k, out, addr), "--name", n,
                                                "--follow", learner_id, "--spawned", str(time.time()),
+                                               "--long-poll", str(args.long_poll),
                                                *(["--sync-polls"] if args.sync_polls else [])],
                                   logs) for k, n in enumerate(names)]
         print(f"{args.samplers} samplers, learner and bootstrap in namespaces of {wan.tag}; logs in {logs}")
@@ -310,8 +315,9 @@ def report(args, out: Path, names: list[str], relay_series: list[tuple[float, di
     end = relay_series[-1][0]
     versions = sorted(v for v in pubs if v > 0)
     nat = f", {args.behind_nat} behind NAT (wire: the kernel's shapers)" if args.behind_nat else ""
+    polls = "in sync" if args.sync_polls else f"long polls of {args.long_poll:g} s" if args.long_poll else "free"
     print(f"\n{args.samplers} samplers{nat}, {args.rate_mbit:g} Mbit/s each way, {args.rtt_ms:g} ms RTT, loss {args.loss:g}, "
-          f"polls {'in sync' if args.sync_polls else 'free'}; limit = one copy at the link rate + 1 RTT")
+          f"polls {polls}; limit = one copy at the link rate + 1 RTT")
     print(f"{'ver':>3} {'MB':>6} {'limit s':>7} {'50% s':>6} {'90% s':>6} {'100% s':>6} {'held':>5} "
           f"{'fetch s':>7} {'upload x':>8} {'wire x':>6} {'max down x':>10} {'wire x':>6}")
     rows = []
@@ -326,7 +332,8 @@ def report(args, out: Path, names: list[str], relay_series: list[tuple[float, di
         down = max((sum(r["bytes_from_learner"] + r["bytes_from_holders"] for r in fetches[n] if r["versions"] == [v])
                     for n in names), default=0) / size
         wire_down = max(_at(down_wire[n], t1) - _at(down_wire[n], t0) for n in names) / size
-        took = [r["t"] - r["started"] for n in names for r in fetches[n] if r["versions"] == [v]]
+        # from the later of the poll's start and the publication: a long poll waits for the version
+        took = [r["t"] - max(r["started"], t0) for n in names for r in fetches[n] if r["versions"] == [v]]
         rows.append((pct, upload, wire_up, down, wire_down))
         print(f"{v:>3} {size / 2**20:6.1f} {wan.one_copy_s(size):7.2f} {_s(pct[0]):>6} {_s(pct[1]):>6} {_s(pct[2]):>6} "
               f"{len(times):>2}/{len(names):<2} {statistics.median(took) if took else math.nan:7.2f} {upload:8.2f} "
@@ -400,6 +407,9 @@ def main() -> None:
     ap.add_argument("--behind-nat", type=int, default=0, metavar="K",
                     help="put K of the samplers behind home routers that NAT and drop inbound connections "
                          "(examples/internet.py; no added RTT there)")
+    ap.add_argument("--long-poll", type=float, default=10.0, metavar="S",
+                    help="samplers ask the learner to hold each manifest request up to S s until it publishes, as "
+                         "`join` does; 0: a plain poll once a second (as before)")
     ap.add_argument("--sync-polls", action="store_true", help="samplers poll at the same instants (an experiment: "
                     "as if every sampler learnt of a new version at once); default: each on its own 1 s cycle")
     # the roles' own flags

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import functools
 import logging
 import queue
@@ -42,6 +43,10 @@ Door = Callable[[str, int, int], Awaitable["bytes | None"]]
 ends the call before its payload is read, or None to read it (the door then owns the cost)."""
 T = TypeVar("T")
 _END = object()
+
+
+class CallStopped(Exception):
+    """A call given up because the caller is stopping (`SwarmNode.call`'s `stop`)."""
 
 
 class StreamStalled(TimeoutError):
@@ -257,14 +262,30 @@ class SwarmNode:
             future.cancel()  # if on_item raised: stop reading (a no-op once done)
         return future.result(0)
 
-    def call(self, peer_id: str, name: str, payload: bytes, timeout: float) -> bytes:
-        """Call `name` on `peer_id`; raises on timeout or if the peer cannot be reached."""
+    def call(self, peer_id: str, name: str, payload: bytes, timeout: float,
+             stop: threading.Event | None = None) -> bytes:
+        """Call `name` on `peer_id`; raises on timeout or if the peer cannot be reached, and
+        `CallStopped` as soon as `stop` is set (a long poll must not hold up a shutdown)."""
         async def _call() -> bytes:
             reply = await self.p2p.call_protobuf_handler(PeerID.from_base58(peer_id), name,
                                                          BytesValue(value=payload), BytesValue)
             return reply.value
 
-        return self._routed(peer_id, _call, timeout)
+        return self._routed(peer_id, _call, timeout, None if stop is None else lambda c, t: self._run_until(c, t, stop))
+
+    def _run_until(self, coro, timeout: float, stop: threading.Event) -> T:
+        """As `run`, but given up (the call cancelled) as soon as `stop` is set."""
+        future = asyncio.run_coroutine_threadsafe(asyncio.wait_for(coro, timeout), self._loop)
+        deadline = time.monotonic() + timeout + 1
+        while not stop.is_set():
+            try:
+                return future.result(min(0.2, max(deadline - time.monotonic(), 0)))
+            except concurrent.futures.TimeoutError:
+                if time.monotonic() >= deadline:
+                    future.cancel()
+                    raise TimeoutError(f"no reply in {timeout:.1f} s") from None
+        future.cancel()
+        raise CallStopped("stopped while waiting for a reply")
 
     def _routed(self, peer_id: str, make_call: Callable[[], Awaitable[T]], timeout: float,
                 run: Callable[[Awaitable[T], float], T] | None = None) -> T:

@@ -1,7 +1,9 @@
 """Weight versions over the swarm: a signed manifest and hash-checked chunks served by every holder.
 
 Learner side (`WeightServer`) serves two RPCs:
-  hetero.manifest.v1  -> the manifest of the learner's current chain segment (its last keyframe
+  hetero.manifest.v1  b"" or [chain, version, wait] (a long poll: answered once the learner has a
+                      version newer than that one, or after `wait` s)
+                      -> the manifest of the learner's current chain segment (its last keyframe
                       and the deltas after it), sealed by the learner: chain id, model, and per
                       version its base, size and per-chunk sha256 (which pin every byte: a
                       whole-blob hash on top would only cost the fetcher a pass over it).
@@ -39,7 +41,7 @@ from .delay import DelayConfig, ReloadTimer
 from .envelope import open_envelope, seal
 from .exchange import WeightVersion, plan_fetch
 from .identity import short_id
-from .p2p import RemoteError, Stall, StreamStalled, SwarmNode
+from .p2p import CallStopped, RemoteError, Stall, StreamStalled, SwarmNode
 from .records import RecordError
 
 log = logging.getLogger(__name__)
@@ -195,10 +197,16 @@ class FetchConfig:
     demote_max_s: float = 600.0
     forget_s: float = 3600.0
     """A peer with no strike for this long starts again from `demote_s`."""
+    long_poll_s: float = 10.0
+    """The learner holds a sampler's request for its manifest this long at most, answering the
+    moment it publishes (`WeightServer`): a version is fetched when it exists, not at the next
+    poll. 0: poll (once a second) and fetch what is there."""
 
     def __post_init__(self) -> None:
-        if min(self.idle_s, self.min_rate, self.hedge_s, self.demote_s) <= 0 or self.holder_tries < 0:
-            raise ValueError(f"FetchConfig: timeouts, rate and demotion must be > 0, holder_tries >= 0: {self}")
+        if min(self.idle_s, self.min_rate, self.hedge_s, self.demote_s) <= 0 or self.holder_tries < 0 \
+                or not 0 <= self.long_poll_s <= WeightServer.MAX_WAIT:
+            raise ValueError(f"FetchConfig: timeouts, rate and demotion must be > 0, holder_tries >= 0, "
+                             f"0 <= long_poll_s <= {WeightServer.MAX_WAIT:g}: {self}")
         if self.demote_max_s < self.demote_s:
             raise ValueError(f"FetchConfig: demote_max_s ({self.demote_max_s}) must be >= demote_s ({self.demote_s})")
 
@@ -254,17 +262,71 @@ class _Stream:
 
 
 class WeightServer:
-    """The learner's side: keeps the current chain segment and serves its manifest and chunks."""
+    """The learner's side: keeps the current chain segment and serves its manifest and chunks.
+
+    A manifest request may be a long poll: [chain, version, wait] asks for the manifest once the
+    learner's newest version is no longer (chain, version), waiting at most `wait` s (capped at
+    `MAX_WAIT`). Samplers then hear of a version the moment it is published, not at their next
+    poll, and ask less often than a poll a second would. An empty request (or one that is not a
+    valid long poll: counted) is answered at once. One waiting request per peer, `MAX_WAITERS` in
+    all: beyond that, at once."""
+
+    MAX_WAIT = 10.0
+    MAX_WAITERS = 256
+    MAX_REQUEST = 512
 
     def __init__(self, node: SwarmNode) -> None:
         self.node = node
         self.store = ChunkStore(node, waits_for_coming=False)
         self._entries: list[dict] = []
         self._manifest = b""
+        self._newest: tuple[str, int] | None = None
+        self._published: asyncio.Event | None = None
+        """Set (and replaced) in the node's loop when a version is published: wakes the long polls."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiting: set[str] = set()
+        self.stats: collections.Counter[str] = collections.Counter()
+        """manifests served, long polls that waited, malformed requests."""
         node.add_handler(MANIFEST, self._on_manifest)
 
     async def _on_manifest(self, payload: bytes, remote: str) -> bytes:
+        self.stats["manifests"] += 1
+        after, wait = self._long_poll(payload, remote)
+        if wait > 0 and after == self._newest and remote not in self._waiting and len(self._waiting) < self.MAX_WAITERS:
+            if self._published is None:
+                self._loop, self._published = asyncio.get_running_loop(), asyncio.Event()
+            published = self._published
+            self._waiting.add(remote)
+            self.stats["long_polls"] += 1
+            try:
+                await asyncio.wait_for(published.wait(), wait)
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                self._waiting.discard(remote)
         return self._manifest
+
+    def _long_poll(self, payload: bytes, remote: str) -> tuple[tuple[str, int] | None, float]:
+        """(the version the caller holds, seconds it will wait for a newer one); (None, 0) for a
+        plain request or a malformed one."""
+        if not payload:
+            return None, 0.0
+        try:
+            if len(payload) > self.MAX_REQUEST:
+                raise ValueError(f"{len(payload)} bytes")
+            chain, version, wait = msgpack.unpackb(payload)
+            if not isinstance(chain, str) or not isinstance(version, int) or not isinstance(wait, (int, float)):
+                raise ValueError("not [chain, version, wait]")
+            return (chain, version), min(max(float(wait), 0.0), self.MAX_WAIT)
+        except Exception as e:
+            self.stats["malformed"] += 1
+            log.info("malformed manifest request from %s (%s); answered at once", short_id(remote), e)
+            return None, 0.0
+
+    def _wake(self) -> None:  # in the node's loop
+        if self._published is not None:
+            self._published.set()
+            self._published = asyncio.Event()
 
     def publish(self, wv: WeightVersion) -> None:
         if wv.base is None:  # a keyframe starts a new chain segment; the last one is still served
@@ -278,6 +340,9 @@ class WeightServer:
         manifest = {"model_id": wv.model_id, "chain": wv.chain, "chunk_size": CHUNK_SIZE,
                     "versions": self._entries, "learner": self.node.peer_id, "time": time.time()}
         self._manifest = seal(self.node.identity, msgpack.packb(manifest))
+        self._newest = (wv.chain, wv.version)
+        if self._loop is not None:  # publish runs in the learner's thread; the waiters in the node's loop
+            self._loop.call_soon_threadsafe(self._wake)
 
 
 class WeightFetcher:
@@ -338,25 +403,36 @@ class WeightFetcher:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._announcements.put(None)
 
-    def fetch(self, have_chain: str, have_version: int) -> list[WeightVersion] | None:
+    def fetch(self, have_chain: str, have_version: int, wait: float = 0.0,
+              stop: threading.Event | None = None) -> list[WeightVersion] | None:
         """Versions to apply, in order, to go from `have_version` of `have_chain` to the newest one the
         learner lists (see `exchange.plan_fetch`), each verified against its sealed manifest; None if
-        there is nothing newer, the injected delay has not passed, or the fetch failed (counted)."""
+        there is nothing newer, the injected delay has not passed, or the fetch failed (counted).
+        `wait` > 0 asks the learner to answer only once it has a newer version (a long poll, at
+        most `wait` s); `stop` gives the wait up."""
         learner = self.learner()
         now = time.time()
         if learner is None or not self._timer.due(now):
             return None
         wanted: list[int] = []
         try:
-            manifest = self._manifest(learner)
+            manifest = self._manifest(learner, (have_chain, have_version), wait, stop)
             if manifest is None:
                 return None
             chain, entries = manifest["chain"], {e["version"]: e for e in manifest["versions"]}
             wanted = plan_fetch(chain, list(entries), have_chain, have_version)
-            holders = self._holders(chain) if wanted else {}
+            for v in wanted:  # from now on, a mate that asks us for these waits for them: it heard
+                self.store.begin(chain, v)  # of them when we did, and its requests come at once
+            # one version behind on the same chain (a sampler keeping up): whoever holds the new
+            # version already is a mate, asked as its chunks' owner, so the DHT get of the holder
+            # records is skipped: it would sit on the critical path of every version
+            following = chain == have_chain and wanted == [have_version + 1]
+            holders = self._holders(chain) if wanted and not following else {}
             # a private sampler (behind a NAT) owns no chunks: it takes every one from its public mates
             mates = sorted({*self.mates(), *([] if self.node.private else [self.node.peer_id])}) if wanted else []
             blobs = [self._download(learner, chain, entries[v], holders.get(v, []), mates) for v in wanted]
+        except CallStopped:
+            return None
         except Exception as e:  # a learner that vanished, a bad chunk from every source: try later
             for v in wanted:  # chunks of versions fetched before the failure are not kept either
                 self.store.abandon(v)
@@ -401,8 +477,9 @@ class WeightFetcher:
             rng.shuffle(peers)
         return by_version
 
-    def _manifest(self, learner: str) -> dict | None:
-        sealed = self.node.call(learner, MANIFEST, b"", self.rpc_timeout)
+    def _manifest(self, learner: str, have: tuple[str, int], wait: float, stop: threading.Event | None) -> dict | None:
+        request = msgpack.packb([have[0], have[1], wait]) if wait > 0 else b""
+        sealed = self.node.call(learner, MANIFEST, request, self.rpc_timeout + wait, stop=stop)
         if not sealed:
             return None
         record, signer = open_envelope(sealed)
@@ -412,17 +489,17 @@ class WeightFetcher:
         return msgpack.unpackb(record, raw=False)
 
     def _download(self, learner: str, chain: str, entry: dict, holders: list[str], mates: list[str]) -> bytes:
-        """One version's blob. The chunks this sampler owns (`chunk_owner`) come first, in a phase
-        of their own: mates that start fetching a moment later are then already downloading theirs
-        when we ask them. The whole is checked against the learner-signed manifest entry."""
+        """One version's blob. Every chunk is asked at once: those this sampler owns
+        (`chunk_owner`) of the learner, the others of their owners, who serve each chunk as it
+        arrives and wait for one still coming (`ChunkStore`). So the mates' copies flow while the
+        learner's upload is under way (pipelined per chunk), rather than after this sampler's own
+        share is complete. The whole is checked against the learner-signed manifest entry."""
         version, n = entry["version"], len(entry["chunks"])
         owners = [chunk_owner(mates, version, i) for i in range(n)]
-        mine = [i for i in range(n) if owners[i] in (None, self.node.peer_id)]
         self.store.begin(chain, version)
         got: dict[int, memoryview | bytes] = {}  # verified chunks, filled by several streams (threads)
         try:
-            for phase in (mine, [i for i in range(n) if i not in set(mine)]):
-                self._gather(learner, chain, entry, phase, holders, owners, got)
+            self._gather(learner, chain, entry, list(range(n)), holders, owners, got)
         except Exception:
             self.store.abandon(version)
             raise
@@ -552,6 +629,7 @@ class WeightPrefetcher:
     def __init__(self, fetcher: WeightFetcher, interval: float = 1.0) -> None:
         self.fetcher = fetcher
         self.interval = interval
+        """The least time between two polls; each is a long poll (`FetchConfig.long_poll_s`)."""
         self._lock = threading.Lock()
         self._pending: list[WeightVersion] = []
         self._have = ("", -1)
@@ -562,14 +640,15 @@ class WeightPrefetcher:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            t0 = time.monotonic()
             self._poll()
-            self._stop.wait(self.interval)
+            self._stop.wait(max(0.0, self.interval - (time.monotonic() - t0)))
 
     def _poll(self) -> None:
         with self._lock:
             have = self._have
-        try:
-            versions = self.fetcher.fetch(*have)  # failures are counted there and retried here
+        try:  # failures are counted there and retried here
+            versions = self.fetcher.fetch(*have, wait=self.fetcher.cfg.long_poll_s, stop=self._stop)
         except Exception:  # a bug must not end the thread: the sampler would never update again
             log.exception("weight prefetch failed")
             return

@@ -452,3 +452,64 @@ def test_a_holder_of_every_version_that_stalls_is_hedged_demoted_and_the_sampler
             fetcher.close()
         node.shutdown()
         bad.shutdown()
+
+
+def _timed_call(node, learner, payload: bytes, timeout: float = 20.0) -> tuple[float, dict]:
+    from swarm.envelope import open_envelope
+    from swarm.weight_rpc import MANIFEST
+
+    t0 = time.monotonic()
+    sealed = node.call(learner, MANIFEST, payload, timeout)
+    return time.monotonic() - t0, msgpack.unpackb(open_envelope(sealed)[0], raw=False)
+
+
+@pytest.mark.integration
+def test_a_long_poll_is_answered_the_moment_the_learner_publishes(peers):
+    lx, (s1, _) = peers
+    lx.publish(WeightVersion(BUILTIN_MODEL, "run20", 0, None, b"zero"))
+    timer = threading.Timer(0.5, lambda: lx.publish(WeightVersion(BUILTIN_MODEL, "run20", 1, 0, b"one")))
+    timer.start()
+    took, manifest = _timed_call(s1.node, s1.learner(), msgpack.packb(["run20", 0, 8.0]))
+    assert [e["version"] for e in manifest["versions"]][-1] == 1 and took < 6.0  # at v1, not after the 8 s
+    took, _ = _timed_call(s1.node, s1.learner(), msgpack.packb(["run20", 0, 8.0]))
+    assert took < 4.0  # the caller is behind already: no wait
+    took, _ = _timed_call(s1.node, s1.learner(), msgpack.packb(["run20", 1, 1.0]))
+    assert took >= 0.9  # nothing newer: held for the wait asked
+    took, _ = _timed_call(s1.node, s1.learner(), b"")
+    assert took < 4.0  # a plain request (an older sampler): at once
+
+
+@pytest.mark.integration
+def test_long_polls_are_bounded_per_peer_and_malformed_requests_counted(peers):
+    lx, (s1, s2) = peers
+    lx.publish(WeightVersion(BUILTIN_MODEL, "run21", 0, None, b"zero"))
+    before = dict(lx.stats)
+    for bad in (b"\xc1", msgpack.packb([1, 2, 3]), msgpack.packb(["run21", 0, 9.0, "x" * 600])):
+        took, manifest = _timed_call(s2.node, s2.learner(), bad)
+        assert manifest["chain"] == "run21" and took < 4.0  # answered at once, with the manifest
+    assert lx.stats["malformed"] == before.get("malformed", 0) + 3
+    first = threading.Thread(target=_timed_call, args=(s1.node, s1.learner(), msgpack.packb(["run21", 0, 5.0])))
+    first.start()
+    time.sleep(1.0)  # s1's first request is waiting now
+    took, _ = _timed_call(s1.node, s1.learner(), msgpack.packb(["run21", 0, 5.0]))
+    first.join(10)
+    assert took < 3.0  # one waiting request per peer: the second is answered at once
+    assert lx.stats["long_polls"] == before.get("long_polls", 0) + 1
+
+
+@pytest.mark.integration
+def test_a_prefetcher_in_a_long_poll_stops_at_once(peers, tmp_path):
+    lx, (s1, _) = peers
+    node = SwarmNode(Identity.load_or_create(tmp_path / "s4.key"), NetworkConfig(initial_peers=s1.node.maddrs()), "wt")
+    lx.publish(WeightVersion(BUILTIN_MODEL, "run22", 0, None, b"zero"))
+    pre = WeightPrefetcher(WeightFetcher(node, s1.learner), interval=0.2)
+    try:
+        deadline = time.monotonic() + 20
+        while pre.take("", -1) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)  # now held by the learner until it publishes (up to long_poll_s = 10 s)
+        t0 = time.monotonic()
+        pre.close()
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        node.shutdown()

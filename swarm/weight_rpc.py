@@ -342,7 +342,10 @@ class WeightServer:
         self._manifest = seal(self.node.identity, msgpack.packb(manifest))
         self._newest = (wv.chain, wv.version)
         if self._loop is not None:  # publish runs in the learner's thread; the waiters in the node's loop
-            self._loop.call_soon_threadsafe(self._wake)
+            try:
+                self._loop.call_soon_threadsafe(self._wake)
+            except RuntimeError:  # the node's loop is closed: it is shutting down, nobody waits
+                pass
 
 
 class WeightFetcher:

@@ -37,20 +37,29 @@ def _log(base: Path, name: str) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
-def test_volunteers_behind_nat_join_with_no_flag_and_the_swarm_learns(tmp_path):
+def _need_internet() -> None:
     if shutil.which("nft") is None:  # CI installs it (.ci/run): there its absence fails the test
         missing("nftables (the home routers' NAT)", "sudo apt-get install -y nftables")
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
+
+
+def _start_coordinator(net: Internet, tmp_path: Path, logs: Path):
+    """The bootstrap on public host 0, naming the learner whose key is in tmp_path/learner; its address."""
+    learner_id = Identity.load_or_create(tmp_path / "learner" / "identity.key").peer_id
+    boot = net.start(0, "bootstrap", ["bootstrap", *net.public_args(0), "--identity", str(tmp_path / "boot.key"),
+                                      "--addr-file", str(tmp_path / "boot.addr"), "--trusted-learner", learner_id],
+                     logs)
+    return boot, wait_for_file(tmp_path / "boot.addr", 90, boot).decode().split()[0]
+
+
+def test_volunteers_behind_nat_join_with_no_flag_and_the_swarm_learns(tmp_path):
+    _need_internet()
     homes = [Home(drop_inbound=True), Home(drop_inbound=False, rate_mbit=20)]
     with Internet(public=3, homes=homes, rate_mbit=100, workdir=tmp_path / "net") as net:
         logs = tmp_path / "logs"
-        learner_id = Identity.load_or_create(tmp_path / "learner" / "identity.key").peer_id
-        boot = net.start(0, "bootstrap", ["bootstrap", *net.public_args(0), "--identity", str(tmp_path / "boot.key"),
-                                          "--addr-file", str(tmp_path / "boot.addr"), "--trusted-learner", learner_id],
-                         logs)
-        addr = wait_for_file(tmp_path / "boot.addr", 90, boot).decode().split()[0]
+        boot, addr = _start_coordinator(net, tmp_path, logs)
         assert addr.startswith(f"/ip4/{net.public_ip(0)}/tcp/{LISTEN_PORT}/p2p/"), addr
         (tmp_path / "learner.toml").write_text(LEARNER_TOML)
         (tmp_path / "sampler.toml").write_text(SAMPLER_TOML)
@@ -111,20 +120,11 @@ def test_churn_across_the_internet_loses_nothing_acknowledged(tmp_path):
     """8 samplers, 6 of them at home behind NAT, killed with -9 and restarted at random, and the
     learner killed with -9 once: the learner goes on, nothing acknowledged is lost or credited twice,
     no process outlives its node."""
-
-    if shutil.which("nft") is None:
-        missing("nftables (the home routers' NAT)", "sudo apt-get install -y nftables")
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
+    _need_internet()
     homes = [Home(drop_inbound=j % 2 == 0, rate_mbit=(10, 50, 100)[j % 3]) for j in range(6)]
     with Internet(public=4, homes=homes, rate_mbit=100, workdir=tmp_path / "net") as net:
         logs = tmp_path / "logs"
-        learner_id = Identity.load_or_create(tmp_path / "learner" / "identity.key").peer_id
-        boot = net.start(0, "bootstrap", ["bootstrap", *net.public_args(0), "--identity", str(tmp_path / "boot.key"),
-                                          "--addr-file", str(tmp_path / "boot.addr"), "--trusted-learner", learner_id],
-                         logs)
-        addr = wait_for_file(tmp_path / "boot.addr", 90, boot).decode().split()[0]
+        boot, addr = _start_coordinator(net, tmp_path, logs)
         (tmp_path / "learner.toml").write_text(CHURN_LEARNER_TOML)
         (tmp_path / "sampler.toml").write_text(SAMPLER_TOML)
         join = ["join", "--initial-peers", addr]

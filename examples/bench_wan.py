@@ -357,16 +357,16 @@ def report(args, out: Path, names: list[str], relay_series: list[tuple[float, di
 
 
 def _report_join(out: Path, names: list[str], held: dict[str, dict[int, float]]) -> None:
-    """Seconds from a sampler's process start to: in the DHT (reachability settled), the learner
-    found, the keyframe v0 held. All samplers start at once, so on a small machine this includes
+    """Seconds from a sampler's process start to: imports done, in the DHT (reachability settled),
+    the learner found, the keyframe v0 held. All samplers start at once, so on a small machine this includes
     waiting for the CPU (imports)."""
     since: dict[str, list[float]] = {"python": [], "dht": [], "learner": [], "v0": []}
     for n in names:
-        for e in _jsonl(out / n / "joined.jsonl"):
+        events = _jsonl(out / n / "joined.jsonl")
+        for e in events:
             since[e["step"]].append(e["t"] - e["spawned"])
-            spawned = e["spawned"]
-        if 0 in held[n]:
-            since["v0"].append(held[n][0] - spawned)
+        if events and 0 in held[n]:
+            since["v0"].append(held[n][0] - events[0]["spawned"])
     print("join, s from process start (all at once): " + ", ".join(
         f"{what} median {statistics.median(xs):.1f} max {max(xs):.1f}" for what, xs in
         (("imports done", since["python"]), ("in the DHT", since["dht"]), ("learner found", since["learner"]), ("v0 held", since["v0"])) if xs))

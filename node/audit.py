@@ -35,6 +35,9 @@ class VersionArchive:
     """The learner's published versions of the last `window` versions, as the encoded keyframes and
     patches it sent (plus the base model as chain "" version 0), rebuilt on demand."""
 
+    KEEP = 4
+    """Views kept whatever their size: a rebuild then starts from a recent one, not the keyframe."""
+
     def __init__(self, window: int, cache_bytes: int = 256 << 20) -> None:
         self.window = window
         self.cache_bytes = cache_bytes
@@ -42,12 +45,12 @@ class VersionArchive:
         self.nonces: dict[tuple[str, int], bytes] = {("", 0): BASE_NONCE}
         self._base: tuple[Layout, torch.Tensor] | None = None
         self._cache: collections.OrderedDict[tuple[str, int], torch.Tensor] = collections.OrderedDict()
-        """Flat views, newest use last, within `cache_bytes` (and at least the last one rebuilt): the
+        """Flat views, newest use last, within `cache_bytes` (or the last `KEEP` used): the
         views the learner published, handed over as it publishes them, and those rebuilt lately. An
         audit of a cached version costs no decode; a rebuild starts from the nearest cached
         ancestor rather than from the keyframe. With a small model every version within the
         staleness samplers show fits (the demo's: 3.2 MB each); a 0.6B float32 view (2.4 GB) does
-        not, and is rebuilt as before."""
+        not, and is rebuilt as before (the last `KEEP` rebuilt are kept, as before)."""
 
     def put_base(self, weights: dict[str, torch.Tensor]) -> None:
         """The weights every sampler starts from before it loads a version (chain "", version 0):
@@ -66,7 +69,7 @@ class VersionArchive:
     def _remember(self, key: tuple[str, int], flat: torch.Tensor) -> None:
         self._cache[key] = flat
         self._cache.move_to_end(key)
-        while len(self._cache) > 1 and sum(map(_nbytes, self._cache.values())) > self.cache_bytes:
+        while len(self._cache) > self.KEEP and sum(map(_nbytes, self._cache.values())) > self.cache_bytes:
             self._cache.popitem(last=False)
 
     def holds(self, chain: str, version: int) -> bool:

@@ -498,8 +498,7 @@ class WeightFetcher:
         learner's upload is under way (pipelined per chunk), rather than after this sampler's own
         share is complete. The whole is checked against the learner-signed manifest entry."""
         version, n = entry["version"], len(entry["chunks"])
-        owners = [chunk_owner(mates, version, i) for i in range(n)]
-        self.store.begin(chain, version)
+        owners = [chunk_owner(mates, version, i) for i in range(n)]  # (`fetch` began it in the store)
         got: dict[int, memoryview | bytes] = {}  # verified chunks, filled by several streams (threads)
         try:
             self._gather(learner, chain, entry, list(range(n)), holders, owners, got)

@@ -21,9 +21,10 @@ so only the few elements whose rounding flips change (a few % per step). A patch
     steps      new bits - old bits of the view's integer       (+-1 for a one-ulp move)
                representation, wrapped to its width and zig-zagged to unsigned
 
-each split into byte planes (low bytes together, then the next bytes...: the high planes are
-nearly all zeros) and compressed with zstd, whose Huffman-coded literals then come within a few %
-of the entropy of the changed set (examples/bench_weights.py prints both).
+each entropy-coded (node/entropy.py: asymmetric numeral systems with one empirical law per run
+of tensors), within ~1% of the entropy of the changed set (examples/bench_weights.py prints
+both). A keyframe is the view's bits in byte planes (low bytes together, then the next...) under
+zstd: the sign-and-exponent plane compresses, the mantissa's low bits hardly do.
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import xxhash
-import zstandard
+
+from . import entropy
+from .entropy import GAP_ESCAPE, STEP_ESCAPE, pack_planes, unpack_planes
 
 VIEWS = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 _INT_OF = {torch.bfloat16: torch.int16, torch.float32: torch.int32}
@@ -62,7 +65,7 @@ class PublishConfig:
     """...or once the patches since the last keyframe add up to this many keyframes' bytes: a
     newcomer then catches up with at most (1 + this) keyframes' worth of download."""
     zstd_level: int = 3
-    """zstd level of patches and keyframes (1-19); 3 codes ~150 MB/s of patch data per core."""
+    """zstd level of keyframes (1-19); 3 codes ~150 MB/s per core (patches are entropy-coded)."""
 
     def __post_init__(self) -> None:
         if self.view not in ("auto", *VIEWS):
@@ -128,30 +131,6 @@ def _bits(flat: torch.Tensor) -> torch.Tensor:
     return flat.view(_INT_OF[flat.dtype])
 
 
-# ---- byte planes + zstd --------------------------------------------------------------------------
-
-def pack_planes(values: np.ndarray, level: int) -> tuple[bytes, int]:
-    """Unsigned integers -> (zstd of their byte planes, number of planes). Plane j holds byte j of
-    every value (little-endian); planes above the largest value's top byte are left out."""
-    width = values.dtype.itemsize
-    planes = max(1, (int(values.max()).bit_length() + 7) // 8) if values.size else 1
-    shuffled = values.view(np.uint8).reshape(-1, width)[:, :planes].T.copy()
-    return zstandard.ZstdCompressor(level=level).compress(shuffled.tobytes()), planes
-
-
-def unpack_planes(data: bytes, planes: int, count: int, dtype: type = np.uint64) -> np.ndarray:
-    """Inverse of `pack_planes`: `count` values of the unsigned `dtype`."""
-    width = np.dtype(dtype).itemsize
-    if not 1 <= planes <= width:
-        raise ValueError(f"{planes} byte planes for {width}-byte values")
-    raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=planes * count) if count else b""
-    if len(raw) != planes * count:
-        raise ValueError(f"{len(raw)} bytes of planes for {count} values x {planes}")
-    out = np.zeros((count, width), dtype=np.uint8)
-    out[:, :planes] = np.frombuffer(raw, dtype=np.uint8).reshape(planes, count).T
-    return out.view(np.dtype(dtype).newbyteorder("<")).reshape(-1)
-
-
 # ---- one version ---------------------------------------------------------------------------------
 
 @dataclass
@@ -165,11 +144,13 @@ class EncodedVersion:
     count: int
     """Values coded: every element for a keyframe, the changed ones for a patch."""
     positions: bytes
-    """Patch: zstd byte planes of (gap - 1) between changed flat indices; empty for a keyframe."""
+    """Patch: the entropy-coded (gap - 1) between changed flat indices; empty for a keyframe."""
     position_planes: int
+    """0 (a patch's streams describe themselves)."""
     values: bytes
-    """Keyframe: zstd byte planes of the view's bits; patch: of the zig-zagged steps."""
+    """Keyframe: zstd byte planes of the view's bits; patch: the entropy-coded zig-zagged steps."""
     value_planes: int
+    """Keyframe: the planes kept; 0 for a patch."""
     digest: str
     """view_digest of the view this version rebuilds."""
     stats: dict = field(default_factory=dict)
@@ -214,14 +195,16 @@ def apply_patch(old: torch.Tensor, idx: torch.Tensor, zigzag: torch.Tensor) -> t
     return new
 
 
-def encode_patch(old: torch.Tensor, new: torch.Tensor, level: int) -> tuple[bytes, int, bytes, int, int]:
-    """(positions, their planes, steps, their planes, changed count) of the patch old -> new."""
+def encode_patch(old: torch.Tensor, new: torch.Tensor, layout: Layout | None = None) -> tuple[bytes, bytes, int]:
+    """(positions, steps, changed count) of the patch old -> new, each an entropy-coded stream
+    (node/entropy.py) whose segments are runs of the layout's tensors (one segment if None)."""
     idx, zigzag = patch_of(old, new)
     idx, zigzag = idx.cpu().numpy(), zigzag.cpu().numpy()
     gaps = np.diff(idx, prepend=-1) - 1
-    positions, pp = pack_planes(gaps.view(np.uint64), level)
-    values, vp = pack_planes(zigzag.view(np.uint64), level)
-    return positions, pp, values, vp, int(idx.size)
+    ends = np.cumsum([math.prod(s) for s in layout.shapes]) if layout is not None else np.zeros(0, dtype=np.int64)
+    segs = entropy.segments(np.searchsorted(idx, ends), int(idx.size))
+    positions = entropy.encode(gaps.view(np.uint64), segs, GAP_ESCAPE)
+    return positions, entropy.encode(zigzag.view(np.uint64), segs, STEP_ESCAPE), int(idx.size)
 
 
 def apply_version(held: torch.Tensor | None, enc: EncodedVersion) -> torch.Tensor:
@@ -240,13 +223,13 @@ def apply_version(held: torch.Tensor | None, enc: EncodedVersion) -> torch.Tenso
             raise ValueError(f"patch v{enc.version} needs a {enc.view} base of {n} elements")
         if enc.count > n:
             raise ValueError(f"patch v{enc.version} changes {enc.count} of {n} elements")
-        gaps = unpack_planes(enc.positions, enc.position_planes, enc.count)
+        gaps = entropy.decode(enc.positions, enc.count, GAP_ESCAPE)
         if enc.count and gaps.max() >= n:  # each gap < n, so the running sum cannot overflow
             raise ValueError(f"patch v{enc.version} skips past the view's {n} elements")
         idx = np.cumsum(gaps.view(np.int64) + 1) - 1
         if enc.count and idx[-1] >= n:
             raise ValueError(f"patch v{enc.version} touches element {idx[-1]} of {n}")
-        zigzag = unpack_planes(enc.values, enc.value_planes, enc.count).view(np.int64)
+        zigzag = entropy.decode(enc.values, enc.count, STEP_ESCAPE).view(np.int64)
         flat = apply_patch(held, torch.from_numpy(idx).to(held.device), torch.from_numpy(zigzag).to(held.device))
     if view_digest(flat) != enc.digest:
         raise ValueError(f"version {enc.version} rebuilt a view whose digest is not the published one")
@@ -288,8 +271,8 @@ class Publisher:
         level, digest = self.cfg.zstd_level, view_digest(view)
         patch, changed = None, 1.0
         if not self._keyframe_due(layout):
-            positions, pp, values, vp, count = encode_patch(self.published, view, level)
-            patch = EncodedVersion(version, self.version, self.view_name, layout, count, positions, pp, values, vp,
+            positions, values, count = encode_patch(self.published, view, layout)
+            patch = EncodedVersion(version, self.version, self.view_name, layout, count, positions, 0, values, 0,
                                    digest)
             changed = count / max(1, view.numel())
             if patch.nbytes() < RACE_AT * self._keyframe_bytes:

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from node import entropy
+from node.entropy import GAP_ESCAPE, STEP_ESCAPE
 from node.weight_codec import (EncodedVersion, Layout, Publisher, PublishConfig, apply_version, encode_keyframe,
                                encode_patch, entropy_bound_bytes, make_view, pack_planes, patch_of, publish_due,
                                unpack_planes)
@@ -104,7 +106,7 @@ def test_a_patch_no_smaller_than_a_keyframe_goes_out_as_a_keyframe_and_the_metri
     # the patch would code n arbitrary steps, the keyframe n values of a few bits each
     held = pub.published
     grid = torch.round(w * 64) / 64
-    positions, _, values, _, count = encode_patch(held, make_view({"w": grid}, torch.float32), pub.cfg.zstd_level)
+    positions, values, count = encode_patch(held, make_view({"w": grid}, torch.float32))
     assert count == n
     sent.append(pub.publish({"w": grid}, 2))
     k2 = sent[-1]
@@ -148,10 +150,10 @@ def test_a_patch_to_the_wrong_base_or_a_tampered_one_is_refused():
     for bad in (dict(count=5000), dict(count=p1.count + 1)):
         with pytest.raises(ValueError):
             apply_version(held, EncodedVersion(**{**p1.__dict__, **bad}))
-    far = np.array([5000], dtype=np.uint64)  # a gap that skips past the end
-    data, planes = pack_planes(far, 3)
+    far = entropy.encode(np.array([5000], dtype=np.uint64), [1], GAP_ESCAPE)  # a gap that skips past the end
+    one = entropy.encode(np.array([2], dtype=np.uint64), [1], STEP_ESCAPE)
     with pytest.raises(ValueError, match="past"):
-        apply_version(held, EncodedVersion(**{**p1.__dict__, "count": 1, "positions": data, "position_planes": planes}))
+        apply_version(held, EncodedVersion(**{**p1.__dict__, "count": 1, "positions": far, "values": one}))
     assert torch.equal(apply_version(held, p1), pub.published)
 
 

@@ -253,10 +253,11 @@ class Leader:
         self.last_command = time.monotonic()
 
     def step(self, parts: Sequence[TrainPart], temperature: float, max_grad_norm: float = 1.0,
-             options: StepOptions = StepOptions()) -> dict[str, Any]:
+             options: StepOptions = StepOptions(), lr: float | None = None) -> dict[str, Any]:
         parts = list(parts)
-        self._send("step", parts, temperature, max_grad_norm, options)
-        return train_step(self.module, self.optimizer, parts, temperature, max_grad_norm, options, dist=self.dist)
+        self._send("step", parts, temperature, max_grad_norm, options, lr)
+        return train_step(self.module, self.optimizer, parts, temperature, max_grad_norm, options, dist=self.dist,
+                          lr=lr)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         self._send("state")
@@ -288,8 +289,8 @@ def follow(module: torch.nn.Module, optimizer: torch.optim.Optimizer, collective
         command = collective.broadcast_object(None)
         op = command[0]
         if op == "step":
-            _, parts, temperature, max_grad_norm, options = command
-            train_step(module, optimizer, parts, temperature, max_grad_norm, options, dist=collective)
+            _, parts, temperature, max_grad_norm, options, lr = command
+            train_step(module, optimizer, parts, temperature, max_grad_norm, options, dist=collective, lr=lr)
             steps += 1
         elif op == "state":
             full_state_dict(module)

@@ -48,6 +48,7 @@ from .metrics import MetricsWriter
 from .models import tokenizer_hash
 from .tasks import Task
 from .trainer import ScoredGroup, StepOptions, TrainPart, build_batch, train_step
+from .guard import GuardConfig, guard_scale
 from .weight_codec import Publisher, PublishConfig, publish_due
 from .weights import encode_version, retie, untie, version_nonce
 
@@ -83,6 +84,12 @@ class LearnerConfig:
     against the text (text it cannot check would let a peer claim anything), then re-tokenizes."""
     max_staleness: int = 64
     """Rollouts more than this many versions old are dropped (counted), never trained on."""
+    take_newest: bool = False
+    """Train on the newest buffered groups first (GEPO's released learner) rather than the oldest
+    (ours: nothing waits past its turn, so nothing ages out unused)."""
+    wait_staleness: int = 0
+    """Wait (take no step) while the newest own-model group is more than this many versions old
+    (GEPO's released learner: 32); 0: never wait."""
     groups_per_step: int = 16
     lr: float = 3e-5
     """AdamW learning rate (1e-4 and above destabilises the built-in tiny model: measured)."""
@@ -168,13 +175,18 @@ class LearnerConfig:
     weights: PublishConfig = field(default_factory=PublishConfig)
     """How versions go out: the view samplers run, lossless patches of it between keyframes, and how
     often (every N steps, seconds or an upload budget)."""
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    """The divergence guard (node/guard.py): the lr shrinks while the policy runs away from the
+    rollouts it trains on (k3 per token above `kl_high`) and comes back once they agree again."""
 
     def __post_init__(self) -> None:
         for name, opts in ((self.stale_loss, self.stale_options), (self.foreign_loss, self.foreign_options)):
             if name != DROP:
                 get_algorithm(name).make_config(opts)
-        if self.max_staleness < 0 or self.groups_per_step < 1 or self.eval_every < 0 or self.eval_size < 1:
-            raise ValueError("learner: need max_staleness >= 0, groups_per_step >= 1, eval_every >= 0, eval_size >= 1")
+        if self.max_staleness < 0 or self.groups_per_step < 1 or self.eval_every < 0 or self.eval_size < 1 \
+                or self.wait_staleness < 0:
+            raise ValueError("learner: need max_staleness >= 0, groups_per_step >= 1, eval_every >= 0, eval_size >= 1, "
+                             "wait_staleness >= 0")
         if not self.max_logprob_gap > 0 or not self.audit_logprob_gap > 0 or self.audit_first < 0 or not 0 <= self.audit_rate <= 1 \
                 or not 0 <= self.audit_rate_trusted <= 1 or self.audit_trusted_after < self.audit_first \
                 or not 0 <= self.audit_tolerance < 1 or not 0 <= self.audit_rel_tolerance < 1:
@@ -242,6 +254,8 @@ class Learner:
         """model id -> (its tokenizer, its hash), for checking foreign rollouts' text."""
         self.version = 0
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+        self.lr_scale = 1.0
+        """The divergence guard's scale on `cfg.lr` for the next step (node/guard.py)."""
         self.engine = HFEngine(model, tokenizer, model_id)  # for evaluation only
         self.publisher = Publisher(cfg.weights, cfg.weights.view_dtype(next(model.parameters()).device))
         self._last_publish = (0, 0.0, 0)
@@ -475,7 +489,7 @@ class Learner:
         receiver takes no more from any new key until some are trained on: waiting would stall)."""
         self._drop_stale_buffered()
         n = self.cfg.groups_per_step
-        if len(self.buffer) < n:
+        if len(self.buffer) < n or self._waiting_for_fresher():
             return False
         picked = len(self._pick())
         if picked >= n or picked == 0:
@@ -484,6 +498,11 @@ class Learner:
             return True
         unproven = sum(not self.is_proven(b.sampler) for b in self.buffer)
         return unproven >= max(self.cfg.unproven_quota, n)
+
+    def _waiting_for_fresher(self) -> bool:
+        """`wait_staleness`: whether even the newest own-model group is too old to train on now."""
+        own = [b.group.version for b in self.buffer if b.route == "stale"]
+        return bool(self.cfg.wait_staleness and own and self.version - max(own) > self.cfg.wait_staleness)
 
     def _kind(self, b: BufferedGroup) -> str:
         """'foreign' (never audited), 'unaudited' (a version we cannot rebuild, from a sampler not yet
@@ -497,10 +516,15 @@ class Learner:
     def _pick(self) -> list[int]:
         """Indices into the buffer of the next step's groups (`pick_groups` with the shares)."""
         n = self.cfg.groups_per_step
-        return pick_groups([(b.sampler, self._kind(b)) for b in self.buffer], n,
-                           {"foreign": math.floor(self.cfg.foreign_step_share * n + 1e-9),
-                            "unaudited": self.cfg.unaudited_per_step},
-                           {"foreign": self.cfg.foreign_per_sampler})
+        buf = list(self.buffer)  # a deque: indexing it is O(n)
+        order = list(range(len(buf)))
+        if self.cfg.take_newest:  # newest version first; arrival order among equals
+            order.sort(key=lambda i: -buf[i].group.version)
+        picked = pick_groups([(buf[i].sampler, self._kind(buf[i])) for i in order], n,
+                             {"foreign": math.floor(self.cfg.foreign_step_share * n + 1e-9),
+                              "unaudited": self.cfg.unaudited_per_step},
+                             {"foreign": self.cfg.foreign_per_sampler})
+        return [order[j] for j in picked]
 
     def step(self) -> dict | None:
         """One optimizer step on the oldest `groups_per_step` groups; None if not enough data."""
@@ -516,6 +540,7 @@ class Learner:
         try:
             if parts:
                 rec.update(self._train(parts))
+            self._guard(rec)
         except Exception as e:  # e.g. out of memory: these groups go to quarantine, training goes on
             log.exception("a step on %d groups failed; they are quarantined, not retried", len(taken))
             self._quarantine_step(taken, f"step: {type(e).__name__}: {e}")
@@ -544,12 +569,26 @@ class Learner:
         return rec
 
     def _train(self, parts: list[TrainPart]) -> dict[str, Any]:
+        lr = self.cfg.lr * self.lr_scale
         if self.leader is None:
             return train_step(self.model, self.optimizer, parts, self.sampling.temperature, self.cfg.max_grad_norm,
-                              self.step_options)
-        rec = self.leader.step(parts, self.sampling.temperature, self.cfg.max_grad_norm, self.step_options)
+                              self.step_options, lr=lr)
+        rec = self.leader.step(parts, self.sampling.temperature, self.cfg.max_grad_norm, self.step_options, lr=lr)
         self.model.load_state_dict(self.leader.state_dict())  # the gathered weights: what we publish
         return rec
+
+    def _guard(self, rec: dict[str, Any]) -> None:
+        """Record this step's lr and move the scale for the next one from its k3 (node/guard.py)."""
+        rec["lr"] = self.cfg.lr * self.lr_scale
+        if rec.get("step_skipped"):
+            return  # nothing moved: nothing measured
+        # own-model rollouts only (another model's log-probs differ by design), and their median
+        # sequence: a sampler's forged claims (within the gap check) cannot slow the learner down
+        kl = rec.get("routes", {}).get("stale", {}).get("kl_k3_median", float("nan"))
+        before, self.lr_scale = self.lr_scale, guard_scale(self.lr_scale, kl, self.cfg.guard)
+        rec["guard_kl"], rec["guard_lr_scale"] = kl, self.lr_scale
+        if self.lr_scale < before:
+            log.info("divergence guard: median k3 %.3f > %.3f, next lr x%.3f", kl, self.cfg.guard.kl_high, self.lr_scale)
 
     def _quarantine_step(self, taken: list[BufferedGroup], why: str) -> None:
         self.model.eval()
@@ -578,7 +617,8 @@ class Learner:
                 continue
             algo = get_algorithm(self.routes[route])
             cfg = algo.make_config(self.cfg.stale_options if route == "stale" else self.cfg.foreign_options)
-            batch = build_batch(groups, cfg.normalize_std, self.tok.pad_token_id)
+            batch = build_batch(groups, cfg.normalize_std, self.tok.pad_token_id,
+                                getattr(cfg, "keep_zero_variance", False))
             skipped += len(groups) if batch is None else batch.groups_skipped
             if batch is not None:
                 # claimed log-probs are checkable only for our own model (another model's differ by design;
@@ -755,6 +795,7 @@ class Learner:
                 "audits": dict(self.audits),
                 "audit_stats": dict(self.audit_stats),
                 "gap_drops": dict(self.gap_drops),
+                "lr_scale": self.lr_scale,
                 "extra": self.checkpoint_extra(),
                 "rng": _rng_state(),
                 "chains": dict(list({**self.known_chains, self.chain: self.version}.items())[-MAX_CHAINS:]),
@@ -778,6 +819,7 @@ class Learner:
         self.seen_content = collections.OrderedDict.fromkeys(meta.get("seen_content", []))
         self.audits = collections.Counter(meta.get("audits", {}))
         self.audit_stats.update(meta.get("audit_stats", {}))
+        self.lr_scale = float(meta.get("lr_scale", 1.0))
         self.gap_drops = collections.Counter(meta.get("gap_drops", {}))
         self.restored_extra = meta.get("extra", {})
         _set_rng_state(meta["rng"])

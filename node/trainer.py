@@ -17,13 +17,15 @@ zero reward variance carry no signal and are skipped and counted, not trained on
 from __future__ import annotations
 
 import logging
+import statistics
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 import torch
+import xxhash
 
 from .algorithms import Algorithm, LossInputs, group_advantages
-from .algorithms.base import BatchShape, group_log_e_hat, seq_mean
+from .algorithms.base import BatchShape, group_log_e_hat, k3, seq_mean
 from .engines.base import Completion
 from .logprobs import PackedBatch, completion_logprobs, completion_span, pack
 
@@ -60,15 +62,18 @@ class TrainBatch:
     """Groups dropped for zero reward variance."""
 
 
-def build_batch(groups: Sequence[ScoredGroup], normalize_std: bool, pad_id: int) -> TrainBatch | None:
+def build_batch(groups: Sequence[ScoredGroup], normalize_std: bool, pad_id: int,
+                keep_zero_variance: bool = False) -> TrainBatch | None:
     """Pack the groups that carry signal; None if none does. Tensors are on the CPU: train_step
-    moves each micro-batch to the model's device, so a step's batch never sits whole on a GPU."""
+    moves each micro-batch to the model's device, so a step's batch never sits whole on a GPU.
+    `keep_zero_variance`: pack every group, those with equal rewards at advantage 0 (they then
+    count in the batch's mean and in GEPO's E_hat, as GEPO's released code has it)."""
     rewards = torch.tensor([r for g in groups for r in g.rewards], dtype=torch.float32, device="cpu")
     gids = torch.tensor([i for i, g in enumerate(groups) for _ in g.completions], dtype=torch.long, device="cpu")
     if rewards.numel() == 0:
         return None
     adv, zero_var = group_advantages(rewards, gids, normalize_std)
-    keep = (~zero_var).nonzero().squeeze(-1).tolist()
+    keep = list(range(len(gids))) if keep_zero_variance else (~zero_var).nonzero().squeeze(-1).tolist()
     skipped = len({int(gids[i]) for i in range(len(gids))} - {int(gids[i]) for i in keep})
     if not keep:
         return None
@@ -177,13 +182,27 @@ def _deal(parts: Sequence[TrainPart], max_tokens: int | None, world: int) -> lis
 
 def _part_context(part: TrainPart) -> tuple[BatchShape, torch.Tensor]:
     b = part.batch
-    return BatchShape.of(b.packed.completion_mask), group_log_e_hat(b.old_logp, b.packed.completion_mask, b.group_ids)
+    rows = getattr(part.cfg, "e_hat_rows", 0)
+    e_hat_groups = b.group_ids if not rows else shuffled_blocks(b.old_logp, rows)
+    return BatchShape.of(b.packed.completion_mask), group_log_e_hat(b.old_logp, b.packed.completion_mask, e_hat_groups)
+
+
+def shuffled_blocks(old_logp: torch.Tensor, rows: int) -> torch.Tensor:
+    """[B] block ids: the batch's rows shuffled into blocks of `rows` (GEPO's released code takes
+    E_hat over such micro-batches, prompts mixed). The shuffle is seeded by the behaviour
+    log-probs' bytes, so a run is reproducible and every rank of a step draws the same blocks."""
+    n = old_logp.shape[0]
+    gen = torch.Generator().manual_seed(xxhash.xxh64_intdigest(old_logp.detach().cpu().numpy().tobytes()) >> 1)
+    blocks = torch.empty(n, dtype=torch.long)
+    blocks[torch.randperm(n, generator=gen)] = torch.arange(n) // rows
+    return blocks
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, parts: Sequence[TrainPart],
                temperature: float, max_grad_norm: float = 1.0, options: StepOptions = StepOptions(),
-               dist: Collective | None = None) -> dict[str, Any]:
+               dist: Collective | None = None, lr: float | None = None) -> dict[str, Any]:
     """One optimizer step on all `parts`; part p's loss is weighted by its share of the sequences.
+    `lr`: this step's learning rate (the divergence guard's, node/guard.py); None keeps the optimizer's.
 
     Sequences that fail their part's log-prob check contribute nothing (the normalisers are the
     whole batch's, so the others' weights do not grow). A non-finite loss or gradient norm skips
@@ -227,6 +246,9 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, parts: 
         log.warning("non-finite gradient norm (%s); optimizer step skipped", grad_norm.item())
         optimizer.zero_grad(set_to_none=True)
         return {**metrics, "loss": loss_value, "grad_norm": float("nan"), "step_skipped": 1.0}
+    if lr is not None:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
     optimizer.step()
     return {**metrics, "loss": loss_value, "grad_norm": grad_norm.item(), "step_skipped": 0.0}
 
@@ -255,6 +277,8 @@ def _microbatch(model, parts, contexts, work: _Work | None, temperature: float, 
         gap = logprob_gap(logp, old, packed.completion_mask)
         keep = gap <= part.max_logprob_gap  # NaN claims fail this too
         acc.gaps(work.part, gap, b.group_ids[sel][~keep.cpu()])
+        # each kept sequence's divergence from the policy that sampled it: the guard's robust signal
+        acc.seq_k3[work.part] += seq_mean(k3(old - logp.detach()), packed.completion_mask)[keep].float().cpu().tolist()
     if not keep.any():
         return logp.sum() * 0.0
     k = keep.nonzero().squeeze(-1)
@@ -279,6 +303,8 @@ class _Accumulator:
         self.metric_sums: list[dict[str, float]] = [{} for _ in range(n_parts)]  # sequence-weighted
         self.gap_sum, self.gap_n, self.gap_max = [0.0] * n_parts, [0] * n_parts, [float("-inf")] * n_parts
         self.dropped: list[set[int]] = [set() for _ in range(n_parts)]
+        self.seq_k3: list[list[float]] = [[] for _ in range(n_parts)]
+        """Per kept sequence of a checked part: mean k3 per token (`kl_k3_median` of its route)."""
         self.finite = True
 
     def gaps(self, p: int, gap: torch.Tensor, dropped_groups: torch.Tensor) -> None:
@@ -296,7 +322,8 @@ class _Accumulator:
             self.metric_sums[p][k] = self.metric_sums[p].get(k, 0.0) + v * n
 
     def result(self, parts: Sequence[TrainPart], dist: Collective | None) -> tuple[dict[str, dict], bool, int]:
-        mine = [self.loss, self.seqs, self.metric_sums, self.gap_sum, self.gap_n, self.gap_max, self.dropped, self.finite]
+        mine = [self.loss, self.seqs, self.metric_sums, self.gap_sum, self.gap_n, self.gap_max, self.dropped, self.finite,
+                self.seq_k3]
         everyone = dist.all_gather_object(mine) if dist is not None else [mine]
         routes: dict[str, dict[str, Any]] = {}
         total = sum(int(p.batch.advantages.numel()) for p in parts)
@@ -308,6 +335,9 @@ class _Accumulator:
                 r.update(logprob_gap_mean=sum(e[3][i] for e in everyone) / max(n, 1),
                          logprob_gap_max=max(e[5][i] for e in everyone),
                          dropped_groups=sorted(set().union(*(e[6][i] for e in everyone))))
+                k3s = [x for e in everyone for x in e[8][i]]
+                if k3s:  # the median sequence's: a few sequences (one sampler's forged claims) cannot move it
+                    r["kl_k3_median"] = statistics.median(k3s)
             if seqs:
                 sums: dict[str, float] = {}
                 for e in everyone:

@@ -392,3 +392,22 @@ def test_shape_checks_and_helpers():
     assert group_logsumexp(x, torch.tensor([1, 1, 4])).tolist() == pytest.approx([ln(4.0), ln(4.0), 5.0])
     with pytest.raises(ValueError, match="aggregation"):
         aggregate(torch.zeros(1, 1), torch.ones(1, 1, dtype=torch.bool), "sum", BatchShape(1, 1, 1))
+
+
+@pytest.mark.parametrize("truncate", [False, True])
+@pytest.mark.parametrize("name", ["grpo", "gspo", "gepo", "m2po"])
+def test_a_forged_claim_moves_a_token_by_at_most_c_times_its_advantage(name, truncate):
+    """Whatever behaviour log-prob a sampler claims, one token's gradient weight is at most
+    max(1 + eps_high, c) |A| = 3 |A| (c = 3): with the dual clip's cap (no gradient past c) and
+    with its truncated form (weight c past c). Only the truncated form still pushes back a token
+    the policy ran away with (r = p / q past c for A < 0)."""
+    algo = get_algorithm(name)
+    cfg = algo.make_config({"dual_truncate": truncate})
+    for log_r in torch.linspace(-8, 8, 33).tolist():
+        for adv in (1.0, -1.0, -2.5):
+            inp = inputs(logp=[[-1.0]], old_logp=[[-1.0 - log_r]], mask=[[1]], adv=[adv], groups=[0])
+            algo.loss(inp, cfg).loss.backward()
+            g = inp.logp.grad.item()
+            assert abs(g) <= 3 * abs(adv) * (1 + 1e-9), (log_r, adv, g)
+            if adv < 0 and log_r > math.log(3):  # a punished token that ran away past c
+                assert g == (pytest.approx(3 * abs(adv)) if truncate else 0.0), (log_r, adv, g)

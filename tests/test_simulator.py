@@ -108,3 +108,33 @@ def test_toml_config_with_sampler_tables(tmp_path):
     sim = Simulator(cfg)
     assert [s.peer_id for s, _, _ in sim.samplers] == ["a-0", "a-1", "b"]
     assert sim._shares() == [7, 6, 3]
+
+
+def test_the_divergence_guard_cuts_the_lr_on_stale_data_and_gives_it_back():
+    from node.guard import GuardConfig
+
+    # a band so low that a step on 1-2 versions old data is a "runaway" and fresh data is settled
+    guard = GuardConfig(kl_high=1e-5, kl_low=1e-5, down=0.5, up=2.0, min_scale=0.25)
+    lr = 3e-4  # 10x the default: the tiny model moves far in a step, so stale data is far from it
+    h = Simulator(small(None, steps=6, lr=lr, guard=guard)).run()
+    steps = [r for r in h if r["kind"] == "step"]
+    assert [r["staleness_mean"] for r in steps] == [0.0, 1.0, 2.0, 0.0, 1.0, 2.0]
+    kls = [r["guard_kl"] for r in steps]
+    assert kls[0] == kls[3] == 0.0 and min(kls[1], kls[2]) > 1e-5  # fresh data: no divergence; stale: some
+    expect, scale = [], 1.0  # the rule, by hand, from the measured k3
+    for kl in kls:
+        expect.append(lr * scale)
+        scale = max(scale * 0.5, 0.25) if kl > 1e-5 else min(scale * 2.0, 1.0)
+    assert [r["lr"] for r in steps] == pytest.approx(expect, rel=1e-12)
+    assert [r["lr"] / lr for r in steps][:4] == [1.0, 1.0, 0.5, 0.25]  # it acted, and came back after fresh data
+    on = Simulator(small(0, steps=4, lr=lr, guard=GuardConfig())).run()  # on-policy: never touched
+    assert all(r["lr"] == lr and r["guard_lr_scale"] == 1.0 for r in on if r["kind"] == "step")
+
+
+def test_the_guards_scale_is_saved_with_the_learner():
+    sim = Simulator(small(None, steps=2))
+    sim.learner.lr_scale = 0.125
+    state = sim.learner.state_dict()
+    other = Simulator(small(None, steps=2))
+    other.learner.load_state_dict(state)
+    assert other.learner.lr_scale == 0.125

@@ -28,6 +28,21 @@ def test_build_batch_aligns_behaviour_logprobs_and_skips_zero_variance_groups():
     # behaviour log-probs sit exactly where the learner's next-token log-probs of those tokens sit
     assert b.old_logp[m].tolist() == pytest.approx([-0.1, -0.2, -0.3, -0.7, -0.8, -0.9])
     assert build_batch([g2], normalize_std=True, pad_id=0) is None
+    # GEPO's released code keeps them: every row packed, the equal-reward group at advantage 0
+    kept = build_batch([g1, g2, g3], normalize_std=False, pad_id=0, keep_zero_variance=True)
+    assert (kept.groups_used, kept.groups_skipped) == (3, 0)
+    assert kept.advantages.tolist() == [0.5, -0.5, 0.0, 0.0, -0.5, 0.5]
+
+
+def test_shuffled_blocks_mix_prompts_reproducibly():
+    from node.trainer import shuffled_blocks
+
+    old = torch.randn(20, 5, generator=torch.Generator().manual_seed(0))
+    blocks = shuffled_blocks(old, 8)
+    assert sorted(torch.bincount(blocks).tolist()) == [4, 8, 8]  # 20 rows: two blocks of 8 and the rest
+    assert torch.equal(blocks, shuffled_blocks(old.clone(), 8))  # a function of the data: every rank agrees
+    assert not torch.equal(blocks, torch.arange(20) // 8)  # shuffled, so consecutive rows (a group) split
+    assert not torch.equal(blocks, shuffled_blocks(old + 1, 8))
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +134,7 @@ def _assert_same_grads(micro: dict, full: dict) -> None:
 
 @pytest.mark.parametrize("name,options", [
     ("grpo", {}), ("grpo", {"aggregation": "token_mean"}), ("dr_grpo", {}), ("gspo", {"eps_low": 0.2, "eps_high": 0.2}),
-    ("gepo", {"beta": 0.05}), ("ftis", {}), ("pg", {}),
+    ("gepo", {"beta": 0.05}), ("gepo", {"e_hat_rows": 3, "beta": 0.005, "dual_clip": math.inf}), ("ftis", {}), ("pg", {}),
 ])
 def test_micro_batches_give_the_full_batch_gradient_for_every_loss(model_and_tok, name, options):
     from node.trainer import StepOptions, plan_microbatches
@@ -149,6 +164,34 @@ def test_micro_batches_give_the_full_batch_gradient_for_every_loss(model_and_tok
     if gap is not None:
         assert m_full["routes"][name]["dropped_groups"] == m_micro["routes"][name]["dropped_groups"]
         assert 1 in m_full["routes"][name]["dropped_groups"]
+
+
+def test_the_guard_reads_the_median_sequence_so_a_few_forged_claims_do_not_move_it(model_and_tok):
+    from node.algorithms.base import k3, seq_mean
+    from node.logprobs import completion_logprobs
+
+    model, tok = model_and_tok
+    algo = get_algorithm("grpo")
+    groups = _groups(tok, 4, 4, seed=3)
+    batch = build_batch(groups, True, tok.pad_token_id)
+    with torch.no_grad():  # honest claims: the model's own log-probs, plus a small staleness-like drift
+        own = completion_logprobs(model, batch.packed, 1.0)
+    mask = batch.packed.completion_mask
+    drift = 0.05 * torch.randn(own.shape, generator=torch.Generator().manual_seed(0))
+    batch.old_logp = torch.where(mask, own + drift, 0.0)
+    honest = seq_mean(k3(batch.old_logp - own), mask)
+    liars = batch.group_ids == 0  # one group of four (a sampler's) claims 3.5 nats below, within the gap check
+    batch.old_logp = torch.where(mask & liars[:, None], own - 3.5, batch.old_logp)
+    lr0 = 0.0
+    opt = torch.optim.SGD(model.parameters(), lr=lr0)
+    m = train_step(model, opt, [TrainPart("stale", batch, algo, algo.make_config(), 4.0)], 1.0, lr=lr0)
+    route = m["routes"]["stale"]
+    assert route["dropped_groups"] == []  # within the gap check: the forged rows are trained on
+    forged = float(k3(torch.tensor(-3.5)))  # e^-3.5 + 3.5 - 1 ~ 2.53 per token
+    assert route["kl_k3"] > forged / 4 > 0.6  # the mean: a quarter of the rows at 2.53 sets it
+    every = sorted(honest[~liars].tolist() + [forged] * int(liars.sum()))
+    assert route["kl_k3_median"] == pytest.approx((every[7] + every[8]) / 2, rel=1e-4)  # 16 rows
+    assert route["kl_k3_median"] < 0.01
 
 
 def test_micro_batches_across_two_parts_weight_each_part_by_its_share(model_and_tok):

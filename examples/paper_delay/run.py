@@ -8,7 +8,8 @@ Each cell is (loss, max delay D, seed). For D > 0 every sampler waits a log-norm
 D/32 and D learner steps (the paper's 60 s..1920 s shape at 0.995, scaled so its upper bound is D;
 capped at D) before it loads the newest weights, then draws a fresh delay (swarm/delay.py). D = 0
 is the on-policy loop. Losses are the project's (`node/algorithms`); a variant name such as
-`gepo+kl` or `gspo-clip0.2` runs the reference code's setting of one knob (VARIANTS below).
+`gepo+kl` or `gspo-clip0.2` runs the reference code's setting of one knob (VARIANTS below), and
+a name ending in `+guard` (e.g. `gepo+guard`) runs with the learner's divergence guard on.
 
 A run writes `<out>/<cell>.jsonl` (one line per step and eval) and `<out>/<cell>.summary.json`
 when it ends: the grid is resumable, finished cells are skipped. The analysis reads every summary
@@ -35,6 +36,17 @@ PAPER_RATIO = 32.0
 """upper / lower bound of the paper's delay distribution (1920 s / 60 s)."""
 VARIANTS = {
     "gepo+kl": ("gepo", {"beta": 0.005}),  # HeteroRL_GEPO's runs: k3 KL to the behaviour policy at 0.005
+    # GEPO as its authors' released code runs it (HanlardResearch/Hetero-RL, learner_script_checkpoint.py):
+    "gepo-released": ("gepo", {"e_hat_rows": 8, "keep_zero_variance": True, "beta": 0.005, "dual_clip": math.inf}),
+    # ...and one of its differences at a time
+    "gepo-mb8": ("gepo", {"e_hat_rows": 8}),  # E_hat over shuffled blocks of 8 rows, not the prompt's group
+    "gepo-zerovar": ("gepo", {"keep_zero_variance": True}),  # zero-variance groups kept (A = 0 rows)
+    "gepo-nocap": ("gepo", {"beta": 0.005, "dual_clip": math.inf}),  # no dual clip, uncapped KL
+    "gepo-policy": ("gepo", {}, {"take_newest": True, "wait_staleness": 32}),  # its learner's choice of data
+    # the dual clip's truncated form (base.clipped_surrogate): past c, push back at weight c, not 0
+    "gepo-trunc": ("gepo", {"dual_truncate": True}),
+    "grpo-trunc": ("grpo", {"dual_truncate": True}),
+    "m2po-released-trunc": ("m2po", {"bound": "cap", "dual_truncate": True}),
     "gspo-clip0.2": ("gspo", {"eps_low": 0.2, "eps_high": 0.2}),  # the reference code's GSPO baseline
     # M2PO's released code (Infini-AI-Lab/M2PO) against the paper's Algorithm 1 that `m2po` runs:
     "m2po-cap": ("m2po", {"bound": "cap"}),  # its bound: clip the candidates at sqrt(c), not drop the largest
@@ -49,8 +61,18 @@ def cell_name(loss: str, delay: int, seed: int) -> str:
     return f"{loss}_d{delay}_s{seed}"
 
 
-def loss_and_options(loss: str) -> tuple[str, dict]:
-    return VARIANTS.get(loss, (loss, {}))
+GUARD = "+guard"
+"""A loss name ending in it runs with the learner's divergence guard (node/guard.py); without it
+the guard is off, as in every run before the guard existed."""
+
+
+def loss_and_options(loss: str) -> tuple[str, dict, dict]:
+    """(the loss, its options, the learner's options) a cell name stands for."""
+    from node.guard import GuardConfig
+
+    name = loss.removesuffix(GUARD)
+    base, options, *learner = VARIANTS.get(name, (name, {}))
+    return base, options, {**(learner[0] if learner else {}), "guard": GuardConfig(enabled=loss.endswith(GUARD))}
 
 
 def build_config(loss: str, delay: int, seed: int, args: argparse.Namespace, metrics_path: str):
@@ -63,10 +85,11 @@ def build_config(loss: str, delay: int, seed: int, args: argparse.Namespace, met
     sps = 30.0  # virtual seconds per learner step; only the ratio to the delays matters
     weights = (DelayConfig() if delay == 0 else
                DelayConfig(kind="lognormal", lower_s=delay * sps / PAPER_RATIO, upper_s=delay * sps, confidence=0.995))
-    base, options = loss_and_options(loss)
+    base, options, learner_options = loss_and_options(loss)
     learner = LearnerConfig(stale_loss=base, stale_options=options, lr=args.lr, groups_per_step=args.groups,
                             eval_every=args.eval_every, eval_size=args.eval_size,
-                            max_staleness=max(64, 2 * delay))  # never drop an honest rollout for its age here
+                            max_staleness=max(64, 2 * delay),  # never drop an honest rollout for its age here
+                            **learner_options)
     return SimulatorConfig(
         model=args.model, task=ChainConfig() if args.task == "chain" else ArithmeticConfig(),
         sampling=SamplingConfig(group_size=args.group_size, temperature=1.0, max_new_tokens=args.max_new_tokens),

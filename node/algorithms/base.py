@@ -125,11 +125,12 @@ def group_log_e_hat(old_logp: torch.Tensor, mask: torch.Tensor, group_ids: torch
 
 
 def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float,
-                      dual_clip: float = DUAL_CLIP):
+                      dual_clip: float = DUAL_CLIP, truncate: bool = False):
     """Dual-clip PPO, per element:
 
         L = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)         A >= 0
         L = min(-min(r A, clip(r, ...) A), -c A)                   A < 0
+        L = -c A r / sg(r)    where the cap binds, with `truncate`   (value -c A, gradient -c A grad log r)
 
     and where a clip bites. Plain PPO bounds the gradient weight r of an element only for A > 0
     (and for r < 1 - eps); for A < 0 the min takes the unclipped branch and r is unbounded, so
@@ -142,6 +143,8 @@ def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, ep
     per = -torch.minimum(unclipped, clipped)
     cap = -dual_clip * adv
     dual = (adv < 0) & (per > cap)
+    if truncate and math.isfinite(dual_clip):
+        cap = cap * (ratio / ratio.detach())  # r / sg(r): value 1, gradient grad log r
     return torch.where(dual, cap, per), (clipped < unclipped) | dual
 
 

@@ -12,9 +12,12 @@ same prompt:
 with PPO's min dual-clipped for A_i < 0 (base.clipped_surrogate), so every weight is bounded.
 
 Replacing the per-sample q_i by a group constant is what cuts the weight variance once KL(p||q)
-is large (the paper's Theorem 1, checked in tests/test_algorithms.py). Unlike the reference code
-(group = a shuffled micro-batch) the group here is the prompt's, as the paper defines it. Done in
-log space: log E_hat = logsumexp(2 l_q) - logsumexp(l_q), so tiny q_i do not underflow to 0/0.
+is large (the paper's Theorem 1, checked in tests/test_algorithms.py). The group is the prompt's,
+as the paper defines it; the authors' released code (HanlardResearch/Hetero-RL, `_compute_loss`)
+takes E_hat over a shuffled micro-batch of 8 rows instead, keeps zero-variance groups, and caps
+neither the loss of A < 0 nor its KL: `e_hat_rows = 8, keep_zero_variance = true, dual_clip =
+inf, beta = 0.005` runs it that way (examples/paper_delay's `gepo-released`). Done in log space:
+log E_hat = logsumexp(2 l_q) - logsumexp(l_q), so tiny q_i do not underflow to 0/0.
 """
 
 from __future__ import annotations
@@ -34,7 +37,21 @@ class GEPOConfig:
     """Weight of the k3 KL to the sampler's policy; the paper uses 0.005."""
     normalize_std: bool = False
     dual_clip: float = DUAL_CLIP
-    """Cap c on the loss of negative-advantage sequences (base.clipped_surrogate) and on the KL's ratio."""
+    """Cap c on the loss of negative-advantage sequences (base.clipped_surrogate) and on the KL's
+    ratio; inf: neither capped (the released code's)."""
+    dual_truncate: bool = False
+    """Past c, keep pushing at the capped weight c (base.clipped_surrogate's `truncate`) rather
+    than no gradient: the same bound on a forged claim's influence."""
+    e_hat_rows: int = 0
+    """0: E_hat over the prompt's group (the paper's definition); N: over the step's rows shuffled
+    into blocks of N, prompts mixed (the released code's micro-batches: 8)."""
+    keep_zero_variance: bool = False
+    """Train on groups whose rewards are all equal too (advantage 0): they count in the batch mean
+    and in E_hat, as in the released code; False skips and counts them, as every other loss does."""
+
+    def __post_init__(self) -> None:
+        if self.e_hat_rows < 0 or not self.eps > 0 or not self.dual_clip > 1 or self.beta < 0:
+            raise ValueError("gepo: need e_hat_rows >= 0, eps > 0, dual_clip > 1, beta >= 0")
 
 
 def gepo_log_weights(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, group_ids: torch.Tensor,
@@ -51,7 +68,7 @@ def gepo_log_weights(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Ten
 def gepo_loss(inp: LossInputs, cfg: GEPOConfig) -> LossOutput:
     log_w = gepo_log_weights(inp.logp, inp.old_logp, inp.mask, inp.group_ids, inp.log_e_hat)
     w = torch.exp(log_w.clamp(-LOG_RATIO_MAX, LOG_RATIO_MAX))  # [B]
-    per_seq, clipped = clipped_surrogate(w, inp.advantages, cfg.eps, cfg.eps, cfg.dual_clip)
+    per_seq, clipped = clipped_surrogate(w, inp.advantages, cfg.eps, cfg.eps, cfg.dual_clip, cfg.dual_truncate)
     if cfg.beta:  # the KL term: log(q/p) capped at log c, so its gradient stays bounded; grad via l^p
         per_seq = per_seq + cfg.beta * seq_mean(k3_bounded(inp.old_logp.detach() - inp.logp, cfg.dual_clip), inp.mask)
     loss = batch_mean(per_seq, inp.whole)

@@ -28,6 +28,9 @@ class GRPOConfig:
     normalize_std: bool = True
     dual_clip: float = DUAL_CLIP
     """Cap c on the loss of negative-advantage elements (base.clipped_surrogate)."""
+    dual_truncate: bool = False
+    """Past c, keep pushing at the capped weight c (base.clipped_surrogate's `truncate`) rather
+    than no gradient: the same bound on a forged claim's influence."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,8 @@ def grpo_loss(inp: LossInputs, cfg: GRPOConfig) -> LossOutput:
     # q is data (the sampler's claim): sg(l^q), so no gradient can reach it even if it carries one
     log_ratio = (inp.logp - inp.old_logp.detach()).clamp(-LOG_RATIO_MAX, LOG_RATIO_MAX)
     ratio = torch.exp(log_ratio)  # [B, T]
-    per_token, clipped = clipped_surrogate(ratio, inp.advantages[:, None], cfg.eps_low, cfg.eps_high, cfg.dual_clip)
+    per_token, clipped = clipped_surrogate(ratio, inp.advantages[:, None], cfg.eps_low, cfg.eps_high, cfg.dual_clip,
+                                           cfg.dual_truncate)
     loss = aggregate(per_token, inp.mask, cfg.aggregation, inp.whole, cfg.dr_grpo_max_tokens)
     m = inp.mask
     return LossOutput(loss, {

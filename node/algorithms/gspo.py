@@ -23,12 +23,15 @@ class GSPOConfig:
     normalize_std: bool = True
     dual_clip: float = DUAL_CLIP
     """Cap c on the loss of negative-advantage elements (base.clipped_surrogate)."""
+    dual_truncate: bool = False
+    """Past c, keep pushing at the capped weight c (base.clipped_surrogate's `truncate`) rather
+    than no gradient: the same bound on a forged claim's influence."""
 
 
 def gspo_loss(inp: LossInputs, cfg: GSPOConfig) -> LossOutput:
     log_s = seq_mean(inp.logp - inp.old_logp.detach(), inp.mask).clamp(-LOG_RATIO_MAX, LOG_RATIO_MAX)
     s = torch.exp(log_s)  # [B]
-    per_seq, clipped = clipped_surrogate(s, inp.advantages, cfg.eps_low, cfg.eps_high, cfg.dual_clip)
+    per_seq, clipped = clipped_surrogate(s, inp.advantages, cfg.eps_low, cfg.eps_high, cfg.dual_clip, cfg.dual_truncate)
     return LossOutput(batch_mean(per_seq, inp.whole), {
         **weight_stats(s),
         "clip_frac": frac(clipped),

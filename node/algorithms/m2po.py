@@ -39,6 +39,9 @@ class M2POConfig:
     """Bound on the mean squared log ratio of the kept candidate tokens (the paper's tau_M2)."""
     normalize_std: bool = True
     dual_clip: float = DUAL_CLIP
+    dual_truncate: bool = False
+    """Past c, keep pushing at the capped weight c (base.clipped_surrogate's `truncate`) rather
+    than no gradient: the same bound on a forged claim's influence."""
     bound: str = "drop"
     """"drop": the paper's Algorithm 1 (mask the largest); "cap": the released code's (clip at sqrt c)."""
 
@@ -94,13 +97,14 @@ def m2po_loss(inp: LossInputs, cfg: M2POConfig) -> LossOutput:
     m = inp.mask
     if cfg.bound == "drop":
         keep = m2po_mask(log_ratio, inp.advantages, m, cfg.tau)
-        per_token, _ = clipped_surrogate(ratio, inp.advantages[:, None], math.inf, math.inf, cfg.dual_clip)
+        per_token, _ = clipped_surrogate(ratio, inp.advantages[:, None], math.inf, math.inf, cfg.dual_clip,
+                                         cfg.dual_truncate)
         bounded = ~keep
     else:
         l = log_ratio.detach()
         cap = m2po_cap(l[candidates(l, inp.advantages, m)].square(), cfg.tau)
         eps_low, eps_high = (math.inf, math.inf) if math.isinf(cap) else (1 - math.exp(-cap), math.expm1(cap))
-        per_token, bounded = clipped_surrogate(ratio, inp.advantages[:, None], eps_low, eps_high, cfg.dual_clip)
+        per_token, bounded = clipped_surrogate(ratio, inp.advantages[:, None], eps_low, eps_high, cfg.dual_clip, cfg.dual_truncate)
         keep = m
     whole_tokens = inp.whole.tokens if inp.whole is not None else int(m.sum())
     loss = torch.where(keep, per_token, 0.0).sum() / max(whole_tokens, 1)  # keep is within m

@@ -66,8 +66,9 @@ class LearnerConfig:
     """The `[learner]` table: how rollouts are corrected and trained on. What the learner trains
     (model, task, sampling) lives in the top-level config, shared with the samplers."""
 
-    stale_loss: str = "gepo"
-    """Loss for rollouts of our own model (any version): gepo, grpo, dr_grpo, gspo, m2po, pg or drop."""
+    stale_loss: str = "grpo"
+    """Loss for rollouts of our own model (any version): grpo, gepo, dr_grpo, gspo, m2po, pg or drop.
+    GRPO by evidence: it held at every max delay measured where GEPO lost (docs/RESULTS.md, "Defaults")."""
     stale_options: dict[str, Any] = field(default_factory=dict)
     """Fields of that loss's config, e.g. {eps = 0.2, beta = 0.005} for GEPO."""
     foreign_loss: str = "ftis"

@@ -8,7 +8,9 @@
     logprobs.py    token log-probs, one code path for samplers and learners
     trainer.py     rollout groups -> a batch -> one optimizer step
     sampler.py     the sampler role; learner.py the learner role (validate, route, train, publish)
-    weight_codec.py, weights.py  versions as keyframes and deltas; blobs of tensors
+    guard.py       the divergence guard: the learner's lr from the divergence it measures
+    weight_codec.py, weights.py  versions as keyframes and patches; blobs of tensors
+    entropy.py     patches' gaps and steps at their empirical entropy (ANS)
     checkpoint.py  learner state on disk; accounting.py credit per sampler; metrics.py JSONL + TensorBoard
     local.py       the single-process on-policy learning loop
 """

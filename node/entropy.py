@@ -33,7 +33,8 @@ import zstandard
 SEGMENT = 1 << 20
 """Least values per segment (whole tensors are added until a segment holds this many)."""
 GAP_ESCAPE = 4096
-"""Gaps of at least this go out as escapes: a geometric law of mean 1 / 0.5% puts ~0.0001% there."""
+"""Gaps of at least this go out as escapes: a geometric law of mean 1 / 0.5% puts ~1e-9 of its
+gaps there; the long runs of unchanged elements (norms, unused embedding rows) escape."""
 STEP_ESCAPE = 256
 """Zig-zagged steps of at least this go out as escapes: bf16 steps are mostly 1-8; a float32 view
 at a high lr (the CPU demo) escapes most steps, costing what the zstd planes always cost."""

@@ -44,11 +44,11 @@ from .config import ConfigError, SamplingConfig
 from .engines.base import Completion
 from .engines.hf import HFEngine
 from .evaluate import eval_problems, evaluate
+from .guard import GuardConfig, guard_scale
 from .metrics import MetricsWriter
 from .models import tokenizer_hash
 from .tasks import Task
 from .trainer import ScoredGroup, StepOptions, TrainPart, build_batch, train_step
-from .guard import GuardConfig, guard_scale
 from .weight_codec import Publisher, PublishConfig, publish_due
 from .weights import encode_version, retie, untie, version_nonce
 
@@ -581,8 +581,9 @@ class Learner:
     def _guard(self, rec: dict[str, Any]) -> None:
         """Record this step's lr and move the scale for the next one from its k3 (node/guard.py)."""
         rec["lr"] = self.cfg.lr * self.lr_scale
-        if rec.get("step_skipped"):
-            return  # nothing moved: nothing measured
+        if rec.get("step_skipped"):  # nothing moved: nothing measured
+            rec["guard_kl"], rec["guard_lr_scale"] = float("nan"), self.lr_scale
+            return
         # own-model rollouts only (another model's log-probs differ by design), and their median
         # sequence: a sampler's forged claims (within the gap check) cannot slow the learner down
         kl = rec.get("routes", {}).get("stale", {}).get("kl_k3_median", float("nan"))

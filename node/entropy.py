@@ -40,6 +40,9 @@ STEP_ESCAPE = 256
 at a high lr (the CPU demo) escapes most steps, costing what the zstd planes always cost."""
 _MAX_K = 1 << 16
 """Largest escape accepted from a blob (a table has K + 1 counts per segment)."""
+MAX_SEGMENTS = 1024
+"""Most segments a blob may have: its tables then take at most 16 MiB at K = 4096 (a 0.6B view's
+patch has ~7-25 segments of 1M values)."""
 
 
 def segments(ends: np.ndarray, total: int, least: int = SEGMENT) -> list[int]:
@@ -71,10 +74,7 @@ def unpack_planes(data: bytes, planes: int, count: int, dtype: type = np.uint64)
     width = np.dtype(dtype).itemsize
     if not 1 <= planes <= width:
         raise ValueError(f"{planes} byte planes for {width}-byte values")
-    try:
-        raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=planes * count) if count else b""
-    except zstandard.ZstdError as e:
-        raise ValueError(f"byte planes: {e}") from e
+    raw = _unzstd(data, planes * count, "byte planes") if count else b""
     if len(raw) != planes * count:
         raise ValueError(f"{len(raw)} bytes of planes for {count} values x {planes}")
     out = np.zeros((count, width), dtype=np.uint8)
@@ -114,15 +114,15 @@ def decode(blob: bytes, count: int, k: int) -> np.ndarray:
     except (ValueError, KeyError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
         raise ValueError(f"not an entropy-coded stream: {type(e).__name__}") from e
     if not (isinstance(seg_counts, list) and all(isinstance(b, bytes) for b in (t, words, esc))
-            and isinstance(planes, int)):
+            and isinstance(planes, int) and all(type(c) is int for c in seg_counts)):
         raise ValueError("an entropy-coded stream's fields have the wrong types")
-    if k_ != k or not all(isinstance(c, int) and c >= 0 for c in seg_counts) or sum(seg_counts) != count:
-        raise ValueError(f"stream of escape {k_!r} and segments summing to {sum(seg_counts)}, not {k} and {count}")
+    # every segment holds values (one empty one for an empty stream): their number bounds the tables
+    nonempty = seg_counts == [0] if count == 0 else all(c >= 1 for c in seg_counts)
+    if k_ != k or not nonempty or not 1 <= len(seg_counts) <= MAX_SEGMENTS or sum(seg_counts) != count:
+        raise ValueError(f"a stream of escape {k_!r} and {len(seg_counts)} segments is not one of escape {k} "
+                         f"and {count} values in 1-{MAX_SEGMENTS} non-empty segments")
     size = len(seg_counts) * (k + 1) * 4
-    try:
-        raw = zstandard.ZstdDecompressor().decompress(t, max_output_size=size) if size else b""
-    except zstandard.ZstdError as e:
-        raise ValueError(f"entropy tables: {e}") from e
+    raw = _unzstd(t, size, "entropy tables")
     if len(raw) != size or len(words) % 4:
         raise ValueError("entropy tables or words of the wrong size")
     tables = np.frombuffer(raw, dtype="<u4").reshape(len(seg_counts), k + 1)
@@ -143,6 +143,18 @@ def decode(blob: bytes, count: int, k: int) -> np.ndarray:
         raise ValueError("decoded escapes do not match the tables")
     values[escaped] += unpack_planes(esc, planes, n_esc) if n_esc else np.zeros(0, dtype=np.uint64)
     return values
+
+
+def _unzstd(data: bytes, size: int, what: str) -> bytes:
+    """zstd-decompress `data` that must hold exactly `size` bytes. A frame's declared size is
+    checked first: zstandard allocates what a frame declares, whatever `max_output_size` says."""
+    try:
+        declared = zstandard.frame_content_size(data)
+        if declared not in (size, zstandard.CONTENTSIZE_UNKNOWN):
+            raise ValueError(f"{what}: a frame of {declared} bytes where {size} are expected")
+        return zstandard.ZstdDecompressor().decompress(data, max_output_size=size)
+    except zstandard.ZstdError as e:
+        raise ValueError(f"{what}: {e}") from e
 
 
 def _model(counts: np.ndarray):

@@ -89,8 +89,9 @@ class LearnerConfig:
     """Train on the newest buffered groups first (GEPO's released learner) rather than the oldest
     (ours: nothing waits past its turn, so nothing ages out unused)."""
     wait_staleness: int = 0
-    """Wait (take no step) while the newest own-model group is more than this many versions old
-    (GEPO's released learner: 32); 0: never wait."""
+    """Take no own-model group more than this many versions old (GEPO's released learner: 32,
+    which then waits for fresher data): they are dropped and counted, so they never hold a
+    sampler's quota while the learner waits; 0: only `max_staleness` applies."""
     groups_per_step: int = 16
     lr: float = 3e-5
     """AdamW learning rate (1e-4 and above destabilises the built-in tiny model: measured)."""
@@ -474,9 +475,10 @@ class Learner:
 
     # ---- train -----------------------------------------------------------------------------------
     def _drop_stale_buffered(self) -> None:
+        limit = min(self.cfg.max_staleness, self.cfg.wait_staleness or self.cfg.max_staleness)
         keep = collections.deque()
         for b in self.buffer:
-            if b.route == "stale" and self.version - b.group.version > self.cfg.max_staleness:
+            if b.route == "stale" and self.version - b.group.version > limit:
                 self.drops["stale"] += 1
                 self._buffered[b.sampler] -= 1
             else:
@@ -490,7 +492,7 @@ class Learner:
         receiver takes no more from any new key until some are trained on: waiting would stall)."""
         self._drop_stale_buffered()
         n = self.cfg.groups_per_step
-        if len(self.buffer) < n or self._waiting_for_fresher():
+        if len(self.buffer) < n:
             return False
         picked = len(self._pick())
         if picked >= n or picked == 0:
@@ -499,11 +501,6 @@ class Learner:
             return True
         unproven = sum(not self.is_proven(b.sampler) for b in self.buffer)
         return unproven >= max(self.cfg.unproven_quota, n)
-
-    def _waiting_for_fresher(self) -> bool:
-        """`wait_staleness`: whether even the newest own-model group is too old to train on now."""
-        own = [b.group.version for b in self.buffer if b.route == "stale"]
-        return bool(self.cfg.wait_staleness and own and self.version - max(own) > self.cfg.wait_staleness)
 
     def _kind(self, b: BufferedGroup) -> str:
         """'foreign' (never audited), 'unaudited' (a version we cannot rebuild, from a sampler not yet
@@ -570,7 +567,7 @@ class Learner:
         return rec
 
     def _train(self, parts: list[TrainPart]) -> dict[str, Any]:
-        lr = self.cfg.lr * self.lr_scale
+        lr = self.cfg.lr * (self.lr_scale if self.cfg.guard.enabled else 1.0)  # (a checkpoint's scale, if off)
         if self.leader is None:
             return train_step(self.model, self.optimizer, parts, self.sampling.temperature, self.cfg.max_grad_norm,
                               self.step_options, lr=lr)
@@ -580,7 +577,7 @@ class Learner:
 
     def _guard(self, rec: dict[str, Any]) -> None:
         """Record this step's lr and move the scale for the next one from its k3 (node/guard.py)."""
-        rec["lr"] = self.cfg.lr * self.lr_scale
+        rec["lr"] = self.cfg.lr * (self.lr_scale if self.cfg.guard.enabled else 1.0)
         if rec.get("step_skipped"):  # nothing moved: nothing measured
             rec["guard_kl"], rec["guard_lr_scale"] = float("nan"), self.lr_scale
             return

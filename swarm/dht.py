@@ -29,8 +29,9 @@ from .tally import TallyModel, tallies_key
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 2
-"""2: rollouts over a gated call (hetero.rollouts.v2), peer records say whether the peer is private."""
+PROTOCOL_VERSION = 3
+"""2: rollouts over a gated call (hetero.rollouts.v2), peer records say whether the peer is private.
+3: weight patches entropy-coded (node/entropy.py): a protocol-2 sampler cannot apply them."""
 SOFTWARE = "hetero-node/0.1.0"
 
 

@@ -25,7 +25,7 @@ def test_segments_close_at_the_first_tensor_end_past_the_least():
     assert entropy.segments(np.array([0, 0, 0]), 0, least=1) == [0]
 
 
-@pytest.mark.parametrize("segs", [[60_000], [10_000, 0, 50_000], [1, 59_999]])
+@pytest.mark.parametrize("segs", [[60_000], [10_000, 1, 49_999], [1, 59_999]])
 def test_round_trip_with_escapes_and_segments(segs):
     rng = np.random.default_rng(1)
     values = rng.geometric(0.05, size=60_000).astype(np.uint64)
@@ -53,6 +53,17 @@ def test_a_stream_costs_its_empirical_entropy():
     assert two < 1.01 * n / 8 < 0.7 * mixture
 
 
+def _frame_declaring(size: int) -> bytes:
+    """A zstd frame whose header declares `size` bytes of content (zstandard would allocate them)."""
+    import zstandard
+
+    frame = bytearray(zstandard.ZstdCompressor(write_content_size=True).compress(b"\x00" * 70_000))
+    # header: magic (4), descriptor (1: FCS_flag 2 bits -> 4-byte size for 70,000 bytes), then size
+    assert zstandard.frame_content_size(bytes(frame)) == 70_000 and frame[4] >> 6 == 2
+    frame[4] |= 0xC0  # 8-byte content size field...
+    return bytes(frame[:5]) + size.to_bytes(8, "little") + bytes(frame[9:])  # ...holding `size`
+
+
 def test_every_malformed_stream_is_refused():
     values = exact_mix({0: 300, 1: 200, 70: 10})
     good = entropy.encode(values, [250, 260], 64)
@@ -78,6 +89,12 @@ def test_every_malformed_stream_is_refused():
         "escapes not zstd": redo(e=b"nope"),
         "planes not a number": redo(ep="1"),
         "segments not a list": redo(n=510),
+        "a segment not a number": redo(n=["x", 510]),
+        "a segment a list": redo(n=[[250], 260]),
+        "an empty segment": redo(n=[250, 0, 260]),
+        "more segments than tables may take": redo(n=[1] * 510),
+        "tables declaring 2**50 bytes": redo(t=_frame_declaring(2**50)),
+        "escapes declaring 2**50 bytes": redo(e=_frame_declaring(2**50)),
     }
     for name, blob in cases.items():
         with pytest.raises(ValueError):

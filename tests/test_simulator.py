@@ -90,8 +90,9 @@ def test_simulator_is_deterministic_under_a_seed():
     assert a == b and a != c  # exact: one process runs the same ops in the same order twice
 
 
-def test_max_staleness_drops_are_counted_in_metrics():
-    h = Simulator(small(None, steps=6, max_staleness=1)).run()
+@pytest.mark.parametrize("bound", [dict(max_staleness=1), dict(wait_staleness=1, take_newest=True)])
+def test_max_staleness_drops_are_counted_in_metrics(bound):
+    h = Simulator(small(None, steps=6, **bound)).run()
     steps = [r for r in h if r["kind"] == "step"]
     assert steps[-1]["drops"].get("stale", 0) > 0
     assert max(r["staleness_mean"] for r in steps) <= 1

@@ -48,7 +48,9 @@ patch has ~7-25 segments of 1M values)."""
 def segments(ends: np.ndarray, total: int, least: int = SEGMENT) -> list[int]:
     """Values per segment: `ends` are the running value counts where each tensor ends (sorted),
     `total` the number of values; a segment closes at the first tensor end where it holds at
-    least `least`, and the last one takes the rest."""
+    least `least`, and the last one takes the rest. `least` grows with `total` so that there are never
+    more than MAX_SEGMENTS, the most a decoder accepts (a 70B view's patch holds ~3e9 values)."""
+    least = max(least, -(-total // (MAX_SEGMENTS - 1)))
     out, start = [], 0
     for end in np.asarray(ends).tolist():
         if end - start >= least and end < total:

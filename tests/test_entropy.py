@@ -23,6 +23,9 @@ def test_segments_close_at_the_first_tensor_end_past_the_least():
     assert entropy.segments(np.array([3, 10]), 10, least=100) == [10]
     assert entropy.segments(np.zeros(0, dtype=np.int64), 7) == [7]
     assert entropy.segments(np.array([0, 0, 0]), 0, least=1) == [0]
+    # however many values and tensors, never more segments than a decoder accepts
+    many = entropy.segments(np.arange(1, 10**6) * 5000, 5 * 10**9)
+    assert len(many) <= entropy.MAX_SEGMENTS and sum(many) == 5 * 10**9
 
 
 @pytest.mark.parametrize("segs", [[60_000], [10_000, 1, 49_999], [1, 59_999]])

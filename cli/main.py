@@ -313,8 +313,13 @@ def bootstrap(
     initial_peers: Annotated[list[str], typer.Option("--initial-peers", metavar="<multiaddr>", help="Other bootstrap peers to link with (repeat).")] = [],
     nat: NatOpt = None,
     addr_file: Annotated[Optional[Path], typer.Option(help="Also write the multiaddrs to this file (for scripts).")] = None,
-    trusted_learner: Annotated[list[str], typer.Option("--trusted-learner", metavar="<peer id>", help="Peer id of a learner this swarm's "
-                                                       "samplers may follow (repeat); signed into the swarm record.")] = [],
+    trusted_learner: Annotated[list[str], typer.Option("--trusted-learner", metavar="<peer id>[=<model>]", help="Peer id of a learner this "
+                                                       "swarm's samplers may follow (repeat), optionally with the model it trains "
+                                                       "(samplers follow their own model's learner and feed the others that take "
+                                                       "their model); signed into the swarm record.")] = [],
+    learners_file: Annotated[Optional[Path], typer.Option(help="Also name the learners listed in this file, one <peer id>[=<model>] "
+                                                          "per line (# comments), re-read every 20 s: add a learner to a running "
+                                                          "swarm by adding its line.")] = None,
     model: Annotated[str, typer.Option(help="The model id the swarm trains, in the swarm record (informational).")] = "",
     announce_maddr: AnnounceOpt = [],
     verbose: VerboseOpt = False,
@@ -334,6 +339,11 @@ def bootstrap(
                                                        announce_maddr).items()})
     if addr_file:
         writable_file(addr_file, "--addr-file")
+    from .roles import parse_learners, read_learners_file
+
+    learners = parse_learners(trusted_learner)
+    if learners_file is not None and learners_file.exists():
+        read_learners_file(learners_file)  # a malformed file stops us here, in one line, not in the loop
     claim = claim_file(identity, "--identity", "bootstrap")  # one process per peer id; held until exit
     stop = _stop_on_signals()
 
@@ -343,7 +353,7 @@ def bootstrap(
         typer.echo(f"bootstrap peer ready at {' '.join(maddrs)}")
         typer.echo("volunteers join with:")
         typer.echo(f"  {volunteer_command(maddrs, swarm, list(initial_peers))}")
-        if not trusted_learner:
+        if not trusted_learner and learners_file is None:
             typer.echo("no learner is named yet: restart with --trusted-learner \"$(hetero-node peer-id "
                        "hetero-node-learner)\" for a learner whose --workdir is hetero-node-learner (the default)")
         if addr_file:
@@ -352,7 +362,7 @@ def bootstrap(
 
         reachability_check(port or tcp_port(maddrs), public_ip)  # port 0: the one picked for us
 
-    run_bootstrap(str(identity), net, swarm, stop, ready, list(trusted_learner), model)
+    run_bootstrap(str(identity), net, swarm, stop, ready, learners, model, learners_file)
 
 
 @app.command()

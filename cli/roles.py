@@ -204,13 +204,39 @@ def volunteer_command(maddrs: list[str], swarm: str, others: list[str] = ()) -> 
     return f"hetero-node join --role sampler{where}{peers}"
 
 
+def parse_learners(entries: list[str], where: str = "--trusted-learner") -> dict[str, str]:
+    """`PEER_ID` or `PEER_ID=MODEL` entries -> {peer id: model ("" = unstated)}."""
+    out: dict[str, str] = {}
+    for entry in entries:
+        peer, _, model = entry.strip().partition("=")
+        peer, model = peer.strip(), model.strip()
+        if not peer or len(peer) > 64 or any(c.isspace() for c in peer):
+            raise UserError(f"{where}: {entry!r} is not a peer id",
+                            "give PEER_ID or PEER_ID=MODEL, as `hetero-node peer-id <learner workdir>` prints it")
+        out[peer] = model
+    return out
+
+
+def read_learners_file(path: Path) -> dict[str, str]:
+    """A coordinator's learners file: one `PEER_ID` or `PEER_ID=MODEL` per line, `#` comments."""
+    try:
+        lines = [line.split("#", 1)[0].strip() for line in path.read_text().splitlines()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read the learners file {path}: {e}",
+                        "give a text file with one <peer id>[=<model>] per line") from None
+    return parse_learners([line for line in lines if line], str(path))
+
+
 def run_bootstrap(identity_path: str, net: NetworkConfig, swarm: str, stop: threading.Event,
-                  on_ready: Callable[[list[str]], None] | None = None, learners: list[str] = (),
-                  model_id: str = "") -> None:
-    """A coordinator's entry point; it signs the swarm record naming the `learners` samplers follow."""
+                  on_ready: Callable[[list[str]], None] | None = None, learners: dict[str, str] | None = None,
+                  model_id: str = "", learners_file: Path | None = None, every_s: float = 20.0) -> None:
+    """A coordinator's entry point; it signs the swarm record naming the `learners` samplers follow,
+    each with its model, and those of `learners_file`, re-read every `every_s` seconds, so that a
+    learner is added to (or removed from) a running swarm by editing that file."""
     node = SwarmNode(Identity.load_or_create(identity_path), net, swarm)
     serve_reachability(node)  # joining peers ask it whether they can be dialled (swarm/reach.py)
-    if not learners:
+    named = dict(learners or {})
+    if not named and learners_file is None:
         log.warning("no --trusted-learner given: samplers of swarm %r will follow only a learner they pin "
                     "with --follow", swarm)
     try:
@@ -219,11 +245,31 @@ def run_bootstrap(identity_path: str, net: NetworkConfig, swarm: str, stop: thre
         while not stop.is_set():
             node.announce({"role": "bootstrap", "model_id": "", "version": 0, "engine": "", "throughput": 0.0,
                            "maddrs": node.maddrs()}, ttl=60)
-            if learners and not node.publish_swarm_record(list(learners), model_id, ttl=60):
-                log.warning("the DHT did not store the swarm record; retrying in 20 s")
-            stop.wait(20)
+            current = {**named, **_learners_from(learners_file)}
+            if current and not node.publish_swarm_record(current, model_id, ttl=60):
+                log.warning("the DHT did not store the swarm record; retrying in %.0f s", every_s)
+            stop.wait(every_s)
     finally:
         node.shutdown()
+
+
+_last_file: dict[Path, dict[str, str]] = {}
+
+
+def _learners_from(path: Path | None) -> dict[str, str]:
+    """The learners file's entries; on an unreadable or malformed file, the last good ones (logged)."""
+    if path is None:
+        return {}
+    try:
+        now = read_learners_file(path) if path.exists() else {}
+    except UserError as e:
+        log.warning("learners file %s: %s; keeping the learners it named before", path, e)
+        return _last_file.get(path, {})
+    if now != _last_file.get(path):
+        log.info("learners file %s names %d learner(s): %s", path, len(now),
+                 ", ".join(f"{short_id(k)}{'=' + v if v else ''}" for k, v in sorted(now.items())) or "none")
+    _last_file[path] = now
+    return now
 
 
 # ---- learner ---------------------------------------------------------------------------------------
@@ -338,7 +384,8 @@ def _learner_loop(cfg: JoinConfig, node: SwarmNode, stop: threading.Event, place
         while not stop.is_set():
             if announce():
                 node.announce({"role": "learner", "model_id": cfg.model, "version": learner.version, "engine": "hf",
-                               "throughput": round(report.rate() * cfg.sampling.group_size, 3), "maddrs": node.maddrs()}, ttl=cfg.peer_ttl_s)
+                               "throughput": round(report.rate() * cfg.sampling.group_size, 3), "maddrs": node.maddrs(),
+                               "accepts": accepted_models(cfg.learner)}, ttl=cfg.peer_ttl_s)
             if tally() and learner.tally.peers:
                 _publish_tally(node, learner, cfg.model)
             records = link.receive_rollouts(1000, timeout=0.5)
@@ -366,6 +413,17 @@ def _learner_loop(cfg: JoinConfig, node: SwarmNode, stop: threading.Event, place
             learner.leader.stop()
         learner.metrics.close()
         log.info(report.summary())
+
+
+def accepted_models(lc: LearnerConfig) -> list[str]:
+    """The other models a learner tells samplers it takes, so they send it their groups: those it
+    names, and those whose tokenizers it holds (what "*" admits). Never "*" itself: a sampler of
+    an unnamed model in the learner's tokenizer is checked as the learner's own (audited against
+    weights it never ran, and refused), so it must not be invited. Nothing when it drops them all."""
+    if lc.foreign_loss == "drop":
+        return []
+    named = {m for m in lc.accept_models if m != "*"}
+    return sorted(named | (set(lc.foreign_tokenizers) if "*" in lc.accept_models else set()))
 
 
 def _check_named(node: SwarmNode) -> bool:
@@ -443,17 +501,33 @@ def run_sampler(cfg: JoinConfig, stop: threading.Event) -> None:
         tracker = LearnerTracker(node, cfg.follow, cfg.model)
         link = SwarmSamplerLink(node, outbox, lambda: tracker.current, cfg.sampler.weight_delay,
                                 cfg.sampler.rollout_delay, cfg.seed, mates=lambda: tracker.mates,
-                                fetch=cfg.sampler.fetch)
+                                fetch=cfg.sampler.fetch, partners=lambda: tracker.partners,
+                                max_partner_owed=cfg.sampler.max_outbox)
         sampler = _make_sampler(cfg, node)
         _sampler_loop(cfg, node, outbox, link, sampler, tracker, stop)
     finally:
         if link is not None:
             link.close()
             log.info("sampler stopped: %d groups delivered, %d refused by the learner, %d left in the outbox "
-                     "(sent when you join again)", link.rollouts.stats["delivered"], link.rollouts.stats["rejected"],
-                     len(outbox))
+                     "(sent when you join again)%s", link.rollouts.stats["delivered"], link.rollouts.stats["rejected"],
+                     len(outbox), _partner_summary(link))
         outbox.close()
         node.shutdown()
+
+
+def _partner_summary(link: SwarmSamplerLink) -> str:
+    """'; partner learners: Qm1234 took 40, ...' for the learners of other models this sampler fed."""
+    parts = [f"{short_id(p)} took {st['delivered']}" + (f", gave up {st['given_up']}" if st["given_up"] else "")
+             for p, st in sorted(link.rollouts.partner_stats.items())]
+    return f"; partner learners: {'; '.join(parts)}" if parts else ""
+
+
+def _held_back(cfg: JoinConfig, outbox: Outbox, link: SwarmSamplerLink, tracker: LearnerTracker) -> bool:
+    """Whether to stop generating for now: our learner is behind or away (its rollouts wait without
+    bound), or, with no learner of our model, every partner already has all it can take from us."""
+    if link.rollouts.has_learner:
+        return outbox.owed() >= cfg.sampler.max_outbox or link.learner_backlog >= cfg.sampler.max_learner_backlog
+    return all(outbox.owed(p) >= cfg.sampler.max_outbox for p in tracker.partners)
 
 
 def _waiting_for(tracker: LearnerTracker, swarm: str) -> str:
@@ -464,6 +538,10 @@ def _waiting_for(tracker: LearnerTracker, swarm: str) -> str:
         return (f"waiting for a learner the coordinator names: {len(tracker.ignored)} learner(s) seen in swarm "
                 f"{swarm!r}, none named by the bootstrap's swarm record (its --trusted-learner), so none is followed; "
                 "pin one with --follow PEER_ID")
+    if tracker.named_models:
+        return (f"waiting for a learner of model {tracker.model_id!r} or one that takes its rollouts: the learners "
+                f"in swarm {swarm!r} train {', '.join(map(repr, tracker.named_models))} and none names "
+                f"{tracker.model_id!r} in its learner.accept_models; join with --model set to one of theirs")
     return f"waiting for a learner to join swarm {swarm!r} (none seen yet; is --swarm the coordinator's?)"
 
 
@@ -495,17 +573,18 @@ def _sampler_loop(cfg: JoinConfig, node: SwarmNode, outbox: Outbox, link: SwarmS
                            "throughput": round(rate, 3), "maddrs": node.maddrs(), "name": cfg.name,
                            "learner": tracker.current or ""}, ttl=cfg.peer_ttl_s)
         if status():
-            log.info("sampler v%d | groups made %d | acknowledged %d | outbox %d | learner %s | %.1f rollouts/s",
-                     sampler.version, groups, link.rollouts.stats["delivered"], len(outbox),
-                     short_id(tracker.current) if tracker.current else "none yet", rate)
-        if tracker.refresh(force=force) is None:
+            log.info("sampler v%d | groups made %d | acknowledged %d | outbox %d | learner %s | partners %d | "
+                     "%.1f rollouts/s", sampler.version, groups, link.rollouts.stats["delivered"], len(outbox),
+                     short_id(tracker.current) if tracker.current else "none yet", len(tracker.partners), rate)
+        tracker.refresh(force=force)
+        if not tracker.any:
             log.info("%s (for %.0f s; retrying in %.0f s)", _waiting_for(tracker, cfg.swarm), time.monotonic() - t0,
                      backoff)
             stop.wait(backoff)
             backoff, force = min(backoff * 2, 30.0), True
             continue
         backoff, force = 1.0, False
-        if len(outbox) >= cfg.sampler.max_outbox or link.learner_backlog >= cfg.sampler.max_learner_backlog:
+        if _held_back(cfg, outbox, link, tracker):
             stop.wait(0.2)  # the learner is behind or away: do not generate without bound
             continue
         groups += sampler.run_once(link)

@@ -118,7 +118,7 @@ class LightPeer:
     def peers(self) -> list[dict]:
         return swarm_dht.list_peers(self.dht, SWARM)
 
-    def trusted_learners(self, coordinators: set[str]) -> set[str]:
+    def trusted_learners(self, coordinators: set[str]) -> dict[str, str]:
         return swarm_dht.trusted_learners(self.dht, SWARM, coordinators)
 
     def announce(self, role: str, learner: str = "") -> bool:

@@ -403,7 +403,7 @@ class Learner:
                 return "token_out_of_vocab"
             if any(tok.decode(c.token_ids, skip_special_tokens=True) != c.text for c in g.completions):
                 return "text_mismatch"
-        if not own and (reason := _foreign_version(g)) is not None:
+        if not own and (reason := _foreign_version(g, {self.chain, *self.known_chains})) is not None:
             return reason
         if own and self.version - g.version > self.cfg.max_staleness:
             return "stale"
@@ -451,7 +451,7 @@ class Learner:
         else:
             comps = [Completion(c.token_ids, c.text, c.logprobs, c.finish_reason) for c in g.completions]
             seq_logp = None
-        version = g.version
+        version = g.version if own else 0  # a partner's version numbers its own chain: meaningless here
         if own and version > self.version:
             # made by weights of this learner's previous run (it resumed from an older checkpoint):
             # the rollout is sound, its version number is from a lost branch; count it as fresh
@@ -845,9 +845,11 @@ class Learner:
         self.load_state_dict(load_checkpoint(path))
 
 
-def _foreign_version(g: RolloutGroup) -> str | None:
-    """A foreign generator never ran our weights: it claims version 0 of no chain, nothing else."""
-    return None if (g.chain, g.version) == ("", 0) else "foreign_version"
+def _foreign_version(g: RolloutGroup, ours: set[str]) -> str | None:
+    """A foreign generator never ran our weights: it may name its own learner's chain and version (a
+    partner's, in a swarm of several learners: we can check neither and use neither), never one of
+    ours."""
+    return "foreign_version" if g.chain and g.chain in ours else None
 
 
 def pick_groups(entries: list[tuple[str, str]], n: int, total_caps: dict[str, int],

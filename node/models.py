@@ -25,6 +25,8 @@ BUILTIN_MODEL = "builtin:tiny-arith"
 """Model id of the shipped tiny model; resolves to `node/assets/tiny-arith`."""
 BUILTIN_MODEL_B = "builtin:tiny-arith-b"
 """A second, differently shaped tiny model (other size, other seed) for heterogeneous swarms."""
+BUILTIN_MODEL_C = "builtin:tiny-arith-c"
+"""A third shape (narrow and deep: hidden 64, 5 layers) for swarms of several learners."""
 
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>")
 CHARS = string.digits + "+-*/=()., " + string.ascii_letters + "?!:;'\"\n\\{}[]^_%$#&<>|~`@"

@@ -29,9 +29,12 @@ from .tally import TallyModel, tallies_key
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 """2: rollouts over a gated call (hetero.rollouts.v2), peer records say whether the peer is private.
-3: weight patches entropy-coded (node/entropy.py): a protocol-2 sampler cannot apply them."""
+3: weight patches entropy-coded (node/entropy.py): a protocol-2 sampler cannot apply them.
+4: several learners: peer records say which models a learner takes (`accepts`), swarm records which
+model each learner trains (`models`). hivemind's schema check refuses a record with a field more
+or less than the reader's schema, so a swarm runs one protocol."""
 SOFTWARE = "hetero-node/0.1.0"
 
 
@@ -53,6 +56,9 @@ class PeerInfoModel(pydantic.BaseModel):
     """DHT time of the announcement (status shows 'last seen')."""
     private: pydantic.StrictBool = False
     """Behind a NAT (swarm/reach.py): no peer can dial it, so no mate asks it for weight chunks."""
+    accepts: List[pydantic.constr(max_length=256, strict=True)] = []
+    """For learners: other models whose rollouts it trains on ("*": any it can check), so samplers
+    of those models send it a copy of each group (docs/DESIGN.md, "Several learners")."""
 
 
 class HolderModel(pydantic.BaseModel):
@@ -71,6 +77,9 @@ class SwarmRecordModel(pydantic.BaseModel):
     learners: List[pydantic.StrictStr]
     model_id: pydantic.StrictStr = ""
     """The model the swarm trains ("" = not fixed)."""
+    models: Dict[pydantic.StrictStr, pydantic.StrictStr] = {}
+    """Learner -> the model it trains, where the coordinator says (a sampler follows only its own
+    model's learner; a learner the record names without a model is taken at its word)."""
     updated: pydantic.StrictFloat = 0.0
 
 
@@ -265,7 +274,7 @@ def _live_values(dht: DHT, key: str) -> list[tuple[dict[str, Any], float]]:
 def announce(dht: DHT, identity: Identity, swarm: str, info: dict[str, Any], ttl: float = 60.0) -> bool:
     """Store (or refresh) this peer's PeerInfo, signed, expiring in `ttl` seconds."""
     # every field explicitly: SchemaValidator refuses values that parse to anything different
-    info = {"learner": "", "name": "", "private": False, **info, "peer_id": identity.peer_id, "software": SOFTWARE, "protocol": PROTOCOL_VERSION,
+    info = {"learner": "", "name": "", "private": False, "accepts": [], **info, "peer_id": identity.peer_id, "software": SOFTWARE, "protocol": PROTOCOL_VERSION,
             "updated": float(get_dht_time())}
     return _store(dht, peers_key(swarm), info, ttl, identity)
 
@@ -306,18 +315,28 @@ def swarm_key(swarm: str) -> str:
     return f"hetero_{swarm}_swarm"
 
 
-def publish_swarm_record(dht: DHT, identity: Identity, swarm: str, learners: list[str], model_id: str = "",
+def publish_swarm_record(dht: DHT, identity: Identity, swarm: str, learners: dict[str, str], model_id: str = "",
                          ttl: float = 60.0) -> bool:
-    """As this swarm's coordinator, name the learners its samplers may follow (signed, expiring)."""
-    value = {"coordinator": identity.peer_id, "learners": sorted(set(learners)), "model_id": model_id,
-             "updated": float(get_dht_time())}
+    """As this swarm's coordinator, name the learners its samplers may follow, each with the model it
+    trains ("" = unstated), signed and expiring."""
+    value = {"coordinator": identity.peer_id, "learners": sorted(learners), "model_id": model_id,
+             "models": {k: v for k, v in sorted(learners.items()) if v}, "updated": float(get_dht_time())}
     return _store(dht, swarm_key(swarm), value, ttl, identity)
 
 
-def trusted_learners(dht: DHT, swarm: str, coordinators: set[str]) -> set[str]:
-    """Learners named by the swarm records of `coordinators` (every other record is ignored)."""
-    return {learner for v, _ in _live_values(dht, swarm_key(swarm)) if v.get("coordinator") in coordinators
-            for learner in v.get("learners", [])}
+def trusted_learners(dht: DHT, swarm: str, coordinators: set[str]) -> dict[str, str]:
+    """Learners named by the swarm records of `coordinators` (every other record is ignored), each
+    with the model a record says it trains ("" where none says; two coordinators that disagree
+    about a learner's model: "?", which matches no model, so no sampler follows it)."""
+    out: dict[str, str] = {}
+    for v, _ in _live_values(dht, swarm_key(swarm)):
+        if v.get("coordinator") not in coordinators:
+            continue
+        models = v.get("models", {})
+        for learner in v.get("learners", []):
+            model, have = models.get(learner, ""), out.get(learner, "")
+            out[learner] = "?" if model and have and model != have else (have or model)
+    return out
 
 
 def peer_id_of_maddr(addr: str) -> str:

@@ -1,14 +1,22 @@
-"""Which learner a sampler follows, and which samplers are its mates, from the DHT's records.
+"""Which learner a sampler follows, which learners it also feeds, and which samplers are its mates,
+from the DHT's records.
 
 A peer that merely announces `role = learner` is never followed: a sampler follows a learner its
 swarm's coordinator names in the swarm record it signed (the coordinators are the bootstrap peers
 the sampler was pointed at: the /p2p/ ids of --initial-peers), or one the user pins (--follow).
+
+A swarm may name several learners, each training its own model (docs/DESIGN.md, "Several
+learners"). A sampler follows the one of its own model (it loads that learner's weights) and
+sends a copy of each group to every other named learner that says it takes its model (`accepts`
+in its peer record): its *partners*, which correct those groups with F-TIS. With no learner of
+its own model, a sampler only feeds partners and keeps its own weights.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 from .identity import short_id
 from .p2p import SwarmNode
@@ -16,37 +24,90 @@ from .p2p import SwarmNode
 log = logging.getLogger(__name__)
 
 
+def takes(learner: dict, model_id: str) -> bool:
+    """Whether a learner's peer record names `model_id` among the other models it trains on (learners
+    name them one by one: cli/roles.py, `accepted_models`)."""
+    return learner.get("model_id") != model_id and model_id in (learner.get("accepts") or [])
+
+
+@dataclass
+class Choice:
+    """What a sampler of one model makes of the swarm's records (`choose`)."""
+
+    follow: str | None
+    """The learner it follows (loads the weights of, sends every group to)."""
+    partners: list[str]
+    """Learners of other models that take its model: each gets a copy of every group."""
+    mates: list[str]
+    """Samplers following the same learner with the same model that peers can dial (not private):
+    they share version downloads."""
+    impostors: list[str]
+    """Peers announcing role=learner that nobody we trust named."""
+    disputed: list[str]
+    """Named learners announcing another model than the swarm record gives them: followed and fed by
+    no one (the coordinator's word and the learner's disagree: a misconfiguration, or a lie)."""
+    models: list[str]
+    """Models the live named learners train (what a sampler of another model could join with)."""
+
+
+def choose(peers: list[dict], trusted: dict[str, str], model_id: str, pin: str | None = None) -> Choice:
+    """From live peer records and the learners our coordinators name (-> the model each record gives
+    it, "" if none), the learner a sampler of `model_id` follows and the ones it feeds: the pinned
+    one if live (whatever its model: the user said so), else the first named one of its model."""
+    live = {p["peer_id"]: p for p in peers if p.get("role") == "learner"}
+    trusted = {pin: ""} if pin else trusted
+    disputed = sorted(pid for pid, p in live.items() if trusted.get(pid) and trusted[pid] != p.get("model_id"))
+    named = {pid: p for pid, p in live.items() if pid in trusted and pid not in disputed}
+    ours = sorted(pid for pid, p in named.items() if p.get("model_id") == model_id)
+    pick = pin if pin in named else (ours[0] if ours else None)
+    return Choice(
+        follow=pick,
+        partners=sorted(pid for pid, p in named.items() if pid != pick and takes(p, model_id)),
+        mates=sorted(p["peer_id"] for p in peers if p.get("role") == "sampler" and p.get("learner") == pick
+                     and p.get("model_id") == model_id and not p.get("private")) if pick else [],
+        impostors=sorted(set(live) - set(trusted)), disputed=disputed,
+        models=sorted({p.get("model_id", "") for p in named.values()}))
+
+
 class LearnerTracker:
-    """The pinned learner, else the first live learner the coordinators trust; re-checked every
-    `every` seconds, so that a vanished learner (its record expired) is noticed and another found."""
+    """`choose` on the DHT's records, re-checked every `every` seconds, so that a vanished learner
+    (its record expired) is noticed and another found; says what changed, once."""
 
     def __init__(self, node: SwarmNode, follow: str | None, model_id: str = "", every: float = 10.0) -> None:
         self.node, self.follow, self.model_id, self.every = node, follow, model_id, every
         self.current: str | None = None
+        self.partners: list[str] = []
         self.mates: list[str] = []
-        """Samplers following the same learner with the same model that peers can dial (not private):
-        they share version downloads."""
+        self.named_models: list[str] = []
         self.ignored: set[str] = set()
         """Peers announcing role=learner that nobody we trust named (logged once each)."""
+        self._disputed: set[str] = set()
         self._checked = 0.0
 
     def refresh(self, force: bool = False) -> str | None:
         if not force and time.monotonic() - self._checked < self.every:
             return self.current
         self._checked = time.monotonic()
-        peers = self.node.peers()
-        live = {p["peer_id"] for p in peers if p.get("role") == "learner"}
-        trusted = {self.follow} if self.follow else self.node.trusted_learners(self.node.coordinators)
-        for impostor in sorted(live - trusted - self.ignored):
+        trusted = {} if self.follow else self.node.trusted_learners(self.node.coordinators)
+        c = choose(self.node.peers(), trusted, self.model_id, self.follow)
+        for impostor in sorted(set(c.impostors) - self.ignored):
             self.ignored.add(impostor)
             log.warning("ignoring learner %s: no coordinator we trust names it (bootstrap --trusted-learner), "
                         "and --follow does not pin it", short_id(impostor))
-        pick = min(live & trusted, default=None)
-        self.mates = sorted(p["peer_id"] for p in peers if p.get("role") == "sampler" and p.get("learner") == pick
-                            and p.get("model_id") == self.model_id and not p.get("private"))
-        if pick != self.current and pick:
-            log.info("following learner %s", short_id(pick))
-        elif pick != self.current:
+        for pid in sorted(set(c.disputed) - self._disputed):
+            self._disputed.add(pid)
+            log.warning("ignoring learner %s: it announces another model than the swarm record gives it", short_id(pid))
+        if set(c.partners) != set(self.partners):
+            log.info("partner learners (other models that take %s): %s", self.model_id,
+                     ", ".join(map(short_id, c.partners)) or "none")
+        if c.follow != self.current and c.follow:
+            log.info("following learner %s", short_id(c.follow))
+        elif c.follow != self.current:
             log.warning("the learner %s is gone from the swarm; looking for one", short_id(self.current or ""))
-        self.current = pick
-        return pick
+        self.current, self.partners, self.mates, self.named_models = c.follow, c.partners, c.mates, c.models
+        return self.current
+
+    @property
+    def any(self) -> bool:
+        """Whether there is anyone to send groups to: the learner we follow or a partner."""
+        return self.current is not None or bool(self.partners)

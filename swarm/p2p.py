@@ -108,10 +108,10 @@ class SwarmNode:
     def tallies(self) -> list[dict]:
         return list_tallies(self.dht, self.swarm)
 
-    def publish_swarm_record(self, learners: list[str], model_id: str = "", ttl: float = 60.0) -> bool:
+    def publish_swarm_record(self, learners: dict[str, str], model_id: str = "", ttl: float = 60.0) -> bool:
         return publish_swarm_record(self.dht, self.identity, self.swarm, learners, model_id, ttl)
 
-    def trusted_learners(self, coordinators: set[str]) -> set[str]:
+    def trusted_learners(self, coordinators: set[str]) -> dict[str, str]:
         return trusted_learners(self.dht, self.swarm, coordinators)
 
     def add_handler(self, name: str, handler: Handler) -> None:

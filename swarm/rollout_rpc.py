@@ -34,9 +34,10 @@ journaled, not even decoded; the sampler keeps them and sends them later. A call
 accepted (all busy or refused) is answered only after a tarpit, so a flooder that calls again at
 once makes a few calls a second.
 
-Sampler side (`RolloutSender`): records wait in a persistent outbox and a background thread sends
-what is due, with exponential backoff while the learner is unreachable; a record leaves the outbox
-only once the learner settled it (ok or rejected).
+Sampler side (`RolloutSender`): records wait in a persistent outbox and a background thread per
+learner sends what is due to it, with exponential backoff while it is unreachable; a record leaves
+the outbox only once every learner it is for settled it (ok or rejected), or, for a partner
+learner of another model, was given up on (bounded copies; a partner gone for good).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from .delay import DelayConfig, sample_delay
 from .envelope import open_envelope, seal
 from .identity import short_id
 from .journal import Journal
-from .outbox import Outbox
+from .outbox import OWN, Outbox
 from .p2p import MAX_MESSAGE, SwarmNode, decrement
 from .records import MAX_ID, RecordError, RolloutGroup, decode_rollout_group
 
@@ -477,71 +478,135 @@ class TokenBuckets:
 
 
 class RolloutSender:
-    """The sampler's side: an outbox on disk and a thread that delivers it to the learner."""
+    """The sampler's side: an outbox on disk and one thread per learner that delivers what it is owed.
+
+    Every record goes to the learner the sampler follows (`learner()`, its own model's) and to each
+    of `partners()` when it is put: learners of other models that take this one's rollouts
+    (docs/DESIGN.md, "Several learners"). The same signed envelope goes to each; each learner
+    acknowledges it on its own, so a slow or dead partner delays nobody else. A partner's copies
+    are bounded (`max_partner_owed`, the oldest given up and counted); the followed learner's never
+    are (the sampler stops generating instead)."""
 
     def __init__(self, node: SwarmNode, outbox: Outbox, learner: Callable[[], str | None],
                  rollout_delay: DelayConfig = DelayConfig(), rng: random.Random | None = None,
-                 rpc_timeout: float = 30.0) -> None:
+                 rpc_timeout: float = 30.0, partners: Callable[[], list[str]] = lambda: [],
+                 max_partner_owed: int = 256, forget_after_s: float = 600.0) -> None:
         self.node = node
         self.outbox = outbox
         self.learner = learner
+        self.partners = partners
+        self.max_partner_owed, self.forget_after_s = max_partner_owed, forget_after_s
         self._rollout_delay = rollout_delay
         self._rng = rng or random.Random(0)
         self.rpc_timeout = rpc_timeout
         self.stats: collections.Counter[str] = collections.Counter()
-        self._last_reply = 0.0
+        """The followed learner's counts: delivered, rejected, busy, send_failures, batch_errors."""
+        self.partner_stats: dict[str, collections.Counter[str]] = {}
+        """The same per partner, plus `given_up` (copies dropped past `max_partner_owed` or when it left)."""
         self.learner_backlog = 0
         """The learner's backlog from its last ack: samplers pause while it is large (fresher data)."""
+        self._had_learner = self.outbox.owed(OWN) > 0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._flush_loop, name="outbox-flusher", daemon=True)
-        self._thread.start()
+        self._flushers: dict[str, threading.Thread] = {}
+        self._last_reply: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._start(OWN)
+        for partner in self.outbox.learners():  # copies owed from before a restart
+            if partner != OWN:
+                self._start(partner)
+
+    def _start(self, target: str) -> None:
+        with self._lock:
+            if target in self._flushers or self._stop.is_set():
+                return
+            if target != OWN:
+                self.partner_stats.setdefault(target, collections.Counter())
+            name = "outbox-flusher" if target == OWN else f"outbox-flusher-{short_id(target)}"
+            self._flushers[target] = t = threading.Thread(target=self._flush_loop, args=(target,), name=name, daemon=True)
+        t.start()
+
+    @property
+    def has_learner(self) -> bool:
+        """Whether this sampler follows (or has followed) a learner of its own model: its records are
+        then kept for it, through that learner's restarts and replacements."""
+        self._had_learner = self._had_learner or self.learner() is not None
+        return self._had_learner
 
     def send(self, records: list[tuple[str, bytes]]) -> None:
+        partners = tuple(p for p in self.partners() if p and p != self.learner())
+        to = ((OWN,) if self.has_learner else ()) + partners
         for rid, record in records:
-            self.outbox.put(rid, seal(self.node.identity, record), sample_delay(self._rollout_delay, self._rng))
+            if to:
+                self.outbox.put(rid, seal(self.node.identity, record), sample_delay(self._rollout_delay, self._rng),
+                                to=to)
+        for p in partners:
+            self._start(p)
+            if given_up := self.outbox.trim(p, self.max_partner_owed):
+                self.partner_stats[p]["given_up"] += given_up
 
-    def _flush_loop(self) -> None:
-        backoff = 1.0
+    def _flush_loop(self, target: str) -> None:
+        backoff, away_since = 1.0, None
+        stats = self.stats if target == OWN else self.partner_stats[target]
         while not self._stop.is_set():
+            if target != OWN:  # a partner that left the swarm (or stopped taking our model) for good
+                away_since = None if target in self.partners() else (away_since or time.monotonic())
+                if away_since is not None and time.monotonic() - away_since > self.forget_after_s:
+                    stats["given_up"] += self.outbox.trim(target, 0)
+                    log.info("partner learner %s is gone: gave up the rollouts owed to it", short_id(target))
+                    with self._lock:
+                        del self._flushers[target]
+                    return
             try:
-                sent = self.flush_once()
+                sent = self.flush_once(target)
                 backoff = 1.0
                 if not sent:
                     self._stop.wait(0.5)
             except Exception as e:  # the learner is gone or slow: keep the outbox, retry later
-                self.stats["send_failures"] += 1
-                log.warning("could not deliver rollouts to the learner (%s: %s); %d waiting in the outbox, "
-                            "retrying in %.0f s", type(e).__name__, e, len(self.outbox), backoff)
+                stats["send_failures"] += 1
+                if target == OWN:  # its backlog is unknown now: the outbox's bound paces us (partners still fed)
+                    self.learner_backlog = 0
+                log.log(logging.WARNING if target == OWN else logging.INFO,
+                        "could not deliver rollouts to %s (%s: %s); %d waiting in the outbox, retrying in %.0f s",
+                        "the learner" if target == OWN else f"partner learner {short_id(target)}",
+                        type(e).__name__, e, self.outbox.owed(target), backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
 
-    def flush_once(self) -> int:
-        """Send one batch of due records; returns how many the learner settled (ok or rejected)."""
-        learner = self.learner()
+    def flush_once(self, target: str = OWN) -> int:
+        """Send one batch of due records to `target` (OWN: the followed learner); returns how many it
+        settled (ok or rejected)."""
+        learner = self.learner() if target == OWN else target
         if learner is None:
             return 0
-        due = self.outbox.due(MAX_MESSAGE - 64 * 1024, MAX_BATCH)
-        if not due and time.monotonic() - self._last_reply < 1.0:
+        due = self.outbox.due(MAX_MESSAGE - 64 * 1024, MAX_BATCH, learner=target)
+        if not due and (target != OWN or time.monotonic() - self._last_reply.get(target, 0.0) < 1.0):
             return 0
         # an empty batch is a cheap poll: it refreshes learner_backlog while we are paused
-        self._last_reply = time.monotonic()
+        self._last_reply[target] = time.monotonic()
         reply = msgpack.unpackb(self.node.call_gated(learner, ROLLOUTS, msgpack.packb([[i, e] for i, e in due]),
-                                               self.rpc_timeout), raw=False)
+                                                     self.rpc_timeout), raw=False)
+        stats = self.stats if target == OWN else self.partner_stats[target]
+        who = "the learner" if target == OWN else f"partner learner {short_id(target)}"
         if reply.get("error"):  # our batch itself was refused: a bug on one side, not a busy learner
-            self.stats["batch_errors"] += 1
-            log.warning("the learner refused a batch of %d rollouts: %s (kept in the outbox)", len(due), reply["error"])
+            stats["batch_errors"] += 1
+            log.warning("%s refused a batch of %d rollouts: %s (kept in the outbox)", who, len(due), reply["error"])
         elif reply.get("busy"):
-            log.debug("the learner is busy for %d rollouts: %s", len(reply["busy"]), reply.get("why"))
+            log.debug("%s is busy for %d rollouts: %s", who, len(reply["busy"]), reply.get("why"))
         for rid, reason in reply.get("rejected", {}).items():
-            log.warning("the learner rejected rollout %s: %s (dropped from the outbox)", rid[:8], reason)
-        self.learner_backlog = int(reply.get("backlog", 0))
+            log.log(logging.WARNING if target == OWN else logging.DEBUG,
+                    "%s rejected rollout %s: %s (dropped from the outbox)", who, rid[:8], reason)
+        if target == OWN:
+            self.learner_backlog = int(reply.get("backlog", 0))
         settled = list(reply.get("ok", [])) + list(reply.get("rejected", {}))
-        self.outbox.remove(settled)
-        self.stats["delivered"] += len(reply.get("ok", []))
-        self.stats["rejected"] += len(reply.get("rejected", {}))
-        self.stats["busy"] += len(reply.get("busy", []))
+        self.outbox.remove(settled, learner=target)
+        stats["delivered"] += len(reply.get("ok", []))
+        stats["rejected"] += len(reply.get("rejected", {}))
+        stats["busy"] += len(reply.get("busy", []))
         return len(settled) if due else 0  # 0 when all were busy: the loop pauses before trying again
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(5)
+        with self._lock:
+            threads = list(self._flushers.values())
+        for t in threads:
+            t.join(5)

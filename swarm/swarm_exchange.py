@@ -48,9 +48,11 @@ class SwarmSamplerLink:
     def __init__(self, node: SwarmNode, outbox: Outbox, learner: Callable[[], str | None],
                  weight_delay: DelayConfig = DelayConfig(), rollout_delay: DelayConfig = DelayConfig(),
                  seed: int = 0, mates: Callable[[], list[str]] = lambda: [], rpc_timeout: float = 30.0,
-                 weight_poll_s: float = 1.0, fetch: FetchConfig = FetchConfig()) -> None:
+                 weight_poll_s: float = 1.0, fetch: FetchConfig = FetchConfig(),
+                 partners: Callable[[], list[str]] = lambda: [], max_partner_owed: int = 256) -> None:
         rng = random.Random(seed)
-        self.rollouts = RolloutSender(node, outbox, learner, rollout_delay, rng, rpc_timeout)
+        self.rollouts = RolloutSender(node, outbox, learner, rollout_delay, rng, rpc_timeout, partners,
+                                      max_partner_owed)
         self.weights = WeightFetcher(node, learner, weight_delay, rng, rpc_timeout, mates, cfg=fetch)
         # versions download while the sampler generates; it applies them between batches
         self.prefetch = WeightPrefetcher(self.weights, weight_poll_s)

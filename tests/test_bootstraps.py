@@ -55,7 +55,7 @@ def test_the_swarm_outlives_one_of_two_bootstraps(tmp_path):
                           "demo")
         try:
             ids = [a.rsplit("/p2p/", 1)[1] for a in addrs]
-            _wait(lambda: all(probe.trusted_learners({i}) == {learner_id} for i in ids), 60,
+            _wait(lambda: all(set(probe.trusted_learners({i})) == {learner_id} for i in ids), 60,
                   "both swarm records through the second bootstrap")
         finally:
             probe.shutdown()

@@ -309,9 +309,13 @@ def test_a_made_up_model_in_our_tokenizer_is_checked_as_ours_and_a_named_one_is_
     assert learner.ingest(_relabel(g2, model_id="made-up/model")) is None
     assert learner.buffer[-1].route == "stale"  # audited, gap-checked, staleness: the label proved nothing
     named, _ = _pair(task, tmp_path / "named", accept_models=("made-up/model",))
-    g3, g4 = s.produce(2)[:2]
-    assert named.ingest(_relabel(g3, model_id="made-up/model")) == "foreign_version"  # it never ran our chain
-    assert named.ingest(_relabel(g4, model_id="made-up/model", chain="", version=0)) is None
+    g3, g4, g5 = s.produce(3)[:3]
+    # it never ran our chain: claiming it is a lie
+    assert named.ingest(_relabel(g3, model_id="made-up/model", chain=named.chain)) == "foreign_version"
+    # a partner's chain and version (here `learner`'s, which s follows): its own learner's business, unused here
+    assert named.ingest(_relabel(g4, model_id="made-up/model")) is None
+    assert named.buffer[-1].route == "foreign" and named.buffer[-1].group.version == 0
+    assert named.ingest(_relabel(g5, model_id="made-up/model", chain="", version=0)) is None
     assert named.buffer[-1].route == "foreign"
     g5 = s.produce(1)[0]  # a tokenizer we do not hold is refused for that first, whatever version it claims
     assert learner.ingest(_relabel(g5, model_id="made-up/model", tokenizer="f" * 16)) == "unknown_tokenizer"

@@ -78,6 +78,24 @@ def test_store_sums_learners_ranks_peers_and_keeps_only_the_newest_tally(tmp_pat
     assert store.history()["B"] == [(1010.0, 4), (1020.0, 28)]
 
 
+def test_board_splits_each_peers_credit_by_learner_and_says_what_each_learner_credited(tmp_path):
+    store = LeaderboardStore(tmp_path / "lb.db")
+    store.ingest(progress({**tally("L1", 1, {"A": (16, 80), "B": (4, 12)}), "model_id": "m1"}, 3, 0.5, 3))
+    store.ingest(progress({**tally("L2", 1, {"B": (24, 100)}), "model_id": "m2"}, 7, 0.25, 6))
+    store.set_name("L2", "<b>two</b>")
+    board = store.board()
+    by = {p["peer_id"]: p["by_learner"] for p in board["peers"]}
+    assert by == {"A": {"L1": 16}, "B": {"L1": 4, "L2": 24}}  # B's 28 = 4 credited by L1 + 24 by L2
+    credit = {x["learner"]: (x["model_id"], x["rollouts"], x["contributors"]) for x in board["learner_progress"]}
+    assert credit == {"L1": ("m1", 20, 2), "L2": ("m2", 24, 1)}
+    rows = render_rows(board)
+    # names escaped once, learners in name order (a peer id's short form sorts by the id)
+    assert '<td class="name">&lt;b&gt;two&lt;/b&gt;: 24 · …L1: 4</td>' in rows or \
+        '<td class="name">…L1: 4 · &lt;b&gt;two&lt;/b&gt;: 24</td>' in rows, rows
+    assert "Learner &lt;b&gt;two&lt;/b&gt; (m2): version 7, eval accuracy 25.0% at version 6, 24 credited rollouts " \
+           "from 1 peer(s)." in rows
+
+
 def test_store_refuses_replays_self_credit_untrusted_and_malformed_tallies_and_counts_them(tmp_path):
     store = LeaderboardStore(tmp_path / "lb.db")
     store.ingest(tally("L1", 10, {"A": (40, 100)}))
@@ -318,7 +336,9 @@ def test_store_keeps_each_learners_version_and_eval_a_point_per_change_across_a_
             {"learner": "L2", "name": "", "model_id": "m", "updated": 1015.0, "version": None, "eval_acc": None,
              "eval_version": None, "progress": []}]
     assert store.learners() == want
-    latest = [{k: v for k, v in x.items() if k != "progress"} for x in want]
+    credited = {"L1": (32, 1), "L2": (4, 1)}  # what each credited in all, from how many peers
+    latest = [{**{k: v for k, v in x.items() if k != "progress"},
+               "rollouts": credited[x["learner"]][0], "contributors": credited[x["learner"]][1]} for x in want]
     assert store.board()["learner_progress"] == latest
     assert store.history()["A"] == [(1000.0, 8), (1010.0, 16), (1030.0, 24), (1040.0, 32)]  # contributions too
     store.close()
@@ -596,7 +616,8 @@ def test_validators_refuse_a_peer_record_naming_another_peer_and_a_second_subkey
 
     def info(peer_id: str, name: str) -> dict:
         return {"peer_id": peer_id, "role": "sampler", "model_id": "m", "version": 0, "engine": "hf", "throughput": 0.0,
-                "software": "x", "protocol": 2, "maddrs": [], "learner": "", "name": name, "updated": 0.0, "private": False}
+                "software": "x", "protocol": 2, "maddrs": [], "learner": "", "name": name, "updated": 0.0, "private": False,
+                "accepts": []}
 
     assert reader.validate(_record(attacker, attacker, info(attacker.peer_id, "me"), "hetero_t_peers"))
     # under its own key, naming the honest peer (to put its name on the honest peer's leaderboard row)
@@ -604,6 +625,6 @@ def test_validators_refuse_a_peer_record_naming_another_peer_and_a_second_subkey
     # a second subkey of the same key (sybil peer records): only exactly [owner:<key>] is accepted
     assert not reader.validate(_record(attacker, attacker, info(attacker.peer_id, "me"), "hetero_t_peers", b"2"))
     # a swarm record names its coordinator, and only the signer can be it
-    rec = {"coordinator": attacker.peer_id, "learners": [attacker.peer_id], "model_id": "", "updated": 0.0}
+    rec = {"coordinator": attacker.peer_id, "learners": [attacker.peer_id], "model_id": "", "models": {}, "updated": 0.0}
     assert reader.validate(_record(attacker, attacker, rec, "hetero_t_swarm"))
     assert not reader.validate(_record(attacker, attacker, {**rec, "coordinator": honest.peer_id}, "hetero_t_swarm"))

@@ -23,7 +23,7 @@ from ..identity import short_id
 # ---- the table ----------------------------------------------------------------------------------
 
 _NUMERIC = {0, 3, 4, 5}  # rank, rollouts, tokens, share: right-aligned
-_NAME = 2  # free text: allowed to wrap
+_WRAP = {2, 9}  # free text (a name; credits by learner): allowed to wrap
 
 
 def _when(ts: float | None) -> str:
@@ -33,21 +33,31 @@ def _when(ts: float | None) -> str:
 def render_summary(board: dict[str, Any]) -> str:
     """One line under the title (plain text; escape it where it goes into HTML)."""
     out = f"{len(board['peers'])} peer(s), {board['total_rollouts']} credited rollouts, {board['learners']} learner(s)."
+    several = len(board.get("learner_progress", [])) > 1
     for x in board.get("learner_progress", []):
         if x["version"] is None:
             continue  # its software predates these fields
         name = x["name"] or short_id(x["learner"])
+        model = f" ({x['model_id']})" if several and x.get("model_id") else ""
         acc = "" if x["eval_acc"] is None else f", eval accuracy {100 * x['eval_acc']:.1f}% at version {x['eval_version']}"
-        out += f" Learner {name}: version {x['version']}{acc}."
+        credit = f", {x['rollouts']} credited rollouts from {x['contributors']} peer(s)" if several and "rollouts" in x else ""
+        out += f" Learner {name}{model}: version {x['version']}{acc}{credit}."
     return out
 
 
-def _row(p: dict[str, Any]) -> str:
+def _per_learner(p: dict[str, Any], learners: list[dict[str, Any]]) -> str:
+    """'Qm1234: 120 · Qm5678: 40': a peer's credited rollouts by learner, in the board's learner order."""
+    names = {x["learner"]: x["name"] or short_id(x["learner"]) for x in learners}
+    by = p.get("by_learner", {})
+    return " · ".join(f"{names.get(k) or short_id(k)}: {by[k]}" for k in sorted(by, key=lambda k: names.get(k) or k))
+
+
+def _row(p: dict[str, Any], learners: list[dict[str, Any]]) -> str:
     cells = [p["rank"], short_id(p["peer_id"]), p["name"], p["rollouts"], p["tokens"], f"{100 * p['share']:.1f}%",
-             _when(p["first_seen"]), _when(p["last_seen"]), ", ".join(p["models"])]
+             _when(p["first_seen"]), _when(p["last_seen"]), ", ".join(p["models"]), _per_learner(p, learners)]
     tds = []
     for i, value in enumerate(cells):
-        attrs = ' class="num"' if i in _NUMERIC else ' class="name"' if i == _NAME else ""
+        attrs = ' class="num"' if i in _NUMERIC else ' class="name"' if i in _WRAP else ""
         if i == 1:
             attrs = f' title="{html.escape(p["peer_id"])}"'  # the full id, for copying
         tds.append(f"<td{attrs}>{html.escape(str(value))}</td>")
@@ -58,7 +68,7 @@ def render_rows(board: dict[str, Any]) -> str:
     """The table body, `<tbody data-summary="…">…</tbody>`: the page embeds it on first load and
     GET /rows serves it for every refresh. The summary rides along as an attribute so one request
     gives the script a consistent snapshot (rows and counts from the same board)."""
-    rows = "".join(_row(p) for p in board["peers"])
+    rows = "".join(_row(p, board.get("learner_progress", [])) for p in board["peers"])
     return f'<tbody data-summary="{html.escape(render_summary(board))}">{rows}</tbody>'
 
 
@@ -281,7 +291,7 @@ helped (credited rollouts: those learners accepted and trained on, per contribut
 <img id="chart" src="chart.svg" width="420" alt="credited rollouts per peer over time"></figure>
 </div>
 <div class="scroll"><table id="board"><thead><tr><th>#</th><th>peer</th><th>name</th><th>credited rollouts</th>
-<th>tokens</th><th>share</th><th>first seen (UTC)</th><th>last seen (UTC)</th><th>models</th></tr></thead>
+<th>tokens</th><th>share</th><th>first seen (UTC)</th><th>last seen (UTC)</th><th>models</th><th>by learner</th></tr></thead>
 {rows}</table></div>
 <p class="sub">JSON: <a href="api/leaderboard">api/leaderboard</a>, <a href="api/history">api/history</a>,
 <a href="api/learners">api/learners</a>.</p>

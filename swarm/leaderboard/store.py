@@ -126,16 +126,24 @@ class LeaderboardStore:
             return dict(self._db.execute("SELECT reason, n FROM counters"))
 
     def board(self) -> dict[str, Any]:
-        """Per peer, summed over learners, ranked by accepted rollouts."""
+        """Per peer, summed over learners, ranked by accepted rollouts; `by_learner` splits a peer's
+        rollouts by the learner that credited them, and each learner's progress row carries what it
+        credited in all (`rollouts`, from how many `contributors`)."""
         with self._lock:
-            rows = self._db.execute("SELECT peer, groups_, rollouts, tokens, first, last, models FROM credits").fetchall()
+            rows = self._db.execute("SELECT learner, peer, groups_, rollouts, tokens, first, last, models "
+                                    "FROM credits ORDER BY learner").fetchall()
             names = dict(self._db.execute("SELECT peer, name FROM names"))
             learners = self._db.execute("SELECT COUNT(*), MAX(time) FROM learners").fetchone()
             progress = self._learners(history=False)  # in the same snapshot as the credits
         peers: dict[str, dict[str, Any]] = {}
-        for peer, groups, rollouts, tokens, first, last, models in rows:
+        credited: dict[str, list[int]] = {}
+        for learner, peer, groups, rollouts, tokens, first, last, models in rows:
             p = peers.setdefault(peer, {"peer_id": peer, "name": names.get(peer, ""), "groups": 0, "rollouts": 0,
-                                        "tokens": 0, "first_seen": first, "last_seen": last, "models": []})
+                                        "tokens": 0, "first_seen": first, "last_seen": last, "models": [],
+                                        "by_learner": {}})
+            p["by_learner"][learner] = rollouts
+            c = credited.setdefault(learner, [0, 0])
+            c[0], c[1] = c[0] + rollouts, c[1] + (rollouts > 0)
             p["groups"] += groups
             p["rollouts"] += rollouts
             p["tokens"] += tokens
@@ -145,6 +153,8 @@ class LeaderboardStore:
         ranked = sorted(peers.values(), key=lambda p: (-p["rollouts"], p["peer_id"]))
         for i, p in enumerate(ranked, 1):
             p["rank"], p["share"] = i, (p["rollouts"] / total if total else 0.0)
+        for x in progress:
+            x["rollouts"], x["contributors"] = credited.get(x["learner"], (0, 0))
         return {"peers": ranked, "total_rollouts": total, "learners": learners[0], "updated": learners[1],
                 "learner_progress": progress}
 

@@ -1,0 +1,191 @@
+"""Several learners in one swarm (docs/DESIGN.md, "Several learners"): which learner a sampler
+follows and which it feeds, its outbox of copies owed per learner, and a coordinator's list of
+learners. The marked test sends real rollouts over the real protocol to two real receivers and a
+dead peer, in one process; tests/test_swarm_learners.py runs three learners as processes."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+import pytest
+
+from cli.errors import UserError
+from cli.roles import accepted_models, parse_learners, read_learners_file
+from node.learner import LearnerConfig
+from swarm.discovery import choose, takes
+from swarm.outbox import OWN, Outbox
+
+
+# ---- who a sampler follows and feeds ---------------------------------------------------------------
+
+def learner(pid: str, model: str, accepts: list[str] = ()) -> dict:
+    return {"peer_id": pid, "role": "learner", "model_id": model, "accepts": list(accepts)}
+
+
+def sampler(pid: str, model: str, follows: str, private: bool = False) -> dict:
+    return {"peer_id": pid, "role": "sampler", "model_id": model, "learner": follows, "private": private}
+
+
+def test_a_sampler_follows_its_own_models_learner_and_feeds_those_that_name_its_model():
+    peers = [learner("LA", "a", ["b"]), learner("LB", "b", ["a", "c"]), learner("LC", "c", []),
+             learner("LA2", "a", ["b"]), sampler("s1", "b", "LB"), sampler("s2", "b", "LB", private=True),
+             sampler("s3", "a", "LA")]
+    trusted = {"LA": "a", "LB": "", "LC": "c", "LA2": "a"}
+    c = choose(peers, trusted, "b")
+    assert (c.follow, c.partners, c.mates) == ("LB", ["LA", "LA2"], ["s1"])  # LC does not take b; s2 is private
+    a = choose(peers, trusted, "a")
+    assert (a.follow, a.partners) == ("LA", ["LB"])  # the first of two learners of a; LA2 trains a too: no partner
+    assert choose(peers, trusted, "c").follow == "LC" and choose(peers, trusted, "c").partners == ["LB"]
+    assert c.models == ["a", "b", "c"]
+
+
+def test_a_sampler_with_no_learner_of_its_model_only_feeds_partners():
+    c = choose([learner("LA", "a", ["b"])], {"LA": ""}, "b")
+    assert (c.follow, c.partners, c.mates) == (None, ["LA"], [])
+    c = choose([learner("LA", "a", [])], {"LA": ""}, "b")
+    assert (c.follow, c.partners, c.models) == (None, [], ["a"])  # nobody to send to: it waits, and says why
+
+
+def test_impostors_and_disputed_learners_are_neither_followed_nor_fed():
+    peers = [learner("LA", "a", ["b"]), learner("X", "b", ["a"]), learner("LB", "b", ["a"])]
+    c = choose(peers, {"LA": "a", "LB": "c"}, "b")  # X: named by nobody; LB: the record says it trains c
+    assert (c.follow, c.partners, c.impostors, c.disputed) == (None, ["LA"], ["X"], ["LB"])
+    assert choose(peers, {"LA": "a", "LB": "c"}, "a").partners == []
+
+
+def test_a_pinned_learner_is_followed_whatever_its_model_and_nothing_else_is_fed():
+    peers = [learner("LA", "a", ["b"]), learner("LB", "b", ["a"])]
+    c = choose(peers, {"LA": "a", "LB": "b"}, "b", pin="LA")
+    assert (c.follow, c.partners, c.impostors) == ("LA", [], ["LB"])
+    assert choose(peers, {}, "b", pin="gone").follow is None
+
+
+def test_takes_needs_the_model_named_and_never_counts_a_learners_own_model():
+    assert takes(learner("L", "a", ["b"]), "b") and not takes(learner("L", "a", ["b"]), "c")
+    assert not takes(learner("L", "a", ["*"]), "b")  # learners name models one by one
+    assert not takes(learner("L", "b", ["b"]), "b")
+    assert not takes({"peer_id": "L", "role": "learner", "model_id": "a"}, "b")  # no field: nothing
+
+
+def test_a_learner_invites_the_models_it_names_and_those_whose_tokenizers_it_holds():
+    assert accepted_models(LearnerConfig()) == []  # "*" alone names nobody: an unnamed model in our tokenizer is audited as ours
+    assert accepted_models(LearnerConfig(accept_models=("m/b", "*"), foreign_tokenizers={"m/c": "/tok"})) == ["m/b", "m/c"]
+    assert accepted_models(LearnerConfig(accept_models=("m/b",), foreign_tokenizers={"m/c": "/tok"})) == ["m/b"]
+    assert accepted_models(LearnerConfig(accept_models=("m/b",), foreign_loss="drop")) == []
+
+
+# ---- the coordinator's list ---------------------------------------------------------------------
+
+def test_learners_are_named_with_or_without_their_model_and_a_bad_entry_says_what_to_give(tmp_path):
+    assert parse_learners(["QmA", "QmB=builtin:tiny-arith-b", " QmC = m "]) == {"QmA": "", "QmB": "builtin:tiny-arith-b",
+                                                                                "QmC": "m"}
+    for bad in ("", "=m", "Qm A", "x" * 65):
+        with pytest.raises(UserError, match="not a peer id") as e:
+            parse_learners([bad])
+        assert "PEER_ID=MODEL" in e.value.fix
+    f = tmp_path / "learners.txt"
+    f.write_text("# the swarm's learners\nQmA=m/a  # the first\n\nQmB\n")
+    assert read_learners_file(f) == {"QmA": "m/a", "QmB": ""}
+    with pytest.raises(UserError, match="cannot read"):
+        read_learners_file(tmp_path)
+
+
+# ---- the outbox: one copy stored, owed per learner -----------------------------------------------
+
+def test_a_record_is_kept_once_until_every_learner_it_is_owed_to_settles_it(tmp_path):
+    box = Outbox(tmp_path / "o.db")
+    box.put("r1", b"one", to=(OWN, "LA", "LB"))
+    box.put("r2", b"two", to=(OWN, "LA"))
+    assert len(box) == 2 and (box.owed(), box.owed("LA"), box.owed("LB")) == (2, 2, 1)
+    assert [r for r, _ in box.due(1 << 20, learner="LB")] == ["r1"]
+    box.remove(["r1", "r2"])  # our learner took both
+    assert len(box) == 2 and box.owed() == 0 and box.due(1 << 20) == []
+    box.remove(["r1"], learner="LA")
+    assert len(box) == 2  # r1 is still owed to LB
+    box.remove(["r1"], learner="LB")
+    assert len(box) == 1 and box.learners() == ["LA"]
+    box.close()
+    again = Outbox(tmp_path / "o.db")  # what was owed survives a restart (kill -9 included: WAL)
+    assert [r for r, _ in again.due(1 << 20, learner="LA")] == ["r2"] and again.owed() == 0
+
+
+def test_a_partners_copies_are_trimmed_to_the_newest_and_ours_are_untouched(tmp_path):
+    box = Outbox(tmp_path / "o.db")
+    for i in range(5):
+        box.put(f"r{i}", b"x", to=(OWN, "LA"))
+        time.sleep(0.002)  # distinct creation times
+    assert box.trim("LA", 2) == 3
+    assert [r for r, _ in box.due(1 << 20, learner="LA")] == ["r3", "r4"] and box.owed() == 5
+    box.remove([f"r{i}" for i in range(5)])
+    assert len(box) == 2  # the records only LA still needs
+    assert box.trim("LA", 0) == 2 and len(box) == 0
+
+
+def test_delayed_records_are_not_due_and_due_respects_the_byte_bound(tmp_path):
+    box = Outbox(tmp_path / "o.db")
+    box.put("late", b"x" * 10, delay_s=60, to=(OWN, "LA"))
+    box.put("a", b"x" * 10, to=(OWN,))
+    box.put("b", b"x" * 10, to=(OWN,))
+    assert [r for r, _ in box.due(15)] == ["a"]  # at least one, then only what fits
+    assert [r for r, _ in box.due(25)] == ["a", "b"] and box.due(1 << 20, learner="LA") == []
+
+
+def test_an_outbox_from_before_several_learners_keeps_its_records_for_the_followed_learner(tmp_path):
+    db = sqlite3.connect(tmp_path / "o.db")
+    db.execute("CREATE TABLE outbox (id TEXT PRIMARY KEY, data BLOB NOT NULL, created REAL NOT NULL, "
+               "not_before REAL NOT NULL)")
+    db.executemany("INSERT INTO outbox VALUES (?, ?, ?, ?)", [("r1", b"one", 1.0, 1.0), ("r2", b"two", 2.0, 2.0)])
+    db.commit()
+    db.close()
+    box = Outbox(tmp_path / "o.db")
+    assert box.due(1 << 20) == [("r1", b"one"), ("r2", b"two")] and box.learners() == [OWN]
+
+
+# ---- fan-out over the real protocol ------------------------------------------------------------
+
+@pytest.mark.integration
+def test_copies_reach_every_learner_and_a_dead_partner_delays_nobody(tmp_path):
+    """One sampler, its own learner and a partner (real hivemind peers and real receivers with their
+    journals), and a partner that has left: the same signed envelope reaches both live learners,
+    each acknowledges on its own, and the dead one's copies wait (bounded) without holding up the rest."""
+    from swarm.dht import NetworkConfig
+    from swarm.envelope import open_envelope
+    from swarm.identity import Identity
+    from swarm.journal import Journal
+    from swarm.p2p import SwarmNode
+    from swarm.rollout_rpc import RolloutReceiver, RolloutSender
+    from tests.test_intake import make_item
+
+    own = SwarmNode(Identity.load_or_create(tmp_path / "own.key"), NetworkConfig(), "fan")
+    boot = own.maddrs()
+    partner = SwarmNode(Identity.load_or_create(tmp_path / "partner.key"), NetworkConfig(initial_peers=boot), "fan")
+    dead = SwarmNode(Identity.load_or_create(tmp_path / "dead.key"), NetworkConfig(initial_peers=boot), "fan")
+    dead_id = dead.peer_id
+    dead.shutdown()
+    node = SwarmNode(Identity.load_or_create(tmp_path / "sampler.key"), NetworkConfig(initial_peers=boot), "fan")
+    receivers = {n.peer_id: RolloutReceiver(n, Journal(tmp_path / f"{name}.journal"))
+                 for name, n in (("own", own), ("partner", partner))}
+    box = Outbox(tmp_path / "outbox.db")
+    sender = RolloutSender(node, box, lambda: own.peer_id, rpc_timeout=5.0,
+                           partners=lambda: [partner.peer_id, dead_id], max_partner_owed=4)
+    try:
+        records = []
+        for i in range(6):
+            rid, env = make_item(node.identity)
+            records.append((rid, open_envelope(env)[0]))  # the record bytes; the sender seals them itself
+        sender.send(records)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (box.owed() or box.owed(partner.peer_id)
+                                               or not sender.partner_stats[dead_id]["send_failures"]):
+            time.sleep(0.2)
+        got = {pid: [raw for raw in r.receive(100, timeout=1.0)] for pid, r in receivers.items()}
+        assert len(got[own.peer_id]) == 6 and sorted(got[own.peer_id]) == sorted(got[partner.peer_id])  # same bytes, once
+        assert sender.stats["delivered"] == 6 and sender.partner_stats[partner.peer_id]["delivered"] == 6
+        assert box.owed(dead_id) == 4 and sender.partner_stats[dead_id]["given_up"] == 2  # bounded, counted
+        assert sender.partner_stats[dead_id]["send_failures"] >= 1 and len(box) == 4
+    finally:
+        sender.close()
+        box.close()
+        for n in (node, partner, own):
+            n.shutdown()

@@ -367,8 +367,9 @@ def bootstrap(
 
 @app.command()
 def join(
-    role: Annotated[Optional[Literal["sampler", "learner"]], typer.Option(
-        help="sampler (generate rollouts) or learner (train on them); required here or in --config.")] = None,
+    role: Annotated[Optional[Literal["sampler", "learner", "sampler,learner"]], typer.Option(
+        help="sampler (generate rollouts), learner (train on them), or sampler,learner (both in one process on one "
+             "device, sharing the weights); required here or in --config.")] = None,
     swarm: Annotated[Optional[str], typer.Option(help="Swarm name (default: the config's, else demo).")] = None,
     initial_peers: PeersOpt = [],
     model: Annotated[Optional[str], typer.Option(help="Model to serve or train: HF folder or hub id (default: the built-in tiny model).")] = None,
@@ -402,7 +403,7 @@ def join(
     Logs a status line every 30 s (status_every_s) and a summary when it stops.
     """
     _setup_logging(verbose)
-    from .roles import JoinConfig, run_learner, run_sampler
+    from .roles import JoinConfig, run_both, run_learner, run_sampler
 
     if public_ip and host and host.startswith("127."):
         host = "0.0.0.0"
@@ -415,7 +416,8 @@ def join(
     if nat is None:  # the listen address is settled now (NetworkConfig: from the bootstraps, when not given)
         cfg.network.nat_port_map = _nat_default(cfg.network.host, cfg.network.public_ip)
     if role is None and (config is None or "role" not in _toml_keys(config)):
-        raise UserError("join needs a role", "add --role sampler or --role learner (or role = ... in --config)")
+        raise UserError("join needs a role", "add --role sampler, --role learner or --role sampler,learner "
+                        "(or role = ... in --config)")
     if not cfg.network.initial_peers:  # alone, a node would wait forever for peers that cannot find it
         raise UserError("join needs the address of the swarm's bootstrap peer",
                         "pass --initial-peers /ip4/.../tcp/.../p2p/... as the coordinator's bootstrap prints it "
@@ -431,7 +433,7 @@ def join(
     if cfg.nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
         raise typer.Exit(_torchrun(cfg.nproc_per_node))
     stop = _stop_on_signals()
-    (run_learner if cfg.role == "learner" else run_sampler)(cfg, stop)
+    {"learner": run_learner, "sampler": run_sampler, "sampler,learner": run_both}[cfg.role](cfg, stop)
 
 
 def _torchrun(nproc: int) -> int:

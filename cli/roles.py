@@ -42,7 +42,8 @@ from swarm.weight_rpc import FetchConfig
 
 log = logging.getLogger("hetero-node")
 
-ROLES = ("sampler", "learner")
+ROLES = ("sampler", "learner", "sampler,learner")
+"""sampler,learner: both in one process on one device, sharing the weights (`run_both`)."""
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,8 @@ class SamplerRoleConfig:
 @dataclass
 class JoinConfig:
     role: str = "sampler"
-    """sampler (generate rollouts) or learner (train on them)."""
+    """sampler (generate rollouts), learner (train on them), or sampler,learner (both in one
+    process on one device, taking turns and sharing the weights, as an RL Swarm node does)."""
     swarm: str = "demo"
     model: str = BUILTIN_MODEL
     workdir: str = ""
@@ -121,12 +123,14 @@ class JoinConfig:
         if len(self.name) > 64:
             raise ValueError(f"name has {len(self.name)} characters; at most 64")
         if self.nproc_per_node < 1 or (self.nproc_per_node > 1 and self.role != "learner"):
-            raise ValueError("nproc_per_node must be >= 1, and > 1 only for a learner")
+            raise ValueError("nproc_per_node must be >= 1, and > 1 only for a learner (not sampler,learner: one device)")
+        if self.role == "sampler,learner" and self.engine != "hf":
+            raise ValueError("sampler,learner generates with the learner's own model in memory: engine must be hf")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError("max_steps must be >= 1")
         if min(self.status_every_s, self.tally_every_s, self.announce_every_s, self.peer_ttl_s) <= 0:
             raise ValueError("status_every_s, tally_every_s, announce_every_s and peer_ttl_s must be > 0")
-        self.workdir = self.workdir or f"hetero-node-{self.role}"
+        self.workdir = self.workdir or f"hetero-node-{self.role.replace(',', '-')}"
 
     @property
     def identity_path(self) -> Path:
@@ -155,8 +159,9 @@ def _start_node(cfg: JoinConfig) -> SwarmNode:
         torch.set_num_threads(threads)
     Path(cfg.workdir).mkdir(parents=True, exist_ok=True)
     identity = Identity.load_or_create(cfg.identity_path)
-    net, _ = settle(cfg.network, unknown_is_public=cfg.role == "learner")
-    if cfg.role == "learner" and net.client_mode:
+    learns = cfg.role in ("learner", "sampler,learner")
+    net, _ = settle(cfg.network, unknown_is_public=learns)
+    if learns and net.client_mode:
         # every sampler must reach it; through a relay all of it would cross the coordinator's
         # bootstrap, within the relay's limits (docs/DESIGN.md, "The real internet")
         raise UserError("a learner behind a NAT cannot be reached by samplers",
@@ -370,8 +375,10 @@ def _make_learner(cfg: JoinConfig, node: SwarmNode, place, coll=None):
     return learner, link, ckpt is not None, lambda: journal.compact(saved["cursor"])
 
 
-def _learner_loop(cfg: JoinConfig, node: SwarmNode, stop: threading.Event, place, coll=None) -> None:
+def _learner_loop(cfg: JoinConfig, node: SwarmNode, stop: threading.Event, place, coll=None,
+                  make_local: Callable[[object], "LocalSampler"] | None = None) -> None:
     learner, link, resumed, compact_journal = _make_learner(cfg, node, place, coll)
+    local = make_local(learner) if make_local else None
     report = LearnerReport(learner)
     learner.start()
     if not resumed:
@@ -388,12 +395,14 @@ def _learner_loop(cfg: JoinConfig, node: SwarmNode, stop: threading.Event, place
                                "accepts": accepted_models(cfg.learner)}, ttl=cfg.peer_ttl_s)
             if tally() and learner.tally.peers:
                 _publish_tally(node, learner, cfg.model)
-            records = link.receive_rollouts(1000, timeout=0.5)
+            records = link.receive_rollouts(1000, timeout=0.5 if local is None else 0.0)
             if records:
                 learner.ingest_many(records)
                 last_data = time.monotonic()
             while not _done(cfg, learner) and learner.step() is not None:
                 pass
+            if local is not None and not _done(cfg, learner) and local.turn():
+                last_data = time.monotonic()  # the device's other turn: one batch of our own
             compact_journal()  # the journal keeps only what no checkpoint holds yet
             if learner.leader is not None:
                 learner.leader.keepalive()
@@ -406,6 +415,8 @@ def _learner_loop(cfg: JoinConfig, node: SwarmNode, stop: threading.Event, place
                 log.info("reached version %d: stopping", learner.version)
                 break
     finally:
+        if local is not None:
+            local.close()
         if learner.tally.peers:
             _publish_tally(node, learner, cfg.model)
         learner.save_checkpoint(Path(cfg.workdir) / "checkpoints")
@@ -424,6 +435,69 @@ def accepted_models(lc: LearnerConfig) -> list[str]:
         return []
     named = {m for m in lc.accept_models if m != "*"}
     return sorted(named | (set(lc.foreign_tokenizers) if "*" in lc.accept_models else set()))
+
+
+# ---- sampler and learner in one process ----------------------------------------------------------
+
+def run_both(cfg: JoinConfig, stop: threading.Event) -> None:
+    """`join --role sampler,learner`: a learner and a sampler of its model in one process on one
+    device, as an RL Swarm node is. They take turns (a training step when a step's groups are in,
+    then one batch of generation) and share the weights: the sampler generates with the learner's
+    own model object, so it is always on-policy and nothing is copied or sent to it. The node is a
+    learner on the swarm (named by the coordinator, followed by samplers of its model, fed by
+    samplers of the models it takes); its own groups go to its learner in memory and a copy of
+    each to the partner learners that take its model, as a sampler's do."""
+    place = resolve(cfg.device, cfg.dtype)
+    node = _start_node(cfg)
+    outbox = Outbox(Path(cfg.workdir) / "outbox.db")
+    try:
+        _learner_loop(cfg, node, stop, place, make_local=lambda learner: LocalSampler(cfg, node, learner, outbox))
+    finally:
+        outbox.close()
+        node.shutdown()
+
+
+class LocalSampler:
+    """The sampler half of `run_both`."""
+
+    def __init__(self, cfg: JoinConfig, node: SwarmNode, learner, outbox: Outbox) -> None:
+        from node.engines.hf import HFEngine
+        from node.models import tokenizer_hash
+        from node.sampler import Sampler
+        from swarm.rollout_rpc import RolloutSender
+
+        self.learner = learner
+        self.engine = HFEngine(learner.model, learner.tok, cfg.model)  # the learner's weights, not a copy
+        self.sampler = Sampler(node.peer_id, learner.task, self.engine, tokenizer_hash(learner.tok),
+                               sampling=cfg.sampling, swarm=cfg.swarm, prompts_per_batch=cfg.sampler.prompts_per_batch,
+                               seed=cfg.seed)
+        self.tracker = LearnerTracker(node, None, cfg.model)
+        self.sender = RolloutSender(node, outbox, lambda: None, partners=lambda: self.tracker.partners,
+                                    max_partner_owed=cfg.sampler.max_outbox)
+        self.room = min(cfg.sampler.max_learner_backlog, cfg.learner.groups_per_step)
+        self.groups = 0
+
+    def turn(self) -> int:
+        """One batch, if fewer than a step's worth of our own groups wait untrained (fresher data
+        than running ahead); returns the groups made."""
+        lr = self.learner
+        self.tracker.refresh()
+        if lr.untrained_by(lr.peer_id) >= self.room:
+            return 0
+        # the records say which weights made them: the learner's, now (train_step leaves the model in eval mode)
+        self.engine.version, self.sampler.chain = lr.version, lr.chain
+        groups = self.sampler.produce()
+        for g in groups:
+            if (why := lr.ingest_own(g)) is not None:
+                lr.drops[why] += 1
+        self.sender.send([(g.id, g.encode()) for g in groups])
+        self.groups += len(groups)
+        return len(groups)
+
+    def close(self) -> None:
+        self.sender.close()
+        fed = "; ".join(f"{short_id(p)} took {st['delivered']}" for p, st in sorted(self.sender.partner_stats.items()))
+        log.info("own sampler made %d groups%s", self.groups, f"; partner learners: {fed}" if fed else "")
 
 
 def _check_named(node: SwarmNode) -> bool:

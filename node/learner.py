@@ -338,6 +338,13 @@ class Learner:
     def ingest_many(self, records: list[bytes]) -> int:
         return sum(self.ingest(r) is None for r in records)
 
+    def ingest_own(self, group: RolloutGroup) -> str | None:
+        """Accept a group this process's own sampler made with this learner's weights, in memory
+        (`join --role sampler,learner`): none of a peer's checks apply (there is no peer), it is not
+        audited (same weights, same process) and it earns no credit on our own tally (the
+        leaderboard refuses a learner that credits itself). The buffer's bounds still hold."""
+        return self._accept(group, group.encode())
+
     def precheck(self, group: RolloutGroup) -> str | None:
         """The checks of `ingest` without accepting: the swarm runs them before it acknowledges a
         record, so a refused record never reaches the journal. Never raises."""
@@ -553,7 +560,8 @@ class Learner:
             # included) carry no gradient, a group with a sequence over the log-prob gap earns nothing,
             # nor unchecked work: foreign groups (never audited) and versions we cannot rebuild to audit
             checkable = b.route == "stale" and self.archive.auditable(b.chain, b.claimed_version)
-            if has_signal(b.group.rewards) and id(b) not in failed_gap and id(b) not in unaudited and checkable:
+            if (has_signal(b.group.rewards) and id(b) not in failed_gap and id(b) not in unaudited and checkable
+                    and b.sampler != self.peer_id):
                 self.tally.credit(b.sampler, len(b.group.completions),
                                   sum(len(c.token_ids) for c in b.group.completions), b.group.model_id)
         self.version += 1
@@ -642,8 +650,8 @@ class Learner:
     def _audit(self, taken: list[BufferedGroup]) -> tuple[list[BufferedGroup], set[int]]:
         """Spot-audit own-model groups (node/audit.py); returns those that may be trained on, and
         the ids of those among them chosen for an audit whose version we no longer hold."""
-        chosen = [b for b in taken if b.route == "stale" and (self.audits[b.sampler] < self.cfg.audit_first
-                                                               or self._audit_rng.random() < self.audit_rate(b.sampler))]
+        chosen = [b for b in taken if b.route == "stale" and b.sampler != self.peer_id  # (ingest_own)
+                  and (self.audits[b.sampler] < self.cfg.audit_first or self._audit_rng.random() < self.audit_rate(b.sampler))]
         # one forward pass per claimed version: its weights are rebuilt and loaded once
         by_version: dict[tuple[str, int], list[BufferedGroup]] = {}
         for b in chosen:

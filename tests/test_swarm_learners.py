@@ -89,3 +89,43 @@ def test_three_learners_each_learn_and_train_on_the_other_models_rollouts(tmp_pa
         log = (s.logs / f"sampler-{k}.log").read_text()
         fed = dict(re.findall(r"(\S+) took (\d+)", log.split("partner learners:")[-1]))
         assert len(fed) == 2 and all(int(n) > 0 for n in fed.values()), (k, fed)
+
+
+def test_two_nodes_that_are_sampler_and_learner_train_on_their_own_groups_and_each_others(tmp_path):
+    """`join --role sampler,learner`, twice (two models): each node generates with its own learner's
+    weights in memory, trains on that, and feeds the other node's learner through the swarm."""
+    s = Swarm(tmp_path)
+    pair = {"a": MODELS["a"], "c": MODELS["c"]}
+    ids = {k: Identity.load_or_create(tmp_path / f"node-{k}" / "identity.key").peer_id for k in pair}
+    boot = s.start("bootstrap", ["bootstrap", "--port", "0", "--host", "127.0.0.1", "--no-nat",
+                                 "--identity", str(tmp_path / "boot.key"), "--addr-file", str(tmp_path / "boot.addr"),
+                                 *[a for k in pair for a in ("--trusted-learner", f"{ids[k]}={pair[k]}")]])
+    s.addr = wait_for_file(tmp_path / "boot.addr", 90, boot).decode().split()[0]
+    steps = 120  # ~3 steps/s each on these tiny models: long enough that both run side by side most of the time
+    try:
+        for k, model in pair.items():
+            other = next(m for m in pair.values() if m != model)
+            (tmp_path / f"node-{k}.toml").write_text(
+                "[learner]\neval_every = 0\ngroups_per_step = 8\nforeign_step_share = 0.25\nforeign_per_sampler = 2\n"
+                f"accept_models = [\"{other}\"]\n")
+            s.join(f"node-{k}", "sampler,learner", "--model", model, "--config", str(tmp_path / f"node-{k}.toml"),
+                   "--max-steps", str(steps))
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline and min(version(tmp_path, f"node-{k}") for k in pair) < steps:
+            time.sleep(2)
+        done = {k: version(tmp_path, f"node-{k}") for k in pair}
+        assert min(done.values()) >= steps, f"nodes stopped at {done}; logs in {s.logs}"
+    finally:
+        s.stop_all()
+    for k in pair:
+        other = next(o for o in pair if o != k)
+        steps_k = [r for r in metrics(tmp_path, f"node-{k}") if r["kind"] == "step"]
+        accepted = steps_k[-1]["accepted_by_sampler"]
+        assert accepted.get(ids[k], 0) > 0, (k, accepted)  # its own groups, made in memory
+        assert accepted.get(ids[other], 0) > 0, (k, accepted)  # the other node's, over the swarm
+        # its own work is not audited (same weights, same process), a partner's never is, and neither is credited
+        assert steps_k[-1]["audit"]["audits"] == 0 and steps_k[-1]["credited"] == {}
+        # on-policy: made by the current weights, trained on within two steps
+        assert max(int(v) for r in steps_k for v in r["staleness_hist"]) <= 2
+        log = (s.logs / f"node-{k}.log").read_text()
+        assert re.search(r"own sampler made \d+ groups; partner learners: \S+ took [1-9]", log), log[-2000:]

@@ -384,7 +384,7 @@ def _learner_loop(cfg: JoinConfig, node: SwarmNode, stop: threading.Event, place
     if not resumed:
         learner.run_eval()
     announce, tally, status = Every(cfg.announce_every_s), Every(cfg.tally_every_s), Every(cfg.status_every_s)
-    last_data, named = time.monotonic(), False
+    last_data, named, made = time.monotonic(), False, False
     peers = cfg.network.initial_peers
     log.info("volunteers join with: %s", volunteer_command(peers[:1], cfg.swarm, peers[1:]))
     try:
@@ -395,13 +395,15 @@ def _learner_loop(cfg: JoinConfig, node: SwarmNode, stop: threading.Event, place
                                "accepts": accepted_models(cfg.learner)}, ttl=cfg.peer_ttl_s)
             if tally() and learner.tally.peers:
                 _publish_tally(node, learner, cfg.model)
-            records = link.receive_rollouts(1000, timeout=0.5 if local is None else 0.0)
+            # alone, the loop waits for rollouts; beside our own sampler, only while it has no turn to take
+            records = link.receive_rollouts(1000, timeout=0.5 if local is None else (0.0 if made else 0.2))
             if records:
                 learner.ingest_many(records)
                 last_data = time.monotonic()
             while not _done(cfg, learner) and learner.step() is not None:
                 pass
-            if local is not None and not _done(cfg, learner) and local.turn():
+            made = local is not None and not _done(cfg, learner) and local.turn() > 0
+            if made:
                 last_data = time.monotonic()  # the device's other turn: one batch of our own
             compact_journal()  # the journal keeps only what no checkpoint holds yet
             if learner.leader is not None:

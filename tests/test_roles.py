@@ -282,3 +282,21 @@ def test_credit_goes_only_to_groups_trained_on_and_never_twice_for_the_same_cont
     again.completions = list(reversed(again.completions))  # order does not make it new
     assert learner.ingest(again.encode()) == "duplicate_content"
     assert learner.state_dict()["meta"]["seen_content"]
+
+
+def test_own_groups_made_with_the_learners_weights_in_memory_are_trained_on_not_audited_not_credited(task):
+    """`join --role sampler,learner`: the sampler generates with the learner's own model object."""
+    _, _, learner, _ = make_pair(task, audit_first=4)
+    learner.start()
+    engine = HFEngine(learner.model, learner.tok, BUILTIN_MODEL)  # the same weights, not a copy
+    own = Sampler(learner.peer_id, task, engine, tokenizer_hash(learner.tok), sampling=SAMPLING, prompts_per_batch=4)
+    before = [p.detach().clone() for p in learner.model.parameters()]
+    for _ in range(3):
+        engine.version, own.chain = learner.version, learner.chain
+        assert all(learner.ingest_own(g) is None for g in own.produce())
+        assert learner.step() is not None
+    assert learner.version == 3 and learner.accepted_by_sampler[learner.peer_id] == 12
+    assert learner.audit_stats["audits"] == 0  # a peer's first 4 groups would all have been audited
+    assert learner.tally.peers == {}  # the leaderboard refuses a learner that credits itself
+    assert any(not torch.equal(a, b) for a, b in zip(before, learner.model.parameters()))
+    assert engine.model is learner.model  # it generated with what it trained

@@ -344,6 +344,9 @@ def bootstrap(
     learners = parse_learners(trusted_learner)
     if learners_file is not None and learners_file.exists():
         read_learners_file(learners_file)  # a malformed file stops us here, in one line, not in the loop
+    elif learners_file is not None:
+        typer.echo(f"the learners file {learners_file} does not exist yet: the bootstrap reads it every 20 s, "
+                   "once it does")
     claim = claim_file(identity, "--identity", "bootstrap")  # one process per peer id; held until exit
     stop = _stop_on_signals()
 

@@ -392,7 +392,7 @@ def _learner_loop(cfg: JoinConfig, node: SwarmNode, stop: threading.Event, place
             if announce():
                 node.announce({"role": "learner", "model_id": cfg.model, "version": learner.version, "engine": "hf",
                                "throughput": round(report.rate() * cfg.sampling.group_size, 3), "maddrs": node.maddrs(),
-                               "accepts": accepted_models(cfg.learner)}, ttl=cfg.peer_ttl_s)
+                               "accepts": accepted_models(cfg.learner, _other_tokenizers(learner))}, ttl=cfg.peer_ttl_s)
             if tally() and learner.tally.peers:
                 _publish_tally(node, learner, cfg.model)
             # alone, the loop waits for rollouts; beside our own sampler, only while it has no turn to take
@@ -410,7 +410,7 @@ def _learner_loop(cfg: JoinConfig, node: SwarmNode, stop: threading.Event, place
                 learner.leader.keepalive()
             if status():
                 log.info(report.line(time.monotonic() - last_data))
-                named = named or _check_named(node)
+                named = named or _check_named(node, cfg.model)
             if _done(cfg, learner):
                 if learner.history[-1].get("kind") != "eval":
                     learner.run_eval()
@@ -428,15 +428,21 @@ def _learner_loop(cfg: JoinConfig, node: SwarmNode, stop: threading.Event, place
         log.info(report.summary())
 
 
-def accepted_models(lc: LearnerConfig) -> list[str]:
+def accepted_models(lc: LearnerConfig, other_tokenizers: set[str] = frozenset()) -> list[str]:
     """The other models a learner tells samplers it takes, so they send it their groups: those it
-    names, and those whose tokenizers it holds (what "*" admits). Never "*" itself: a sampler of
-    an unnamed model in the learner's tokenizer is checked as the learner's own (audited against
-    weights it never ran, and refused), so it must not be invited. Nothing when it drops them all."""
+    names, and with "*" those of `foreign_tokenizers` whose tokenizer is not its own
+    (`other_tokenizers`: what "*" admits as foreign). Never "*" itself, nor a model in its own
+    tokenizer that it does not name: that sampler's groups are checked as the learner's own (audited
+    against weights it never ran, and refused), so it must not be invited. Nothing when it drops them."""
     if lc.foreign_loss == "drop":
         return []
     named = {m for m in lc.accept_models if m != "*"}
-    return sorted(named | (set(lc.foreign_tokenizers) if "*" in lc.accept_models else set()))
+    return sorted(named | (set(other_tokenizers) if "*" in lc.accept_models else set()))
+
+
+def _other_tokenizers(learner) -> set[str]:
+    """Models of `foreign_tokenizers` whose tokenizer differs from the learner's own."""
+    return {m for m, (_, h) in learner.foreign_toks.items() if h != learner.tokenizer_id}
 
 
 # ---- sampler and learner in one process ----------------------------------------------------------
@@ -476,7 +482,7 @@ class LocalSampler:
         self.tracker = LearnerTracker(node, None, cfg.model)
         self.sender = RolloutSender(node, outbox, lambda: None, partners=lambda: self.tracker.partners,
                                     max_partner_owed=cfg.sampler.max_outbox)
-        self.room = min(cfg.sampler.max_learner_backlog, cfg.learner.groups_per_step)
+        self.room = cfg.learner.groups_per_step  # a step's worth: enough for the next step, never staler
         self.groups = 0
 
     def turn(self) -> int:
@@ -502,15 +508,22 @@ class LocalSampler:
         log.info("own sampler made %d groups%s", self.groups, f"; partner learners: {fed}" if fed else "")
 
 
-def _check_named(node: SwarmNode) -> bool:
-    """Whether a coordinator we joined through names this learner; if not, samplers will not follow
-    it (swarm/discovery.py), so say how to fix that, once per status line until it is fixed."""
-    if node.peer_id in node.trusted_learners(node.coordinators):
+def _check_named(node: SwarmNode, model: str) -> bool:
+    """Whether a coordinator we joined through names this learner, with our model or none; if not,
+    samplers will not follow it (swarm/discovery.py), so say how to fix that, once per status line
+    until it is fixed."""
+    said = node.trusted_learners(node.coordinators).get(node.peer_id)
+    if said in ("", model):
         log.info("the coordinator's swarm record names this learner: samplers will follow it")
         return True
-    log.warning("no coordinator names this learner (%s), so samplers will not follow it: restart the bootstrap "
-                "with --trusted-learner %s (or samplers pin it with --follow %s)", node.peer_id, node.peer_id,
-                node.peer_id)
+    if said is None:
+        log.warning("no coordinator names this learner (%s), so samplers will not follow it: restart the bootstrap "
+                    "with --trusted-learner %s=%s (or add that line to its --learners-file; or samplers pin it with "
+                    "--follow %s)", node.peer_id, node.peer_id, model, node.peer_id)
+    else:
+        log.warning("the swarm record says this learner (%s) trains %r, but it runs --model %r (or two coordinators "
+                    "disagree), so no sampler will follow it: name it with --trusted-learner %s=%s", node.peer_id,
+                    said, model, node.peer_id, model)
     return False
 
 
@@ -600,9 +613,11 @@ def _partner_summary(link: SwarmSamplerLink) -> str:
 
 def _held_back(cfg: JoinConfig, outbox: Outbox, link: SwarmSamplerLink, tracker: LearnerTracker) -> bool:
     """Whether to stop generating for now: our learner is behind or away (its rollouts wait without
-    bound), or, with no learner of our model, every partner already has all it can take from us."""
-    if link.rollouts.has_learner:
+    bound), or, with no live learner of our model, every partner already has all it can take from us."""
+    if tracker.current is not None:
         return outbox.owed() >= cfg.sampler.max_outbox or link.learner_backlog >= cfg.sampler.max_learner_backlog
+    # our learner is gone (its record expired): what we make now goes to partners only (ours keeps
+    # what it was owed), so a dead learner of our model does not starve the others
     return all(outbox.owed(p) >= cfg.sampler.max_outbox for p in tracker.partners)
 
 

@@ -203,6 +203,8 @@ class LearnerConfig:
             raise ValueError("learner: journal_bytes_per_sampler and unproven_journal_bytes must be >= 1")
         if self.max_tokens_per_microbatch < 0:
             raise ValueError("learner: max_tokens_per_microbatch must be >= 0 (0: the whole step at once)")
+        if any(not m or len(m) > 256 for m in self.accept_models):  # they go into the peer record (swarm/dht.py)
+            raise ValueError("learner: accept_models entries must be model ids of 1-256 characters")
         if not 0 <= self.foreign_step_share <= 1 or self.foreign_per_sampler < 0 or self.unaudited_per_step < 0:
             raise ValueError("learner: need 0 <= foreign_step_share <= 1, foreign_per_sampler >= 0, "
                              "unaudited_per_step >= 0")
@@ -514,6 +516,8 @@ class Learner:
         proven: nothing of that key was ever checked) or 'checked' (auditable, or a proven sampler's)."""
         if b.route != "stale":
             return "foreign"
+        if b.sampler == self.peer_id:
+            return "checked"  # made here with these weights (ingest_own): nothing to prove
         if not self.archive.auditable(b.chain, b.claimed_version) and not self.is_proven(b.sampler):
             return "unaudited"
         return "checked"

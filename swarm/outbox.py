@@ -31,6 +31,7 @@ class Outbox:
                          "created REAL NOT NULL, not_before REAL NOT NULL)")
         self._db.execute("CREATE TABLE IF NOT EXISTS pending (id TEXT NOT NULL, learner TEXT NOT NULL, "
                          "PRIMARY KEY (id, learner))")
+        self._db.execute("CREATE INDEX IF NOT EXISTS pending_learner ON pending (learner)")
         self._migrate()
         self._lock = threading.Lock()
 
@@ -57,7 +58,7 @@ class Outbox:
         with self._lock:
             rows = self._db.execute(
                 "SELECT r.id, r.data FROM pending p JOIN records r ON r.id = p.id WHERE p.learner = ? "
-                "AND r.not_before <= ? ORDER BY r.created LIMIT ?", (learner, time.time(), max_records)).fetchall()
+                "AND r.not_before <= ? ORDER BY r.created, r.rowid LIMIT ?", (learner, time.time(), max_records)).fetchall()
         out, size = [], 0
         for rid, data in rows:
             if out and size + len(data) > max_bytes:
@@ -80,7 +81,8 @@ class Outbox:
             self._db.execute("BEGIN")
             n = self._db.execute(
                 "DELETE FROM pending WHERE learner = ? AND id NOT IN (SELECT p.id FROM pending p JOIN records r "
-                "ON r.id = p.id WHERE p.learner = ? ORDER BY r.created DESC LIMIT ?)", (learner, learner, keep)).rowcount
+                "ON r.id = p.id WHERE p.learner = ? ORDER BY r.created DESC, r.rowid DESC LIMIT ?)",
+                (learner, learner, keep)).rowcount
             self._collect()
         return n
 

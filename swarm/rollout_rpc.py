@@ -505,7 +505,6 @@ class RolloutSender:
         """The same per partner, plus `given_up` (copies dropped past `max_partner_owed` or when it left)."""
         self.learner_backlog = 0
         """The learner's backlog from its last ack: samplers pause while it is large (fresher data)."""
-        self._had_learner = self.outbox.owed(OWN) > 0
         self._stop = threading.Event()
         self._flushers: dict[str, threading.Thread] = {}
         self._last_reply: dict[str, float] = {}
@@ -517,24 +516,20 @@ class RolloutSender:
 
     def _start(self, target: str) -> None:
         with self._lock:
-            if target in self._flushers or self._stop.is_set():
-                return
             if target != OWN:
                 self.partner_stats.setdefault(target, collections.Counter())
+            if target in self._flushers or self._stop.is_set():
+                return
             name = "outbox-flusher" if target == OWN else f"outbox-flusher-{short_id(target)}"
             self._flushers[target] = t = threading.Thread(target=self._flush_loop, args=(target,), name=name, daemon=True)
         t.start()
 
-    @property
-    def has_learner(self) -> bool:
-        """Whether this sampler follows (or has followed) a learner of its own model: its records are
-        then kept for it, through that learner's restarts and replacements."""
-        self._had_learner = self._had_learner or self.learner() is not None
-        return self._had_learner
-
     def send(self, records: list[tuple[str, bytes]]) -> None:
-        partners = tuple(p for p in self.partners() if p and p != self.learner())
-        to = ((OWN,) if self.has_learner else ()) + partners
+        """Into the outbox for the learner we follow (if one is live: rows already there wait for it
+        through its restarts) and a copy for each partner, whose copies are then trimmed to the bound."""
+        own = self.learner()
+        partners = tuple(p for p in self.partners() if p and p != own)
+        to = ((OWN,) if own is not None else ()) + partners
         for rid, record in records:
             if to:
                 self.outbox.put(rid, seal(self.node.identity, record), sample_delay(self._rollout_delay, self._rng),
@@ -551,10 +546,10 @@ class RolloutSender:
             if target != OWN:  # a partner that left the swarm (or stopped taking our model) for good
                 away_since = None if target in self.partners() else (away_since or time.monotonic())
                 if away_since is not None and time.monotonic() - away_since > self.forget_after_s:
-                    stats["given_up"] += self.outbox.trim(target, 0)
-                    log.info("partner learner %s is gone: gave up the rollouts owed to it", short_id(target))
-                    with self._lock:
+                    with self._lock:  # a copy put meanwhile is trimmed here, or finds no flusher and starts one
+                        stats["given_up"] += self.outbox.trim(target, 0)
                         del self._flushers[target]
+                    log.info("partner learner %s is gone: gave up the rollouts owed to it", short_id(target))
                     return
             try:
                 sent = self.flush_once(target)
@@ -608,5 +603,6 @@ class RolloutSender:
         self._stop.set()
         with self._lock:
             threads = list(self._flushers.values())
+        deadline = time.monotonic() + 5.0  # one bound for all: shutdown does not grow with the partners
         for t in threads:
-            t.join(5)
+            t.join(max(0.0, deadline - time.monotonic()))

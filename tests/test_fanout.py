@@ -70,8 +70,10 @@ def test_takes_needs_the_model_named_and_never_counts_a_learners_own_model():
 
 def test_a_learner_invites_the_models_it_names_and_those_whose_tokenizers_it_holds():
     assert accepted_models(LearnerConfig()) == []  # "*" alone names nobody: an unnamed model in our tokenizer is audited as ours
-    assert accepted_models(LearnerConfig(accept_models=("m/b", "*"), foreign_tokenizers={"m/c": "/tok"})) == ["m/b", "m/c"]
-    assert accepted_models(LearnerConfig(accept_models=("m/b",), foreign_tokenizers={"m/c": "/tok"})) == ["m/b"]
+    held = LearnerConfig(accept_models=("m/b", "*"), foreign_tokenizers={"m/c": "/tok", "m/d": "/tok-d"})
+    # m/c's tokenizer is another: "*" takes it as foreign; m/d's is our own: unnamed, it would be audited as ours
+    assert accepted_models(held, {"m/c"}) == ["m/b", "m/c"]
+    assert accepted_models(LearnerConfig(accept_models=("m/b",), foreign_tokenizers={"m/c": "/tok"}), {"m/c"}) == ["m/b"]
     assert accepted_models(LearnerConfig(accept_models=("m/b",), foreign_loss="drop")) == []
 
 
@@ -174,11 +176,14 @@ def test_copies_reach_every_learner_and_a_dead_partner_delays_nobody(tmp_path):
         for i in range(6):
             rid, env = make_item(node.identity)
             records.append((rid, open_envelope(env)[0]))  # the record bytes; the sender seals them itself
-        sender.send(records)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and (box.owed() or box.owed(partner.peer_id)
-                                               or not sender.partner_stats[dead_id]["send_failures"]):
-            time.sleep(0.2)
+        def settled() -> bool:
+            return not (box.owed() or box.owed(partner.peer_id) or not sender.partner_stats[dead_id]["send_failures"])
+
+        for batch in (records[:3], records[3:]):  # the live partner never owes more than the bound of 4
+            sender.send(batch)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not settled():
+                time.sleep(0.2)
         got = {pid: [raw for raw in r.receive(100, timeout=1.0)] for pid, r in receivers.items()}
         assert len(got[own.peer_id]) == 6 and sorted(got[own.peer_id]) == sorted(got[partner.peer_id])  # same bytes, once
         assert sender.stats["delivered"] == 6 and sender.partner_stats[partner.peer_id]["delivered"] == 6

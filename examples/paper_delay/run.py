@@ -43,6 +43,10 @@ VARIANTS = {
     "gepo-zerovar": ("gepo", {"keep_zero_variance": True}),  # zero-variance groups kept (A = 0 rows)
     "gepo-nocap": ("gepo", {"beta": 0.005, "dual_clip": math.inf}),  # no dual clip, uncapped KL
     "gepo-policy": ("gepo", {}, {"take_newest": True, "wait_staleness": 32}),  # its learner's choice of data
+    # ...and two at a time (none alone moved it measurably; all three did: which pair carries it?)
+    "gepo-mb8-zerovar": ("gepo", {"e_hat_rows": 8, "keep_zero_variance": True}),
+    "gepo-mb8-nocap": ("gepo", {"e_hat_rows": 8, "beta": 0.005, "dual_clip": math.inf}),
+    "gepo-zerovar-nocap": ("gepo", {"keep_zero_variance": True, "beta": 0.005, "dual_clip": math.inf}),
     # the dual clip's truncated form (base.clipped_surrogate): past c, push back at weight c, not 0
     "gepo-trunc": ("gepo", {"dual_truncate": True}),
     "grpo-trunc": ("grpo", {"dual_truncate": True}),

@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from examples.paper_share.run import PARTIES, SETTINGS  # noqa: E402
+from examples.paper_share.run import DEFAULT_SETTINGS, PARTIES, SETTINGS  # noqa: E402
 from examples.paper_delay.run import fmt, mean_ci  # noqa: E402
 
 
@@ -124,7 +124,7 @@ def analyse(out: Path) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    ap.add_argument("--settings", nargs="+", default=list(DEFAULT_SETTINGS), choices=list(DEFAULT_SETTINGS))
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--own", type=int, default=8, help="groups of its own sampler in a learner's step")
     ap.add_argument("--share", type=int, default=8, help="at most this many from each partner's sampler per step")

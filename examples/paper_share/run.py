@@ -39,8 +39,11 @@ sys.path.insert(0, str(ROOT))
 from examples.paper_delay.run import eval_band, fmt, mean_ci  # noqa: E402
 
 PARTIES = {"arith": "builtin:tiny-arith", "arith-b": "builtin:tiny-arith-b", "arith-c": "builtin:tiny-arith-c"}
-SETTINGS = {"alone": "drop", "ftis": "ftis", "text": "pg"}
-"""setting -> the learners' foreign_loss."""
+SETTINGS = {"alone": "drop", "ftis": "ftis", "text": "pg", "alone-big": "drop"}
+"""setting -> the learners' foreign_loss. `alone-big` is a control, not a sharing setting: each
+learner's own sampler makes as many groups per step as a sharing learner trains on (own + 2 x
+share), at 3x the generation cost: what the same step size is worth with on-policy data."""
+DEFAULT_SETTINGS = ("alone", "ftis", "text")
 
 
 @dataclass
@@ -68,13 +71,14 @@ def make_parties(setting: str, seed: int, args: argparse.Namespace, out: Path) -
     torch.manual_seed(seed)
     random.seed(seed)
     parties = []
-    sharing = setting != "alone"
+    sharing = setting in ("ftis", "text")
     for name, model in PARTIES.items():
         others = tuple(m for m in PARTIES.values() if m != model)
         foreign = 2 * args.share if sharing else 0
         cfg = LearnerConfig(foreign_loss=SETTINGS[setting], foreign_options=dict(args.ftis_options),
                             eval_every=args.eval_every, eval_size=args.eval_size, lr=args.lr,
-                            groups_per_step=args.own + foreign, foreign_step_share=foreign / (args.own + foreign),
+                            groups_per_step=own_groups(setting, args) + foreign,
+                            foreign_step_share=foreign / (own_groups(setting, args) + foreign),
                             foreign_per_sampler=args.share,
                             accept_models=others)  # named: the partners' models are foreign (F-TIS), not audited
         tok = load_tokenizer(model)
@@ -88,6 +92,11 @@ def make_parties(setting: str, seed: int, args: argparse.Namespace, out: Path) -
                           swarm=learner.swarm, seed=seed)
         parties.append(Party(name, learner, exchange, sampler, exchange.sampler(f"sampler-{name}")))
     return parties
+
+
+def own_groups(setting: str, args: argparse.Namespace) -> int:
+    """Groups a party's own sampler makes per step."""
+    return args.own + 2 * args.share if setting == "alone-big" else args.own
 
 
 class _Clock:
@@ -133,7 +142,7 @@ def run_one(job) -> str:
     _Clock.shared = clock = VirtualClock()
     parties = make_parties(setting, seed, args, out)
     for p in parties:
-        partners = [q.exchange for q in parties if q is not p] if setting != "alone" else []
+        partners = [q.exchange for q in parties if q is not p] if setting in ("ftis", "text") else []
         p.link = FanOut(p.link, partners, args.share)
         p.learner.start()
         p.learner.run_eval()
@@ -142,7 +151,7 @@ def run_one(job) -> str:
         clock.advance_to(tick * 30.0)
         for p in parties:
             if p.learner.version < args.steps:
-                p.sampler.run_once(p.link, args.own)
+                p.sampler.run_once(p.link, own_groups(setting, args))
         for p in parties:
             if p.learner.version < args.steps:
                 p.learner.ingest_many(p.exchange.receive_rollouts(10_000))
@@ -200,7 +209,7 @@ def analyse(out: Path) -> str:
                          f"{f'{100 * statistics.fmean(filt):.1f}%' if filt else '-'} |")
     helps = []
     for setting in SETTINGS:
-        if setting == "alone" or setting not in runs:
+        if setting not in ("ftis", "text") or setting not in runs:
             continue
         seeds = sorted(set(runs[setting]) & set(alone))
         if not seeds:
@@ -250,7 +259,7 @@ def main() -> None:
     ap.add_argument("--kl-threshold", type=float, default=None, help="F-TIS gate threshold (default: FTISConfig's)")
     ap.add_argument("--cap", type=float, default=None, help="F-TIS weight cap C (default: FTISConfig's)")
 
-    ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    ap.add_argument("--settings", nargs="+", default=list(DEFAULT_SETTINGS), choices=list(SETTINGS))
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("runs/paper_share"))
     ap.add_argument("--analyse-only", action="store_true")

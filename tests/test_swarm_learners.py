@@ -37,6 +37,15 @@ def version(base: Path, name: str) -> int:
     return max((r["version"] for r in metrics(base, name) if r["kind"] == "step"), default=0)
 
 
+def wait_versions(s: Swarm, names: list[str], steps: int, timeout: float) -> None:
+    """Until every learner in `names` (workdirs under the swarm's folder) reached version `steps`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and min(version(s.base, n) for n in names) < steps:
+        time.sleep(2)
+    done = {n: version(s.base, n) for n in names}
+    assert min(done.values()) >= steps, f"learners stopped at {done}; logs in {s.logs}"
+
+
 def test_three_learners_each_learn_and_train_on_the_other_models_rollouts(tmp_path):
     s = Swarm(tmp_path)
     ids = {k: Identity.load_or_create(tmp_path / f"learner-{k}" / "identity.key").peer_id for k in MODELS}
@@ -61,11 +70,7 @@ def test_three_learners_each_learn_and_train_on_the_other_models_rollouts(tmp_pa
             time.sleep(2)
         for k, model in MODELS.items():
             s.join(f"sampler-{k}", "sampler", "--model", model, "--name", f"sampler-{k}")
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and min(version(tmp_path, f"learner-{k}") for k in MODELS) < STEPS:
-            time.sleep(2)
-        done = {k: version(tmp_path, f"learner-{k}") for k in MODELS}
-        assert min(done.values()) >= STEPS, f"learners stopped at {done}; logs in {s.logs}"
+        wait_versions(s, [f"learner-{k}" for k in MODELS], STEPS, timeout=600)
     finally:
         s.stop_all()
 
@@ -110,11 +115,7 @@ def test_two_nodes_that_are_sampler_and_learner_train_on_their_own_groups_and_ea
                 f"accept_models = [\"{other}\"]\n")
             s.join(f"node-{k}", "sampler,learner", "--model", model, "--config", str(tmp_path / f"node-{k}.toml"),
                    "--max-steps", str(steps))
-        deadline = time.monotonic() + 400
-        while time.monotonic() < deadline and min(version(tmp_path, f"node-{k}") for k in pair) < steps:
-            time.sleep(2)
-        done = {k: version(tmp_path, f"node-{k}") for k in pair}
-        assert min(done.values()) >= steps, f"nodes stopped at {done}; logs in {s.logs}"
+        wait_versions(s, [f"node-{k}" for k in pair], steps, timeout=400)
     finally:
         s.stop_all()
     for k in pair:

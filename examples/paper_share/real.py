@@ -26,8 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from examples.paper_share.run import DEFAULT_SETTINGS, PARTIES, SETTINGS  # noqa: E402
-from examples.paper_delay.run import fmt, mean_ci  # noqa: E402
+from examples.paper_share.run import (DEFAULT_SETTINGS, PARTIES, SETTINGS, last, load, over_training, paired,  # noqa: E402
+                                      verdicts)
+from examples.paper_delay.run import fmt  # noqa: E402
 
 
 def learner_toml(model: str, setting: str, args: argparse.Namespace) -> str:
@@ -91,32 +92,21 @@ def _finished(base: Path, k: str, steps: int) -> bool:
 
 
 def analyse(out: Path) -> str:
-    runs: dict[str, dict[int, dict]] = {}
-    for p in sorted(out.glob("*.summary.json")):
-        s = json.loads(p.read_text())
-        runs.setdefault(s["setting"], {})[s["seed"]] = s
-    alone = runs.get("alone", {})
-    lines = ["| learner | setting | seeds | start % | last % | last - alone (paired) | foreign groups / step |",
+    runs = load(out)
+    lines = ["| learner | setting | seeds | last % | last - alone | over training - alone | foreign groups / step |",
              "|---|---|---|---|---|---|---|"]
     for party in PARTIES:
-        for setting in SETTINGS:
+        for setting in DEFAULT_SETTINGS:
             cell = runs.get(setting)
             if not cell:
                 continue
             rows = [cell[s]["learners"][party] for s in sorted(cell)]
-            paired = [cell[s]["learners"][party]["last"] - alone[s]["learners"][party]["last"] for s in sorted(cell) if s in alone]
             per_step = sum(r["foreign_groups"] for r in rows) / max(1, sum(r["steps"] for r in rows))
-            lines.append(f"| {party} | {setting} | {len(rows)} | {fmt([r['start'] for r in rows])} | "
-                         f"{fmt([r['last'] for r in rows])} | {fmt(paired) if setting != 'alone' and paired else '-'} | "
+            diffs = [fmt(d) if setting != "alone" and (d := paired(runs, setting, party, m)) else "-"
+                     for m in (last, over_training)]
+            lines.append(f"| {party} | {setting} | {len(rows)} | {fmt([r['last'] for r in rows])} | {' | '.join(diffs)} | "
                          f"{per_step:.1f} |")
-    helps = []
-    for setting in SETTINGS:
-        seeds = sorted(set(runs.get(setting, {})) & set(alone)) if setting != "alone" else []
-        if seeds:
-            gains = {p: mean_ci([runs[setting][s]["learners"][p]["last"] - alone[s]["learners"][p]["last"] for s in seeds])
-                     for p in PARTIES}
-            helps.append(f"{setting}: " + ", ".join(f"{p} {100 * m:+.1f}" for p, (m, _) in gains.items()) + " points")
-    text = "\n".join(lines) + "\n\n" + "\n".join(helps)
+    text = "\n".join(lines) + "\n\n" + "\n".join(verdicts(runs))
     (out / "table.md").write_text(text + "\n")
     return text
 

@@ -188,38 +188,52 @@ def load(out: Path) -> dict[str, dict[int, dict]]:
     return runs
 
 
+def last(r: dict) -> float:
+    return r["last"]
+
+
+def over_training(r: dict) -> float:
+    """The mean of a learner's evaluations after its start: accuracy over the whole run."""
+    return statistics.fmean(a for _, a in r["evals"][1:])
+
+
+def paired(runs: dict, setting: str, party: str, measure=last) -> list[float]:
+    """`measure` of `party` in `setting` minus the same alone, per seed both ran."""
+    alone = runs.get("alone", {})
+    return [measure(runs[setting][s]["learners"][party]) - measure(alone[s]["learners"][party])
+            for s in sorted(runs.get(setting, {})) if s in alone]
+
+
+def verdicts(runs: dict) -> list[str]:
+    """Per sharing setting: does it help every party, on the mean over training (paired, 95%)?"""
+    out = []
+    for setting in ("ftis", "text"):
+        gains = {p: mean_ci(d) for p in PARTIES if (d := paired(runs, setting, p, over_training))}
+        if len(gains) == len(PARTIES):
+            every = all(m - h > 0 for m, h in gains.values())
+            out.append(f"{setting}: {'helps every party' if every else 'does not significantly help every party'} "
+                       f"over training ({', '.join(f'{k} {100 * m:+.1f} ± {100 * h:.1f}' for k, (m, h) in gains.items())} points)")
+    return out
+
+
 def analyse(out: Path) -> str:
     runs = load(out)
-    alone = runs.get("alone", {})
-    lines = ["| learner | setting | seeds | start % | best % | last % | last - alone (paired) | foreign groups / step | F-TIS filtered |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| learner | setting | seeds | start % | best % | last % | last - alone | over training - alone | "
+             "foreign groups / step | F-TIS filtered |", "|---|---|---|---|---|---|---|---|---|---|"]
     for party in PARTIES:
         for setting in SETTINGS:
             cell = runs.get(setting)
             if not cell:
                 continue
-            seeds = sorted(cell)
-            rows = [cell[s]["learners"][party] for s in seeds]
-            paired = [cell[s]["learners"][party]["last"] - alone[s]["learners"][party]["last"] for s in seeds if s in alone]
+            rows = [cell[s]["learners"][party] for s in sorted(cell)]
             filt = [r["filtered_frac"] for r in rows if r["filtered_frac"] is not None]
             per_step = statistics.fmean(r["foreign_groups"] / max(1, r["steps"]) for r in rows)
-            lines.append(f"| {party} | {setting} | {len(seeds)} | {100 * rows[0]['start']:.1f} | "
-                         f"{fmt([r['best'] for r in rows])} | {fmt([r['last'] for r in rows])} | "
-                         f"{fmt(paired) if setting != 'alone' and paired else '-'} | {per_step:.1f} | "
-                         f"{f'{100 * statistics.fmean(filt):.1f}%' if filt else '-'} |")
-    helps = []
-    for setting in SETTINGS:
-        if setting not in ("ftis", "text") or setting not in runs:
-            continue
-        seeds = sorted(set(runs[setting]) & set(alone))
-        if not seeds:
-            continue
-        gains = {party: mean_ci([runs[setting][s]["learners"][party]["last"] - alone[s]["learners"][party]["last"]
-                                 for s in seeds]) for party in PARTIES}
-        every = all(m - h > 0 for m, h in gains.values())
-        helps.append(f"{setting}: {'helps every party' if every else 'does not significantly help every party'} "
-                     f"({', '.join(f'{k} {100 * m:+.1f}' for k, (m, _) in gains.items())} points)")
-    text = "\n".join(lines) + "\n\n" + "\n".join(helps)
+            diffs = [fmt(d) if setting != "alone" and (d := paired(runs, setting, party, m)) else "-"
+                     for m in (last, over_training)]
+            lines.append(f"| {party} | {setting} | {len(rows)} | {100 * rows[0]['start']:.1f} | "
+                         f"{fmt([r['best'] for r in rows])} | {fmt([r['last'] for r in rows])} | {' | '.join(diffs)} | "
+                         f"{per_step:.1f} | {f'{100 * statistics.fmean(filt):.1f}%' if filt else '-'} |")
+    text = "\n".join(lines) + "\n\n" + "\n".join(verdicts(runs))
     (out / "table.md").write_text(text + "\n")
     (out / "results.json").write_text(json.dumps(runs, indent=1))
     plot(out, runs)

@@ -104,7 +104,7 @@ def test_peer_records_speak_only_for_their_signer_one_per_key(swarm, attacker):
     honest = peer_of(swarm, "honest")
     info = {"peer_id": honest, "role": "sampler", "model_id": BUILTIN_MODEL, "version": 0, "engine": "hf",
             "throughput": 0.0, "software": "x", "protocol": 2, "maddrs": [], "learner": "", "name": "pwned", "private": False,
-            "updated": float(get_dht_time())}
+            "accepts": [], "updated": float(get_dht_time())}  # every field: hivemind's schema check is exact
     own = _owner_subkey(attacker.identity)
     assert not attacker.dht.store(peers_key("demo"), info, get_dht_time() + 60, subkey=own)  # names the honest peer
     mine = {**info, "peer_id": attacker.peer_id, "name": "sybil"}

@@ -240,7 +240,7 @@ def run_bootstrap(identity_path: str, net: NetworkConfig, swarm: str, stop: thre
     learner is added to (or removed from) a running swarm by editing that file."""
     node = SwarmNode(Identity.load_or_create(identity_path), net, swarm)
     serve_reachability(node)  # joining peers ask it whether they can be dialled (swarm/reach.py)
-    named = dict(learners or {})
+    named, listed = dict(learners or {}), LearnersFile(learners_file)
     if not named and learners_file is None:
         log.warning("no --trusted-learner given: samplers of swarm %r will follow only a learner they pin "
                     "with --follow", swarm)
@@ -250,7 +250,7 @@ def run_bootstrap(identity_path: str, net: NetworkConfig, swarm: str, stop: thre
         while not stop.is_set():
             node.announce({"role": "bootstrap", "model_id": "", "version": 0, "engine": "", "throughput": 0.0,
                            "maddrs": node.maddrs()}, ttl=60)
-            current = {**named, **_learners_from(learners_file)}
+            current = {**named, **listed.read()}
             if current and not node.publish_swarm_record(current, model_id, ttl=60):
                 log.warning("the DHT did not store the swarm record; retrying in %.0f s", every_s)
             stop.wait(every_s)
@@ -258,23 +258,26 @@ def run_bootstrap(identity_path: str, net: NetworkConfig, swarm: str, stop: thre
         node.shutdown()
 
 
-_last_file: dict[Path, dict[str, str]] = {}
+class LearnersFile:
+    """A coordinator's learners file, re-read on every call; on an unreadable or malformed file, the
+    last good entries (logged), so a typo does not drop the swarm's learners."""
 
+    def __init__(self, path: Path | None) -> None:
+        self.path, self.last = path, {}
 
-def _learners_from(path: Path | None) -> dict[str, str]:
-    """The learners file's entries; on an unreadable or malformed file, the last good ones (logged)."""
-    if path is None:
-        return {}
-    try:
-        now = read_learners_file(path) if path.exists() else {}
-    except UserError as e:
-        log.warning("learners file %s: %s; keeping the learners it named before", path, e)
-        return _last_file.get(path, {})
-    if now != _last_file.get(path):
-        log.info("learners file %s names %d learner(s): %s", path, len(now),
-                 ", ".join(f"{short_id(k)}{'=' + v if v else ''}" for k, v in sorted(now.items())) or "none")
-    _last_file[path] = now
-    return now
+    def read(self) -> dict[str, str]:
+        if self.path is None:
+            return {}
+        try:
+            now = read_learners_file(self.path) if self.path.exists() else {}
+        except UserError as e:
+            log.warning("learners file %s: %s; keeping the learners it named before", self.path, e)
+            return self.last
+        if now != self.last:
+            log.info("learners file %s names %d learner(s): %s", self.path, len(now),
+                     ", ".join(f"{short_id(k)}{'=' + v if v else ''}" for k, v in sorted(now.items())) or "none")
+        self.last = now
+        return now
 
 
 # ---- learner ---------------------------------------------------------------------------------------
@@ -494,11 +497,12 @@ class LocalSampler:
             return 0
         # the records say which weights made them: the learner's, now (train_step leaves the model in eval mode)
         self.engine.version, self.sampler.chain = lr.version, lr.chain
-        groups = self.sampler.produce()
-        for g in groups:
-            if (why := lr.ingest_own(g)) is not None:
+        records = [(g, g.encode()) for g in self.sampler.produce()]  # encoded once, for both
+        for g, raw in records:
+            if (why := lr.ingest_own(g, raw)) is not None:
                 lr.drops[why] += 1
-        self.sender.send([(g.id, g.encode()) for g in groups])
+        self.sender.send([(g.id, raw) for g, raw in records])
+        groups = [g for g, _ in records]
         self.groups += len(groups)
         return len(groups)
 

@@ -340,12 +340,13 @@ class Learner:
     def ingest_many(self, records: list[bytes]) -> int:
         return sum(self.ingest(r) is None for r in records)
 
-    def ingest_own(self, group: RolloutGroup) -> str | None:
+    def ingest_own(self, group: RolloutGroup, raw: bytes | None = None) -> str | None:
         """Accept a group this process's own sampler made with this learner's weights, in memory
         (`join --role sampler,learner`): none of a peer's checks apply (there is no peer), it is not
         audited (same weights, same process) and it earns no credit on our own tally (the
-        leaderboard refuses a learner that credits itself). The buffer's bounds still hold."""
-        return self._accept(group, group.encode())
+        leaderboard refuses a learner that credits itself). The buffer's bounds still hold. `raw`: the
+        group's encoding, when the caller has it already."""
+        return self._accept(group, raw if raw is not None else group.encode())
 
     def precheck(self, group: RolloutGroup) -> str | None:
         """The checks of `ingest` without accepting: the swarm runs them before it acknowledges a
@@ -412,7 +413,7 @@ class Learner:
                 return "token_out_of_vocab"
             if any(tok.decode(c.token_ids, skip_special_tokens=True) != c.text for c in g.completions):
                 return "text_mismatch"
-        if not own and (reason := _foreign_version(g, {self.chain, *self.known_chains})) is not None:
+        if not own and (reason := _foreign_version(g, self.chain, self.known_chains)) is not None:
             return reason
         if own and self.version - g.version > self.cfg.max_staleness:
             return "stale"
@@ -857,11 +858,11 @@ class Learner:
         self.load_state_dict(load_checkpoint(path))
 
 
-def _foreign_version(g: RolloutGroup, ours: set[str]) -> str | None:
+def _foreign_version(g: RolloutGroup, chain: str, earlier: dict[str, int]) -> str | None:
     """A foreign generator never ran our weights: it may name its own learner's chain and version (a
     partner's, in a swarm of several learners: we can check neither and use neither), never one of
-    ours."""
-    return "foreign_version" if g.chain and g.chain in ours else None
+    ours (this run's `chain`, or an `earlier` run's)."""
+    return "foreign_version" if g.chain and (g.chain == chain or g.chain in earlier) else None
 
 
 def pick_groups(entries: list[tuple[str, str]], n: int, total_caps: dict[str, int],

@@ -197,17 +197,18 @@ def test_copies_reach_every_learner_and_a_dead_partner_delays_nobody(tmp_path):
 
 
 def test_a_running_bootstrap_picks_up_learners_added_to_its_file_and_keeps_the_last_good_list(tmp_path, caplog):
-    from cli.roles import _learners_from
+    from cli.roles import LearnersFile
 
     f = tmp_path / "learners.txt"
-    assert _learners_from(f) == {}  # not there yet: nobody
+    read = LearnersFile(f).read
+    assert read() == {}  # not there yet: nobody
     f.write_text("QmA=m/a\n")
-    assert _learners_from(f) == {"QmA": "m/a"}
+    assert read() == {"QmA": "m/a"}
     f.write_text("QmA=m/a\nQmB=m/b\n")  # the coordinator adds a learner while the swarm runs
-    assert _learners_from(f) == {"QmA": "m/a", "QmB": "m/b"}
+    assert read() == {"QmA": "m/a", "QmB": "m/b"}
     f.write_text("QmA=m/a\nQm B\n")  # a typo: the swarm keeps the learners it had
-    assert _learners_from(f) == {"QmA": "m/a", "QmB": "m/b"}
+    assert read() == {"QmA": "m/a", "QmB": "m/b"}
     assert "keeping the learners it named before" in caplog.text
     f.write_text("")
-    assert _learners_from(f) == {}  # emptied on purpose: nobody
-    assert _learners_from(None) == {}
+    assert read() == {}  # emptied on purpose: nobody
+    assert LearnersFile(None).read() == {}

@@ -104,6 +104,18 @@ def test_variants_set_the_reference_codes_knobs():
         assert (m2po.stale_loss, m2po.stale_options) == ("m2po", options)
 
 
+
+def test_a_guard_suffix_turns_the_guard_on_with_its_threshold():
+    plain = build_config("grpo", 8, 0, _args(), "/dev/null").learner
+    assert not plain.guard.enabled
+    default = build_config("grpo+guard", 8, 0, _args(), "/dev/null").learner
+    assert default.stale_loss == "grpo" and default.guard.enabled and default.guard.kl_high == 0.05
+    low = build_config("gepo-released+guard@0.02", 8, 0, _args(), "/dev/null").learner
+    assert (low.stale_loss, low.stale_options["e_hat_rows"]) == ("gepo", 8)
+    assert low.guard.enabled and low.guard.kl_high == 0.02 and low.guard.kl_low == pytest.approx(0.008, rel=1e-12)
+    with pytest.raises(ValueError, match="guard suffix"):
+        build_config("grpo+guardx", 8, 0, _args(), "/dev/null")
+
 @pytest.mark.integration
 def test_a_tiny_grid_runs_resumes_and_reports_intervals(tmp_path):
     cmd = [sys.executable, str(ROOT / "examples/paper_delay/run.py"), "--task", "arith", "--losses", "gepo",

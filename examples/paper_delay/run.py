@@ -9,7 +9,8 @@ D/32 and D learner steps (the paper's 60 s..1920 s shape at 0.995, scaled so its
 capped at D) before it loads the newest weights, then draws a fresh delay (swarm/delay.py). D = 0
 is the on-policy loop. Losses are the project's (`node/algorithms`); a variant name such as
 `gepo+kl` or `gspo-clip0.2` runs the reference code's setting of one knob (VARIANTS below), and
-a name ending in `+guard` (e.g. `gepo+guard`) runs with the learner's divergence guard on.
+a name ending in `+guard` (e.g. `gepo+guard`) runs with the learner's divergence guard on, and
+`+guard@0.02` with the guard's `kl_high` at 0.02 (its `kl_low` at 0.4x that, the default's ratio).
 
 A run writes `<out>/<cell>.jsonl` (one line per step and eval) and `<out>/<cell>.summary.json`
 when it ends: the grid is resumable, finished cells are skipped. The analysis reads every summary
@@ -70,13 +71,27 @@ GUARD = "+guard"
 the guard is off, as in every run before the guard existed."""
 
 
-def loss_and_options(loss: str) -> tuple[str, dict, dict]:
-    """(the loss, its options, the learner's options) a cell name stands for."""
+def guard_of(loss: str) -> tuple[str, "GuardConfig"]:
+    """(the name without its guard suffix, the guard it asks for): `x` -> off, `x+guard` -> the
+    default guard, `x+guard@0.02` -> kl_high 0.02 and kl_low 0.008 (the default's 0.4 ratio)."""
     from node.guard import GuardConfig
 
-    name = loss.removesuffix(GUARD)
+    name, sep, high = loss.partition(GUARD)
+    if not sep:
+        return loss, GuardConfig(enabled=False)
+    if not high:
+        return name, GuardConfig()
+    if not high.startswith("@"):
+        raise ValueError(f"{loss!r}: a guard suffix is +guard or +guard@<kl_high>")
+    kl_high = float(high[1:])
+    return name, GuardConfig(kl_high=kl_high, kl_low=0.4 * kl_high)
+
+
+def loss_and_options(loss: str) -> tuple[str, dict, dict]:
+    """(the loss, its options, the learner's options) a cell name stands for."""
+    name, guard = guard_of(loss)
     base, options, *learner = VARIANTS.get(name, (name, {}))
-    return base, options, {**(learner[0] if learner else {}), "guard": GuardConfig(enabled=loss.endswith(GUARD))}
+    return base, options, {**(learner[0] if learner else {}), "guard": guard}
 
 
 def build_config(loss: str, delay: int, seed: int, args: argparse.Namespace, metrics_path: str):
@@ -401,7 +416,10 @@ def main() -> None:
     for loss in args.losses:
         from node.algorithms import get_algorithm
 
-        get_algorithm(loss_and_options(loss)[0])  # a typo fails now, not an hour into the grid
+        try:
+            get_algorithm(loss_and_options(loss)[0])  # a typo fails now, not an hour into the grid
+        except ValueError as e:
+            raise SystemExit(f"--losses {loss}: {e}") from None
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.analyse_only:
         done = {p.name: json.loads(p.read_text()) for p in args.out.glob("*.summary.json")}

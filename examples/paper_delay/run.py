@@ -289,7 +289,7 @@ def variants_table(cells: dict, delays: list[int]) -> str:
     return "\n".join(lines)
 
 
-def eval_band(ax, runs: list[dict], label: str) -> None:
+def eval_band(ax, runs: list[dict], label: str, color: str | None = None) -> None:
     """Mean eval accuracy of `runs` (summaries of one cell, one per seed) over training, with its
     95% band clipped to [0, 1]; nothing for no runs."""
     if not runs:
@@ -299,8 +299,9 @@ def eval_band(ax, runs: list[dict], label: str) -> None:
     stats = [mean_ci([r["evals"][i][1] for r in runs]) for i in range(n)]
     m = [s[0] for s in stats]
     h = [0 if s[1] != s[1] else s[1] for s in stats]
-    ax.plot(xs, m, label=label)
-    ax.fill_between(xs, [max(0.0, a - b) for a, b in zip(m, h)], [min(1.0, a + b) for a, b in zip(m, h)], alpha=0.15)
+    ax.plot(xs, m, label=label, color=color)
+    ax.fill_between(xs, [max(0.0, a - b) for a, b in zip(m, h)], [min(1.0, a + b) for a, b in zip(m, h)], alpha=0.15,
+                    color=color)
 
 
 def plots(out: Path, cells: dict, losses: list[str], delays: list[int]) -> None:
@@ -316,8 +317,8 @@ def plots(out: Path, cells: dict, losses: list[str], delays: list[int]) -> None:
     for ax in axes.flat[len(losses):]:
         ax.set_visible(False)
     for ax, loss in zip(axes.flat, losses):
-        for d in delays:
-            eval_band(ax, list(cells.get((loss, d), {}).values()), f"max delay {d}")
+        for i, d in enumerate(delays):  # one colour per delay in every panel, so the one legend reads them all
+            eval_band(ax, list(cells.get((loss, d), {}).values()), f"max delay {d}", f"C{i % 10}")
         ax.set_title(loss)
         ax.set_ylim(0, 1)
         ax.set_xlabel("learner step")

@@ -104,7 +104,6 @@ def test_variants_set_the_reference_codes_knobs():
         assert (m2po.stale_loss, m2po.stale_options) == ("m2po", options)
 
 
-
 def test_a_guard_suffix_turns_the_guard_on_with_its_threshold():
     plain = build_config("grpo", 8, 0, _args(), "/dev/null").learner
     assert not plain.guard.enabled
@@ -115,6 +114,7 @@ def test_a_guard_suffix_turns_the_guard_on_with_its_threshold():
     assert low.guard.enabled and low.guard.kl_high == 0.02 and low.guard.kl_low == pytest.approx(0.008, rel=1e-12)
     with pytest.raises(ValueError, match="guard suffix"):
         build_config("grpo+guardx", 8, 0, _args(), "/dev/null")
+
 
 @pytest.mark.integration
 def test_a_tiny_grid_runs_resumes_and_reports_intervals(tmp_path):

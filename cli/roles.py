@@ -502,9 +502,8 @@ class LocalSampler:
             if (why := lr.ingest_own(g, raw)) is not None:
                 lr.drops[why] += 1
         self.sender.send([(g.id, raw) for g, raw in records])
-        groups = [g for g, _ in records]
-        self.groups += len(groups)
-        return len(groups)
+        self.groups += len(records)
+        return len(records)
 
     def close(self) -> None:
         self.sender.close()

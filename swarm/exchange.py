@@ -12,8 +12,12 @@ receive calls take a timeout, and nothing here blocks forever.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
+
+from .records import RolloutGroup
+
+MiB = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,78 @@ class LearnerLink(Protocol):
 
     def publish_weights(self, version: WeightVersion) -> None:
         """Offer a version to the samplers. A keyframe starts a new chain segment."""
+        ...
+
+
+@dataclass(frozen=True)
+class IntakeConfig:
+    """`[learner.intake]`: what the learner's receiver reads, checks and journals for one sampler,
+    and for all unproven samplers together (docs/DESIGN.md, "Trust"). Keys are free, so a key the
+    learner has not yet proven (`Intake.is_proven`: it passed its first audits) draws on its own
+    budget and on one pool shared by every unproven key; a proven sampler keeps its own budget
+    whatever unproven keys send. Past any bound a sampler's records are answered "busy" (kept in
+    its outbox for later), so one peer's flood slows only that peer."""
+
+    quota: int = 64
+    """Groups one sampler may have received and not yet trained on."""
+    rate: float = 64.0
+    """Records checked per second for one sampler (burst `quota`): checking costs the learner CPU
+    (a signature, a decode, a detokenisation), even for records it then refuses."""
+    byte_rate: float = 8.0 * MiB
+    """Payload bytes read per second from one sampler, charged at the door before anything is
+    decoded, so undecodable bytes cost it as much as records do (burst one second's worth)."""
+    journal_bytes: int = 64 * MiB
+    """Bytes of one sampler's records in the journal that the learner has not read yet (it reads
+    between steps, so they pile up during a long one); one record always fits, whatever its size."""
+    unproven_quota: int = 32
+    """Groups of all unproven keys together received and not yet trained on (at least a step's
+    worth is used, `for_step`: else new samplers could never fill a step and be audited)..."""
+    unproven_rate: float = 8.0
+    """...records of theirs checked per second, all together (burst `unproven_quota`)..."""
+    unproven_byte_rate: float = 1.0 * MiB
+    """...their bytes read per second..."""
+    unproven_journal_bytes: int = 16 * MiB
+    """...and bytes of their records in the journal not yet read."""
+
+    def __post_init__(self) -> None:
+        if min(self.quota, self.unproven_quota, self.journal_bytes, self.unproven_journal_bytes) < 1:
+            raise ValueError("learner.intake: quota, unproven_quota, journal_bytes and unproven_journal_bytes "
+                             "must be >= 1")
+        if min(self.rate, self.byte_rate, self.unproven_rate, self.unproven_byte_rate) <= 0:
+            raise ValueError("learner.intake: rate, byte_rate, unproven_rate and unproven_byte_rate must be > 0")
+
+    def for_step(self, groups_per_step: int) -> IntakeConfig:
+        """These bounds with the unproven pool holding at least one step's groups."""
+        return replace(self, unproven_quota=max(self.unproven_quota, groups_per_step))
+
+
+class Intake(Protocol):
+    """What the learner's rollout receiver (swarm/) asks of the learner (node/) before it reads,
+    journals and acknowledges a sampler's records. Called from the network thread: each method is
+    quick, never raises, and the counters are the learner's own (they live in its checkpoints)."""
+
+    def check(self, group: RolloutGroup) -> str | None:
+        """The learner's checks of a decoded record, without accepting it: a drop reason or None."""
+        ...
+
+    def untrained(self, sampler: str) -> int:
+        """Groups of `sampler` the learner accepted and has not yet trained on."""
+        ...
+
+    def is_proven(self, peer: str) -> bool:
+        """Whether `peer` passed its first audits: until then it also draws on the unproven pool."""
+        ...
+
+    def is_refused(self, peer: str) -> bool:
+        """Whether `peer` failed an audit: its records are refused unread."""
+        ...
+
+    def count_rejected(self, reason: str, n: int = 1) -> None:
+        """`n` records refused for `reason` (they join the learner's drop counts)."""
+        ...
+
+    def count_busy(self, why: str, n: int = 1) -> None:
+        """`n` records (or a call) answered "busy" by the bound `why`: not refused, sent again later."""
         ...
 
 

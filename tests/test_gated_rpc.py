@@ -1,4 +1,4 @@
-"""The gated RPC (swarm/p2p.py, `add_gated_handler` / `call_gated`) between two real hivemind
+"""The gated RPC (swarm/p2p/, `add_gated_handler` / `call_gated`) between two real hivemind
 peers on loopback: the door answers before the payload is read, whatever the caller sends, and a
 caller that lies about its payload's size or trickles it is cut off."""
 

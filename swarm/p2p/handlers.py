@@ -25,7 +25,7 @@ log = logging.getLogger(__package__)  # the package's one logger: its lines read
 
 Handler = Callable[[bytes, str], Awaitable[bytes]]
 """async handler(payload, remote_peer_id) -> reply payload."""
-StreamHandler = Callable[[bytes, str], AsyncIterator["bytes | memoryview"]]
+StreamHandler = Callable[[bytes, str], AsyncIterator[bytes | memoryview]]
 """async generator handler(payload, remote_peer_id) yielding reply items (each under MAX_MESSAGE)."""
 Door = Callable[[str, int, int], Awaitable["bytes | None"]]
 """async door(remote_peer_id, declared payload bytes, its calls past the door now) -> a reply that

@@ -1,4 +1,4 @@
-"""The gated RPC (swarm/p2p.py, `add_gated_handler` / `call_gated`) between two real hivemind
+"""The gated RPC (swarm/p2p/, `add_gated_handler` / `call_gated`) between two real hivemind
 peers on loopback: the door answers before the payload is read, whatever the caller sends, and a
 caller that lies about its payload's size or trickles it is cut off."""
 
@@ -13,7 +13,8 @@ from hivemind.p2p import P2P, PeerID
 
 from swarm.dht import NetworkConfig
 from swarm.identity import Identity
-from swarm.p2p import Stall, SwarmNode, _read_frame
+from swarm.p2p import Stall, SwarmNode
+from swarm.p2p.framing import read_frame
 
 pytestmark = pytest.mark.integration
 
@@ -66,14 +67,14 @@ async def _raw(p2p: P2P, peer: str, declared: int, body: bytes, pace: float = 0.
     _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer), "t.gated")
     try:
         await P2P.send_protobuf(BytesValue(value=declared.to_bytes(8, "big")), writer)
-        _, go = await _read_frame(reader, 64)
+        _, go = await read_frame(reader, 64)
         frame = BytesValue(value=body).SerializeToString()
         frame = P2P.MESSAGE_MARKER + len(frame).to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER) + frame
         for k in range(0, len(frame), 100 if pace else len(frame)):
             writer.write(frame[k:k + (100 if pace else len(frame))])
             await writer.drain()
             await asyncio.sleep(pace)
-        _, data = await _read_frame(reader, 1 << 20)
+        _, data = await read_frame(reader, 1 << 20)
         return BytesValue.FromString(data).value
     except (asyncio.IncompleteReadError, ConnectionError):
         return None

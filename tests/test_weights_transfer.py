@@ -185,7 +185,7 @@ def test_hand_made_stream_frames_are_hivemind_protobuf_frames(n):
     from google.protobuf.wrappers_pb2 import BytesValue
     from hivemind.p2p import P2P
 
-    from swarm.p2p import _bytes_value_view, _item_header
+    from swarm.p2p.framing import bytes_value_view as _bytes_value_view, item_header as _item_header
 
     value = bytes(range(256)) * (n // 256) + bytes(n % 256)
     serialized = BytesValue(value=value).SerializeToString()

@@ -1,0 +1,22 @@
+"""A peer on the hivemind swarm: the DHT (its own process with p2pd) plus our P2P RPC handlers.
+
+hivemind is asyncio; the roles are plain blocking code. `SwarmNode` runs one event loop in a
+background thread and exposes blocking calls that always take a timeout. Payloads are raw bytes
+(msgpack) carried in protobuf `BytesValue`, so no .proto files are needed. One RPC reply is capped
+at 4 MiB by hivemind, so callers keep messages under `MAX_MESSAGE`.
+
+  node.py      `SwarmNode`: the facade the roles use, composed of the parts below
+  loop.py      the bridge: one asyncio loop in a thread, blocking runs with a timeout
+  framing.py   the bytes of our streamed and gated calls (hivemind's protobuf stream, by hand)
+  handlers.py  serving: unary, streaming and gated handlers
+  calls.py     calling: unary, streamed and gated calls, routed to peers we have no route to yet
+"""
+
+from .calls import call_gated
+from .framing import MAX_MESSAGE, RemoteError, Stall, StreamStalled
+from .handlers import Door, Handler, StreamHandler, decrement
+from .loop import CallStopped
+from .node import SwarmNode
+
+__all__ = ["MAX_MESSAGE", "CallStopped", "Door", "Handler", "RemoteError", "Stall", "StreamHandler", "StreamStalled",
+           "SwarmNode", "call_gated", "decrement"]

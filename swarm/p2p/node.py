@@ -1,0 +1,137 @@
+"""`SwarmNode`: one peer's face to the swarm, composed of the parts of this package.
+
+It owns the DHT (its own process with p2pd, swarm/dht.py), the swarm loop (loop.py) and the P2P
+client of that daemon; its methods delegate: DHT records to swarm/dht.py's functions, serving to
+handlers.py, calling to calls.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Awaitable, Callable, TypeVar
+
+from google.protobuf.wrappers_pb2 import BytesValue
+
+from ..dht import (NetworkConfig, announce, announce_holdings, create_dht, list_holders, list_peers, list_tallies,
+                   peer_id_of_maddr, publish_swarm_record, publish_tally, trusted_learners)
+from ..identity import Identity
+from .calls import Calls
+from .framing import MAX_MESSAGE, Stall
+from .handlers import Door, GatedHandler, Handler, StreamHandler, streaming, unary
+from .loop import SwarmLoop
+
+log = logging.getLogger(__package__)  # the package's one logger: its lines read as before the split
+
+T = TypeVar("T")
+
+
+class SwarmNode:
+    def __init__(self, identity: Identity, net: NetworkConfig, swarm: str) -> None:
+        self.identity = identity
+        self.swarm = swarm
+        self.private = net.client_mode
+        """Behind a NAT (swarm/reach.py): peers cannot dial us, except through a relay."""
+        self.coordinators = {peer_id_of_maddr(m) for m in net.initial_peers}
+        """Peers whose swarm record this node trusts: the bootstrap peers it was pointed at."""
+        self.dht = create_dht(identity, net, swarm)  # forks: do this before CUDA is initialised
+        self._loop = SwarmLoop()
+        self.p2p = self.run(self.dht.replicate_p2p(), timeout=30)
+        self._calls = Calls(self._loop, self.p2p, self.peers)
+
+    @property
+    def peer_id(self) -> str:
+        return self.identity.peer_id
+
+    def run(self, coro: Awaitable[T], timeout: float) -> T:
+        """Run a coroutine on the swarm loop and wait for it, at most `timeout` seconds."""
+        return self._loop.run(coro, timeout)
+
+    def maddrs(self) -> list[str]:
+        return [str(m) for m in self.dht.get_visible_maddrs()]
+
+    # the swarm's signed records in the DHT (swarm/dht.py)
+
+    def announce(self, info: dict, ttl: float = 60.0) -> bool:
+        return announce(self.dht, self.identity, self.swarm, {"private": self.private, **info}, ttl)
+
+    def peers(self) -> list[dict]:
+        return list_peers(self.dht, self.swarm)
+
+    def announce_holdings(self, chain: str, versions: list[int], ttl: float = 60.0) -> bool:
+        return announce_holdings(self.dht, self.identity, self.swarm, chain, versions, ttl)
+
+    def holders(self) -> list[dict]:
+        return list_holders(self.dht, self.swarm)
+
+    def publish_tally(self, value: dict, ttl: float = 600.0) -> bool:
+        return publish_tally(self.dht, self.identity, self.swarm, value, ttl)
+
+    def tallies(self) -> list[dict]:
+        return list_tallies(self.dht, self.swarm)
+
+    def publish_swarm_record(self, learners: dict[str, str], model_id: str = "", ttl: float = 60.0) -> bool:
+        return publish_swarm_record(self.dht, self.identity, self.swarm, learners, model_id, ttl)
+
+    def trusted_learners(self, coordinators: set[str]) -> dict[str, str]:
+        return trusted_learners(self.dht, self.swarm, coordinators)
+
+    # serving (handlers.py)
+
+    def add_handler(self, name: str, handler: Handler) -> None:
+        self.run(self.p2p.add_protobuf_handler(name, unary(handler), BytesValue), timeout=10)
+
+    def add_stream_handler(self, name: str, handler: StreamHandler, request_timeout: float = 30.0,
+                           send_timeout: float = 60.0) -> None:
+        """A server-streaming RPC: one request, many reply items on one libp2p stream. Much faster
+        than one unary call per item (no per-call round trip through the daemon). On the wire this
+        is exactly hivemind's protobuf stream of `BytesValue`s (swarm/p2p/framing.py)."""
+        self.run(self.p2p.add_binary_stream_handler(name, streaming(name, handler, request_timeout, send_timeout)),
+                 timeout=10)
+
+    def add_gated_handler(self, name: str, door: Door, handler: Handler, request_timeout: float = 10.0,
+                          body: Stall = Stall(idle_s=10.0, min_rate=64 * 1024), send_timeout: float = 30.0) -> None:
+        """A request/reply RPC whose payload is read only once `door` lets it in (`call_gated`).
+
+        A unary hivemind call hands the handler a payload that p2pd has already read whole, so a peer
+        past its byte budget still costs the receiver every byte it sends (64 calls of 2.5 MiB at once
+        did). Here the caller first declares the payload's size; the door answers (busy, say) before a
+        byte of it is read, and a caller that sends it anyway is not read: the stream's flow control
+        (p2pd's socket and yamux's window) stops it after a few hundred KiB. The payload then must
+        come within `body` (a trickle does not hold a handler) and be no longer than declared.
+        """
+        gated = GatedHandler(name, door, handler, request_timeout, body, send_timeout)
+        self.run(self.p2p.add_binary_stream_handler(name, gated), timeout=10)
+
+    # calling (calls.py)
+
+    def call(self, peer_id: str, name: str, payload: bytes, timeout: float,
+             stop: threading.Event | None = None) -> bytes:
+        """Call `name` on `peer_id`; raises on timeout or if the peer cannot be reached, and
+        `CallStopped` as soon as `stop` is set (a long poll must not hold up a shutdown)."""
+        return self._calls.call(peer_id, name, payload, timeout, stop)
+
+    def call_stream(self, peer_id: str, name: str, payload: bytes, timeout: float,
+                    on_item: Callable[[memoryview | bytes], None], max_item: int = MAX_MESSAGE,
+                    stall: Stall | None = None) -> int:
+        """Call a streaming RPC; `on_item` runs in the calling thread for each item as it arrives, so
+        that a caller can use items before the stream ends while the swarm loop goes on reading (work
+        such as hashing on the loop would stall the stream). Items are read-only views of the
+        received frames (no copy). Returns the number of items; raises on timeout (for the whole
+        stream), if the peer cannot be reached, on an item over `max_item` bytes (hivemind's own
+        reader would buffer whatever length a peer announces), and `StreamStalled` when `stall`'s
+        bounds are broken (a peer that trickles bytes must not hold the caller for `timeout`)."""
+        return self._calls.call_stream(peer_id, name, payload, timeout, on_item, max_item, stall)
+
+    def call_gated(self, peer_id: str, name: str, payload: bytes, timeout: float) -> bytes:
+        """Call a gated RPC (`add_gated_handler`): the door's answer, or the handler's reply."""
+        return self._calls.call_gated(peer_id, name, payload, timeout)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Graceful: stop p2p and the DHT process (which stops its p2pd)."""
+        try:
+            self.run(self.p2p.shutdown(), timeout=timeout)
+        except Exception as e:  # shutting down anyway; say why it was not clean
+            log.warning("p2p shutdown: %s", e)
+        self.dht.shutdown()
+        self._loop.close(timeout)

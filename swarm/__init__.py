@@ -3,7 +3,7 @@
     exchange.py        the seam with node/: SamplerLink, LearnerLink, WeightVersion
     records.py         wire records (msgpack), validated before anything else sees them
     memory.py          the seam in one process, on a virtual clock (the simulator's swarm)
-    swarm_exchange.py  the seam on hivemind: rollout_rpc.py (outbox -> journal) and
+    swarm_exchange.py  the seam on hivemind: rollouts/ (outbox -> journal) and
                        weight_rpc.py (signed manifest + hash-checked chunks from any holder)
     p2p.py, dht.py     a peer: hivemind DHT (signed, validated, expiring records) + our RPCs
     identity.py        one RSA key per peer: libp2p id, DHT record owner and record signer

@@ -1,36 +1,35 @@
 """The seam (`exchange.py`) on the real hivemind swarm, one class per direction.
 
-`SwarmLearnerLink` = rollouts in (`rollout_rpc.RolloutReceiver`) + weights out
-(`weight_rpc.WeightServer`); `SwarmSamplerLink` = rollouts out (`rollout_rpc.RolloutSender`) +
+`SwarmLearnerLink` = rollouts in (`rollouts.RolloutReceiver`) + weights out
+(`weight_rpc.WeightServer`); `SwarmSamplerLink` = rollouts out (`rollouts.RolloutSender`) +
 weights in (`weight_rpc.WeightFetcher`). Both sides draw their injected delays from one seeded RNG.
 """
 
 from __future__ import annotations
 
-import collections
 import random
 from typing import Callable
 
 from .delay import DelayConfig
-from .exchange import WeightVersion
+from .exchange import Intake, IntakeConfig, WeightVersion
 from .journal import Journal
 from .outbox import Outbox
 from .p2p import SwarmNode
-from .records import RolloutGroup
-from .rollout_rpc import ReceiverConfig, RolloutReceiver, RolloutSender
+from .rollouts import RolloutReceiver, RolloutSender
 from .weight_rpc import FetchConfig, WeightFetcher, WeightPrefetcher, WeightServer
 
 
 class SwarmLearnerLink:
-    def __init__(self, node: SwarmNode, journal: Journal, cursor: int = 0,
-                 rejected: collections.Counter | None = None, untrained: Callable[[str], int] = lambda sampler: 0,
-                 check: Callable[[RolloutGroup], str | None] = lambda group: None,
-                 intake: ReceiverConfig = ReceiverConfig(), is_proven: Callable[[str], bool] = lambda peer: True,
-                 is_refused: Callable[[str], bool] = lambda peer: False,
-                 throttled: collections.Counter | None = None) -> None:
-        self.rollouts = RolloutReceiver(node, journal, cursor, rejected, untrained, check, intake, is_proven,
-                                        is_refused, throttled)
+    """The learner's link. The learner reads rollouts through it and the receiver asks the learner
+    about each one (`Intake`), so rollouts are taken only once `open_intake` names a ready learner."""
+
+    def __init__(self, node: SwarmNode, journal: Journal, cfg: IntakeConfig) -> None:
+        self.rollouts = RolloutReceiver(node, journal, cfg)
         self.weights = WeightServer(node)
+
+    def open_intake(self, intake: Intake, cursor: int) -> None:
+        """Take rollouts for `intake`, which has read the journal up to `cursor` (its checkpoint's)."""
+        self.rollouts.open(intake, cursor)
 
     @property
     def cursor(self) -> int:

@@ -19,7 +19,7 @@ from hivemind.p2p import P2P
 
 from swarm.identity import Identity
 from swarm.p2p import call_gated
-from swarm.rollout_rpc import ROLLOUTS
+from swarm.rollouts import ROLLOUTS
 
 
 class Sybils:

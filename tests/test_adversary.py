@@ -21,7 +21,7 @@ from swarm.dht import NetworkConfig, peers_key
 from swarm.envelope import open_envelope, seal
 from swarm.identity import Identity
 from swarm.records import CompletionRecord
-from swarm.rollout_rpc import ROLLOUTS
+from swarm.rollouts import ROLLOUTS
 from swarm.weight_rpc import MANIFEST
 from swarmkit import Forger, flood_rates, honest_swarm, peer_of
 

@@ -156,8 +156,9 @@ def test_copies_reach_every_learner_and_a_dead_partner_delays_nobody(tmp_path):
     from swarm.identity import Identity
     from swarm.journal import Journal
     from swarm.p2p import SwarmNode
-    from swarm.rollout_rpc import RolloutReceiver, RolloutSender
-    from tests.test_intake import make_item
+    from swarm.exchange import IntakeConfig
+    from swarm.rollouts import RolloutReceiver, RolloutSender
+    from tests.test_intake import Learner, make_item
 
     own = SwarmNode(Identity.load_or_create(tmp_path / "own.key"), NetworkConfig(), "fan")
     boot = own.maddrs()
@@ -166,8 +167,10 @@ def test_copies_reach_every_learner_and_a_dead_partner_delays_nobody(tmp_path):
     dead_id = dead.peer_id
     dead.shutdown()
     node = SwarmNode(Identity.load_or_create(tmp_path / "sampler.key"), NetworkConfig(initial_peers=boot), "fan")
-    receivers = {n.peer_id: RolloutReceiver(n, Journal(tmp_path / f"{name}.journal"))
+    receivers = {n.peer_id: RolloutReceiver(n, Journal(tmp_path / f"{name}.journal"), IntakeConfig())
                  for name, n in (("own", own), ("partner", partner))}
+    for r in receivers.values():
+        r.open(Learner(), cursor=0)
     box = Outbox(tmp_path / "outbox.db")
     sender = RolloutSender(node, box, lambda: own.peer_id, rpc_timeout=5.0,
                            partners=lambda: [partner.peer_id, dead_id], max_partner_owed=4)

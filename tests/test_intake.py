@@ -1,8 +1,9 @@
-"""The learner's intake (swarm/rollout_rpc.py): budgets per key, one pool for all unproven keys,
-batch-level refusals, and what undecodable bytes cost.
+"""The learner's intake (swarm/rollouts/): budgets per key, one pool for all unproven keys,
+batch-level refusals, what undecodable bytes cost, and the reply's bytes.
 
 Unit tests drive the real `RolloutReceiver` (real journal, real signatures) through the handler it
-registers, on a frozen clock, so every budget is computed by hand. The integration tests send the
+registers once opened on an `Intake` (swarm/exchange.py), on a frozen clock, so every budget is
+computed by hand. The integration tests send the
 same inputs over the real protocol (real hivemind peers with their own keys on 127.0.0.1) to a real
 learner process, and read the refusals back from its replies and its metrics.
 """
@@ -10,6 +11,7 @@ learner process, and read the refusals back from its replies and its metrics.
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 import uuid
 
@@ -20,8 +22,9 @@ from swarm.envelope import seal
 from swarm.identity import Identity
 from swarm.journal import Journal
 from swarm.records import CompletionRecord, RolloutGroup
-from swarm.rollout_rpc import (MAX_BATCH, ROLLOUTS, ReceiverConfig, RolloutReceiver, TokenBuckets, _Room, pool_bound,
-                               unpack_batch)
+from swarm.exchange import IntakeConfig
+from swarm.rollouts import (MAX_BATCH, MAX_OPEN_CALLS, ROLLOUTS, BatchItem, Room, RolloutReceiver, RolloutReply,
+                            TokenBuckets, pool_bound, unpack_batch)
 
 
 class Clock:
@@ -68,11 +71,11 @@ def test_token_buckets_forget_the_least_recent_peer_beyond_max_peers():
 
 
 def test_a_room_takes_one_record_when_empty_and_then_what_fits():
-    journal = _Room("journal_bytes", bound=100, used=0)
+    journal = Room("journal_bytes", bound=100, used=0)
     assert journal.fits(500)  # an empty room always takes one, however large: no sampler stuck for good
     journal.add(500)
     assert not journal.fits(1)
-    quota = _Room("quota", bound=3, used=2, per_record=True)
+    quota = Room("quota", bound=3, used=2, per_record=True)
     assert quota.fits(10**6)  # counts records, not bytes
     quota.add(10**6)
     assert quota.used == 3 and not quota.fits(1)
@@ -105,6 +108,46 @@ def test_batch_level_errors_have_a_reason(payload, reason):
     assert e.value.reason == reason, e.value
 
 
+def _v2_reply(ok, rejected, busy, backlog, why=None, error=None) -> bytes:
+    """The reply as hetero.rollouts.v2 has always encoded it (a dict, optional keys only when set)."""
+    reply = {"ok": ok, "rejected": rejected, "busy": busy, "backlog": backlog}
+    if why is not None:
+        reply["why"] = why
+    if error is not None:
+        reply["error"] = error
+    return msgpack.packb(reply)
+
+
+@pytest.mark.parametrize("parts", [
+    dict(ok=[], rejected={}, busy=[], backlog=0),
+    dict(ok=["a", "b"], rejected={"c": "forged_sender"}, busy=["d"], backlog=7, why="quota"),
+    dict(ok=[], rejected={}, busy=[], backlog=3, why="concurrent"),
+    dict(ok=[], rejected={}, busy=[], backlog=0, error="batch_undecodable"),
+    dict(ok=["x"], rejected={}, busy=["y"], backlog=1, why="unproven_rate", error="batch_schema"),
+])
+def test_the_reply_has_the_same_bytes_as_v2_and_decodes_back(parts):
+    data = RolloutReply(**parts).encode()
+    assert data == _v2_reply(**parts)
+    assert RolloutReply.decode(data) == RolloutReply(**parts)
+
+
+def test_a_reply_decodes_with_defaults_for_missing_keys_and_ignores_unknown_ones():
+    assert RolloutReply.decode(msgpack.packb({"ok": ["a"], "later": 1})) == RolloutReply(ok=["a"])
+    with pytest.raises(ValueError):
+        RolloutReply.decode(msgpack.packb([1, 2]))
+    with pytest.raises(ValueError):
+        RolloutReply.decode(msgpack.packb({"ok": "a"}))
+
+
+def test_a_batch_item_is_id_and_envelope_or_it_has_no_envelope():
+    assert BatchItem.of(["id", b"env"]) == BatchItem("id", b"env") and BatchItem.of(["id", b"env"]).size == 3
+    assert BatchItem.of(["id", "not bytes"]) == BatchItem("id", None)
+    assert BatchItem.of(["id", b"e", "extra"]).envelope is None
+    assert BatchItem.of(["x" * 100, b"e"]).id == "x" * 64  # ids cut to MAX_ID
+    assert BatchItem.of({"id": 1}) == BatchItem("?", None) and BatchItem.of([]).id == "?"
+    assert unpack_batch(msgpack.packb([["a", b"e"], 5])) == [BatchItem("a", b"e"), BatchItem("?", None)]
+
+
 # ---- the receiver, on a frozen clock ----------------------------------------------------------------
 class Handlers:
     """What the receiver needs of a SwarmNode: a place to register its handler."""
@@ -133,16 +176,47 @@ def make_item(ident: Identity, pad: int = 0, **extra) -> list:
     return [g.id, seal(ident, msgpack.packb(record, use_bin_type=True))]
 
 
-class Intake:
-    """A receiver with a real journal on a frozen clock; `send` calls its handler as a peer would."""
+class Learner:
+    """The learner's side of the intake seam (swarm.exchange.Intake): it checks nothing, has trained
+    on nothing, proves the keys in `proven` (every key if None), refuses those in `refused`, and
+    counts what the receiver tells it."""
+
+    def __init__(self, proven: set[str] | None = None, refused: set[str] = frozenset()) -> None:
+        self.proven, self.refused = proven, set(refused)
+        self.rejected: collections.Counter[str] = collections.Counter()
+        self.throttled: collections.Counter[str] = collections.Counter()
+
+    def check(self, group: RolloutGroup) -> str | None:
+        return None
+
+    def untrained(self, sampler: str) -> int:
+        return 0
+
+    def is_proven(self, peer: str) -> bool:
+        return self.proven is None or peer in self.proven
+
+    def is_refused(self, peer: str) -> bool:
+        return peer in self.refused
+
+    def count_rejected(self, reason: str, n: int = 1) -> None:
+        self.rejected[reason] += n
+
+    def count_busy(self, why: str, n: int = 1) -> None:
+        self.throttled[why] += n
+
+
+class Intake(Learner):
+    """An Intake whose receiver has a real journal on a frozen clock; `send` calls its handler as a
+    peer would."""
 
     def __init__(self, tmp_path, proven: set[str] = frozenset(), refused: set[str] = frozenset(), **cfg) -> None:
-        self.clock, self.proven, self.refused = Clock(), set(proven), set(refused)
+        super().__init__(set(proven), refused)
+        self.clock = Clock()
         node = Handlers()
-        self.receiver = RolloutReceiver(node, Journal(tmp_path / "journal.bin"), cfg=ReceiverConfig(**cfg),
-                                        is_proven=lambda peer: peer in self.proven,
-                                        is_refused=lambda peer: peer in self.refused, clock=self.clock)
-        self.receiver.tarpit_s = 0.0
+        self.receiver = RolloutReceiver(node, Journal(tmp_path / "journal.bin"), IntakeConfig(**cfg),
+                                        clock=self.clock, tarpit_s=0.0)
+        assert node.handlers == {} and self.receiver.receive(10) == []  # nothing taken before it opens
+        self.receiver.open(self, cursor=0)
         self.door, self.handler = node.handlers[ROLLOUTS]
 
     def send(self, ident: Identity, payload: bytes | list, open_calls: int = 0) -> dict:
@@ -159,7 +233,7 @@ def test_unknown_fields_beyond_the_bound_are_refused_with_a_reason(tmp_path, key
     small, padded = make_item(keys[0], pad=100), make_item(keys[0], pad=1 << 20)
     reply = intake.send(keys[0], [small, padded])
     assert reply["ok"] == [small[0]] and reply["rejected"] == {padded[0]: "unknown_fields"}, reply
-    assert intake.receiver.rejected["unknown_fields"] == 1
+    assert intake.rejected["unknown_fields"] == 1
     assert len(intake.receiver.journal.read(0, 10)) == 1  # the padded one never reached the journal
 
 
@@ -169,11 +243,11 @@ def test_a_bad_batch_gets_a_reason_is_counted_costs_a_check_and_is_tarpitted(tmp
                             (b"\xdc\x01\x01", "batch_too_many")]:
         reply = intake.send(keys[0], payload)
         assert reply["error"] == reason and reply["ok"] == [], reply
-        assert intake.receiver.rejected[reason] == 1
+        assert intake.rejected[reason] == 1
     assert intake.receiver.tarpitted == 3
     reply = intake.send(keys[0], [make_item(keys[0])])  # its 3 checks were spent on the bad batches
     assert reply == {"ok": [], "rejected": {}, "busy": [], "backlog": 0, "why": "rate"}, reply
-    assert intake.receiver.throttled["rate"] == 1 and intake.receiver.tarpitted == 4
+    assert intake.throttled["rate"] == 1 and intake.receiver.tarpitted == 4
 
 
 def test_undecodable_bytes_are_charged_before_decoding_and_block_the_sender_until_paid(tmp_path, keys):
@@ -186,17 +260,15 @@ def test_undecodable_bytes_are_charged_before_decoding_and_block_the_sender_unti
     intake.clock.t += 0.5
     assert intake.send(keys[0], [item])["ok"] == [item[0]]
     assert intake.send(keys[1], [make_item(keys[1])])["ok"]  # another key's budget is its own
-    assert intake.receiver.throttled["bytes"] == 2 and intake.receiver.rejected["batch_undecodable"] == 1
+    assert intake.throttled["bytes"] == 2 and intake.rejected["batch_undecodable"] == 1
 
 
 def test_a_peers_calls_past_the_door_at_once_are_bounded(tmp_path, keys):
-    from swarm.rollout_rpc import MAX_OPEN_CALLS
-
     intake = Intake(tmp_path, proven={keys[0].peer_id})
     item = make_item(keys[0])
     reply = intake.send(keys[0], [item], open_calls=MAX_OPEN_CALLS)  # two of its calls are being read
     assert reply == {"ok": [], "rejected": {}, "busy": [], "backlog": 0, "why": "concurrent"}, reply
-    assert intake.receiver.throttled["concurrent"] == 1 and len(intake.receiver.journal) == 0
+    assert intake.throttled["concurrent"] == 1 and len(intake.receiver.journal) == 0
     assert intake.send(keys[0], [item], open_calls=MAX_OPEN_CALLS - 1)["ok"] == [item[0]]
 
 
@@ -223,7 +295,7 @@ def test_unproven_keys_share_one_pool_and_proven_keys_keep_their_own(tmp_path, k
     assert sum(len(r["ok"]) for r in replies) == 4, replies  # the pool's 4, whatever the number of keys
     assert [len(r["ok"]) for r in replies[:2]] == [3, 1]
     assert {r.get("why") for r in replies[1:]} <= {"unproven_quota", "unproven_rate"}, replies
-    assert sum(intake.receiver.throttled.values()) == 2 + 8  # 2 items of the second key, 8 calls unread
+    assert sum(intake.throttled.values()) == 2 + 8  # 2 items of the second key, 8 calls unread
     reply = intake.send(keys[0], [make_item(keys[0]) for _ in range(10)])  # a proven key: its own budget
     assert len(reply["ok"]) == 10, reply
     intake.proven.add(keys[2].peer_id)  # proven now (its first audits passed): the pool is no longer its limit
@@ -254,7 +326,7 @@ def test_a_refused_key_is_answered_by_id_unopened_and_costs_the_pool_nothing(tmp
     items = [make_item(keys[5]) for _ in range(5)] + [["x", b"not even an envelope"]]
     reply = intake.send(keys[5], items)
     assert reply["ok"] == [] and reply["rejected"] == {i[0]: "refused_sampler" for i in items}, reply
-    assert intake.receiver.rejected["refused_sampler"] == 6 and intake.receiver.tarpitted == 1
+    assert intake.rejected["refused_sampler"] == 6 and intake.receiver.tarpitted == 1
     # the pool's 2 checks are all still there for a fresh key
     assert len(intake.send(keys[6], [make_item(keys[6]) for _ in range(3)])["ok"]) == 2
 
@@ -263,16 +335,32 @@ def test_a_restarted_receiver_rebuilds_backlogs_from_the_journal(tmp_path, keys)
     intake = Intake(tmp_path, proven={keys[0].peer_id})
     intake.send(keys[0], [make_item(keys[0]) for _ in range(3)])
     intake.receiver.journal.append([b"\xc1 not a record"])  # from an older version, say: never crashes a restart
-    again = RolloutReceiver(Handlers(), intake.receiver.journal)
+    again = RolloutReceiver(Handlers(), intake.receiver.journal, IntakeConfig())
+    assert again.backlog(keys[0].peer_id) == 0  # not open: nothing read yet
+    again.open(Learner(), cursor=0)
     assert again.backlog(keys[0].peer_id) == 3 and again.backlog("?") == 1
     assert again.unread_bytes(keys[0].peer_id) == intake.receiver.unread_bytes(keys[0].peer_id) > 0
 
 
-def test_receiver_config_says_what_to_fix():
-    with pytest.raises(ValueError, match="quotas must be >= 1"):
-        ReceiverConfig(unproven_quota=0)
-    with pytest.raises(ValueError, match="byte bounds > 0"):
-        ReceiverConfig(journal_bytes=0)
+def test_a_receiver_opens_once(tmp_path):
+    node = Handlers()
+    receiver = RolloutReceiver(node, Journal(tmp_path / "journal.bin"), IntakeConfig())
+    assert receiver.cursor == 0 and receiver.receive(10, timeout=0.1) == [] and not node.handlers
+    receiver.open(Learner(), cursor=0)
+    assert ROLLOUTS in node.handlers
+    with pytest.raises(RuntimeError):
+        receiver.open(Learner(), cursor=0)
+
+
+def test_intake_config_says_what_to_fix():
+    with pytest.raises(ValueError, match="unproven_quota, journal_bytes .* must be >= 1"):
+        IntakeConfig(unproven_quota=0)
+    with pytest.raises(ValueError, match="must be >= 1"):
+        IntakeConfig(journal_bytes=0)
+    with pytest.raises(ValueError, match="unproven_rate and unproven_byte_rate must be > 0"):
+        IntakeConfig(byte_rate=0.0)
+    assert IntakeConfig(unproven_quota=8).for_step(32).unproven_quota == 32  # new keys can fill a step
+    assert IntakeConfig(unproven_quota=64).for_step(32).unproven_quota == 64
 
 
 # ---- over the real protocol: a real learner, each attacker a peer with its own fresh key ------------

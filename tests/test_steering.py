@@ -25,7 +25,7 @@ from node.tasks import ArithmeticTask
 from swarm.dht import NetworkConfig
 from swarm.envelope import seal
 from swarm.identity import Identity
-from swarm.rollout_rpc import ROLLOUTS
+from swarm.rollouts import ROLLOUTS
 from swarmkit import Swarm, peer_of, start_bootstrap
 
 VERSION = 120

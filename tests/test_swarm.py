@@ -22,7 +22,7 @@ from swarm.identity import Identity
 from swarm.outbox import Outbox
 from swarmkit import Swarm, check_books, peer_of as _peer, start_bootstrap
 from swarm.records import CompletionRecord, RecordError, RolloutGroup
-from swarm.rollout_rpc import ROLLOUTS
+from swarm.rollouts import ROLLOUTS
 
 LEARNER_TOML = ("[learner]\ncheckpoint_every = 5\neval_every = 0\nmax_staleness = 1000\ngroups_per_step = 8\n"
                 "accept_models = [\"builtin:tiny-arith-b\"]\n")  # named: taken as foreign (F-TIS), not audited

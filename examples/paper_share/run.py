@@ -107,7 +107,7 @@ class _Clock:
 
 class FanOut:
     """A sampler's link that also sends the first `share` groups of each batch to each partner
-    learner: what a real sampler's outbox does (swarm/rollout_rpc.py), without the network."""
+    learner: what a real sampler's outbox does (swarm/rollouts/sender.py), without the network."""
 
     def __init__(self, link, partners: list, share: int) -> None:
         self.link, self.partners, self.share = link, partners, share

@@ -1,0 +1,102 @@
+"""What each sampler has at the learner and the learner has not trained on yet: its records in the
+journal after the cursor (acknowledged, not yet handed to the learner: counted here) and its
+groups in the learner's buffer (asked of the learner). The budgets read it (`Holdings`), and acks
+report it so that a sampler paces itself."""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Callable
+
+import msgpack
+
+from ..journal import Journal
+from ..p2p import decrement
+
+
+class Backlog:
+    """The journal past the cursor, counted by sampler; the one place that appends to the journal
+    and reads from it, so that a record and its count always go together."""
+
+    def __init__(self, journal: Journal, cursor: int, untrained: Callable[[str], int]) -> None:
+        self.journal = journal
+        self.cursor = max(cursor, journal.first)
+        """Journal records already handed to the learner (a global index, saved in its checkpoints)."""
+        self._untrained = untrained
+        self._lock = threading.Lock()
+        self._unread: collections.deque[tuple[str, int]] = collections.deque()
+        """(sampler, bytes) of each journal record after the cursor, in order."""
+        self._unread_n: collections.Counter[str] = collections.Counter()
+        self._unread_bytes: collections.Counter[str] = collections.Counter()
+        self._senders: set[str] = set()
+        """Samplers that may have groups not yet trained on (pruned once they have none): the
+        unproven pool's use is summed over them."""
+        for r in journal.read(self.cursor, len(journal)):
+            self._note(_sampler_of(r), len(r))
+
+    def groups(self, sampler: str) -> int:
+        """`sampler`'s groups received but not yet trained on: its share of the journal's unread
+        records and of the learner's buffer."""
+        with self._lock:
+            unread = self._unread_n[sampler]
+        return unread + self._untrained(sampler)
+
+    def unread_bytes(self, sampler: str) -> int:
+        """Bytes of `sampler`'s records in the journal that the learner has not read yet: what
+        `journal_bytes` bounds (the learner reads between steps, so they pile up during a long one)."""
+        with self._lock:
+            return self._unread_bytes[sampler]
+
+    def held(self, peer: str) -> tuple[int, int]:
+        return self.groups(peer), self.unread_bytes(peer)
+
+    def holders(self) -> dict[str, tuple[int, int]]:
+        out = {}
+        for peer in list(self._senders):
+            held = self.held(peer)
+            if held[0] == 0:
+                self._senders.discard(peer)
+            else:
+                out[peer] = held
+        return out
+
+    def append(self, sampler: str, records: list[bytes]) -> None:
+        """Journal `sampler`'s checked records, durably (fsynced: an acknowledged rollout survives a
+        learner crash), counted with the append, atomically: `take` (the learner's thread) must
+        never read a record whose count is not there yet."""
+        with self._lock:
+            self.journal.append(records)
+            for r in records:
+                self._note(sampler, len(r))
+
+    def take(self, max_records: int) -> list[bytes]:
+        """Up to `max_records` records after the cursor, which moves past them; now uncounted. Only
+        the learner's thread calls this, so the read needs no lock (the network thread's appends
+        land after what it reads)."""
+        out = self.journal.read(self.cursor, max_records)
+        with self._lock:
+            self.cursor += len(out)
+            for _ in out:
+                sampler, nbytes = self._unread.popleft()
+                decrement(self._unread_n, sampler, 1)
+                decrement(self._unread_bytes, sampler, nbytes)
+        return out
+
+    def _note(self, sampler: str, nbytes: int) -> None:
+        """Count one record as unread; the caller holds `_lock` (with the append it belongs to)."""
+        self._unread.append((sampler, nbytes))
+        self._unread_n[sampler] += 1
+        self._unread_bytes[sampler] += nbytes
+        self._senders.add(sampler)
+
+
+def _sampler_of(record: bytes) -> str:
+    """The sampler a journaled record names, for its backlog after a restart ("?" if it names none:
+    records accepted under older rules are checked again, and counted, when the learner reads them)."""
+    try:
+        d = msgpack.unpackb(record, raw=False)
+    except Exception:
+        return "?"
+    sampler = d.get("sampler") if isinstance(d, dict) else None
+    return sampler if isinstance(sampler, str) else "?"

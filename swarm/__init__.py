@@ -4,7 +4,7 @@
     records.py         wire records (msgpack), validated before anything else sees them
     memory.py          the seam in one process, on a virtual clock (the simulator's swarm)
     swarm_exchange.py  the seam on hivemind: rollout_rpc.py (outbox -> journal) and
-                       weight_rpc.py (signed manifest + hash-checked chunks from any holder)
+                       weights/ (signed manifest + hash-checked chunks from any holder)
     p2p.py, dht.py     a peer: hivemind DHT (signed, validated, expiring records) + our RPCs
     identity.py        one RSA key per peer: libp2p id, DHT record owner and record signer
     envelope.py        signed envelopes; discovery.py which learner to follow

@@ -1,8 +1,8 @@
 """The seam (`exchange.py`) on the real hivemind swarm, one class per direction.
 
 `SwarmLearnerLink` = rollouts in (`rollout_rpc.RolloutReceiver`) + weights out
-(`weight_rpc.WeightServer`); `SwarmSamplerLink` = rollouts out (`rollout_rpc.RolloutSender`) +
-weights in (`weight_rpc.WeightFetcher`). Both sides draw their injected delays from one seeded RNG.
+(`weights.WeightServer`); `SwarmSamplerLink` = rollouts out (`rollout_rpc.RolloutSender`) +
+weights in (`weights.WeightFetcher`). Both sides draw their injected delays from one seeded RNG.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from .outbox import Outbox
 from .p2p import SwarmNode
 from .records import RolloutGroup
 from .rollout_rpc import ReceiverConfig, RolloutReceiver, RolloutSender
-from .weight_rpc import FetchConfig, WeightFetcher, WeightPrefetcher, WeightServer
+from .weights import FetchConfig, WeightFetcher, WeightPrefetcher, WeightServer
 
 
 class SwarmLearnerLink:

@@ -117,7 +117,7 @@ def test_swarm_layer_knows_bytes_not_torch():
     import ast
     from pathlib import Path
 
-    for path in Path(__file__).resolve().parents[1].joinpath("swarm").glob("*.py"):
+    for path in Path(__file__).resolve().parents[1].joinpath("swarm").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])

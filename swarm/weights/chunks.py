@@ -44,6 +44,7 @@ class ChunkRequest:
     `wait` s (capped at MAX_REQUEST_WAIT) if the holder is downloading it (`ChunkStore`)."""
 
     chain: str
+    """Not checked: a chain the holder does not follow is simply not held (b"" for every chunk)."""
     version: int
     indices: list[int]
     wait: float

@@ -38,7 +38,7 @@ from swarm.p2p import SwarmNode
 from swarm.reach import serve_reachability, settle
 from swarm.rollout_rpc import ReceiverConfig
 from swarm.swarm_exchange import SwarmLearnerLink, SwarmSamplerLink
-from swarm.weight_rpc import FetchConfig
+from swarm.weights import FetchConfig
 
 log = logging.getLogger("hetero-node")
 

@@ -35,7 +35,7 @@ from swarm.dht import NetworkConfig  # noqa: E402
 from swarm.exchange import WeightVersion  # noqa: E402
 from swarm.identity import Identity  # noqa: E402
 from swarm.p2p import SwarmNode  # noqa: E402
-from swarm.weight_rpc import WeightFetcher, WeightServer  # noqa: E402
+from swarm.weights import WeightFetcher, WeightServer  # noqa: E402
 
 
 def make_version(mb: int, chain: str) -> WeightVersion:

@@ -112,7 +112,7 @@ def _blobs(args) -> tuple[bytes, list[bytes]]:
 
 def role_learner(args) -> None:
     from swarm.exchange import WeightVersion
-    from swarm.weight_rpc import WeightServer
+    from swarm.weights import WeightServer
 
     stop, work = _stop_event(), Path(args.dir) / "learner"
     events = work / "events.jsonl"
@@ -159,7 +159,7 @@ def _wait_file(path: Path, timeout: float, stop: threading.Event) -> bool:
 
 def role_sampler(args) -> None:
     from swarm.discovery import LearnerTracker
-    from swarm.weight_rpc import WeightFetcher
+    from swarm.weights import WeightFetcher
 
     stop, work = _stop_event(), Path(args.dir) / args.name
     _event(work / "joined.jsonl", step="python", spawned=args.spawned)  # imports done

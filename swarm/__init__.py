@@ -4,8 +4,8 @@
     records.py         wire records (msgpack), validated before anything else sees them
     memory.py          the seam in one process, on a virtual clock (the simulator's swarm)
     swarm_exchange.py  the seam on hivemind: rollouts/ (outbox -> journal) and
-                       weight_rpc.py (signed manifest + hash-checked chunks from any holder)
-    p2p.py, dht.py     a peer: hivemind DHT (signed, validated, expiring records) + our RPCs
+                       weights/ (signed manifest + hash-checked chunks from any holder)
+    p2p/, dht.py       a peer: hivemind DHT (signed, validated, expiring records) + our RPCs
     identity.py        one RSA key per peer: libp2p id, DHT record owner and record signer
     envelope.py        signed envelopes; discovery.py which learner to follow
     journal.py, outbox.py  what survives a crash on each side; delay.py injected WAN delay

@@ -1,8 +1,8 @@
 """The seam (`exchange.py`) on the real hivemind swarm, one class per direction.
 
 `SwarmLearnerLink` = rollouts in (`rollouts.RolloutReceiver`) + weights out
-(`weight_rpc.WeightServer`); `SwarmSamplerLink` = rollouts out (`rollouts.RolloutSender`) +
-weights in (`weight_rpc.WeightFetcher`). Both sides draw their injected delays from one seeded RNG.
+(`weights.WeightServer`); `SwarmSamplerLink` = rollouts out (`rollouts.RolloutSender`) +
+weights in (`weights.WeightFetcher`). Both sides draw their injected delays from one seeded RNG.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from .journal import Journal
 from .outbox import Outbox
 from .p2p import SwarmNode
 from .rollouts import RolloutReceiver, RolloutSender
-from .weight_rpc import FetchConfig, WeightFetcher, WeightPrefetcher, WeightServer
+from .weights import FetchConfig, WeightFetcher, WeightPrefetcher, WeightServer
 
 
 class SwarmLearnerLink:

@@ -22,7 +22,7 @@ from swarm.envelope import open_envelope, seal
 from swarm.identity import Identity
 from swarm.records import CompletionRecord
 from swarm.rollouts import ROLLOUTS
-from swarm.weight_rpc import MANIFEST
+from swarm.weights import MANIFEST
 from swarmkit import Forger, flood_rates, honest_swarm, peer_of
 
 # a version every 2 steps: versions in between were never published, and a claim of one is refused

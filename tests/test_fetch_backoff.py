@@ -4,7 +4,7 @@ tests/test_weights_transfer.py."""
 
 import pytest
 
-from swarm.weight_rpc import CHUNK_SIZE, FetchConfig, PeerStrikes
+from swarm.weights import CHUNK_SIZE, FetchConfig, PeerStrikes
 
 
 def test_strikes_back_off_exponentially_count_once_while_benched_and_are_forgotten():

@@ -17,7 +17,7 @@ from swarm.envelope import seal
 from swarm.identity import Identity
 from swarm.exchange import WeightVersion
 from swarm.p2p import SwarmNode
-from swarm.weight_rpc import CHUNK_SIZE, FetchConfig, PeerStrikes, WeightFetcher, WeightPrefetcher, WeightServer
+from swarm.weights import CHUNK_SIZE, FetchConfig, PeerStrikes, WeightFetcher, WeightPrefetcher, WeightServer
 
 @pytest.fixture(scope="module")
 def peers(tmp_path_factory):
@@ -261,7 +261,7 @@ def test_a_mate_waits_for_a_version_it_is_about_to_fetch_not_for_older_ones(peer
 @pytest.mark.integration
 def test_the_prefetcher_downloads_apart_from_the_sampler_and_restarts_from_what_it_holds(peers, tmp_path):
     lx, (s1, _) = peers
-    from swarm.weight_rpc import WeightPrefetcher
+    from swarm.weights import WeightPrefetcher
 
     node = SwarmNode(Identity.load_or_create(tmp_path / "s3.key"), NetworkConfig(initial_peers=s1.node.maddrs()), "wt")
     pub = publish_versions(lx, 3, "run12")
@@ -334,7 +334,7 @@ def test_a_sampler_follows_the_chain_across_a_keyframe_sent_in_place_of_a_larger
     from node.models import load_tokenizer, tokenizer_hash
     from node.sampler import Sampler
     from node.tasks import ArithmeticTask
-    from swarm.weight_rpc import WeightPrefetcher
+    from swarm.weights import WeightPrefetcher
 
     lx, (s1, _) = peers
     node = SwarmNode(Identity.load_or_create(tmp_path / "s4.key"), NetworkConfig(initial_peers=s1.node.maddrs()), "wt")
@@ -456,7 +456,7 @@ def test_a_holder_of_every_version_that_stalls_is_hedged_demoted_and_the_sampler
 
 def _timed_call(node, learner, payload: bytes, timeout: float = 20.0) -> tuple[float, dict]:
     from swarm.envelope import open_envelope
-    from swarm.weight_rpc import MANIFEST
+    from swarm.weights import MANIFEST
 
     t0 = time.monotonic()
     sealed = node.call(learner, MANIFEST, payload, timeout)

@@ -1,0 +1,34 @@
+"""Weight versions over the swarm: a signed manifest and hash-checked chunks served by every holder.
+
+Learner side (`WeightServer`, server.py) serves two RPCs:
+  hetero.manifest.v1  b"" or [chain, version, wait] (a long poll: answered once the learner has a
+                      version newer than that one, or after `wait` s)
+                      -> the manifest of the learner's current chain segment (its last keyframe
+                      and the deltas after it), sealed by the learner: chain id, model, and per
+                      version its base, size and per-chunk sha256 (manifest.py: `Manifest`).
+  hetero.chunks.v1    [chain, version, [index, ...], wait] -> a stream of those chunks (b"" for
+                      one not held). Served by the learner *and* by every sampler for the versions
+                      it holds (announced in the DHT) or is downloading, so the learner's upload
+                      need not grow with the number of samplers (chunks.py: `ChunkStore`, `chunk_owner`).
+Sampler side (`WeightFetcher`, fetcher.py): reads the manifest of the learner it follows (refusing
+one that learner did not seal), plans which versions to fetch (`exchange.plan_fetch`), gathers
+chunks from holders, mates and the learner (gather.py: `Gather`), and checks every chunk and the
+whole blob's size against the manifest (a stream can silently lose its tail, so nothing is trusted
+unverified). No source can hold a fetch hostage (config.py: `FetchConfig`): each item is bounded in
+time and rate, a stream that stalls is hedged to the chunk's next source (the learner last), and a
+source that stalls or lies is demoted with backoff (strikes.py: `PeerStrikes`). `WeightPrefetcher`
+(prefetcher.py) fetches apart from generation. Weight loads follow the same injected-delay model as
+the simulator (`ReloadTimer`).
+"""
+
+from .chunks import CHUNK_SIZE, CHUNKS, MAX_REQUEST_WAIT, ChunkRequest, ChunkStore, chunk_owner
+from .config import FetchConfig
+from .fetcher import WeightFetcher
+from .manifest import MANIFEST, Manifest, ManifestRequest, VersionEntry
+from .prefetcher import WeightPrefetcher
+from .server import WeightServer
+from .strikes import PeerStrikes
+
+__all__ = ["CHUNK_SIZE", "CHUNKS", "MAX_REQUEST_WAIT", "ChunkRequest", "ChunkStore", "chunk_owner", "FetchConfig",
+           "WeightFetcher", "MANIFEST", "Manifest", "ManifestRequest", "VersionEntry", "WeightPrefetcher",
+           "WeightServer", "PeerStrikes"]

@@ -1,0 +1,174 @@
+"""Weight blobs served chunk by chunk: the chunk request, the holder's store, and who owns which chunk.
+
+hetero.chunks.v1: [chain, version, [index, ...], wait] -> a stream of those chunks, in order, b"" for
+each one not held. Served by the learner *and* by every sampler for the versions it holds (announced
+in the DHT) or is downloading, so the learner's upload need not grow with the number of samplers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+
+import msgpack
+
+from ..identity import short_id
+from ..p2p import SwarmNode
+
+log = logging.getLogger(__name__)
+
+CHUNKS = "hetero.chunks.v1"
+CHUNK_SIZE = 1024 * 1024
+MAX_INDICES = 1 << 16
+MAX_REQUEST_WAIT = 10.0
+"""The longest a peer may ask us to hold one request open, waiting for something to answer with (a
+chunk still coming, a manifest newer than the one it holds): what any peer can make us keep waiting."""
+
+
+def chunk_digest(chunk: bytes | memoryview) -> str:
+    """The sha256 the manifest pins a chunk with (hashlib lets go of the GIL: streams hash at once)."""
+    return hashlib.sha256(chunk).hexdigest()
+
+
+def split_blob(blob: bytes) -> list[bytes]:
+    return [blob[i : i + CHUNK_SIZE] for i in range(0, len(blob), CHUNK_SIZE)]
+
+
+@dataclass(frozen=True)
+class ChunkRequest:
+    """[chain, version, [index, ...], wait]: those chunks of a version, each waited for at most
+    `wait` s (capped at MAX_REQUEST_WAIT) if the holder is downloading it (`ChunkStore`)."""
+
+    chain: str
+    """Not checked: a chain the holder does not follow is simply not held (b"" for every chunk)."""
+    version: int
+    indices: list[int]
+    wait: float
+
+    def encode(self) -> bytes:
+        return msgpack.packb([self.chain, self.version, self.indices, self.wait])
+
+    @classmethod
+    def decode(cls, payload: bytes) -> ChunkRequest:
+        """Raises (a ValueError, TypeError or msgpack error saying why) on a malformed request."""
+        chain, version, indices, wait = msgpack.unpackb(payload)
+        request = cls(chain, int(version), [int(i) for i in indices], float(wait))
+        if len(request.indices) > MAX_INDICES:
+            raise ValueError(f"more than {MAX_INDICES} chunks in one request")
+        return request
+
+
+class ChunkStore:
+    """The weight blobs of one chain that this peer holds, served chunk by chunk to any peer.
+
+    A request (`ChunkRequest`) is answered with a stream of those chunks, in order, b"" for each one
+    not held. A version still being downloaded is served chunk by chunk as its verified chunks
+    arrive, and a request with `wait` > 0 for such a version waits (at most `wait`, capped at
+    MAX_REQUEST_WAIT) for the chunk instead of answering b"" at once. That is what lets samplers
+    fetching the same version at the same time share it (see `chunk_owner`). Every byte a fetcher
+    receives is checked against the learner-signed manifest, so a holder cannot serve wrong
+    weights, only fail to help.
+    """
+
+    MAX_WAITING = 8
+    """Requests of one peer that may wait at once (a fetcher sends up to 4 streams per source)."""
+
+    def __init__(self, node: SwarmNode, waits_for_coming: bool = True) -> None:
+        self.waits_for_coming = waits_for_coming
+        """False for the learner's store: it publishes, it never fetches, so nothing is coming."""
+        self._waiting: collections.Counter[str] = collections.Counter()
+        self.chain = ""
+        self.blobs: dict[int, bytes] = {}
+        self.partial: dict[int, dict[int, bytes | memoryview]] = {}
+        """version -> verified chunks of a download in progress."""
+        self.served_bytes = 0
+        self.malformed = 0
+        """Chunk requests refused as malformed (logged with the reason)."""
+        node.add_stream_handler(CHUNKS, self._on_chunks)
+
+    def put(self, chain: str, version: int, blob: bytes) -> None:
+        if chain != self.chain:
+            self.reset(chain)
+        self.blobs[version] = blob
+        self.partial.pop(version, None)
+
+    def reset(self, chain: str) -> None:
+        self.chain, self.blobs, self.partial = chain, {}, {}
+
+    def retain(self, versions) -> None:
+        """Prune every held version not in `versions` (those the learner no longer lists)."""
+        keep = set(versions)
+        self.blobs = {v: b for v, b in self.blobs.items() if v in keep}
+
+    def begin(self, chain: str, version: int) -> None:
+        if chain != self.chain:
+            self.reset(chain)
+        self.partial.setdefault(version, {})
+
+    def add_chunk(self, chain: str, version: int, index: int, chunk: bytes | memoryview) -> None:
+        if chain == self.chain and version in self.partial:
+            self.partial[version][index] = chunk
+
+    def abandon(self, version: int) -> None:
+        self.partial.pop(version, None)
+
+    def _coming(self, chain: str, version: int) -> bool:
+        """Whether `version` is being downloaded here, or is the one after all this peer holds or
+        fetches: a mate that has read the learner's manifest a moment before us asks for the chunks
+        we own before we poll it, and answering "not held" at once would send it to the learner
+        (whose upload then grows with the number of samplers). Any further version is a claim we
+        have no reason to wait on."""
+        if chain != self.chain or version in self.blobs:
+            return False
+        if version in self.partial:
+            return True
+        newest = max((*self.blobs, *self.partial), default=-1)
+        return self.waits_for_coming and newest < version <= newest + 1  # the next one, not any claim
+
+    def _lookup(self, chain, version: int, index: int) -> memoryview | bytes | None:
+        if chain != self.chain:
+            return None
+        blob = self.blobs.get(version)
+        if blob is not None:  # a view: slicing bytes would copy every chunk served
+            return memoryview(blob)[index * CHUNK_SIZE : (index + 1) * CHUNK_SIZE] if 0 <= index * CHUNK_SIZE < len(blob) else None
+        return self.partial.get(version, {}).get(index)
+
+    async def _on_chunks(self, payload: bytes, remote: str):
+        try:
+            request = ChunkRequest.decode(payload)
+        except Exception as e:
+            self.malformed += 1
+            log.warning("malformed chunk request from %s: %s", short_id(remote), e)
+            return
+        chain, version, wait = request.chain, request.version, min(request.wait, MAX_REQUEST_WAIT)
+        if self._waiting[remote] >= self.MAX_WAITING:
+            wait = 0.0  # this peer has enough requests waiting already: answer what is here now
+        deadline = time.monotonic() + wait
+        self._waiting[remote] += 1
+        try:
+            for index in request.indices:
+                chunk = self._lookup(chain, version, index)
+                # a download in progress here, or about to start: wait for the chunk briefly
+                while chunk is None and self._coming(chain, version) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                    chunk = self._lookup(chain, version, index)
+                chunk = chunk or b""
+                self.served_bytes += len(chunk)
+                yield chunk
+        finally:
+            self._waiting[remote] -= 1
+            if not self._waiting[remote]:
+                del self._waiting[remote]
+
+
+def chunk_owner(mates: list[str], version: int, index: int) -> str | None:
+    """The sampler that takes chunk `index` of `version` from the learner; the others take it from
+    that sampler. `mates` are the samplers following the same learner (sorted, so that every one of
+    them computes the same owner without talking). Rotating by version spreads single-chunk deltas.
+    With N mates fetching together, the learner uploads each chunk once instead of N times.
+    """
+    return mates[(index + version) % len(mates)] if mates else None

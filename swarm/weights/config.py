@@ -1,0 +1,52 @@
+"""How long a sampler waits on a source of weights before it goes to the next one (`FetchConfig`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..p2p import Stall
+from .chunks import MAX_REQUEST_WAIT
+
+
+@dataclass(frozen=True)
+class FetchConfig:
+    """How long a sampler waits on a source of chunks before it goes to the next one.
+
+    The defaults are far from what an honest source needs over the emulated WAN (100 Mbit/s, 80 ms:
+    a 1 MiB chunk in ~0.1 s alone, ~0.4 s with 4 streams sharing the link, ~1.3 s with 16) and
+    close enough that a holder that stalls or trickles costs a version or two, once."""
+
+    idle_s: float = 10.0
+    """A stream whose next item header does not come within this (plus the request's own `wait`
+    for a mate's download) is abandoned: a peer that accepted and says nothing."""
+    min_rate: float = 128 * 1024
+    """Bytes/s an item must average once `idle_s` of slack is spent (a 1 MiB chunk: 10 + 8 s), so
+    a frame header claiming 1 MiB followed by a byte a second is abandoned mid-frame."""
+    hedge_s: float = 3.0
+    """A stream that delivered no chunk for this long (plus its `wait`) has its remaining chunks
+    asked of the next source too, the first verified copy winning; the slow source is demoted.
+    The learner, the last resort, is never hedged against itself."""
+    holder_tries: int = 2
+    """Holders asked for one chunk before the chunk's owner and the learner: with one bad holder
+    the learner is reached within (holder_tries + 1) hedges, however many holders announce."""
+    demote_s: float = 30.0
+    """How long a demoted peer (stalled, trickled, lied, announced a version it did not serve) is
+    not asked; each further strike doubles it, up to `demote_max_s`."""
+    demote_max_s: float = 600.0
+    forget_s: float = 3600.0
+    """A peer with no strike for this long starts again from `demote_s`."""
+    long_poll_s: float = 10.0
+    """The learner holds a sampler's request for its manifest this long at most, answering the
+    moment it publishes (`WeightServer`): a version is fetched when it exists, not at the next
+    poll. 0: poll (once a second) and fetch what is there."""
+
+    def __post_init__(self) -> None:
+        if min(self.idle_s, self.min_rate, self.hedge_s, self.demote_s) <= 0 or self.holder_tries < 0 \
+                or not 0 <= self.long_poll_s <= MAX_REQUEST_WAIT:
+            raise ValueError(f"FetchConfig: timeouts, rate and demotion must be > 0, holder_tries >= 0, "
+                             f"0 <= long_poll_s <= {MAX_REQUEST_WAIT:g}: {self}")
+        if self.demote_max_s < self.demote_s:
+            raise ValueError(f"FetchConfig: demote_max_s ({self.demote_max_s}) must be >= demote_s ({self.demote_s})")
+
+    def stall(self, wait: float) -> Stall:
+        return Stall(self.idle_s + wait, self.min_rate)

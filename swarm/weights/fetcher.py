@@ -1,0 +1,188 @@
+"""A sampler's side: fetches versions from holders, mates and the learner it follows (`WeightFetcher`)."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+from ..delay import DelayConfig, ReloadTimer
+from ..exchange import WeightVersion, plan_fetch
+from ..identity import short_id
+from ..p2p import CallStopped, SwarmNode
+from ..records import RecordError
+from .chunks import ChunkStore, chunk_owner
+from .config import FetchConfig
+from .gather import Gather
+from .manifest import MANIFEST, Manifest, ManifestRequest, VersionEntry
+from .strikes import PeerStrikes
+
+log = logging.getLogger(__name__)
+
+
+class WeightFetcher:
+    """A sampler's side: fetches versions from holders, mates and the learner it follows.
+
+    Reads the manifest of the learner it follows (refusing one that learner did not seal), plans
+    which versions to fetch (`exchange.plan_fetch`), gathers their chunks (`Gather`), checks each
+    whole blob's size against the manifest, and announces what it holds so that others fetch from
+    it. Weight loads follow the same injected-delay model as the simulator (`ReloadTimer`)."""
+
+    def __init__(self, node: SwarmNode, learner: Callable[[], str | None], weight_delay: DelayConfig = DelayConfig(),
+                 rng: random.Random | None = None, rpc_timeout: float = 30.0,
+                 mates: Callable[[], list[str]] = lambda: [], parallel: int = 4, peer_wait: float = 5.0,
+                 cfg: FetchConfig = FetchConfig()) -> None:
+        self.node = node
+        self.learner = learner
+        """Returns the peer id of the learner to follow (None while none is known)."""
+        self.mates = mates
+        """Returns the samplers that follow the same learner with the same model (`chunk_owner`)."""
+        self._timer = ReloadTimer(weight_delay, rng or random.Random(0))
+        self.rpc_timeout = rpc_timeout
+        self.peer_wait = peer_wait
+        """How long to wait for a chunk from a mate that is downloading it right now."""
+        self.stats: collections.Counter[str] = collections.Counter()
+        self._stats_lock = threading.Lock()
+        self.store = ChunkStore(node)
+        self.cfg = cfg
+        self.strikes = PeerStrikes(cfg.demote_s, cfg.demote_max_s, cfg.forget_s)
+        """Holders and mates that stalled or lied, benched (under `_stats_lock`)."""
+        self.demoted: collections.Counter[str] = collections.Counter()
+        """peer -> times it was demoted (`why` in the log)."""
+        # several chunk requests in flight: one call at a time leaves the link idle between them;
+        # room for as many again that were hedged and are still running out their stall bounds
+        self._parallel = max(1, parallel)
+        self._pool = ThreadPoolExecutor(4 * self._parallel, thread_name_prefix="chunk-fetch")
+        # a DHT store takes tens of ms: the new weights need not wait for it. One daemon thread keeps
+        # order and announces only the newest holdings; an executor's worker would be joined at exit,
+        # and hang it while a store waits on a DHT that is shutting down
+        self._announcements: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._announcer, name="announce-holdings", daemon=True).start()
+
+    def count(self, key: str, n: int = 1) -> None:
+        with self._stats_lock:  # chunk fetches run on several threads
+            self.stats[key] += n
+
+    def demote(self, peer: str, why: str) -> None:
+        """A strike against a holder or mate (never the learner: it is the last resort)."""
+        if peer == self.learner():
+            return
+        with self._stats_lock:
+            counted = self.strikes.strike(peer, time.monotonic())
+            if counted:
+                self.stats["demotions"] += 1
+                self.demoted[peer] += 1
+        if counted:
+            log.info("demoted %s (%s): not asked for chunks for a while", short_id(peer), why)
+
+    def usable(self, peers: list[str]) -> list[str]:
+        """`peers` not demoted now, those with fewer recent strikes first."""
+        with self._stats_lock:
+            return self.strikes.order(peers, time.monotonic())
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._announcements.put(None)
+
+    def fetch(self, have_chain: str, have_version: int, wait: float = 0.0,
+              stop: threading.Event | None = None) -> list[WeightVersion] | None:
+        """Versions to apply, in order, to go from `have_version` of `have_chain` to the newest one the
+        learner lists (see `exchange.plan_fetch`), each verified against its sealed manifest; None if
+        there is nothing newer, the injected delay has not passed, or the fetch failed (counted).
+        `wait` > 0 asks the learner to answer only once it has a newer version (a long poll, at
+        most `wait` s); `stop` gives the wait up."""
+        learner = self.learner()
+        now = time.time()
+        if learner is None or not self._timer.due(now):
+            return None
+        wanted: list[int] = []
+        try:
+            manifest = self._manifest(learner, ManifestRequest(have_chain, have_version, wait), stop)
+            if manifest is None:
+                return None
+            chain, entries = manifest.chain, {e.version: e for e in manifest.versions}
+            wanted = plan_fetch(chain, list(entries), have_chain, have_version)
+            for v in wanted:  # from now on, a mate that asks us for these waits for them: it heard
+                self.store.begin(chain, v)  # of them when we did, and its requests come at once
+            # one version behind on the same chain (a sampler keeping up): whoever holds the new
+            # version already is a mate, asked as its chunks' owner, so the DHT get of the holder
+            # records is skipped: it would sit on the critical path of every version
+            following = chain == have_chain and wanted == [have_version + 1]
+            holders = self._holders(chain) if wanted and not following else {}
+            # a private sampler (behind a NAT) owns no chunks: it takes every one from its public mates
+            mates = sorted({*self.mates(), *([] if self.node.private else [self.node.peer_id])}) if wanted else []
+            blobs = [self._download(learner, chain, entries[v], holders.get(v, []), mates) for v in wanted]
+        except CallStopped:
+            return None
+        except Exception as e:  # a learner that vanished, a bad chunk from every source: try later
+            for v in wanted:  # chunks of versions fetched before the failure are not kept either
+                self.store.abandon(v)
+            self.count("weight_fetch_failures")
+            log.warning("weights fetch from %s failed (%s: %s); keeping version %d", short_id(learner),
+                        type(e).__name__, e, have_version)
+            return None
+        self._timer.arm(now)
+        for v, blob in zip(wanted, blobs):
+            self.store.put(chain, v, blob)
+        if wanted:
+            self.store.retain(entries)  # versions the learner no longer lists are of no use to anyone
+            self._announcements.put((chain, sorted(self.store.blobs)))
+        return [WeightVersion(manifest.model_id, chain, v, entries[v].base, blob) for v, blob in zip(wanted, blobs)] or None
+
+    def _announcer(self) -> None:
+        while (item := self._announcements.get()) is not None:
+            while not self._announcements.empty():  # only the newest holdings matter
+                if (item := self._announcements.get()) is None:
+                    return
+            self._announce(*item)
+
+    def _announce(self, chain: str, versions: list[int]) -> None:
+        if self.node.private:  # mates would time out on us and demote us: serve no one
+            return
+        try:
+            if not self.node.announce_holdings(chain, versions):
+                log.info("the DHT refused our holder record for %s", versions)
+        except Exception as e:  # mates fall back on the learner; the next fetch announces again
+            log.warning("announcing holdings failed: %s", e)
+
+    def _holders(self, chain: str) -> dict[int, list[str]]:
+        """version -> peers (other than us) announcing they hold it, in an order of our own."""
+        by_version: dict[int, list[str]] = collections.defaultdict(list)
+        for h in self.node.holders():
+            if h.get("chain") == chain and h.get("peer_id") != self.node.peer_id:
+                for v in h.get("versions", []):
+                    by_version[v].append(h["peer_id"])
+        rng = random.Random(self.node.peer_id)  # each fetcher spreads its load differently
+        for peers in by_version.values():
+            rng.shuffle(peers)
+        return by_version
+
+    def _manifest(self, learner: str, request: ManifestRequest, stop: threading.Event | None) -> Manifest | None:
+        sealed = self.node.call(learner, MANIFEST, request.encode(), self.rpc_timeout + request.wait, stop=stop)
+        if not sealed:
+            return None
+        return Manifest.open(sealed, learner, forged=lambda: self.count("forged_manifests"))
+
+    def _download(self, learner: str, chain: str, entry: VersionEntry, holders: list[str], mates: list[str]) -> bytes:
+        """One version's blob. Every chunk is asked at once: those this sampler owns
+        (`chunk_owner`) of the learner, the others of their owners, who serve each chunk as it
+        arrives and wait for one still coming (`ChunkStore`). So the mates' copies flow while the
+        learner's upload is under way (pipelined per chunk), rather than after this sampler's own
+        share is complete. The whole is checked against the learner-signed manifest entry."""
+        n = len(entry.chunks)
+        owners = [chunk_owner(mates, entry.version, i) for i in range(n)]  # (`fetch` began it in the store)
+        try:
+            got = Gather(self, self._pool, self._parallel, chain, entry, learner, holders, owners).run()
+        except Exception:
+            self.store.abandon(entry.version)
+            raise
+        blob = b"".join(got[i] for i in range(n))
+        if len(blob) != entry.size:  # every chunk is verified: only their number and sizes are left
+            self.store.abandon(entry.version)
+            raise RecordError("sizes", "reassembled weights do not match the manifest")
+        return blob

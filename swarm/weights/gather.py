@@ -1,0 +1,190 @@
+"""Gathering one version's chunks from several sources at once, each chunk verified as it arrives.
+
+`Gather` is the scheduler of one download: which source each chunk is asked of next, the streams
+in flight, the chunks verified so far. A stream that ends, fails or lies hands its chunks to their
+next source; one that stalls is hedged (its chunks asked of their next source too) and its source
+demoted; a chunk no source delivered fails the download.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait as wait_futures
+from dataclasses import dataclass
+from typing import Callable, NamedTuple, Protocol
+
+from ..identity import short_id
+from ..p2p import RemoteError, StreamStalled, SwarmNode
+from ..records import RecordError
+from .chunks import CHUNK_SIZE, CHUNKS, ChunkRequest, ChunkStore, chunk_digest
+from .config import FetchConfig
+from .manifest import VersionEntry
+
+log = logging.getLogger(__name__)
+
+
+class GatherHost(Protocol):
+    """What a gather asks of the fetcher it runs for (`WeightFetcher`)."""
+
+    node: SwarmNode
+    store: ChunkStore
+    """Verified chunks go here as they arrive: mates may ask for them right away."""
+    cfg: FetchConfig
+    rpc_timeout: float
+    peer_wait: float
+    """How long to wait for a chunk from a mate that is downloading it right now."""
+    learner: Callable[[], str | None]
+
+    def usable(self, peers: list[str]) -> list[str]: ...
+    def count(self, key: str, n: int = 1) -> None: ...
+    def demote(self, peer: str, why: str) -> None: ...
+
+
+class Source(NamedTuple):
+    peer: str
+    wait: float
+    """How long the peer may hold the request for a chunk it is still downloading (a mate); 0: none."""
+
+
+@dataclass(eq=False)
+class ChunkStream:
+    """One chunk request in flight: some chunks of the version asked of one source."""
+
+    source: str
+    wait: float
+    indices: list[int]
+    progress: float | None = None
+    """When it was sent or last delivered a chunk (None while it waits for a worker)."""
+    future: Future | None = None
+    delivered: int = 0
+    hedged: bool = False
+
+    def stalled(self, now: float, hedge_s: float) -> bool:
+        if self.progress is None:  # queued behind other streams: not the source's fault
+            return False
+        return now - self.progress > hedge_s + (self.wait if not self.delivered else 0.0)
+
+
+class Gather:
+    """The verified chunks of one version (`run`). Each chunk has its own list of sources
+    (`_sources`): holders of the whole version not demoted (chunk i from holder i+r in try r,
+    spreading the load), then its owner when that is a mate that may be downloading it now, the
+    learner last (twice: a reset libp2p stream reads as its end). Chunks asking the same source go
+    in a few streams at once (`_split`). A chunk a stream did not deliver (it ended, failed, or sent
+    a bad copy) moves to its next source; one whose stream stalls for `hedge_s` is asked of its next
+    source *too* (hedged: the first verified copy wins, the slow source is demoted). So a holder
+    that stalls or trickles delays a chunk by one hedge at most."""
+
+    def __init__(self, host: GatherHost, pool: Executor, parallel: int, chain: str, entry: VersionEntry,
+                 learner: str, holders: list[str], owners: list[str | None]) -> None:
+        self._host, self._pool, self._parallel = host, pool, parallel
+        self.chain, self.entry, self.learner = chain, entry, learner
+        self.got: dict[int, memoryview | bytes] = {}
+        """Verified chunks, filled by several streams (pool threads)."""
+        self._plans = {i: self._sources(i, holders, owners) for i in range(len(entry.chunks))}
+        self._tries = dict.fromkeys(self._plans, 0)
+        """chunk -> sources of its plan asked so far."""
+        self._owner: dict[int, ChunkStream] = {}
+        """chunk -> the stream now responsible for it."""
+        self._streams: list[ChunkStream] = []
+
+    def run(self) -> dict[int, memoryview | bytes]:
+        """Every chunk, verified; RecordError("sizes") if one was verified from no source."""
+        self._launch(list(self._plans))
+        while missing := [i for i in self._plans if i not in self.got]:
+            self._step(missing)
+        return self.got
+
+    def _step(self, missing: list[int]) -> None:
+        now = time.monotonic()
+        for stream in [s for s in self._streams if s.future.done()]:
+            self._streams.remove(stream)
+            self._launch(self._orphans(stream))
+        for stream in self._streams:  # (and those launched here: they are not stalled)
+            if not stream.hedged and stream.source != self.learner and stream.stalled(now, self._host.cfg.hedge_s):
+                stream.hedged = True
+                self._host.count("hedged_streams")
+                self._host.demote(stream.source, f"no chunk in {now - stream.progress:.1f} s")
+                self._launch(self._orphans(stream))
+        alive = {i for stream in self._streams for i in stream.indices}
+        if dead := [i for i in missing if i not in self.got and i not in alive and self._tries[i] >= len(self._plans[i])]:
+            raise RecordError("sizes", f"chunks {dead[:5]} of version {self.entry.version} verified from no source")
+        wait_futures([s.future for s in self._streams], timeout=0.1, return_when=FIRST_COMPLETED)
+
+    def _orphans(self, stream: ChunkStream) -> list[int]:
+        """The chunks `stream` is responsible for and has not delivered."""
+        return [i for i in stream.indices if i not in self.got and self._owner.get(i) is stream]
+
+    def _launch(self, chunks: list[int]) -> None:
+        """Ask each of `chunks` of its next source, if it has one left."""
+        requests: dict[Source, list[int]] = collections.defaultdict(list)
+        for i in chunks:
+            if self._tries[i] < len(self._plans[i]):
+                requests[self._plans[i][self._tries[i]]].append(i)
+                self._tries[i] += 1
+        for (source, wait), indices in requests.items():
+            for part in self._split(indices):
+                stream = ChunkStream(source, wait, part)
+                stream.future = self._pool.submit(self._run_stream, stream)
+                self._owner.update(dict.fromkeys(part, stream))
+                self._streams.append(stream)
+
+    def _sources(self, i: int, holders: list[str], owners: list[str | None]) -> list[Source]:
+        """Where chunk `i` is asked, in order, with the `wait` each source is asked for."""
+        host, learner = self._host, self.learner
+        me, usable = host.node.peer_id, host.usable(holders)
+        tried = [Source(usable[(i + r) % len(usable)], 0.0) for r in range(min(len(usable), host.cfg.holder_tries))]
+        mate = owners[i]
+        if mate not in (None, me, learner, *holders) and host.usable([mate]):
+            tried.append(Source(mate, host.peer_wait))
+        return tried + [Source(learner, 0.0)] * 2
+
+    def _split(self, indices: list[int]) -> list[list[int]]:
+        """Several streams to one source, interleaved, so a large version keeps the link busy."""
+        k = min(self._parallel, max(1, len(indices) // 2))
+        return [indices[j::k] for j in range(k)]
+
+    def _run_stream(self, stream: ChunkStream) -> None:  # in a pool thread
+        host, source, indices, wait = self._host, stream.source, stream.indices, stream.wait
+        version = self.entry.version
+        from_learner = source == host.learner()
+        stream.progress = time.monotonic()
+        pos = 0
+
+        def on_chunk(chunk: memoryview | bytes) -> None:  # in this thread, as each chunk arrives
+            nonlocal pos
+            if pos >= len(indices):
+                return
+            index, pos = indices[pos], pos + 1
+            if chunk_digest(chunk) == self.entry.chunks[index]:
+                self.got.setdefault(index, chunk)
+                stream.delivered, stream.progress = stream.delivered + 1, time.monotonic()
+                host.store.add_chunk(self.chain, version, index, chunk)  # mates may ask for it right away
+                host.count("bytes_from_learner" if from_learner else "bytes_from_holders", len(chunk))
+            elif chunk:
+                host.count("bad_chunks")
+                host.demote(source, "a chunk that failed its hash")
+                log.warning("chunk %d of version %d from %s failed its hash; trying another source",
+                            index, version, short_id(source))
+
+        try:  # the whole stream's bound allows a slow link; `stall` bounds each item
+            request = ChunkRequest(self.chain, version, indices, wait).encode()
+            n = host.node.call_stream(source, CHUNKS, request, host.rpc_timeout + wait + 5.0 * len(indices), on_chunk,
+                                      max_item=CHUNK_SIZE, stall=host.cfg.stall(wait))
+            if n < len(indices):
+                host.count("short_streams")
+                log.info("%s sent %d of %d chunks of version %d; asking again", short_id(source), n, len(indices), version)
+            if wait == 0.0 and not stream.delivered:  # a holder with nothing of what it announced
+                host.demote(source, f"announced version {version} and served none of it")
+        except StreamStalled as e:  # it accepted, then sent nothing or a trickle: abandoned mid-stream
+            host.count("stalled_streams")
+            host.demote(source, str(e))
+            log.info("chunk stream from %s abandoned: %s", short_id(source), e)
+        except RemoteError as e:  # it broke the protocol (e.g. an item larger than a chunk): refused
+            host.count("bad_streams")
+            host.demote(source, str(e))
+            log.warning("chunk stream from %s refused: %s", short_id(source), e)
+        except Exception as e:  # a source that vanished or is slow: the chunk's next source is asked
+            log.debug("chunks %s of version %d from %s failed: %s", indices[:3], version, short_id(source), e)

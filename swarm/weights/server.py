@@ -1,0 +1,95 @@
+"""The learner's side: its chain segment's manifest (a long poll) and chunks (`WeightServer`)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+
+from ..exchange import WeightVersion
+from ..identity import short_id
+from ..p2p import SwarmNode
+from .chunks import CHUNK_SIZE, MAX_REQUEST_WAIT, ChunkStore
+from .manifest import MANIFEST, Manifest, ManifestRequest, VersionEntry
+
+log = logging.getLogger(__name__)
+
+
+class WeightServer:
+    """The learner's side: keeps the current chain segment and serves its manifest and chunks.
+
+    A manifest request may be a long poll (`ManifestRequest`): it asks for the manifest once the
+    learner's newest version is no longer (chain, version), waiting at most `wait` s (capped at
+    MAX_REQUEST_WAIT). Samplers then hear of a version the moment it is published, not at their
+    next poll, and ask less often than a poll a second would. An empty request (or one that is not
+    a valid long poll: counted) is answered at once. One waiting request per peer, `MAX_WAITERS` in
+    all: beyond that, at once."""
+
+    MAX_WAITERS = 256
+
+    def __init__(self, node: SwarmNode) -> None:
+        self.node = node
+        self.store = ChunkStore(node, waits_for_coming=False)
+        self._entries: list[VersionEntry] = []
+        self._manifest = b""
+        """The sealed manifest served to every request."""
+        self._newest: tuple[str, int] | None = None
+        self._published: asyncio.Event | None = None
+        """Set (and replaced) in the node's loop when a version is published: wakes the long polls."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiting: set[str] = set()
+        self.stats: collections.Counter[str] = collections.Counter()
+        """manifests served, long polls that waited, malformed requests."""
+        node.add_handler(MANIFEST, self._on_manifest)
+
+    async def _on_manifest(self, payload: bytes, remote: str) -> bytes:
+        self.stats["manifests"] += 1
+        after, wait = self._long_poll(payload, remote)
+        if wait > 0 and after == self._newest and remote not in self._waiting and len(self._waiting) < self.MAX_WAITERS:
+            if self._published is None:
+                self._loop, self._published = asyncio.get_running_loop(), asyncio.Event()
+            published = self._published
+            self._waiting.add(remote)
+            self.stats["long_polls"] += 1
+            try:
+                await asyncio.wait_for(published.wait(), wait)
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                self._waiting.discard(remote)
+        return self._manifest
+
+    def _long_poll(self, payload: bytes, remote: str) -> tuple[tuple[str, int] | None, float]:
+        """(the version the caller holds, seconds it will wait for a newer one); (None, 0) for a
+        plain request or a malformed one."""
+        try:
+            request = ManifestRequest.decode(payload)
+        except Exception as e:
+            self.stats["malformed"] += 1
+            log.info("malformed manifest request from %s (%s); answered at once", short_id(remote), e)
+            return None, 0.0
+        if request is None:
+            return None, 0.0
+        return (request.chain, request.version), min(max(float(request.wait), 0.0), MAX_REQUEST_WAIT)
+
+    def _wake(self) -> None:  # in the node's loop
+        if self._published is not None:
+            self._published.set()
+            self._published = asyncio.Event()
+
+    def publish(self, wv: WeightVersion) -> None:
+        if wv.base is None:  # a keyframe starts a new chain segment; the last one is still served
+            # until the next keyframe, so that downloads under way (from its manifest) can finish
+            self.store.retain(e.version for e in self._entries if wv.chain == self.store.chain)
+            self._entries = []
+        self.store.put(wv.chain, wv.version, wv.blob)
+        self._entries.append(VersionEntry.of_blob(wv.version, wv.base, wv.blob))
+        manifest = Manifest(wv.model_id, wv.chain, CHUNK_SIZE, tuple(self._entries), self.node.peer_id, time.time())
+        self._manifest = manifest.seal(self.node.identity)
+        self._newest = (wv.chain, wv.version)
+        if self._loop is not None:  # publish runs in the learner's thread; the waiters in the node's loop
+            try:
+                self._loop.call_soon_threadsafe(self._wake)
+            except RuntimeError:  # the node's loop is closed: it is shutting down, nobody waits
+                pass

@@ -1,0 +1,99 @@
+"""The chunk scheduler (`Gather`) against scripted sources, no network: a lying holder's chunks are
+taken elsewhere, a stalling one is hedged and demoted, a chunk no source has fails the download,
+and each chunk's sources come in their order (holders, its owner, the learner twice)."""
+
+import collections
+import threading
+import time
+
+import msgpack
+import pytest
+
+from swarm.p2p import StreamStalled
+from swarm.records import RecordError
+from swarm.weights import CHUNK_SIZE, FetchConfig, VersionEntry, WeightFetcher
+from swarm.weights.gather import Gather, Source
+
+BLOB = bytes(range(256)) * (CHUNK_SIZE // 256) * 3 + b"tail"  # 4 chunks
+ENTRY = VersionEntry.of_blob(7, None, BLOB)
+LEARNER = "learner"
+
+
+class ScriptedNode:
+    """A SwarmNode whose peers answer chunk requests as `serve[peer]` says."""
+
+    peer_id, private = "me", False
+
+    def __init__(self, serve: dict) -> None:
+        self.serve, self.asked = serve, []
+        self.released = threading.Event()
+
+    def add_stream_handler(self, name, handler, **kw) -> None:
+        pass
+
+    def call_stream(self, peer, name, payload, timeout, on_item, max_item, stall) -> int:
+        chain, version, indices, wait = msgpack.unpackb(payload)
+        self.asked.append((peer, tuple(indices), wait))
+        how = self.serve[peer]
+        if how == "stall":  # accepts, then nothing: abandoned at its stall bound (here: the test's end)
+            self.released.wait(10)
+            raise StreamStalled("nothing for a while")
+        for i in indices:
+            chunk = BLOB[i * CHUNK_SIZE : (i + 1) * CHUNK_SIZE]
+            on_item({"good": chunk, "lie": b"x" * len(chunk), "none": b""}[how])
+        return len(indices)
+
+
+def gather(serve: dict, holders=(), owners=None, cfg=FetchConfig(hedge_s=0.3)):
+    node = ScriptedNode(serve)
+    fetcher = WeightFetcher(node, lambda: LEARNER, cfg=cfg, parallel=2)
+    owners = owners or [None] * len(ENTRY.chunks)
+    return fetcher, node, Gather(fetcher, fetcher._pool, 2, "c", ENTRY, LEARNER, list(holders), owners)
+
+
+def run(fetcher, node, g):
+    try:
+        return b"".join(g.run()[i] for i in range(len(ENTRY.chunks)))
+    finally:
+        node.released.set()
+        fetcher.close()
+
+
+def test_chunks_of_a_lying_holder_are_taken_from_the_learner_and_the_holder_demoted():
+    fetcher, node, g = gather({"h": "lie", LEARNER: "good"}, holders=["h"])
+    assert run(fetcher, node, g) == BLOB
+    assert fetcher.stats["bad_chunks"] == 4 and fetcher.demoted["h"] == 1
+    assert fetcher.stats["bytes_from_learner"] == len(BLOB) and fetcher.stats["bytes_from_holders"] == 0
+
+
+def test_a_stalling_holder_is_hedged_after_hedge_s_and_demoted():
+    fetcher, node, g = gather({"h": "stall", LEARNER: "good"}, holders=["h"])
+    t0 = time.monotonic()
+    assert run(fetcher, node, g) == BLOB
+    assert 0.3 <= time.monotonic() - t0 < 5.0  # one hedge, not the stall bound
+    assert fetcher.stats["hedged_streams"] >= 1 and fetcher.demoted["h"] == 1
+    assert {peer for peer, _, _ in node.asked} == {"h", LEARNER}
+
+
+def test_a_chunk_no_source_delivers_fails_the_download_once_the_learner_was_asked_twice():
+    fetcher, node, g = gather({LEARNER: "none"})
+    with pytest.raises(RecordError, match="verified from no source") as e:
+        run(fetcher, node, g)
+    assert e.value.reason == "sizes"
+    asked = collections.Counter(i for _, indices, _ in node.asked for i in indices)
+    dead = [i for i in range(4) if f"{i}" in e.value.detail.split("]")[0]]
+    assert dead and all(asked[i] == 2 for i in dead) and max(asked.values()) == 2, (dead, asked)
+
+
+def test_each_chunk_asks_holders_then_its_owner_then_the_learner_twice():
+    fetcher, node, g = gather({}, holders=["h1", "h2", "h3"], owners=["mate", "me", LEARNER, "h1"])
+    try:
+        w = fetcher.peer_wait
+        assert g._plans[0] == [Source("h1", 0.0), Source("h2", 0.0), Source("mate", w)] + [Source(LEARNER, 0.0)] * 2
+        assert g._plans[1] == [Source("h2", 0.0), Source("h3", 0.0)] + [Source(LEARNER, 0.0)] * 2  # we own it
+        assert [s.peer for s in g._plans[3]] == ["h1", "h2", LEARNER, LEARNER]  # an owner that holds it: asked once
+        fetcher.demote("h2", "test")
+        assert [s.peer for s in Gather(fetcher, fetcher._pool, 2, "c", ENTRY, LEARNER, ["h1", "h2", "h3"],
+                                       [None] * 4)._plans[0]] == ["h1", "h3", LEARNER, LEARNER]
+    finally:
+        fetcher.close()

@@ -1,0 +1,87 @@
+"""The weight protocol's wire records by hand, no network: the manifest (`Manifest`, `VersionEntry`)
+and the manifest and chunk requests encode to exactly the bytes the pre-package code
+(swarm/weight_rpc.py, a dict literal packed with msgpack) sent, decode back, and refuse what is
+malformed or forged."""
+
+import msgpack
+import pytest
+
+from swarm.identity import Identity
+from swarm.records import RecordError
+from swarm.weights import CHUNK_SIZE, MAX_REQUEST_WAIT, ChunkRequest, FetchConfig, Manifest, ManifestRequest, VersionEntry
+
+KEYFRAME = bytes(range(256)) * 5000  # two chunks, the second short
+# What swarm/weight_rpc.py's WeightServer.publish packed (before sealing) after publishing
+# (tiny-model, chain-a, v3, keyframe, KEYFRAME) then (v4, base 3, b"patch") as peer "QmLearner"
+# at time.time() == 1700000000.25: captured from that code before it was removed.
+OLD_ENCODING = bytes.fromhex(
+    "86a86d6f64656c5f6964aa74696e792d6d6f64656ca5636861696ea7636861696e2d61aa6368756e6b5f73697a65ce00100000a87665"
+    "7273696f6e739284a776657273696f6e03a462617365ffa473697a65ce00138800a66368756e6b7392d94066626261623238396637"
+    "663934623235373336633538626534366139393463343431666430323535326363363032323335326533643836643266616237633833"
+    "d9403162343864653030656262306539366265383334613966313236326165623165366536343062306133303439393739353233376331"
+    "653736323462383364616284a776657273696f6e04a46261736503a473697a6505a66368756e6b7391d94061343839356562343461666333"
+    "333666656362626136653532306364363765313738646163653032373636353564313032666365666661386535663730353730a76c65"
+    "61726e6572a9516d4c6561726e6572a474696d65cb41d954fc40100000")
+
+
+def manifest() -> Manifest:
+    entries = (VersionEntry.of_blob(3, None, KEYFRAME), VersionEntry.of_blob(4, 3, b"patch"))
+    return Manifest("tiny-model", "chain-a", CHUNK_SIZE, entries, "QmLearner", 1700000000.25)
+
+
+def test_a_manifest_encodes_to_the_bytes_the_old_dict_literal_did():
+    assert manifest().encode() == OLD_ENCODING
+    # and that is the old literal, field by field, in its order (a keyframe's base is -1 on the wire)
+    old = msgpack.unpackb(OLD_ENCODING, raw=False)
+    assert list(old) == ["model_id", "chain", "chunk_size", "versions", "learner", "time"]
+    assert [list(e) for e in old["versions"]] == [["version", "base", "size", "chunks"]] * 2
+    assert [e["base"] for e in old["versions"]] == [-1, 3]
+
+
+def test_a_manifest_decodes_to_its_records_and_back_to_the_same_bytes():
+    m = Manifest.decode(OLD_ENCODING)
+    assert m == manifest()
+    assert [(e.version, e.base, e.size, len(e.chunks)) for e in m.versions] == [(3, None, len(KEYFRAME), 2), (4, 3, 5, 1)]
+    assert m.encode() == OLD_ENCODING
+
+
+def test_unknown_manifest_fields_are_ignored_and_missing_or_mistyped_ones_refused():
+    d = msgpack.unpackb(OLD_ENCODING, raw=False)
+    assert Manifest.decode(msgpack.packb({**d, "later": 1})) == manifest()
+    for bad in ({k: v for k, v in d.items() if k != "chain"}, {**d, "time": "now"},
+                {**d, "versions": [{**d["versions"][0], "chunks": [1, 2]}]},
+                {**d, "versions": [{**d["versions"][0], "size": None}]}, [1, 2]):
+        with pytest.raises(RecordError) as e:
+            Manifest.decode(msgpack.packb(bad))
+        assert e.value.reason == "schema", bad
+
+
+def test_a_sealed_manifest_opens_for_its_learner_only(tmp_path):
+    learner, forger = (Identity.load_or_create(tmp_path / f"{name}.key") for name in ("l", "f"))
+    sealed = manifest().seal(learner)
+    assert Manifest.open(sealed, learner.peer_id) == manifest()
+    forged = []
+    with pytest.raises(RecordError) as e:
+        Manifest.open(manifest().seal(forger), learner.peer_id, forged=lambda: forged.append(1))
+    assert e.value.reason == "signature" and forged == [1]
+
+
+def test_requests_encode_as_the_old_lists_and_decode_back():
+    assert ManifestRequest("c", 4, 10.0).encode() == msgpack.packb(["c", 4, 10.0])
+    assert ManifestRequest("c", 4, 0.0).encode() == b""  # no long poll: a plain request
+    assert ManifestRequest.decode(msgpack.packb(["c", 4, 2.5])) == ManifestRequest("c", 4, 2.5)
+    assert ManifestRequest.decode(b"") is None
+    for bad in (b"\xc1", msgpack.packb([1, 2, 3]), msgpack.packb(["c", 0, 9.0, "x" * 600])):
+        with pytest.raises(Exception):
+            ManifestRequest.decode(bad)
+    request = ChunkRequest("c", 4, [0, 2, 4], 5.0)
+    assert request.encode() == msgpack.packb(["c", 4, [0, 2, 4], 5.0])
+    assert ChunkRequest.decode(request.encode()) == request
+    with pytest.raises(ValueError, match="more than"):
+        ChunkRequest.decode(msgpack.packb(["c", 4, list(range((1 << 16) + 1)), 0.0]))
+
+
+def test_one_bound_on_how_long_a_request_may_be_held():
+    assert FetchConfig(long_poll_s=MAX_REQUEST_WAIT).long_poll_s == MAX_REQUEST_WAIT
+    with pytest.raises(ValueError, match="long_poll_s"):
+        FetchConfig(long_poll_s=MAX_REQUEST_WAIT + 1)

@@ -1,6 +1,12 @@
 """cli: the `hetero-node` command and the assembly of running nodes.
 
-    main.py      the typer app: flags, config files, one-line errors (errors.py)
+    main.py      the entry point (`hetero-node`): runs the app, a mistake in one line (errors.py)
+    app.py       the typer app and what its commands share: the group, logging, config loading
+    commands_run.py    the commands on one machine: demo, local, simulate
+    commands_swarm.py  the swarm's: bootstrap, join, peer-id, leaderboard, status
+    commands_tools.py  the files': plot, init
+    options.py   the option types several commands share, and the loss choices
+    network.py   the network flags as [network] overrides
     roles.py     what `join` and `bootstrap` run: swarm/ and node/ meet here
     simulate.py  a swarm in one process (node roles on swarm.memory)
     demo.py      a whole local swarm as processes (procs.py reaps them by process group)

@@ -9,14 +9,19 @@ orphaned even when a node was killed with -9 and could not clean up itself.
 A child also dies with its parent, however the parent ends (SIGKILL, a closed terminal): on Linux
 it asks the kernel for a SIGTERM when its parent dies (PR_SET_PDEATHSIG), so a killed `demo` or
 `join --nproc-per-node` never leaves a swarm training with no one to stop it.
+
+The node's side: `stop_on_signals` turns the first stop signal into a graceful stop, the second
+into `force_exit`.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +83,22 @@ def force_exit(signum: int, frame=None) -> None:
     process and p2pd, or a demo's swarm) and exit at once, 128 + the signal as a shell reports it."""
     kill_descendants()
     os._exit(128 + signum)
+
+
+def stop_on_signals() -> threading.Event:
+    """A threading.Event set by SIGINT/SIGTERM/SIGHUP (a node's graceful stop); a second signal
+    exits at once through `force_exit` (taking our DHT process and p2pd down with us)."""
+    stop = threading.Event()
+
+    def handler(signum, frame):
+        if stop.is_set():
+            force_exit(signum)
+        logging.getLogger("hetero-node").info("stopping (signal %d); again to force", signum)
+        stop.set()
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, handler)
+    return stop
 
 
 def die_with_parent() -> Callable[[], None]:

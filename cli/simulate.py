@@ -100,8 +100,9 @@ class Simulator:
         others = tuple(s.model for s in cfg.samplers if s.model and s.model != cfg.model)
         lcfg = replace(cfg.learner, accept_models=(*cfg.learner.accept_models, *others))
         self.learner = Learner(lcfg, load_model(cfg.model, device=cfg.device), tok, self.task, model_id=cfg.model,
-                               sampling=cfg.sampling, link=self.exchange, metrics=self.metrics,
+                               sampling=cfg.sampling, link=self.exchange, metrics=self.metrics, on_record=self._record,
                                chain=f"sim-seed-{cfg.seed}")  # sampling randomness hangs off the chain
+        self._on_record: Callable[[dict], None] | None = None
         self.samplers: list[tuple[Sampler, object, float]] = []
         for spec in cfg.samplers:
             for i in range(spec.count):
@@ -133,8 +134,12 @@ class Simulator:
             counts[i] += 1
         return counts
 
+    def _record(self, rec: dict) -> None:
+        if self._on_record is not None:
+            self._on_record(rec)
+
     def run(self, on_record: Callable[[dict], None] | None = None) -> list[dict]:
-        self.learner.on_record = on_record
+        self._on_record = on_record
         self.learner.start()
         self.learner.run_eval()
         shares, t0, tick = self._shares(), time.time(), 0

@@ -6,7 +6,7 @@
    lr and batch) with honest HF samplers, two of them behind by 1-20 versions (log-normal weight delays), and the
    learner audits *every* own-model group (audit_rate 1) at the version it claims, rebuilt from
    its own keyframes and deltas. Every failure is a false positive.
-2. Detection: groups whose completions were chosen, not sampled (tests/attacker.py's attack: the
+2. Detection: groups whose completions were chosen, not sampled (tests/helpers/attacker.py's attack: the
    answer plus one extra digit, claimed log-prob -2/token), and a subtler chooser that samples
    honestly and swaps one completion of eight for a correct answer; each audited once.
 3. Cost: audit seconds against the learner's optimizer-step seconds, with every group audited and
@@ -48,7 +48,7 @@ def main() -> None:
     sim = Simulator(cfg)
     sim.run()
     learner = sim.learner
-    st = learner.audit_stats
+    st = learner.auditor.stats
     print(f"1. honest HF samplers, {learner.version} versions, staleness up to ~20, every group audited:")
     print(f"   {st['failed']} failed of {st['audits']} audited groups ({st['positions']} tokens): "
           f"false-positive rate {st['failed'] / max(st['audits'], 1):.4%} (goal < 0.1%); "
@@ -91,10 +91,10 @@ def main() -> None:
     default.run()
     d = default.learner
     print(f"3. cost: every group audited: {per_audit * 1e3:.1f} ms per audited group (one forward pass per claimed "
-          f"version), {learner.audit_stats['time_s'] / learner.train_time_s:.0%} of optimizer-step time; "
-          f"default policy (first 4 per sampler, 10% until 32 passed, then 3%): {d.audit_stats['audits']} of "
-          f"{d.version * d.cfg.groups_per_step} groups audited in {d.audit_stats['time_s']:.1f} s against "
-          f"{d.train_time_s:.1f} s of optimizer steps = {d.audit_stats['time_s'] / d.train_time_s:.1%} of learner compute")
+          f"version), {learner.auditor.stats['time_s'] / learner.training.time_s:.0%} of optimizer-step time; "
+          f"default policy (first 4 per sampler, 10% until 32 passed, then 3%): {d.auditor.stats['audits']} of "
+          f"{d.version * d.cfg.groups_per_step} groups audited in {d.auditor.stats['time_s']:.1f} s against "
+          f"{d.training.time_s:.1f} s of optimizer steps = {d.auditor.stats['time_s'] / d.training.time_s:.1%} of learner compute")
     steps = [r for r in d.history if r.get("kind") == "step"]
     half, last = steps[len(steps) // 2], steps[-1]
     print(f"   in the run's second half (v{half['version']}-v{last['version']}; a sampler is audited at "

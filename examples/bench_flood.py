@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from cli.procs import stop  # noqa: E402
-from swarmkit import Forger, Swarm, flood_rates, peer_of, start_bootstrap  # noqa: E402
-from sybils import learner_maddrs  # noqa: E402
+from helpers.swarmkit import Forger, Swarm, flood_rates, peer_of, start_bootstrap  # noqa: E402
+from helpers.sybils import learner_maddrs  # noqa: E402
 
 LEARNER_TOML = "[learner]\ncheckpoint_every = 10\neval_every = 0\nmax_staleness = 100000\n"
 
@@ -41,7 +41,7 @@ def attack(learner: str, maddrs: str, keys: int, seconds: float, nice: int, garb
            concurrency: int) -> None:
     """The attacker process: `keys` fresh keys flood `learner` for `seconds`; prints "ready" once its
     keys are up and its groups signed, then what it got back, as JSON."""
-    from sybils import Sybils, batches_of
+    from helpers.sybils import Sybils, batches_of
 
     os.nice(nice)
     # garbage is sent eagerly, without waiting for the door: the worst a flooder can do

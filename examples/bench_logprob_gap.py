@@ -62,7 +62,6 @@ def main() -> None:
     sim = Simulator(SimulatorConfig(learner=LearnerConfig(lr=args.lr, eval_every=0, eval_size=50),
                                     samplers=(SimSamplerSpec(count=1),), steps=args.steps, sampling=sampling))
     snapshots = {0: copy.deepcopy(sim.learner.model.state_dict())}
-    sim.learner.on_record = None
     step = sim.learner.step
 
     def step_and_keep():

@@ -23,7 +23,7 @@ from swarm.identity import Identity
 from swarm.records import CompletionRecord
 from swarm.rollouts import ROLLOUTS
 from swarm.weights import MANIFEST
-from swarmkit import Forger, flood_rates, honest_swarm, peer_of
+from helpers.swarmkit import Forger, flood_rates, honest_swarm, peer_of
 
 # a version every 2 steps: versions in between were never published, and a claim of one is refused
 LEARNER_TOML = ("[learner]\ncheckpoint_every = 10\neval_every = 0\nmax_staleness = 100000\n"

@@ -12,7 +12,7 @@ import pytest
 from cli.procs import wait_for_file
 from swarm.dht import NetworkConfig
 from swarm.identity import Identity
-from swarmkit import Swarm, peer_of
+from helpers.swarmkit import Swarm, peer_of
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ from node.models import (BUILTIN_MODEL, build_char_tokenizer, eos_token_ids, loa
                          resolve_model_path)
 from node.tasks import DatasetTask, DatasetTaskConfig, make_task
 from node.tasks.dataset import _problem_id
-from numerics import float32_logprob_tol
+from helpers.numerics import float32_logprob_tol
 
 # Qwen3-like: <|im_start|>role\ncontent<|im_end|>\n per message, the assistant's generation prompt,
 # and an empty think block when thinking is switched off

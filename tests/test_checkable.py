@@ -7,22 +7,19 @@ import math
 import pytest
 import torch
 
+from helpers.inmemory import tiny_swarm
 from node.algorithms import LossInputs, get_algorithm, has_signal
 from node.algorithms.base import clipped_surrogate
 from node.audit import RefusalList, VersionArchive
 from node.checkable import (audit_tokens, completion_seed, miss_distances, pick_tokens, sampling_probs, uniforms,
                             within_tolerance)
-from node.config import SamplingConfig
-from node.learner import Learner, LearnerConfig
-from node.models import BUILTIN_MODEL, load_model, load_tokenizer
-from node.sampler import Sampler
-from node.engines.hf import HFEngine
-from node.models import tokenizer_hash
+from node.learner import Learner, LearnerConfig, Route
+from swarm.exchange import IntakeConfig
+from node.models import BUILTIN_MODEL, load_model
 from node.tasks import ArithmeticConfig, make_task
 from node.trainer import logprob_gap
 from node.weight_codec import Publisher, PublishConfig, apply_version
 from node.weights import encode_version, untie, version_nonce
-from swarm.memory import MemoryExchange, VirtualClock
 
 # float64, as engines' logits are cast to in node/checkable.py: the hand values below then hold to
 # ~1e-16, not to the few float32 ulps of log() that vary with the CPU's kernels
@@ -195,20 +192,10 @@ def task():
 
 
 def _pair(task, tmp_path, **kw):
-    torch.manual_seed(0)
-    sampling = SamplingConfig(group_size=4)
-    tok = load_tokenizer(BUILTIN_MODEL)
-    ex = MemoryExchange(VirtualClock())
-    learner = Learner(LearnerConfig(**{"groups_per_step": 2, "eval_every": 0, "eval_size": 20, **kw}), load_model(BUILTIN_MODEL), tok,
-                      task, model_id=BUILTIN_MODEL, sampling=sampling, link=ex, checkpoint_dir=tmp_path)
-    learner.start()
-
-    def sampler(peer):
-        s = Sampler(peer, task, HFEngine(load_model(BUILTIN_MODEL), tok, BUILTIN_MODEL), tokenizer_hash(tok),
-                    sampling=sampling, prompts_per_batch=2)
-        s.maybe_update(ex.sampler(peer))
-        return s
-    return learner, sampler
+    """The started learner (2 groups a step, checkpoints in tmp_path) and a maker of samplers by
+    name (2 prompts a batch), each loading the learner's weights."""
+    s = tiny_swarm(tmp_path, **{"groups_per_step": 2, **kw}, samplers=0, task=task, start=True)
+    return s.learner, s.add_sampler
 
 
 def _trained_groups(learner, recs):
@@ -223,7 +210,7 @@ def test_chosen_completions_fail_the_audit_and_cost_the_sampler_its_place_and_cr
     good = cheat.produce(2)
     learner.ingest_many([g.encode() for g in good])
     _trained_groups(learner, [])
-    assert learner.audit_stats["failed"] == 0 and learner.audit_stats["audits"] >= 4
+    assert learner.auditor.stats["failed"] == 0 and learner.auditor.stats["audits"] >= 4
     chosen = cheat.produce(2)
     for g in chosen:  # the answer plus one digit, tokens and honest-looking log-probs of a real completion
         c0 = g.completions[0]
@@ -235,8 +222,8 @@ def test_chosen_completions_fail_the_audit_and_cost_the_sampler_its_place_and_cr
     for g in chosen:
         assert learner.ingest(g.encode()) in (None, "duplicate_content")
     _trained_groups(learner, [])
-    assert "cheat" in learner.refusals and learner.audit_stats["failed"] >= 1
-    assert "cheat" not in learner.tally.peers and learner.untrained_by("cheat") == 0
+    assert "cheat" in learner.refusals and learner.auditor.stats["failed"] >= 1
+    assert "cheat" not in learner.tally.peers and learner.untrained("cheat") == 0
     assert learner.ingest(cheat.produce(1)[0].encode()) == "refused_sampler"
     again = Learner(learner.cfg, load_model(BUILTIN_MODEL), learner.tok, task, model_id=BUILTIN_MODEL,
                     sampling=learner.sampling, checkpoint_dir=tmp_path)
@@ -260,10 +247,10 @@ def test_a_sampler_refused_in_a_step_earns_nothing_for_its_other_groups_of_that_
     class Scripted:
         def random(self):
             return next(draws)
-    learner._audit_rng = Scripted()
+    learner.auditor._rng = Scripted()
     assert learner.step() is None  # nothing of a sampler refused in this step is trained on
-    assert "x" in learner.refusals and learner.audit_stats["failed"] == 1
-    assert "x" not in learner.tally.peers and learner.accepted_by_sampler["x"] == 0
+    assert "x" in learner.refusals and learner.auditor.stats["failed"] == 1
+    assert "x" not in learner.tally.peers and learner.books.accepted_by_sampler["x"] == 0
 
 
 def test_forged_logprobs_are_dropped_from_the_step_counted_and_not_credited(task, tmp_path):
@@ -277,9 +264,9 @@ def test_forged_logprobs_are_dropped_from_the_step_counted_and_not_credited(task
     learner.ingest_many([g.encode() for g in forged] + [g.encode() for g in honest.produce(2)])
     recs = []
     _trained_groups(learner, recs)
-    assert learner.gap_drops["liar"] == 2 and learner.drops["logprob_gap"] == 2 and "honest" not in learner.gap_drops
+    assert learner.training.gap_drops["liar"] == 2 and learner.drops["logprob_gap"] == 2 and "honest" not in learner.training.gap_drops
     assert "liar" not in learner.tally.peers
-    assert recs[-1]["routes"]["stale"]["logprob_gap_max"] > 12
+    assert recs[-1]["routes"]["own"]["logprob_gap_max"] > 12
 
 
 # ---- issue 26: judged by what can be verified; foreign and unaudited groups within their shares --------
@@ -307,7 +294,7 @@ def test_a_made_up_model_in_our_tokenizer_is_checked_as_ours_and_a_named_one_is_
     g1, g2 = s.produce(2)[:2]
     assert learner.ingest(_relabel(g1, model_id="made-up/model", chain="made-up")) == "unknown_chain"
     assert learner.ingest(_relabel(g2, model_id="made-up/model")) is None
-    assert learner.buffer[-1].route == "stale"  # audited, gap-checked, staleness: the label proved nothing
+    assert learner.buffer[-1].route is Route.OWN  # audited, gap-checked, staleness: the label proved nothing
     named, _ = _pair(task, tmp_path / "named", accept_models=("made-up/model",))
     g3, g4, g5 = s.produce(3)[:3]
     # it never ran our chain: claiming it is a lie
@@ -332,8 +319,8 @@ def test_foreign_groups_fill_only_their_share_of_a_step_and_earn_no_credit(task,
     recs = []
     _trained_groups(learner, recs)
     assert [(r["groups_own"], r["groups_foreign"]) for r in recs] == [(3, 1)], recs
-    assert learner.accepted_by_sampler["other"] == 1 and "other" not in learner.tally.peers
-    assert learner.untrained_by("other") == 3  # kept, within its quota, for later steps
+    assert learner.books.accepted_by_sampler["other"] == 1 and "other" not in learner.tally.peers
+    assert learner.untrained("other") == 3  # kept, within its quota, for later steps
     assert not learner.ready()  # h3 is checked work: wait for more of it rather than a foreign step
     only = _pair(task, tmp_path / "only", groups_per_step=4, foreign_step_share=0.5, foreign_per_sampler=1,
                  accept_models=("other/model",))[0]
@@ -344,7 +331,7 @@ def test_foreign_groups_fill_only_their_share_of_a_step_and_earn_no_credit(task,
     # the same wait, once unproven keys' groups fill their shared budget (4 here: h3 and f1-f3, neither
     # key proven), would stall the swarm: no new sampler could send the checked work waited for
     full, sampler = _pair(task, tmp_path / "full", groups_per_step=4, foreign_step_share=0.5, foreign_per_sampler=1,
-                          accept_models=("other/model",), unproven_quota=4)
+                          accept_models=("other/model",), intake=IntakeConfig(unproven_quota=4))
     full.ingest_many([g.encode() for g in sampler("honest").produce(4)])
     full.ingest_many([_relabel(g, model_id="other/model", chain="", version=0) for g in sampler("other").produce(4)])
     assert full.ready() and full.step()["groups_foreign"] == 1  # [h0, f0, h1, h2], as above
@@ -354,7 +341,7 @@ def test_foreign_groups_fill_only_their_share_of_a_step_and_earn_no_credit(task,
 
 def test_a_new_key_claiming_an_earlier_runs_chain_is_trained_only_within_the_unaudited_share(task, tmp_path):
     learner, sampler = _pair(task, tmp_path, unaudited_per_step=1)
-    learner.known_chains["earlier-run"] = 5  # as restored from a checkpoint; the chain id is public
+    learner.chains.earlier["earlier-run"] = 5  # as restored from a checkpoint; the chain id is public
     new, honest = sampler("new"), sampler("honest")
     old = [_relabel(g, chain="earlier-run", version=1) for g in new.produce(4)]
     assert learner.ingest_many(old) == 4
@@ -363,21 +350,21 @@ def test_a_new_key_claiming_an_earlier_runs_chain_is_trained_only_within_the_una
     # share), so capped groups never stall; n3 alone is less than a step
     recs = []
     _trained_groups(learner, recs)
-    assert [r["groups_own"] for r in recs] == [2, 2, 1] and learner.accepted_by_sampler["new"] == 3, \
-        (recs, learner.accepted_by_sampler)
-    assert learner.audits["new"] == 0 and not learner.is_proven("new")  # unauditable is never a passed audit
-    assert learner.audit_stats["unauditable"] == 3 and "new" not in learner.tally.peers
-    assert learner.untrained_by("new") == 1
+    assert [r["groups_own"] for r in recs] == [2, 2, 1] and learner.books.accepted_by_sampler["new"] == 3, \
+        (recs, learner.books.accepted_by_sampler)
+    assert learner.auditor.audits["new"] == 0 and not learner.is_proven("new")  # unauditable is never a passed audit
+    assert learner.auditor.stats["unauditable"] == 3 and "new" not in learner.tally.peers
+    assert learner.untrained("new") == 1
 
 
 def test_a_long_record_is_audited_lightly_and_the_bounds_are_checked(task, tmp_path):
     learner, _ = _pair(task, tmp_path, audit_first=4, audit_rate=0.1, audit_trusted_after=32, audit_rate_trusted=0.03)
     rates = []
     for passed in (0, 4, 31, 32, 500):
-        learner.audits["x"] = passed
-        rates.append(learner.audit_rate("x"))
+        learner.auditor.audits["x"] = passed
+        rates.append(learner.auditor.rate("x"))
     assert rates == [0.1, 0.1, 0.1, 0.03, 0.03]
-    assert learner.audit_rate("never-seen") == 0.1
+    assert learner.auditor.rate("never-seen") == 0.1
     with pytest.raises(ValueError, match="audit_trusted_after >= audit_first"):
         LearnerConfig(audit_first=8, audit_trusted_after=4)
     with pytest.raises(ValueError, match="audit_rate_trusted"):

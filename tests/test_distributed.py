@@ -1,9 +1,9 @@
 """FSDP2 on 2 gloo ranks under torchrun trains exactly as one process does (node/distributed.py).
 
-Each test starts `torchrun --standalone --nproc-per-node 2 tests/fsdp_worker.py MODE OUT` as real
+Each test starts `torchrun --standalone --nproc-per-node 2 tests/helpers/fsdp_worker.py MODE OUT` as real
 processes; rank 0 saves the gathered weights, optimizer state and metrics, and the test compares
 them with the same steps run here, in one process, without FSDP and without micro-batches. The
-model is the built-in tiny Qwen3 (tied embeddings) in float64: see fsdp_worker.DTYPE.
+model is the built-in tiny Qwen3 (tied embeddings) in float64: see helpers/fsdp_worker.py, DTYPE.
 """
 
 from __future__ import annotations
@@ -18,15 +18,14 @@ from pathlib import Path
 import pytest
 import torch
 
-WORKER = Path(__file__).with_name("fsdp_worker.py")
-ROOT = WORKER.parents[1]
+WORKER = Path(__file__).parent / "helpers" / "fsdp_worker.py"
+ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 240
 
 
 @pytest.fixture(scope="module")
 def reference():
-    sys.path.insert(0, str(WORKER.parent))
-    import fsdp_worker
+    from helpers import fsdp_worker
 
     return fsdp_worker, fsdp_worker.reference()
 
@@ -195,7 +194,7 @@ def test_two_rank_learner_trains_in_a_loopback_swarm(tmp_path):
     """`hetero-node join --role learner --nproc-per-node 2` starts torchrun; rank 0 joins the
     swarm, takes rollouts from a real sampler and leads rank 1 through FSDP2 steps; it publishes
     versions the sampler follows, and stops at --max-steps with a checkpoint (both ranks exit)."""
-    from tests.swarmkit import Swarm, start_bootstrap
+    from helpers.swarmkit import Swarm, start_bootstrap
 
     s = Swarm(tmp_path)
     try:

@@ -371,8 +371,10 @@ checkpoint_every = 10
 eval_every = 0
 max_staleness = 100000
 groups_per_step = 4
-byte_rate_per_sampler = 262144.0
-journal_bytes_per_sampler = 8192
+
+[learner.intake]
+byte_rate = 262144.0
+journal_bytes = 8192
 unproven_quota = 16
 unproven_rate = 4.0
 unproven_byte_rate = 4194304.0
@@ -383,7 +385,7 @@ POOL_QUOTA, POOL_RATE = 16, 4.0
 
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory):
-    from swarmkit import honest_swarm
+    from helpers.swarmkit import honest_swarm
 
     with honest_swarm(tmp_path_factory.mktemp("intake"), LEARNER_TOML) as s:
         yield s
@@ -391,8 +393,8 @@ def swarm(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sybils(swarm, tmp_path_factory):
-    from swarmkit import peer_of
-    from sybils import Sybils, learner_maddrs
+    from helpers.swarmkit import peer_of
+    from helpers.sybils import Sybils, learner_maddrs
 
     learner = peer_of(swarm, "learner")
     keys = Sybils(20, learner_maddrs(swarm.status(), learner), tmp_path_factory.mktemp("sybils"))
@@ -404,7 +406,7 @@ def sybils(swarm, tmp_path_factory):
 def forged(sybils, i: int, n: int, pad: int = 0) -> list[list]:
     """`n` valid-looking groups of the swarm's task signed by key `i` (with `pad` bytes of an
     unknown field in each, if asked)."""
-    from swarmkit import Forger
+    from helpers.swarmkit import Forger
 
     forger = sybils.forgers.setdefault(i, Forger(sybils.identities[i]))
     items = []
@@ -484,7 +486,7 @@ def test_a_samplers_unread_journal_bytes_are_bounded(swarm, sybils):
 
 @pytest.mark.integration
 def test_fresh_keys_share_one_pool_while_the_proven_sampler_goes_on(swarm, sybils):
-    from swarmkit import peer_of
+    from helpers.swarmkit import peer_of
 
     honest = peer_of(swarm, "honest")
     before = next_step(swarm)["accepted_by_sampler"].get(honest, 0)
@@ -503,8 +505,8 @@ def test_fresh_keys_share_one_pool_while_the_proven_sampler_goes_on(swarm, sybil
 
 @pytest.mark.integration
 def test_a_flood_of_fresh_keys_is_held_to_the_pool(swarm, sybils, capsys):
-    from swarmkit import flood_rates, peer_of
-    from sybils import batches_of
+    from helpers.swarmkit import flood_rates, peer_of
+    from helpers.sybils import batches_of
 
     honest = peer_of(swarm, "honest")
     pools = {i: batches_of(forged(sybils, i, 64)) for i in range(12, 20)}  # 8 fresh keys: sign once, resend

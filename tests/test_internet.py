@@ -22,8 +22,8 @@ from cli.procs import stop, wait_for_file
 from examples.internet import Home, Internet, skip_reason
 from examples.wan import LISTEN_PORT
 from swarm.identity import Identity
-from external import missing
-from swarmkit import check_books
+from helpers.external import missing
+from helpers.swarmkit import check_books
 from test_wan import _last_step, _sampler_version, _wait
 
 pytestmark = pytest.mark.integration

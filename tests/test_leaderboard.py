@@ -37,7 +37,7 @@ from hivemind.dht.schema import SchemaValidator
 from hivemind.dht.validation import CompositeValidator, DHTRecord
 from hivemind.utils import MSGPackSerializer, get_dht_time
 
-from external import require_chromium
+from helpers.external import require_chromium
 from node.accounting import Tally
 from swarm.dht import NetworkConfig, SwarmSchema
 from swarm.identity import Identity, short_id
@@ -488,7 +488,7 @@ def _browser_check(url: str, shot: Path) -> str:
 @pytest.mark.integration
 def test_swarm_tallies_reach_the_page_in_a_real_browser_and_survive_a_restart(tmp_path):
     from cli.procs import stop, wait_for_file
-    from swarmkit import Swarm, peer_of, start_bootstrap
+    from helpers.swarmkit import Swarm, peer_of, start_bootstrap
 
     require_chromium()  # skip before starting a swarm, not after
     name = '[red]<img src=x onerror="window.__pwned=1">bob'  # HTML for the page, rich markup for `status`

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-PROBE = Path(__file__).parent / "memory_probe.py"
+PROBE = Path(__file__).parent / "helpers" / "memory_probe.py"
 VOCAB = 151936
 
 

@@ -110,16 +110,3 @@ def test_missing_field_sizes_nan_and_oversize():
     with pytest.raises(RecordError) as e:
         huge.encode()
     assert e.value.reason == "oversize"
-
-
-def test_swarm_layer_knows_bytes_not_torch():
-    """docs/DESIGN.md, "Layout": swarm/ knows bytes and records, never torch models or node/ code."""
-    import ast
-    from pathlib import Path
-
-    for path in Path(__file__).resolve().parents[1].joinpath("swarm").rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-            for name in names:
-                assert not name.startswith(("torch", "transformers", "node")), f"{path} imports {name}"

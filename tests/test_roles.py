@@ -7,13 +7,11 @@ import msgpack
 import pytest
 import torch
 
+from helpers.inmemory import tiny_swarm
 from node.engines.hf import HFEngine
-from node.learner import Learner, LearnerConfig
-from node.models import build_char_tokenizer, BUILTIN_MODEL, BUILTIN_MODEL_B, load_model, load_tokenizer, tokenizer_hash
-from node.config import SamplingConfig
+from node.models import build_char_tokenizer, BUILTIN_MODEL, BUILTIN_MODEL_B, load_tokenizer, tokenizer_hash
 from node.sampler import Sampler
 from node.tasks import ArithmeticTask
-from swarm.memory import MemoryExchange, VirtualClock
 
 
 @pytest.fixture(scope="module")
@@ -21,33 +19,25 @@ def task():
     return ArithmeticTask()
 
 
-def make_pair(task, tmp_path=None, **learner_kw):
-    torch.manual_seed(0)
-    clock = VirtualClock()
-    ex = MemoryExchange(clock)
-    tok = load_tokenizer(BUILTIN_MODEL)
-    cfg = LearnerConfig(groups_per_step=4, eval_every=0, eval_size=50, lr=1e-4, **learner_kw)
-    learner = Learner(cfg, load_model(BUILTIN_MODEL), tok, task, model_id=BUILTIN_MODEL, sampling=SAMPLING, link=ex)
-    sampler = make_sampler("s0", task, BUILTIN_MODEL)
-    return clock, ex.sampler("s0"), learner, sampler
+def make_swarm(task, **learner_kw):
+    """The learner (4 groups a step, not started) and one sampler, "s0", of 4 prompts a batch."""
+    return tiny_swarm(groups_per_step=4, task=task, prompts_per_batch=4, eval_size=50, lr=1e-4, **learner_kw)
 
 
-SAMPLING = SamplingConfig(group_size=4)
-
-
-def make_sampler(peer: str, task, model_id: str) -> Sampler:
-    tok = load_tokenizer(model_id)
-    return Sampler(peer, task, HFEngine(load_model(model_id), tok, model_id), tokenizer_hash(tok), sampling=SAMPLING,
-                   prompts_per_batch=4)
+def make_pair(task, **learner_kw):
+    """(clock, s0's link, learner, s0)"""
+    s = make_swarm(task, **learner_kw)
+    return s.clock, s.link("s0"), s.learner, s.samplers[0]
 
 
 def test_versions_advance_parameters_change_and_samplers_follow(task):
-    clock, ex, learner, sampler = make_pair(task)
+    s = make_swarm(task)
+    ex, learner, sampler = s.link("s0"), s.learner, s.samplers[0]
     learner.start()
     before = copy.deepcopy(learner.model.state_dict())
     for _ in range(3):
         sampler.run_once(ex)
-        learner.ingest_many(learner.link.receive_rollouts(100))
+        learner.ingest_many(s.exchange.receive_rollouts(100))
         rec = learner.step()
         assert rec is not None and rec["version"] == learner.version
     assert learner.version == 3
@@ -55,21 +45,22 @@ def test_versions_advance_parameters_change_and_samplers_follow(task):
     sampler.maybe_update(ex)
     assert sampler.version == 3
     # the sampler holds exactly what the learner published (the float32 view of a CPU learner)
-    published = learner.publisher.layout.tensors(learner.publisher.published)
+    published = learner.publishing.publisher.layout.tensors(learner.publishing.publisher.published)
     assert all(torch.equal(v, published[k]) for k, v in sampler.engine.model.state_dict().items() if k in published)
     assert sampler.stats["weight_updates"] >= 1 and sampler.chain == learner.chain
-    assert learner.accepted_by_sampler["s0"] == 12
+    assert learner.books.accepted_by_sampler["s0"] == 12
     hist = [r["staleness_hist"] for r in learner.history if r["kind"] == "step"]
     assert hist == [{"0": 4}] * 3
 
 
 def test_stale_records_are_dropped_and_counted(task):
-    clock, ex, learner, sampler = make_pair(task, max_staleness=2)
+    s = make_swarm(task, max_staleness=2)
+    ex, learner, sampler = s.link("s0"), s.learner, s.samplers[0]
     learner.start()
     old = [g.encode() for g in sampler.produce(4)]  # version 0, held back
     for _ in range(3):
         sampler.run_once(ex)
-        learner.ingest_many(learner.link.receive_rollouts(100))
+        learner.ingest_many(s.exchange.receive_rollouts(100))
         learner.step()
     assert learner.version == 3
     assert all(learner.ingest(r) == "stale" for r in old)
@@ -114,31 +105,32 @@ def test_claimed_rewards_are_recomputed_not_trusted(task):
     learner.ingest(g.encode())
     truth = [task.reward(c.text, task.get(g.prompt_id).answer) for c in g.completions]
     assert learner.buffer[-1].group.rewards == truth
-    assert learner.reward_claim_mismatch == sum(r != 1.0 for r in truth)
+    assert learner.books.reward_claim_mismatch == sum(r != 1.0 for r in truth)
 
 
 def test_foreign_model_routes_to_ftis_and_can_be_dropped(task):
     # a model in our tokenizer is foreign only if named (else checked as ours); its share uncapped here
     named = dict(accept_models=(BUILTIN_MODEL_B,), foreign_step_share=1.0, foreign_per_sampler=4)
-    clock, ex, learner, sampler = make_pair(task, **named)
-    foreign = make_sampler("b0", task, BUILTIN_MODEL_B)
-    foreign_link = learner.link.sampler("b0")
+    s = make_swarm(task, **named)
+    ex, learner, sampler = s.link("s0"), s.learner, s.samplers[0]
+    foreign = s.add_sampler("b0", BUILTIN_MODEL_B)
+    foreign_link = s.link("b0")
     learner.start()
     sampler.run_once(ex)
-    learner.ingest_many(learner.link.receive_rollouts(100))
+    learner.ingest_many(s.exchange.receive_rollouts(100))
     learner.step()  # publishes version 1 of the learner's model
     foreign.run_once(foreign_link)
     assert foreign.stats["weights_refused"] == 1 and foreign.version == 0  # not its model: keeps its own weights
     for _ in range(2):
         foreign.run_once(foreign_link)
     sampler.run_once(ex)
-    learner.ingest_many(learner.link.receive_rollouts(100))
+    learner.ingest_many(s.exchange.receive_rollouts(100))
     while learner.step() is not None:
         pass
     steps = [r for r in learner.history if r["kind"] == "step"]
-    assert sum(r["groups_foreign"] for r in steps) == 12 and learner.accepted_by_sampler["b0"] == 12
+    assert sum(r["groups_foreign"] for r in steps) == 12 and learner.books.accepted_by_sampler["b0"] == 12
     routes = set().union(*(r.get("routes", {}).keys() for r in steps))
-    assert {"stale", "foreign"} <= routes
+    assert {"own", "foreign"} <= routes
     ftis_steps = [r["routes"]["foreign"] for r in steps if "foreign" in r.get("routes", {})]
     assert all("filtered_frac" in m and "truncated_frac" in m for m in ftis_steps)
     dropper = make_pair(task, foreign_loss="drop", **named)[2]
@@ -204,7 +196,7 @@ def test_resume_from_checkpoint_continues_the_same_versions_and_metrics(task, tm
     ckpt = first.save_checkpoint(tmp_path)
     _, _, resumed, _ = make_pair(task)
     resumed.load_checkpoint(ckpt)
-    assert resumed.version == 3 and len(resumed.buffer) == 2 and resumed.accepted_by_sampler == first.accepted_by_sampler
+    assert resumed.version == 3 and len(resumed.buffer) == 2 and resumed.books.accepted_by_sampler == first.books.accepted_by_sampler
     assert resumed.ingest(records[6][0]) == "duplicate"
     resumed.buffer.clear()  # compare the training sequence itself with the straight run
     part2 = run(resumed, records[3:6])
@@ -216,7 +208,7 @@ def test_resume_from_checkpoint_continues_the_same_versions_and_metrics(task, tm
 
 def test_versions_are_checked_against_the_chains_this_learner_ran(task):
     clock, ex, learner, sampler = make_pair(task)
-    learner.known_chains = {"old-run": 7}  # an earlier run of this learner reached v7 (from its checkpoints)
+    learner.chains.earlier = {"old-run": 7}  # an earlier run of this learner reached v7 (from its checkpoints)
 
     def group(version: int, chain: str):
         g = sampler.produce(1)[0]
@@ -224,7 +216,7 @@ def test_versions_are_checked_against_the_chains_this_learner_ran(task):
         return g.encode()
 
     assert learner.ingest(group(5, "old-run")) is None  # made at v5 of the earlier run; we resumed at v0
-    assert learner.buffer[-1].group.version == 0 and learner.version_clamped == 1  # counted as fresh
+    assert learner.buffer[-1].group.version == 0 and learner.books.version_clamped == 1  # counted as fresh
     assert learner.ingest(group(9, "old-run")) == "future_version"  # the earlier run never got there
     assert learner.ingest(group(5, learner.chain)) == "future_version"  # v5 of *this* chain does not exist yet
     assert learner.ingest(group(10**9, "made-up")) == "unknown_chain"  # a chain we never ran: forged
@@ -245,20 +237,21 @@ def test_groups_of_another_size_or_longer_than_max_new_tokens_are_refused(task):
 
 
 def test_a_step_takes_groups_round_robin_so_a_flood_cannot_take_the_step(task):
-    clock, ex, learner, sampler = make_pair(task)
-    flooder = make_sampler("flooder", task, BUILTIN_MODEL)
+    s = make_swarm(task)
+    learner, sampler = s.learner, s.samplers[0]
+    flooder = s.add_sampler("flooder")
     flood = [g for _ in range(5) for g in flooder.produce(4)]
     honest = sampler.produce(2)
     learner.ingest_many([g.encode() for g in flood] + [g.encode() for g in honest])
-    assert learner.untrained_by("flooder") == 20 and learner.untrained_by("s0") == 2
+    assert learner.untrained("flooder") == 20 and learner.untrained("s0") == 2
     learner.step()  # 4 groups: the honest sampler's 2 waiting groups are in it despite arriving last
-    assert learner.accepted_by_sampler == {"flooder": 2, "s0": 2} and learner.untrained_by("s0") == 0
+    assert learner.books.accepted_by_sampler == {"flooder": 2, "s0": 2} and learner.untrained("s0") == 0
 
 
 def test_a_record_that_breaks_ingest_is_quarantined_and_the_learner_goes_on(task, monkeypatch):
-    clock, ex, learner, sampler = make_pair(task)
     quarantined = []
-    learner.quarantine = lambda raw, why: quarantined.append(why)
+    s = make_swarm(task, quarantine=lambda raw, why: quarantined.append(why))
+    learner, sampler = s.learner, s.samplers[0]
     good = [g.encode() for g in sampler.produce(4)]
     monkeypatch.setattr(learner.task, "reward", lambda text, answer: 1 / 0)  # a bug an input can trigger
     assert learner.ingest(good[0]) == "quarantined" and "ZeroDivisionError" in quarantined[0]
@@ -281,7 +274,7 @@ def test_credit_goes_only_to_groups_trained_on_and_never_twice_for_the_same_cont
     again.id = "same-content-new-id"
     again.completions = list(reversed(again.completions))  # order does not make it new
     assert learner.ingest(again.encode()) == "duplicate_content"
-    assert learner.state_dict()["meta"]["seen_content"]
+    assert learner.state_dict()["meta"]["checks"]["seen_content"]
 
 
 def test_own_groups_made_with_the_learners_weights_in_memory_are_trained_on_not_audited_not_credited(task):
@@ -289,14 +282,14 @@ def test_own_groups_made_with_the_learners_weights_in_memory_are_trained_on_not_
     _, _, learner, _ = make_pair(task, audit_first=4)
     learner.start()
     engine = HFEngine(learner.model, learner.tok, BUILTIN_MODEL)  # the same weights, not a copy
-    own = Sampler(learner.peer_id, task, engine, tokenizer_hash(learner.tok), sampling=SAMPLING, prompts_per_batch=4)
+    own = Sampler(learner.peer_id, task, engine, tokenizer_hash(learner.tok), sampling=learner.sampling, prompts_per_batch=4)
     before = [p.detach().clone() for p in learner.model.parameters()]
     for _ in range(3):
         engine.version, own.chain = learner.version, learner.chain
         assert all(learner.ingest_own(g) is None for g in own.produce())
         assert learner.step() is not None
-    assert learner.version == 3 and learner.accepted_by_sampler[learner.peer_id] == 12
-    assert learner.audit_stats["audits"] == 0  # a peer's first 4 groups would all have been audited
+    assert learner.version == 3 and learner.books.accepted_by_sampler[learner.peer_id] == 12
+    assert learner.auditor.stats["audits"] == 0  # a peer's first 4 groups would all have been audited
     assert learner.tally.peers == {}  # the leaderboard refuses a learner that credits itself
     assert any(not torch.equal(a, b) for a, b in zip(before, learner.model.parameters()))
     assert engine.model is learner.model  # it generated with what it trained

@@ -135,8 +135,8 @@ def test_the_divergence_guard_cuts_the_lr_on_stale_data_and_gives_it_back():
 
 def test_the_guards_scale_is_saved_with_the_learner():
     sim = Simulator(small(None, steps=2))
-    sim.learner.lr_scale = 0.125
+    sim.learner.training.lr_scale = 0.125
     state = sim.learner.state_dict()
     other = Simulator(small(None, steps=2))
     other.learner.load_state_dict(state)
-    assert other.learner.lr_scale == 0.125
+    assert other.learner.training.lr_scale == 0.125

@@ -2,7 +2,7 @@
 
 Two loopback swarms, one after the other: a clean one (bootstrap, learner, one honest sampler)
 and the same with attackers beside the honest sampler, each a real sampler process with its own
-key that tampers with its groups before signing them (tests/attacker.py: forged log-probs,
+key that tampers with its groups before signing them (tests/helpers/attacker.py: forged log-probs,
 chosen completions, garbage), plus a peer in this process with its own key that re-sends content
 under new ids and sends a made-up model's groups whose text its tokens do not say. Every attack
 is refused or neutralised and counted, the attackers are credited nothing, and the attacked model
@@ -26,7 +26,7 @@ from swarm.dht import NetworkConfig
 from swarm.envelope import seal
 from swarm.identity import Identity
 from swarm.rollouts import ROLLOUTS
-from swarmkit import Swarm, peer_of, start_bootstrap
+from helpers.swarmkit import Swarm, peer_of, start_bootstrap
 
 VERSION = 120
 LEARNER_TOML = f"[learner]\neval_every = {VERSION // 2}\neval_size = 300\n"

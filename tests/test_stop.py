@@ -80,7 +80,7 @@ def test_a_demo_stopped_any_way_leaves_no_process(tmp_path, sig):
 def test_a_killed_multi_rank_learner_takes_torchrun_and_its_ranks_with_it(tmp_path):
     """SIGKILL of `join --nproc-per-node 2` (the process a user started): torchrun and both ranks,
     with rank 0's DHT and p2pd, stop gracefully (torchrun gets SIGTERM when its parent dies)."""
-    from tests.swarmkit import Swarm, start_bootstrap
+    from helpers.swarmkit import Swarm, start_bootstrap
 
     s = Swarm(tmp_path)
     try:

@@ -20,7 +20,7 @@ from swarm.dht import NetworkConfig
 from swarm.envelope import open_envelope, seal
 from swarm.identity import Identity
 from swarm.outbox import Outbox
-from swarmkit import Swarm, check_books, peer_of as _peer, start_bootstrap
+from helpers.swarmkit import Swarm, check_books, peer_of as _peer, start_bootstrap
 from swarm.records import CompletionRecord, RecordError, RolloutGroup
 from swarm.rollouts import ROLLOUTS
 
@@ -106,7 +106,7 @@ def test_rollouts_flow_versions_advance_and_foreign_rollouts_go_to_ftis(swarm):
     for name in ("sampler-a", "sampler-b", "sampler-x"):
         assert accepted.get(_peer(swarm, name), 0) > 0, name
     assert any("foreign" in r.get("routes", {}) for r in steps)  # F-TIS on the other model's rollouts
-    assert any("stale" in r.get("routes", {}) for r in steps)  # GEPO on our own model's
+    assert any("own" in r.get("routes", {}) for r in steps)  # the stale loss on our own model's
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # samplers of our model pick up new versions
         versions = {p["peer_id"]: p["version"] for p in swarm.status()}

@@ -14,7 +14,7 @@ import pytest
 
 from node.models import BUILTIN_MODEL, BUILTIN_MODEL_B, BUILTIN_MODEL_C
 from swarm.identity import Identity
-from tests.swarmkit import Swarm, wait_for_file
+from helpers.swarmkit import Swarm, wait_for_file
 
 pytestmark = pytest.mark.integration
 

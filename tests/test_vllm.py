@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from external import require_vllm
+from helpers.external import require_vllm
 from node.engines.base import SamplingParams
 from node.engines.vllm import VLLMConfig
 from node.logprobs import completion_logprobs, completion_span, pack
@@ -165,7 +165,7 @@ def test_a_vllm_sampler_takes_part_in_a_loopback_swarm(tmp_path):
     """bootstrap + HF learner + a sampler with `--engine vllm`, all real processes: the learner
     accepts its rollouts and the sampler loads new versions into its running engine."""
     from cli.procs import stop
-    from swarmkit import Swarm, peer_of, start_bootstrap
+    from helpers.swarmkit import Swarm, peer_of, start_bootstrap
 
     s = Swarm(tmp_path)
     try:

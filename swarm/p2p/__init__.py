@@ -9,9 +9,11 @@ at 4 MiB by hivemind, so callers keep messages under `MAX_MESSAGE`.
   loop.py      the bridge: one asyncio loop in a thread, blocking runs with a timeout
   framing.py   the bytes of our streamed and gated calls (hivemind's protobuf stream, by hand)
   handlers.py  serving: unary, streaming and gated handlers
+  budget.py    the inbound streams a peer and all peers may hold open (open-file limit)
   calls.py     calling: unary, streamed and gated calls, routed to peers we have no route to yet
 """
 
+from .budget import StreamBudget, raise_nofile_limit
 from .calls import call_gated
 from .framing import MAX_MESSAGE, RemoteError, Stall, StreamStalled
 from .handlers import Door, Handler, StreamHandler, decrement
@@ -19,4 +21,4 @@ from .loop import CallStopped
 from .node import SwarmNode
 
 __all__ = ["MAX_MESSAGE", "CallStopped", "Door", "Handler", "RemoteError", "Stall", "StreamHandler", "StreamStalled",
-           "SwarmNode", "call_gated", "decrement"]
+           "StreamBudget", "SwarmNode", "call_gated", "decrement", "raise_nofile_limit"]

@@ -19,6 +19,7 @@ from google.protobuf.wrappers_pb2 import BytesValue
 from hivemind.p2p import P2P, P2PContext
 
 from ..identity import short_id
+from .budget import StreamBudget
 from .framing import MAX_MESSAGE, RemoteError, Stall, declared_size, read_frame, send_error, send_item
 
 log = logging.getLogger(__package__)  # the package's one logger: its lines read as before the split
@@ -58,12 +59,15 @@ def unary(handler: Handler):
     return _wrapped
 
 
-def streaming(name: str, handler: StreamHandler, request_timeout: float, send_timeout: float):
+def streaming(name: str, handler: StreamHandler, request_timeout: float, send_timeout: float, budget: StreamBudget):
     """hivemind's binary stream handler for a server-streaming `handler`: one request frame, then
-    each item `handler` yields, written after a hand-made frame header (swarm/p2p/framing.py)."""
+    each item `handler` yields, written after a hand-made frame header (swarm/p2p/framing.py). The
+    stream is counted against `budget` before a byte is read, and closed unread past it."""
     @quiet_on_shutdown
     async def _handle(info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with closing(writer):
+        with closing(writer), budget.hold(info.peer_id.to_base58(), name) as admitted:
+            if not admitted:
+                return
             try:
                 marker, data = await asyncio.wait_for(read_frame(reader, MAX_MESSAGE), request_timeout)
                 request = BytesValue.FromString(data)
@@ -87,43 +91,50 @@ def streaming(name: str, handler: StreamHandler, request_timeout: float, send_ti
 class GatedHandler:
     """hivemind's binary stream handler for a gated call (`calls.call_gated`): the caller declares
     its payload's size, `door` answers before a byte of it is read (a refusal, or go), and only then
-    is the payload read, within `body` and no longer than declared, and handed to `handler`."""
+    is the payload read, within `body` and no longer than declared, and handed to `handler`. The
+    stream is counted against `budget` before a byte is read, and closed unread past it."""
     name: str
     door: Door
     handler: Handler
     request_timeout: float
     body: Stall
     send_timeout: float
+    budget: StreamBudget
     open_calls: collections.Counter = field(default_factory=collections.Counter, init=False)
     """Per peer: its calls past the door now (what `door` is told)."""
 
     @quiet_on_shutdown
     async def __call__(self, info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         remote = info.peer_id.to_base58()
-        with closing(writer):
-            declared = await self._declared(remote, reader)
-            if declared is None:
-                return
-            try:
-                refusal = await self.door(remote, declared, self.open_calls[remote])
-            except Exception as e:  # a bug of ours: the call ends, the node goes on
-                log.warning("%s door failed: %s", self.name, e, exc_info=True)
-                return
-            if refusal is not None:  # its payload, if it sent it anyway, stays unread
-                assert refusal, "a door's refusal must not be empty: the caller reads that as go"
-                with suppress(ConnectionError, asyncio.TimeoutError):
-                    await send_item(writer, refusal, self.send_timeout)
-                return
-            self.open_calls[remote] += 1
-            try:
-                await self._serve(remote, declared, reader, writer)
-            except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError, RemoteError) as e:
-                log.debug("%s: call from %s ended: %s", self.name, short_id(remote), e)
-            except Exception as e:  # as hivemind does: the caller gets the error, not a silent end
-                log.warning("%s handler failed: %s", self.name, e, exc_info=True)
-                await send_error(writer, e)
-            finally:
-                decrement(self.open_calls, remote)
+        with closing(writer), self.budget.hold(remote, self.name) as admitted:
+            if admitted:
+                await self._call(remote, reader, writer)
+
+    async def _call(self, remote: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """The ask, the door's answer, then (past the door) the call itself."""
+        declared = await self._declared(remote, reader)
+        if declared is None:
+            return
+        try:
+            refusal = await self.door(remote, declared, self.open_calls[remote])
+        except Exception as e:  # a bug of ours: the call ends, the node goes on
+            log.warning("%s door failed: %s", self.name, e, exc_info=True)
+            return
+        if refusal is not None:  # its payload, if it sent it anyway, stays unread
+            assert refusal, "a door's refusal must not be empty: the caller reads that as go"
+            with suppress(ConnectionError, asyncio.TimeoutError):
+                await send_item(writer, refusal, self.send_timeout)
+            return
+        self.open_calls[remote] += 1
+        try:
+            await self._serve(remote, declared, reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError, RemoteError) as e:
+            log.debug("%s: call from %s ended: %s", self.name, short_id(remote), e)
+        except Exception as e:  # as hivemind does: the caller gets the error, not a silent end
+            log.warning("%s handler failed: %s", self.name, e, exc_info=True)
+            await send_error(writer, e)
+        finally:
+            decrement(self.open_calls, remote)
 
     async def _declared(self, remote: str, reader: asyncio.StreamReader) -> int | None:
         """The payload size the caller declares, or None if it sent no valid ask in time."""

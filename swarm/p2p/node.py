@@ -16,6 +16,7 @@ from google.protobuf.wrappers_pb2 import BytesValue
 from ..dht import (NetworkConfig, announce, announce_holdings, create_dht, list_holders, list_peers, list_tallies,
                    peer_id_of_maddr, publish_swarm_record, publish_tally, trusted_learners)
 from ..identity import Identity
+from .budget import StreamBudget
 from .calls import Calls
 from .framing import MAX_MESSAGE, Stall
 from .handlers import Door, GatedHandler, Handler, StreamHandler, streaming, unary
@@ -38,6 +39,8 @@ class SwarmNode:
         self._loop = SwarmLoop()
         self.p2p = self.run(self.dht.replicate_p2p(), timeout=30)
         self._calls = Calls(self._loop, self.p2p, self.peers)
+        self.streams = StreamBudget()
+        """Inbound streams held open, per peer and protocol and in all (swarm/p2p/budget.py)."""
 
     @property
     def peer_id(self) -> str:
@@ -86,7 +89,8 @@ class SwarmNode:
         """A server-streaming RPC: one request, many reply items on one libp2p stream. Much faster
         than one unary call per item (no per-call round trip through the daemon). On the wire this
         is exactly hivemind's protobuf stream of `BytesValue`s (swarm/p2p/framing.py)."""
-        self.run(self.p2p.add_binary_stream_handler(name, streaming(name, handler, request_timeout, send_timeout)),
+        self.run(self.p2p.add_binary_stream_handler(name, streaming(name, handler, request_timeout, send_timeout,
+                                                                     self.streams)),
                  timeout=10)
 
     def add_gated_handler(self, name: str, door: Door, handler: Handler, request_timeout: float = 10.0,
@@ -100,7 +104,7 @@ class SwarmNode:
         (p2pd's socket and yamux's window) stops it after a few hundred KiB. The payload then must
         come within `body` (a trickle does not hold a handler) and be no longer than declared.
         """
-        gated = GatedHandler(name, door, handler, request_timeout, body, send_timeout)
+        gated = GatedHandler(name, door, handler, request_timeout, body, send_timeout, self.streams)
         self.run(self.p2p.add_binary_stream_handler(name, gated), timeout=10)
 
     # calling (calls.py)

@@ -4,9 +4,9 @@
                       reply:   `RolloutReply`, a msgpack map {"ok", "rejected", "busy", "backlog"
                                [, "why"] [, "error"]}
 
-A gated call (swarm/p2p.py, `call_gated`): the sampler declares the batch's size, the learner's
-door answers busy or go before reading a byte of it, and only then is the batch sent. (v1 was a
-unary call, whose payload p2pd reads whole before any check.)
+A gated call (swarm/p2p/calls.py, `call_gated`): the sampler declares the batch's size, the
+learner's door answers busy or go before reading a byte of it, and only then is the batch sent. (v1
+was a unary call, whose payload p2pd reads whole before any check.)
 """
 
 from __future__ import annotations

@@ -32,9 +32,9 @@ class Swarm:
                                  "--workdir", str(self.base / name), *extra])
 
     def join_attacker(self, name: str, mode: str, *extra: str) -> NodeProcess:
-        """A sampler process with its own key whose groups tests/attacker.py tampers with (MODE)."""
+        """A sampler process with its own key whose groups tests/helpers/attacker.py tampers with (MODE)."""
         return self.start(name, [mode, "join", "--role", "sampler", "--initial-peers", self.addr, "--no-nat",
-                                 "--workdir", str(self.base / name), "--name", name, *extra], module="tests.attacker")
+                                 "--workdir", str(self.base / name), "--name", name, *extra], module="tests.helpers.attacker")
 
     def start_learner(self, toml: str, *extra: str) -> NodeProcess:
         """The learner, with `toml` as its config file (written to the swarm's folder)."""

@@ -1,6 +1,6 @@
 """Peak memory of one learner step, in a fresh process (run by tests/test_memory.py).
 
-    python tests/memory_probe.py BUDGET GROUPS [full]
+    python tests/helpers/memory_probe.py BUDGET GROUPS [full]
 
 Prints the step's peak resident memory above what the process held before it, in bytes. With
 `full`, log-probs take the full-logits path ([B, L, V] float32: what the learner did before it
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root
 
 from examples.bench_learner import PeakMemory, make_parts  # noqa: E402
 from examples.model_shapes import build  # noqa: E402

@@ -1,4 +1,4 @@
-"""One rank of tests/test_distributed.py: `torchrun --nproc-per-node 2 tests/fsdp_worker.py MODE OUT [RESUME]`.
+"""One rank of tests/test_distributed.py: `torchrun --nproc-per-node 2 tests/helpers/fsdp_worker.py MODE OUT [RESUME]`.
 
 MODE "spmd": every rank calls train_step on the sharded model for STEPS steps; rank 0 saves the
 gathered weights, optimizer state and metrics to OUT (torch.save).
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # torchrun runs this file as a script
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # torchrun runs this file as a script: the repo root
 
 from node.algorithms import get_algorithm  # noqa: E402
 from node.engines.base import Completion  # noqa: E402

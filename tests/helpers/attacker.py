@@ -1,7 +1,7 @@
 """An attacker's sampler for tests/test_steering.py: a real `hetero-node join --role sampler`
 process, with its own key, that tampers with its groups before it signs and sends them.
 
-    python -m tests.attacker MODE join --role sampler --initial-peers ... [join options]
+    python -m tests.helpers.attacker MODE join --role sampler --initial-peers ... [join options]
 
 MODE (the attacks of issue 13, as a stranger would run them):
     logprobs   honest tokens, claimed behaviour log-probs of -18/token (inflated importance weights)

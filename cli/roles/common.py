@@ -1,0 +1,109 @@
+"""What every role's process does the same: pacing, joining the swarm, telling volunteers how to join."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Callable, TypeVar
+
+from cli.errors import UserError
+from swarm.identity import Identity
+from swarm.p2p import SwarmNode, raise_nofile_limit
+from swarm.reach import settle
+
+from .config import JoinConfig
+
+log = logging.getLogger("hetero-node")
+T = TypeVar("T")
+
+
+class Every:
+    """True once every `seconds` (the first call too): the pacing of periodic work in role loops."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self._last = seconds, float("-inf")
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if now - self._last < self.seconds:
+            return False
+        self._last = now
+        return True
+
+
+def start_node(cfg: JoinConfig) -> SwarmNode:
+    open_file_limit()
+    threads = cfg.threads or int(os.environ.get("HETERO_NODE_THREADS", "0"))
+    if threads:
+        import torch  # the role's work needs it anyway; a bootstrap never gets here
+
+        torch.set_num_threads(threads)
+    Path(cfg.workdir).mkdir(parents=True, exist_ok=True)
+    identity = Identity.load_or_create(cfg.identity_path)
+    net, _ = settle(cfg.network, unknown_is_public=cfg.learns)
+    if cfg.learns and net.client_mode:
+        # every sampler must reach it; through a relay all of it would cross the coordinator's
+        # bootstrap, within the relay's limits (docs/DESIGN.md, "The real internet")
+        raise UserError("a learner behind a NAT cannot be reached by samplers",
+                        f"forward TCP port {net.port or 31338} on your router to this machine and pass --public-ip "
+                        f"<your public address> --port {net.port or 31338}, or run the learner on a machine with a "
+                        "public address")
+    node = SwarmNode(identity, net, cfg.swarm)
+    log.info("%s %s joined swarm %r; listening on %s", cfg.role, node.peer_id, cfg.swarm, " ".join(node.maddrs()))
+    if cfg.network.public_ip:  # now that we listen (on the port we were given, or the one picked for us)
+        reachability_check(cfg.network.port or tcp_port(node.maddrs()), cfg.network.public_ip)
+    return node
+
+
+def open_file_limit() -> None:
+    """A public node's streams each cost a descriptor: take the hard open-file limit, not the soft
+    default (often 1,024), before the DHT starts (swarm/p2p/budget.py bounds what peers may hold)."""
+    before, after = raise_nofile_limit()
+    if after > before:
+        log.info("open-file limit raised from %d to %d", before, after)
+
+
+def survive(what: str, work: Callable[[], T]) -> T | None:
+    """Run a role's periodic network work (announce, publish a tally, ask the DHT); a resource the
+    process ran out of (EMFILE, ENOMEM, a socket error) is logged and the loop goes on: it is
+    retried on its next turn. Bugs (anything else) still end the role."""
+    try:
+        return work()
+    except (OSError, MemoryError) as e:
+        log.warning("%s failed (%s: %s); trying again on the next turn", what, type(e).__name__, e)
+        return None
+
+
+def tcp_port(maddrs: list[str]) -> int:
+    """The TCP port of the first of `maddrs` that has one (0 if none)."""
+    return next((int(m.split("/tcp/")[1].split("/")[0]) for m in maddrs if "/tcp/" in m), 0)
+
+
+def reachability_check(port: int, public_ip: str | None) -> None:
+    """Petals-style self-check: can this machine be reached at the address it announces?"""
+    if not public_ip:
+        return
+    try:
+        with socket.create_connection((public_ip, port), timeout=3):
+            log.info("reachability: %s:%d accepts connections", public_ip, port)
+    except OSError as e:
+        log.warning(
+            "reachability: cannot connect to %s:%d (%s). Open TCP port %d in your firewall and forward it on "
+            "your router to this machine, or run with --client-mode to reach the swarm through relays.",
+            public_ip, port, e, port)
+
+
+def _public_first(maddrs: list[str]) -> list[str]:
+    """Addresses a volunteer elsewhere can dial first: loopback ones only work on this machine."""
+    return sorted(maddrs, key=lambda m: m.startswith(("/ip4/127.", "/ip6/::1/")))
+
+
+def volunteer_command(maddrs: list[str], swarm: str, others: list[str] = ()) -> str:
+    """The exact command volunteers paste to join this swarm as samplers: this bootstrap's first
+    public address, then the coordinator's `others` (a volunteer joins through any one alive)."""
+    where = f" --swarm {swarm}" if swarm != "demo" else ""
+    peers = "".join(f" --initial-peers {m}" for m in [_public_first(maddrs)[0], *others])
+    return f"hetero-node join --role sampler{where}{peers}"

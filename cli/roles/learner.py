@@ -1,0 +1,246 @@
+"""`hetero-node join --role learner`: a learner on the swarm, until told to stop.
+
+The learner (node/) and its link (swarm/) are built here, each given the other's part through its
+constructor or the `Intake` seam: the link's receiver asks the learner about every record
+(`open_intake`), the learner publishes through the link. On stop it checkpoints (the journal
+cursor with it), publishes its tally, and the DHT is shut down by the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import msgpack
+import torch
+
+from node.checkpoint import latest_checkpoint
+from node.device import resolve
+from node.distributed import Leader, follow, init_from_env, shard
+from node.learner import Learner, LearnerConfig
+from node.metrics import MetricsWriter
+from node.models import load_model, load_tokenizer
+from node.tasks import make_task
+from swarm.journal import Journal
+from swarm.p2p import SwarmNode
+from swarm.swarm_exchange import SwarmLearnerLink
+
+from .common import Every, start_node, survive, volunteer_command
+from .config import JoinConfig
+from .report import LearnerReport
+
+log = logging.getLogger("hetero-node")
+
+
+def run_learner(cfg: JoinConfig, stop: threading.Event) -> None:
+    """One learner process; under torchrun (WORLD_SIZE > 1) rank 0 is the swarm peer and leads,
+    the other ranks only follow its training steps (node/distributed.py) and join no swarm."""
+    place = resolve(cfg.device, cfg.dtype)
+    coll = init_from_env(place.device.type)
+    if coll is not None and coll.rank > 0:
+        try:
+            _learner_follower(cfg, place, coll)
+        finally:
+            coll.close()
+        return
+    node = start_node(cfg)
+    try:
+        LearnerRun(cfg, node, place, coll).run(stop)
+    finally:
+        node.shutdown()
+        if coll is not None:
+            coll.close()
+
+
+def _sharded_trainer(cfg: JoinConfig, place, coll):
+    """This rank's FSDP2 shard of the model and its AdamW (float32 master weights; bfloat16
+    compute through FSDP's mixed-precision policy where the dtype says so)."""
+    lm = load_model(cfg.model, torch.float32, coll.device)
+    if cfg.learner.gradient_checkpointing:
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    module = shard(lm, param_dtype=place.autocast_dtype)
+    return module, torch.optim.AdamW(module.parameters(), lr=cfg.learner.lr, weight_decay=0.0)
+
+
+def _learner_follower(cfg: JoinConfig, place, coll) -> None:
+    module, optimizer = _sharded_trainer(cfg, place, coll)
+    log.info("learner rank %d of %d: following rank 0", coll.rank, coll.world)
+    steps = follow(module, optimizer, coll)
+    log.info("learner rank %d: stopped after %d steps", coll.rank, steps)
+
+
+class JournalCursor:
+    """The journal position the newest checkpoint holds: records before it are compactable once
+    that checkpoint is on disk, never sooner."""
+
+    def __init__(self, link: SwarmLearnerLink) -> None:
+        self.link, self.saved = link, 0
+
+    def checkpoint_extra(self) -> dict:
+        self.saved = self.link.cursor  # what this checkpoint has consumed
+        return {"journal_cursor": self.saved}
+
+
+def make_learner(cfg: JoinConfig, node: SwarmNode, place, coll=None) -> tuple[Learner, SwarmLearnerLink, bool,
+                                                                               Callable[[], None]]:
+    """The learner and its link, resumed from the newest checkpoint if any; whether it resumed;
+    and what compacts the journal up to that checkpoint."""
+    work = Path(cfg.workdir)
+    metrics = MetricsWriter(work / "metrics.jsonl", work / "tensorboard" if cfg.tensorboard else None)
+    log.info("learner computes on %s (float32 master weights)", place)
+    tok = load_tokenizer(cfg.model)
+    leader = None
+    if coll is not None:
+        leader = Leader(*_sharded_trainer(cfg, place, coll), coll)
+        log.info("learner rank 0 of %d: FSDP2 over %d processes", coll.world, coll.world)
+    journal, quarantine = Journal(work / "journal.bin"), Journal(work / "quarantine.bin")
+    # unproven samplers must be able to fill a step, to be audited at all
+    link = SwarmLearnerLink(node, journal, cfg.learner.intake.for_step(cfg.learner.groups_per_step))
+    cursor = JournalCursor(link)
+    learner = Learner(cfg.learner, load_model(cfg.model, torch.float32, place.device), tok, make_task(cfg.task, tok),
+                      model_id=cfg.model, sampling=cfg.sampling, swarm=cfg.swarm, link=link, peer_id=node.peer_id,
+                      checkpoint_dir=work / "checkpoints", metrics=metrics,
+                      compute_dtype=None if leader else place.autocast_dtype, leader=leader,
+                      quarantine=lambda raw, why: quarantine.append([msgpack.packb([why, raw])]),
+                      checkpoint_extra=cursor.checkpoint_extra)
+    ckpt = latest_checkpoint(work / "checkpoints")
+    if ckpt is not None:
+        learner.load_checkpoint(ckpt)
+        log.info("resumed from %s at version %d", ckpt, learner.version)
+    link.open_intake(learner, learner.restored_extra.get("journal_cursor", 0))
+    cursor.saved = link.cursor
+    return learner, link, ckpt is not None, lambda: journal.compact(cursor.saved)
+
+
+class LearnerRun:
+    """A learner's loop: announce, read rollouts, step while a step's groups are in, give the
+    device to its own sampler if it has one (`sampler,learner`), report; until stopped or done."""
+
+    def __init__(self, cfg: JoinConfig, node: SwarmNode, place, coll=None,
+                 make_local: Callable[[Learner], "LocalSampler"] | None = None) -> None:  # noqa: F821
+        self.cfg, self.node = cfg, node
+        self.learner, self.link, self.resumed, self.compact_journal = make_learner(cfg, node, place, coll)
+        self.local = make_local(self.learner) if make_local else None
+        self.report = LearnerReport(self.learner)
+        self.last_data = time.monotonic()
+        self.named = False
+        """Whether a coordinator's swarm record names us (checked on each status line until it does)."""
+
+    def run(self, stop: threading.Event) -> None:
+        learner, cfg = self.learner, self.cfg
+        learner.start()
+        if not self.resumed:
+            learner.run_eval()
+        announce, tally, status = Every(cfg.announce_every_s), Every(cfg.tally_every_s), Every(cfg.status_every_s)
+        peers = cfg.network.initial_peers
+        log.info("volunteers join with: %s", volunteer_command(peers[:1], cfg.swarm, peers[1:]))
+        made = False
+        try:
+            while not stop.is_set() and not self.done:
+                if announce():
+                    survive("announcing the learner", self._announce)
+                if tally() and learner.tally.peers:
+                    survive("publishing the tally", lambda: publish_tally(self.node, learner, cfg.model))
+                survive("reading rollouts", lambda: self._read(self._wait_s(made)))
+                while not self.done and learner.step() is not None:
+                    pass
+                made = self._own_turn()
+                self.compact_journal()  # the journal keeps only what no checkpoint holds yet
+                if learner.leader is not None:
+                    learner.leader.keepalive()
+                if status():
+                    log.info(self.report.line(time.monotonic() - self.last_data))
+                    self.named = self.named or bool(survive("reading the swarm record",
+                                                            lambda: check_named(self.node, cfg.model)))
+            if self.done:
+                if not learner.history or learner.history[-1].get("kind") != "eval":
+                    learner.run_eval()
+                log.info("reached version %d: stopping", learner.version)
+        finally:
+            self._close()
+
+    @property
+    def done(self) -> bool:
+        return self.cfg.max_steps is not None and self.learner.version >= self.cfg.max_steps
+
+    def _wait_s(self, made: bool) -> float:
+        """How long to wait for rollouts: alone, half a second; beside our own sampler, only while
+        it has no turn to take (it made nothing last time)."""
+        if self.local is None:
+            return 0.5
+        return 0.0 if made else 0.2
+
+    def _read(self, timeout: float) -> None:
+        records = self.link.receive_rollouts(1000, timeout=timeout)
+        if records:
+            self.learner.ingest_many(records)
+            self.last_data = time.monotonic()
+
+    def _own_turn(self) -> bool:
+        """The device's other turn: one batch of our own sampler's; whether it made any."""
+        made = self.local is not None and not self.done and self.local.turn() > 0
+        if made:
+            self.last_data = time.monotonic()
+        return made
+
+    def _announce(self) -> None:
+        learner, cfg = self.learner, self.cfg
+        self.node.announce({"role": "learner", "model_id": cfg.model, "version": learner.version, "engine": "hf",
+                            "throughput": round(self.report.rate() * cfg.sampling.group_size, 3),
+                            "maddrs": self.node.maddrs(),
+                            "accepts": accepted_models(cfg.learner, learner.checks.other_tokenizer_models())},
+                           ttl=cfg.peer_ttl_s)
+
+    def _close(self) -> None:
+        learner = self.learner
+        if self.local is not None:
+            self.local.close()
+        if learner.tally.peers:
+            survive("publishing the tally", lambda: publish_tally(self.node, learner, self.cfg.model))
+        learner.save_checkpoint(Path(self.cfg.workdir) / "checkpoints")
+        if learner.leader is not None:
+            learner.leader.stop()
+        learner.metrics.close()
+        log.info(self.report.summary())
+
+
+def accepted_models(lc: LearnerConfig, other_tokenizers: set[str] = frozenset()) -> list[str]:
+    """The other models a learner tells samplers it takes, so they send it their groups: those it
+    names, and with "*" those of `foreign_tokenizers` whose tokenizer is not its own
+    (`other_tokenizers`: what "*" admits as foreign). Never "*" itself, nor a model in its own
+    tokenizer that it does not name: that sampler's groups are checked as the learner's own (audited
+    against weights it never ran, and refused), so it must not be invited. Nothing when it drops them."""
+    if lc.foreign_loss == "drop":
+        return []
+    named = {m for m in lc.accept_models if m != "*"}
+    return sorted(named | (set(other_tokenizers) if "*" in lc.accept_models else set()))
+
+
+def check_named(node: SwarmNode, model: str) -> bool:
+    """Whether a coordinator we joined through names this learner, with our model or none; if not,
+    samplers will not follow it (swarm/discovery.py), so say how to fix that, once per status line
+    until it is fixed."""
+    said = node.trusted_learners(node.coordinators).get(node.peer_id)
+    if said in ("", model):
+        log.info("the coordinator's swarm record names this learner: samplers will follow it")
+        return True
+    if said is None:
+        log.warning("no coordinator names this learner (%s), so samplers will not follow it: restart the bootstrap "
+                    "with --trusted-learner %s=%s (or add that line to its --learners-file; or samplers pin it with "
+                    "--follow %s)", node.peer_id, node.peer_id, model, node.peer_id)
+    else:
+        log.warning("the swarm record says this learner (%s) trains %r, but it runs --model %r (or two coordinators "
+                    "disagree), so no sampler will follow it: name it with --trusted-learner %s=%s", node.peer_id,
+                    said, model, node.peer_id, model)
+    return False
+
+
+def publish_tally(node: SwarmNode, learner: Learner, model_id: str) -> None:
+    try:
+        if not node.publish_tally(learner.tally.record(node.peer_id, model_id, learner.version, learner.history)):
+            log.warning("the DHT did not store our contribution tally; retrying later")
+    except Exception as e:  # the leaderboard can wait; training must not
+        log.warning("could not publish the contribution tally: %s", e)

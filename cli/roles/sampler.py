@@ -1,0 +1,120 @@
+"""`hetero-node join --role sampler`: a sampler on the swarm, until told to stop: it follows its
+model's learner, generates while the learner keeps up, and feeds partner learners of its model."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+from node.device import resolve
+from node.engines import make_engine
+from node.models import load_tokenizer, tokenizer_hash
+from node.sampler import Sampler
+from node.tasks import make_task
+from swarm.discovery import LearnerTracker
+from swarm.identity import short_id
+from swarm.outbox import Outbox
+from swarm.p2p import SwarmNode
+from swarm.swarm_exchange import SwarmSamplerLink
+
+from .common import Every, start_node, survive
+from .config import JoinConfig
+
+log = logging.getLogger("hetero-node")
+
+
+def run_sampler(cfg: JoinConfig, stop: threading.Event) -> None:
+    node = start_node(cfg)
+    outbox = Outbox(Path(cfg.workdir) / "outbox.db")
+    link = None
+    try:
+        tracker = LearnerTracker(node, cfg.follow, cfg.model)
+        link = SwarmSamplerLink(node, outbox, lambda: tracker.current, cfg.sampler.weight_delay,
+                                cfg.sampler.rollout_delay, cfg.seed, mates=lambda: tracker.mates,
+                                fetch=cfg.sampler.fetch, partners=lambda: tracker.partners,
+                                max_partner_owed=cfg.sampler.max_outbox)
+        sampler = _make_sampler(cfg, node)
+        _sampler_loop(cfg, node, outbox, link, sampler, tracker, stop)
+    finally:
+        if link is not None:
+            link.close()
+            log.info("sampler stopped: %d groups delivered, %d refused by the learner, %d left in the outbox "
+                     "(sent when you join again)%s", link.rollouts.stats["delivered"], link.rollouts.stats["rejected"],
+                     len(outbox), _partner_summary(link))
+        outbox.close()
+        node.shutdown()
+
+
+def _partner_summary(link: SwarmSamplerLink) -> str:
+    """'; partner learners: Qm1234 took 40, ...' for the learners of other models this sampler fed."""
+    parts = [f"{short_id(p)} took {st['delivered']}" + (f", gave up {st['given_up']}" if st["given_up"] else "")
+             for p, st in sorted(link.rollouts.partner_stats.items())]
+    return f"; partner learners: {'; '.join(parts)}" if parts else ""
+
+
+def _held_back(cfg: JoinConfig, outbox: Outbox, link: SwarmSamplerLink, tracker: LearnerTracker) -> bool:
+    """Whether to stop generating for now: our learner is behind or away (its rollouts wait without
+    bound), or, with no live learner of our model, every partner already has all it can take from us."""
+    if tracker.current is not None:
+        return outbox.owed() >= cfg.sampler.max_outbox or link.learner_backlog >= cfg.sampler.max_learner_backlog
+    # our learner is gone (its record expired): what we make now goes to partners only (ours keeps
+    # what it was owed), so a dead learner of our model does not starve the others
+    return all(outbox.owed(p) >= cfg.sampler.max_outbox for p in tracker.partners)
+
+
+def _waiting_for(tracker: LearnerTracker, swarm: str) -> str:
+    """What a sampler with no learner to follow waits for, and what would end the wait."""
+    if tracker.follow:
+        return f"waiting for the learner --follow names ({short_id(tracker.follow)}) to appear in swarm {swarm!r}"
+    if tracker.ignored:
+        return (f"waiting for a learner the coordinator names: {len(tracker.ignored)} learner(s) seen in swarm "
+                f"{swarm!r}, none named by the bootstrap's swarm record (its --trusted-learner), so none is followed; "
+                "pin one with --follow PEER_ID")
+    if tracker.named_models:
+        return (f"waiting for a learner of model {tracker.model_id!r} or one that takes its rollouts: the learners "
+                f"in swarm {swarm!r} train {', '.join(map(repr, tracker.named_models))} and none names "
+                f"{tracker.model_id!r} in its learner.accept_models; join with --model set to one of theirs")
+    return f"waiting for a learner to join swarm {swarm!r} (none seen yet; is --swarm the coordinator's?)"
+
+
+def _make_sampler(cfg: JoinConfig, node: SwarmNode) -> Sampler:
+    tok = load_tokenizer(cfg.model)
+    # auto is float32 for samplers on every device: learners audit sampled tokens against their
+    # float32 distribution, and bfloat16 numerics move the CDF intervals by more than the
+    # audit's tolerance on some tokens (docs/DESIGN.md, "Scale"); bfloat16 only when asked for
+    place = resolve(cfg.device, "float32" if cfg.dtype == "auto" else cfg.dtype)
+    log.info("sampler generates on %s", place)
+    engine = make_engine(cfg.engine, cfg.model, tok, cfg.vllm, placement=place)
+    return Sampler(node.peer_id, make_task(cfg.task, tok), engine, tokenizer_hash(tok), sampling=cfg.sampling,
+                   swarm=cfg.swarm, prompts_per_batch=cfg.sampler.prompts_per_batch, seed=cfg.seed)
+
+
+def _sampler_loop(cfg: JoinConfig, node: SwarmNode, outbox: Outbox, link: SwarmSamplerLink, sampler,
+                  tracker: LearnerTracker, stop: threading.Event) -> None:
+    announce, status = Every(cfg.announce_every_s), Every(cfg.status_every_s)
+    backoff, groups, t0, force = 1.0, 0, time.monotonic(), True
+    while not stop.is_set():
+        rate = groups * cfg.sampling.group_size / max(time.monotonic() - t0, 1e-6)  # rollouts/s
+        if announce():
+            survive("announcing the sampler", lambda: node.announce(
+                {"role": "sampler", "model_id": cfg.model, "version": sampler.version, "engine": cfg.engine,
+                 "throughput": round(rate, 3), "maddrs": node.maddrs(), "name": cfg.name,
+                 "learner": tracker.current or ""}, ttl=cfg.peer_ttl_s))
+        if status():
+            log.info("sampler v%d | groups made %d | acknowledged %d | outbox %d | learner %s | partners %d | "
+                     "%.1f rollouts/s", sampler.version, groups, link.rollouts.stats["delivered"], len(outbox),
+                     short_id(tracker.current) if tracker.current else "none yet", len(tracker.partners), rate)
+        tracker.refresh(force=force)
+        if not tracker.any:
+            log.info("%s (for %.0f s; retrying in %.0f s)", _waiting_for(tracker, cfg.swarm), time.monotonic() - t0,
+                     backoff)
+            stop.wait(backoff)
+            backoff, force = min(backoff * 2, 30.0), True
+            continue
+        backoff, force = 1.0, False
+        if _held_back(cfg, outbox, link, tracker):
+            stop.wait(0.2)  # the learner is behind or away: do not generate without bound
+            continue
+        groups += sampler.run_once(link)

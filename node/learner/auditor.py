@@ -1,0 +1,121 @@
+"""Spot audits of own-model groups (checkable sampling, node/audit.py and node/checkable.py), and
+what they decide: which samplers are proven, and which are refused for good.
+
+The auditor owns the published versions rebuilt for audits (`VersionArchive`), the refusal list
+(on disk: a refusal survives restarts), a second copy of the model that audits run on (made on the
+first audit, so a learner that never audits never pays for it), and per-sampler audit counts.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import random
+import time
+from typing import Any
+
+import torch
+
+from ..audit import AuditItem, AuditResult, RefusalList, VersionArchive, audit_groups
+from ..checkable import group_seeds
+from ..config import SamplingConfig
+from ..weights import retie
+from .config import LearnerConfig
+from .groups import BufferedGroup, GroupKind, Verdict
+
+NEW_STATS = {"audits": 0, "failed": 0, "unauditable": 0, "positions": 0, "time_s": 0.0, "logprob_gap_max": 0.0}
+
+
+class Auditor:
+    def __init__(self, cfg: LearnerConfig, model: torch.nn.Module, aliases: dict[str, str], sampling: SamplingConfig,
+                 pad_id: int, archive: VersionArchive, refusals: RefusalList, peer_id: str) -> None:
+        self.cfg, self.model, self._aliases, self.sampling, self.pad_id = cfg, model, aliases, sampling, pad_id
+        self.archive, self.refusals, self.peer_id = archive, refusals, peer_id
+        self.audits: collections.Counter[str] = collections.Counter()
+        """Audits done per sampler (the first `audit_first` of each are always done)."""
+        self.stats: dict[str, Any] = dict(NEW_STATS)
+        self._copy: torch.nn.Module | None = None
+        self._loaded: tuple[str, int] | None = None
+        self._rng = random.SystemRandom()  # the sampler must not predict which groups get audited
+
+    def is_proven(self, peer: str) -> bool:
+        """Whether `peer` passed its first `audit_first` audits and was never refused."""
+        return peer not in self.refusals and self.audits[peer] >= self.cfg.audit_first
+
+    def kind_of(self, b: BufferedGroup) -> GroupKind:
+        """Which share of a step `b` may fill: never audited (foreign), a version we cannot rebuild
+        from a key not yet proven (nothing of it was ever checked), or checked work."""
+        if not b.own:
+            return GroupKind.FOREIGN
+        if b.sampler == self.peer_id:
+            return GroupKind.CHECKED  # made here with these weights (ingest_own): nothing to prove
+        if not self.archive.auditable(b.chain, b.claimed_version) and not self.is_proven(b.sampler):
+            return GroupKind.UNAUDITED
+        return GroupKind.CHECKED
+
+    def rate(self, sampler: str) -> float:
+        """The share of `sampler`'s groups audited once past its first `audit_first`: heavier while
+        its record is short."""
+        trusted = self.audits[sampler] >= self.cfg.audit_trusted_after
+        return self.cfg.audit_rate_trusted if trusted else self.cfg.audit_rate
+
+    def audit(self, taken: list[BufferedGroup]) -> dict[str, str]:
+        """Audit a chosen share of `taken` (each chosen group's `verdict` is set); returns the
+        samplers that failed, each with the reason of its first failure in `taken`."""
+        chosen = [b for b in taken if b.own and b.sampler != self.peer_id  # (made in this process)
+                  and (self.audits[b.sampler] < self.cfg.audit_first or self._rng.random() < self.rate(b.sampler))]
+        # one forward pass per claimed version: its weights are rebuilt and loaded once
+        by_version: dict[tuple[str, int], list[BufferedGroup]] = {}
+        for b in chosen:
+            by_version.setdefault((b.chain, b.claimed_version), []).append(b)
+        failed: dict[str, str] = {}
+        for key, groups in sorted(by_version.items()):
+            for b, why in zip(groups, self._audit_version(key, groups)):
+                if b.verdict is Verdict.FAILED:
+                    failed.setdefault(b.sampler, why)
+        return {s: failed[s] for b in taken if (s := b.sampler) in failed}  # in the order of `taken`
+
+    def _audit_version(self, key: tuple[str, int], groups: list[BufferedGroup]) -> list[str]:
+        """Audit groups that claim the same version; sets each one's verdict; the failures' reasons."""
+        t0 = time.perf_counter()
+        weights, nonce = self.archive.weights(*key), self.archive.nonce(*key)
+        if weights is None or nonce is None:
+            self.stats["unauditable"] += len(groups)
+            for b in groups:
+                b.verdict = Verdict.UNAUDITABLE
+            return [""] * len(groups)
+        if self._copy is None:
+            self._copy = copy.deepcopy(self.model).eval()
+        if self._loaded != key:
+            self._copy.load_state_dict(retie(weights, self._aliases))
+            self._loaded = key
+        items = [AuditItem(b.group.prompt_ids, [(c.token_ids, c.logprobs) for c in b.group.completions],
+                           group_seeds(nonce, b.group.problem_id, b.sampler, len(b.group.completions))) for b in groups]
+        results = audit_groups(self._copy, items, self.sampling.params, self.pad_id,
+                               self.cfg.audit_tolerance, self.cfg.audit_rel_tolerance)
+        self.stats["time_s"] += time.perf_counter() - t0
+        return [self._judge(b, r) for b, r in zip(groups, results)]
+
+    def _judge(self, b: BufferedGroup, result: AuditResult) -> str:
+        """Count `result` and set `b`'s verdict; why it failed ("" if it passed)."""
+        self.audits[b.sampler] += 1
+        st = self.stats
+        st["audits"] += 1
+        st["positions"] += result.positions
+        if result.passed and result.logprob_gap <= self.cfg.audit_logprob_gap:
+            st["logprob_gap_max"] = max(st["logprob_gap_max"], result.logprob_gap)  # honest engines' numerics
+            b.verdict = Verdict.PASS
+            return ""
+        st["failed"] += 1
+        b.verdict = Verdict.FAILED
+        if not result.passed:
+            return (f"audit failed: {result.failed_positions} of {result.positions} tokens are not the ones its "
+                    f"randomness selects at v{b.claimed_version}")
+        return f"audit failed: claimed log-probs {result.logprob_gap:.3f}/token away from v{b.claimed_version}'s"
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"audits": dict(self.audits), "stats": dict(self.stats)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.audits = collections.Counter(state["audits"])
+        self.stats = {**NEW_STATS, **state["stats"]}

@@ -1,0 +1,141 @@
+"""The learner's buffer: accepted groups not yet trained on, and how a step's groups are chosen.
+
+Invariants: an accepted group stays here (and in checkpoints, as the record received) until it is
+trained on, dropped as stale, or its sampler is refused; no sampler takes more than its share of a
+step while others have groups waiting (round-robin), and unchecked work only within its shares.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from typing import Callable, Iterator
+
+from .config import LearnerConfig
+from .groups import BufferedGroup, GroupKind
+
+
+class GroupBuffer:
+    def __init__(self, cfg: LearnerConfig) -> None:
+        self.cfg = cfg
+        self._groups: collections.deque[BufferedGroup] = collections.deque()
+        self._by_sampler: collections.Counter[str] = collections.Counter()
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def __iter__(self) -> Iterator[BufferedGroup]:
+        return iter(self._groups)
+
+    def __getitem__(self, i: int) -> BufferedGroup:
+        return self._groups[i]
+
+    @property
+    def full(self) -> bool:
+        return len(self._groups) >= self.cfg.max_buffer_groups
+
+    def untrained(self, sampler: str) -> int:
+        """Groups of `sampler` here: accepted and not yet trained on."""
+        return self._by_sampler[sampler]
+
+    def append(self, b: BufferedGroup) -> None:
+        self._groups.append(b)
+        self._by_sampler[b.sampler] += 1
+
+    def drop_aged(self, version: int) -> int:
+        """Drop own-model groups older than the learner will take at `version` (`max_staleness`, or
+        `wait_staleness` when set); returns how many."""
+        limit = min(self.cfg.max_staleness, self.cfg.wait_staleness or self.cfg.max_staleness)
+        return self._drop(lambda b: b.own and version - b.group.version > limit)
+
+    def drop_sampler(self, sampler: str) -> int:
+        """Drop every group of `sampler` (refused); returns how many."""
+        return self._drop(lambda b: b.sampler == sampler)
+
+    def _drop(self, gone: Callable[[BufferedGroup], bool]) -> int:
+        keep: collections.deque[BufferedGroup] = collections.deque()
+        dropped = 0
+        for b in self._groups:
+            if gone(b):
+                self._by_sampler[b.sampler] -= 1
+                dropped += 1
+            else:
+                keep.append(b)
+        self._groups = keep
+        return dropped
+
+    def pick(self, kind_of: Callable[[BufferedGroup], GroupKind]) -> list[int]:
+        """Indices of the next step's groups (`pick_groups` with the foreign and unaudited shares),
+        oldest first, or newest version first with `take_newest`."""
+        n = self.cfg.groups_per_step
+        buf = list(self._groups)  # a deque: indexing it is O(n)
+        order = list(range(len(buf)))
+        if self.cfg.take_newest:  # newest version first; arrival order among equals
+            order.sort(key=lambda i: -buf[i].group.version)
+        picked = pick_groups([(buf[i].sampler, kind_of(buf[i])) for i in order], n,
+                             {GroupKind.FOREIGN: math.floor(self.cfg.foreign_step_share * n + 1e-9),
+                              GroupKind.UNAUDITED: self.cfg.unaudited_per_step},
+                             {GroupKind.FOREIGN: self.cfg.foreign_per_sampler})
+        return [order[j] for j in picked]
+
+    def ready(self, kind_of: Callable[[BufferedGroup], GroupKind], is_proven: Callable[[str], bool]) -> bool:
+        """Whether a full step can be taken within the foreign and unaudited shares; or a short one,
+        of what the shares allow, when `groups_per_step` groups wait and waiting cannot fill a step:
+        none of them is checked work, or unproven keys' groups fill their shared budget (the swarm's
+        receiver takes no more from any new key until some are trained on: waiting would stall)."""
+        n = self.cfg.groups_per_step
+        if len(self._groups) < n:
+            return False
+        picked = len(self.pick(kind_of))
+        if picked >= n or picked == 0:
+            return picked >= n
+        if all(kind_of(b) is not GroupKind.CHECKED for b in self._groups):
+            return True
+        unproven = sum(not is_proven(b.sampler) for b in self._groups)
+        return unproven >= max(self.cfg.intake.unproven_quota, n)
+
+    def take(self, kind_of: Callable[[BufferedGroup], GroupKind]) -> list[BufferedGroup]:
+        """Remove and return the next step's groups (`pick`)."""
+        buffered, picked = list(self._groups), self.pick(kind_of)
+        chosen = set(picked)
+        self._groups = collections.deque(b for i, b in enumerate(buffered) if i not in chosen)
+        taken = [buffered[i] for i in picked]  # in pick order: the step's batch order
+        for b in taken:
+            self._by_sampler[b.sampler] -= 1
+        return taken
+
+    def state_dict(self) -> list[bytes]:
+        """The records as received: a resumed learner re-accepts them."""
+        return [b.raw for b in self._groups]
+
+    def clear(self) -> None:
+        self._groups.clear()
+        self._by_sampler.clear()
+
+
+def pick_groups(entries: list[tuple[str, str]], n: int, total_caps: dict[str, int],
+                sampler_caps: dict[str, int]) -> list[int]:
+    """Up to `n` indices of `entries` ((sampler, kind), oldest first), round-robin over samplers,
+    oldest first within each, taking at most `total_caps[kind]` of a kind in all and at most
+    `sampler_caps[kind]` of it from one sampler (kinds not named are uncapped)."""
+    queues: dict[str, collections.deque[int]] = {}
+    for i, (sampler, _) in enumerate(entries):
+        queues.setdefault(sampler, collections.deque()).append(i)
+    used: collections.Counter[str] = collections.Counter()
+    used_by: collections.Counter[tuple[str, str]] = collections.Counter()
+    taken: list[int] = []
+    while len(taken) < n and queues:
+        for sampler in list(queues):
+            q = queues[sampler]
+            # usage only grows within a pick, so a group over a cap now stays over it: skip it for good
+            while q and (used[entries[q[0]][1]] >= total_caps.get(entries[q[0]][1], n)
+                         or used_by[sampler, entries[q[0]][1]] >= sampler_caps.get(entries[q[0]][1], n)):
+                q.popleft()
+            if not q:
+                del queues[sampler]
+            elif len(taken) < n:
+                i = q.popleft()
+                taken.append(i)
+                used[entries[i][1]] += 1
+                used_by[sampler, entries[i][1]] += 1
+    return taken

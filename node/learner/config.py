@@ -1,0 +1,149 @@
+"""The `[learner]` table (`LearnerConfig`): how rollouts are checked, corrected, trained on and
+published. What the learner trains (model, task, sampling) lives in the top-level config, shared
+with the samplers; what its door lets in is `[learner.intake]` (swarm/exchange.py `IntakeConfig`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from swarm.exchange import IntakeConfig
+
+from ..algorithms import get_algorithm
+from ..guard import GuardConfig
+from ..weight_codec import PublishConfig
+
+DROP = "drop"
+"""A route's loss that trains on nothing: its groups are refused at ingest (counted)."""
+
+
+@dataclass
+class LearnerConfig:
+    """The `[learner]` table."""
+
+    stale_loss: str = "grpo"
+    """Loss for rollouts of our own model (any version): grpo, gepo, dr_grpo, gspo, m2po, pg or drop.
+    GRPO by evidence: it held at every max delay measured where GEPO lost (docs/RESULTS.md, "Defaults")."""
+    stale_options: dict[str, Any] = field(default_factory=dict)
+    """Fields of that loss's config, e.g. {eps = 0.2, beta = 0.005} for GEPO."""
+    foreign_loss: str = "ftis"
+    """Loss for rollouts of other models: ftis, pg, grpo, ... or drop."""
+    foreign_options: dict[str, Any] = field(default_factory=dict)
+    accept_models: tuple[str, ...] = ("*",)
+    """Foreign model ids whose rollouts are accepted; "*" accepts any (that shares our tokenizer,
+    or whose tokenizer is in `foreign_tokenizers`). A model in our tokenizer is taken as foreign
+    (unaudited, within the foreign share) only if named here; under any other id its rollouts
+    are checked as our own (audits, gap check, version, staleness): a label proves nothing."""
+    foreign_tokenizers: dict[str, str] = field(default_factory=dict)
+    """Other models' tokenizers, model id -> a local tokenizer folder. Rollouts of a model with
+    another tokenizer are taken only from these: the learner decodes their tokens and checks them
+    against the text (text it cannot check would let a peer claim anything), then re-tokenizes."""
+    max_staleness: int = 64
+    """Rollouts more than this many versions old are dropped (counted), never trained on."""
+    take_newest: bool = False
+    """Train on the newest buffered groups first (GEPO's released learner) rather than the oldest
+    (ours: nothing waits past its turn, so nothing ages out unused)."""
+    wait_staleness: int = 0
+    """Take no own-model group more than this many versions old (GEPO's released learner: 32,
+    which then waits for fresher data): they are dropped and counted, so they never hold a
+    sampler's quota while the learner waits; 0: only `max_staleness` applies."""
+    groups_per_step: int = 16
+    lr: float = 3e-5
+    """AdamW learning rate (1e-4 and above destabilises the built-in tiny model: measured)."""
+    max_grad_norm: float = 1.0
+    max_tokens_per_microbatch: int = 16384
+    """Padded tokens per forward/backward (node/trainer.py): bounds the learner's activation
+    memory whatever groups_per_step and the completion lengths are; the step is the same (the
+    gradients accumulate to the full batch's). 0: the whole step in one pass."""
+    gradient_checkpointing: bool = False
+    """Recompute each layer's activations in backward (transformers' gradient checkpointing):
+    about a third more compute for far less activation memory on long completions."""
+    eval_every: int = 50
+    """Greedy eval on held-out problems every N versions (0: only at the start and the end)."""
+    eval_size: int = 300
+    intake: IntakeConfig = field(default_factory=IntakeConfig)
+    """What the learner's door reads, checks and journals per sampler, and for all unproven keys
+    together (`[learner.intake]`: quota, rate, byte_rate, journal_bytes and their unproven_ pool)."""
+    max_buffer_groups: int = 4096
+    """Bound on accepted-but-untrained groups; beyond it new records are refused (counted), so
+    memory stays bounded without dropping anything already accepted."""
+    max_logprob_gap: float = 4.0
+    """Own-model sequences whose claimed behaviour log-probs differ from the learner's own by more
+    than this (mean |gap| per token, nats) are dropped from the step and counted against their
+    sampler. Honest gaps come from staleness and engine numerics: at most 2.07 at 64 versions
+    stale (examples/bench_logprob_gap.py); a claim of -18/token is >= 13 away. What passes is
+    still bounded by the dual clip (node/algorithms/base.py)."""
+    audit_first: int = 4
+    """Own-model groups audited for checkable sampling (node/audit.py) from each new sampler..."""
+    audit_rate: float = 0.1
+    """...and the share of its groups audited after those, chosen at random by the learner..."""
+    audit_trusted_after: int = 32
+    """...until it has passed this many audits; from then on, `audit_rate_trusted` of its groups.
+    New keys are audited heavily, a long record lightly: one failed audit still refuses the sampler
+    and revokes all its credit, so cheating on k groups is caught with probability
+    1 - (1 - audit_rate_trusted)^k (k = 100: 95% at 3%)."""
+    audit_rate_trusted: float = 0.03
+    audit_tolerance: float = 1e-3
+    """Slack in CDF units around each token's interval for engine numerics (node/checkable.py)..."""
+    audit_rel_tolerance: float = 0.0
+    """...plus this much times the boundary's room m = min(C, 1 - C): an engine whose logits differ
+    from ours by at most e moves a boundary by <= m * range(e) / T (node/checkable.miss_distances).
+    0 audits float32 samplers tightly. Honest bfloat16 samplers need about 0.25-0.5 (they miss by
+    up to d/m = 0.05 on the built-in model, 0.25 on a deeper one), and every bit of it is room an
+    attacker who computes u_t can use: at 0.25 a completion swapped for the right answer passes
+    16% of audits instead of 0.3% (examples/bench_bf16_audit.py, examples/bench_audit.py;
+    docs/DESIGN.md, "Trust"). So bfloat16 samplers stay opt-in."""
+    audit_logprob_gap: float = 0.25
+    """An audited group also fails if its claimed log-probs are further than this (mean |gap| per
+    token) from ours at the very version it claims: honest engines are within 1e-5 in float32."""
+    foreign_step_share: float = 0.25
+    """Foreign groups (never audited: unchecked work, not credited) fill at most this share of a
+    step's groups (floor of share x groups_per_step); F-TIS bounds one step's damage, this a flood."""
+    foreign_per_sampler: int = 2
+    """...and at most this many of a step's groups come from one sampler's foreign groups."""
+    unaudited_per_step: int = 2
+    """Groups of a step from samplers not yet proven (`is_proven`) whose version the learner cannot
+    rebuild to audit (an earlier run's chain), all such samplers together: such a key is never
+    audited, so it is trained on only this much (and not credited). A restart opens no window."""
+    checkpoint_every: int = 0
+    """Save every N versions (0: only when asked)."""
+    keep_checkpoints: int = 3
+    """Checkpoints kept on disk; older ones are deleted."""
+    weights: PublishConfig = field(default_factory=PublishConfig)
+    """How versions go out: the view samplers run, lossless patches of it between keyframes, and how
+    often (every N steps, seconds or an upload budget)."""
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    """The divergence guard (node/guard.py): the lr shrinks while the policy runs away from the
+    rollouts it trains on (k3 per token above `kl_high`) and comes back once they agree again."""
+
+    def __post_init__(self) -> None:
+        for name, opts in ((self.stale_loss, self.stale_options), (self.foreign_loss, self.foreign_options)):
+            if name != DROP:
+                get_algorithm(name).make_config(opts)
+        broken = [rule for rule, ok in _rules(self) if not ok]
+        if broken:
+            raise ValueError(f"learner: need {', '.join(broken)}")
+        if any(not m or len(m) > 256 for m in self.accept_models):  # they go into the peer record (swarm/dht.py)
+            raise ValueError("learner: accept_models entries must be model ids of 1-256 characters")
+
+
+def _rules(c: LearnerConfig) -> list[tuple[str, bool]]:
+    """Each bound on a value, as the error message states it, and whether `c` keeps it."""
+    return [
+        ("max_staleness >= 0", c.max_staleness >= 0), ("wait_staleness >= 0", c.wait_staleness >= 0),
+        ("groups_per_step >= 1", c.groups_per_step >= 1), ("lr > 0", c.lr > 0),
+        ("max_grad_norm > 0", c.max_grad_norm > 0),
+        ("max_tokens_per_microbatch >= 0 (0: the whole step at once)", c.max_tokens_per_microbatch >= 0),
+        ("eval_every >= 0", c.eval_every >= 0), ("eval_size >= 1", c.eval_size >= 1),
+        ("max_buffer_groups >= 1", c.max_buffer_groups >= 1),
+        ("max_logprob_gap > 0", c.max_logprob_gap > 0), ("audit_logprob_gap > 0", c.audit_logprob_gap > 0),
+        ("audit_first >= 0", c.audit_first >= 0), ("0 <= audit_rate <= 1", 0 <= c.audit_rate <= 1),
+        ("0 <= audit_rate_trusted <= 1", 0 <= c.audit_rate_trusted <= 1),
+        ("audit_trusted_after >= audit_first", c.audit_trusted_after >= c.audit_first),
+        ("0 <= audit_tolerance < 1", 0 <= c.audit_tolerance < 1),
+        ("0 <= audit_rel_tolerance < 1", 0 <= c.audit_rel_tolerance < 1),
+        ("0 <= foreign_step_share <= 1", 0 <= c.foreign_step_share <= 1),
+        ("foreign_per_sampler >= 0", c.foreign_per_sampler >= 0),
+        ("unaudited_per_step >= 0", c.unaudited_per_step >= 0),
+        ("checkpoint_every >= 0", c.checkpoint_every >= 0), ("keep_checkpoints >= 1", c.keep_checkpoints >= 1),
+    ]

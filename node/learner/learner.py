@@ -1,0 +1,316 @@
+"""The learner: checks records, buffers groups, audits, trains and publishes, one part each.
+
+Invariants (what makes off-policy training here correct):
+  * every accepted group carries the policy version that generated it, and its staleness is
+    `learner.version - group.version` at the moment it is trained on;
+  * a group older than `max_staleness` versions is never trained on (dropped and counted, at
+    ingest and again at batch time, since it may age in the buffer);
+  * rewards are recomputed from the completion text with the task's verifier; the sampler's
+    claimed reward is only compared (`reward_claim_mismatch`), never used;
+  * a record is validated completely before it is accepted, and once accepted it is kept (in
+    the buffer and in checkpoints) until trained on or dropped as stale, never lost.
+
+Routing (docs/DESIGN.md, "The algorithms"): rollouts of the learner's own model go to `stale_loss`
+(GRPO by default), rollouts of another model to `foreign_loss` (F-TIS by default); either may be
+"drop". A foreign model with another tokenizer is re-tokenized and corrected at sequence level.
+
+The parts, each owning its state and its `state_dict`: `RecordChecks` (and `Chains`), the
+`GroupBuffer`, the `Auditor`, `Training` (with the guard), `Publishing`, the `Books`. The learner
+is the rollout receiver's `Intake` (swarm/exchange.py): the network thread asks it about each
+record before acknowledging it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from swarm.exchange import LearnerLink
+from swarm.records import RecordError, RolloutGroup, decode_rollout_group
+
+from ..audit import RefusalList, VersionArchive
+from ..checkpoint import load_checkpoint, save_checkpoint
+from ..config import SamplingConfig
+from ..engines.hf import HFEngine
+from ..evaluate import eval_problems, evaluate
+from ..metrics import MetricsWriter
+from ..tasks import Task
+from ..weights import untie
+from .auditor import Auditor
+from .books import Books
+from .buffer import GroupBuffer
+from .checks import Chains, RecordChecks
+from .config import DROP, LearnerConfig
+from .groups import BufferedGroup, Route
+from .persist import load_learner_state, rng_state
+from .publishing import Publishing
+from .report import batch_stats, counters
+from .scoring import score_group
+from .training import Training
+
+log = logging.getLogger(__name__)
+
+
+class Learner:
+    def __init__(self, cfg: LearnerConfig, model, tokenizer, task: Task, *, model_id: str,
+                 sampling: SamplingConfig = SamplingConfig(), swarm: str = "local", link: LearnerLink | None = None,
+                 peer_id: str = "learner", checkpoint_dir: str | Path | None = None,
+                 metrics: MetricsWriter | None = None, chain: str | None = None,
+                 compute_dtype: torch.dtype | None = None, leader=None,
+                 quarantine: Callable[[bytes, str], None] = lambda raw, why: None,
+                 checkpoint_extra: Callable[[], dict] = dict, on_record: Callable[[dict], None] | None = None) -> None:
+        """`model` sits on the device it trains on, in float32 (master weights); `compute_dtype`
+        (e.g. bfloat16 on a GPU) is what its forward runs in, under autocast.
+
+        `leader` (node.distributed.Leader): this is rank 0 of an FSDP2 learner. The ranks train
+        the sharded copy together; `model` is then an unsharded copy that the gathered weights
+        are loaded into after every step, for evaluation, audits and publishing.
+
+        `quarantine(raw, why)`: where a record that broke ingest or a step goes (never replayed).
+        `checkpoint_extra()`: the runner's state saved with each checkpoint (the swarm's journal
+        cursor), found again in `restored_extra`. `on_record(rec)`: each step's and eval's metrics."""
+        self.cfg, self.model, self.tok, self.task = cfg, model.eval(), tokenizer, task
+        self.model_id, self.sampling, self.swarm, self.peer_id, self.leader = model_id, sampling, swarm, peer_id, leader
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
+        self.metrics, self.quarantine, self.checkpoint_extra, self.on_record = metrics, quarantine, checkpoint_extra, on_record
+        self.version = 0
+        self.training = Training(cfg, self.model, sampling.temperature, tokenizer.pad_token_id, compute_dtype, leader)
+        self.engine = HFEngine(self.model, tokenizer, model_id)  # for evaluation only
+        # a random chain id by default; a fixed one (the simulator's) makes sampling reproducible,
+        # since the versions' nonces (node/checkable.py) hash the published bytes, the chain among them
+        self.chains = Chains(chain or uuid.uuid4().hex[:12])
+        weights, aliases = untie(self.model.state_dict())
+        archive = VersionArchive(cfg.max_staleness + 1)
+        """Our published versions, rebuilt for audits (node/audit.py); the base model as ("", 0)."""
+        archive.put_base(weights)
+        refusals = RefusalList(self.checkpoint_dir / "refused.json" if self.checkpoint_dir else None)
+        self.publishing = Publishing(cfg.weights, self.model, model_id, self.chains.this, archive, link)
+        self.checks = RecordChecks(cfg, tokenizer, task, sampling, model_id=model_id, swarm=swarm,
+                                   chains=self.chains, archive=archive, refusals=refusals)
+        self.auditor = Auditor(cfg, self.model, aliases, sampling, tokenizer.pad_token_id, archive, refusals, peer_id)
+        self.buffer = GroupBuffer(cfg)
+        self.books = Books()
+        self.eval_set = eval_problems(task, cfg.eval_size)
+        self.history: list[dict] = []
+        self.restored_extra: dict = {}
+        self._t0 = time.time()
+
+    @property
+    def chain(self) -> str:
+        """This run's version chain: deltas apply only to weights of the same chain."""
+        return self.chains.this
+
+    @property
+    def drops(self):
+        return self.books.drops
+
+    @property
+    def tally(self):
+        return self.books.tally
+
+    @property
+    def refusals(self) -> RefusalList:
+        return self.auditor.refusals
+
+    # ---- the Intake (swarm/exchange.py): asked from the network thread --------------------------
+    def check(self, group: RolloutGroup) -> str | None:
+        """The checks of `ingest` without accepting: the receiver runs them before it acknowledges a
+        record, so a refused record never reaches the journal. Never raises."""
+        try:
+            return self.checks.check(group, self.version, self.publishing.published)
+        except Exception:
+            log.exception("checking a rollout record failed")
+            return "internal_error"
+
+    def untrained(self, sampler: str) -> int:
+        """Groups of `sampler` accepted and not yet trained on (its share of the buffer)."""
+        return self.buffer.untrained(sampler)
+
+    def is_proven(self, peer: str) -> bool:
+        """Whether `peer` passed its first `audit_first` audits and was never refused: until then
+        the receiver counts its records against one budget shared by all such keys."""
+        return self.auditor.is_proven(peer)
+
+    def is_refused(self, peer: str) -> bool:
+        return peer in self.auditor.refusals
+
+    def count_rejected(self, reason: str, n: int = 1) -> None:
+        self.books.drop(reason, n)
+
+    def count_busy(self, why: str, n: int = 1) -> None:
+        self.books.throttle(why, n)
+
+    # ---- ingest ----------------------------------------------------------------------------------
+    def ingest(self, data: bytes) -> str | None:
+        """Validate and accept one record; returns None if accepted, else the drop reason."""
+        group = None
+        try:
+            group = decode_rollout_group(data)
+            reason = self.checks.check(group, self.version, self.publishing.published)
+            if reason is None:
+                reason = self._accept(group, data)
+        except RecordError as e:
+            reason = e.reason
+            log.warning("rejected a rollout record: %s", e)
+        except Exception as e:  # a record must never crash the learner, now or when the journal replays
+            reason = "quarantined"
+            log.exception("a rollout record broke ingest; quarantined")
+            self.quarantine(data, f"ingest: {type(e).__name__}: {e}")
+        if reason is not None:
+            self.books.drop(reason)
+            if group is not None:
+                log.info("dropped group %s from %s (v%d): %s", group.id[:8], group.sampler, group.version, reason)
+        return reason
+
+    def ingest_many(self, records: list[bytes]) -> int:
+        return sum(self.ingest(r) is None for r in records)
+
+    def ingest_own(self, group: RolloutGroup, raw: bytes | None = None) -> str | None:
+        """Accept a group this process's own sampler made with this learner's weights, in memory
+        (`join --role sampler,learner`): none of a peer's checks apply (there is no peer), it is not
+        audited (same weights, same process) and it earns no credit on our own tally (the
+        leaderboard refuses a learner that credits itself). The buffer's bounds still hold. `raw`: the
+        group's encoding, when the caller has it already. A refusal is counted."""
+        reason = self._accept(group, raw if raw is not None else group.encode())
+        if reason is not None:
+            self.books.drop(reason)
+        return reason
+
+    def _accept(self, g: RolloutGroup, raw: bytes, count: bool = True) -> str | None:
+        own = self.checks.checked_as_own(g)
+        route = Route.OWN if own else (Route.FOREIGN if g.tokenizer == self.checks.tokenizer_id else Route.FOREIGN_SEQ)
+        if self.training.losses[route][0] == DROP:
+            return "own_dropped" if own else "foreign_dropped"
+        if count and self.buffer.full:
+            return "buffer_full"
+        scored = score_group(g, route, self.task, self.tok, self.version)
+        self.buffer.append(BufferedGroup(scored.group, route, g.sampler, raw, g.chain, g.version))
+        self.checks.remember(g)
+        if count:
+            self.books.version_clamped += scored.clamped
+            self.books.reward_claim_mismatch += scored.claim_mismatches
+        return None
+
+    # ---- a step ----------------------------------------------------------------------------------
+    def ready(self) -> bool:
+        """Whether a step can be taken now (`GroupBuffer.ready`), once aged groups are dropped."""
+        if aged := self.buffer.drop_aged(self.version):
+            self.books.drop("stale", aged)
+        return self.buffer.ready(self.auditor.kind_of, self.auditor.is_proven)
+
+    def step(self) -> dict | None:
+        """One optimizer step on the next `groups_per_step` groups; None if not enough data."""
+        if not self.ready():
+            return None
+        taken = self._audited(self.buffer.take(self.auditor.kind_of))
+        if not taken:
+            return None  # every group taken failed an audit: nothing to train on this time
+        parts, skipped = self.training.parts(taken)
+        rec: dict[str, Any] = {"kind": "step", "version": self.version + 1, **batch_stats(taken, self.version)}
+        rec["groups_skipped_zero_var"] = skipped
+        try:
+            self.training.train(parts, rec)
+        except Exception as e:  # e.g. out of memory: these groups go to quarantine, training goes on
+            log.exception("a step on %d groups failed; they are quarantined, not retried", len(taken))
+            self.training.abandon()
+            for b in taken:
+                self.quarantine(b.raw, f"step: {type(e).__name__}: {e}")
+            self.books.drop("quarantined", len(taken))
+            if self.leader is not None:
+                raise  # the ranks are out of step now: end the job (torchrun restarts it from a checkpoint)
+            return None
+        if gap_dropped := self.training.mark_gap_drops(taken, rec):
+            self.books.drop("logprob_gap", gap_dropped)
+        self.books.count_trained(taken, self.auditor.archive.auditable, self.peer_id)
+        self.version += 1
+        rec.update(self.publishing.maybe(self.version))
+        rec.update(counters(self.books, self.auditor, self.training, len(self.buffer), self._t0))
+        self._emit(rec)
+        if self.cfg.eval_every and self.version % self.cfg.eval_every == 0:
+            self.run_eval()
+        if self.checkpoint_dir and self.cfg.checkpoint_every and self.version % self.cfg.checkpoint_every == 0:
+            self.save_checkpoint(self.checkpoint_dir)
+        return rec
+
+    def _audited(self, taken: list[BufferedGroup]) -> list[BufferedGroup]:
+        """Spot-audit `taken` (node/learner/auditor.py), refuse who failed; what may be trained on."""
+        for sampler, why in self.auditor.audit(taken).items():
+            if sampler not in self.auditor.refusals:
+                self.refuse(sampler, why)
+        # all refusals first: a sampler's group that passed (or was not chosen) is not kept when
+        # another of its groups in this step failed. An unauditable group (made by weights we no
+        # longer hold: an earlier run's chain) is trained on, never lost (the gap check and the
+        # dual clip still bound it), but unchecked work earns no credit (`_credit`)
+        return [b for b in taken if b.sampler not in self.auditor.refusals]
+
+    def refuse(self, sampler: str, why: str) -> None:
+        """Refuse `sampler` for good: drop its buffered groups, revoke its credit, persist the refusal."""
+        self.auditor.refusals.add(sampler, why)
+        dropped = self.buffer.drop_sampler(sampler)
+        self.books.drop("refused_sampler", dropped + 1)
+        self.books.tally.revoke(sampler)
+        log.warning("refused sampler %s for good (%s); %d buffered groups dropped, its credit revoked",
+                    sampler, why, dropped)
+
+    # ---- eval and publishing ---------------------------------------------------------------------
+    def run_eval(self) -> float:
+        acc = evaluate(self.engine, self.task, self.eval_set, self.sampling.max_new_tokens)
+        self._emit({"kind": "eval", "version": self.version, "eval_acc": acc, "time_s": round(time.time() - self._t0, 2)})
+        return acc
+
+    def _emit(self, rec: dict) -> None:
+        self.history.append(rec)
+        if self.metrics is not None:
+            self.metrics.write(rec)
+        if self.on_record:
+            self.on_record(rec)
+
+    def start(self) -> None:
+        """Publish the starting weights (version 0 or the resumed one) so samplers can align."""
+        stats = self.publishing.publish(self.version)
+        if stats:
+            log.info("published version %d: a %s keyframe of %.1f MB", self.version,
+                     self.publishing.publisher.view_name, stats["weights_bytes"] / 1e6)
+
+    # ---- state -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume exactly: tensors, optimizer, the untrained buffer (records
+        as received), each part's state (JSON-able) and `checkpoint_extra()` from the runner."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.training.optimizer_state(),
+            "buffer": self.buffer.state_dict(),
+            "meta": {"format": 2, "version": self.version, "books": self.books.state_dict(),
+                     "checks": self.checks.state_dict(), "auditor": self.auditor.state_dict(),
+                     "training": self.training.state_dict(), "chains": self.chains.state_dict(self.version),
+                     "extra": self.checkpoint_extra(), "rng": rng_state()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        meta = load_learner_state(state["meta"])  # also sets the RNGs
+        self.model.load_state_dict(state["model"])
+        self.training.load_optimizer_state(state["model"], state["optimizer"])
+        self.version = meta["version"]
+        for name in ("books", "checks", "auditor", "training", "chains"):
+            getattr(self, name).load_state_dict(meta[name])
+        self.restored_extra = meta["extra"]
+        self.buffer.clear()
+        for raw in state["buffer"]:
+            # validated and accepted before the save: re-accept without counting twice (but not a
+            # sampler refused since, whose refusal the checkpoint may predate)
+            group = decode_rollout_group(raw, strict=False)  # accepted, maybe under older bounds
+            if group.sampler not in self.auditor.refusals:
+                self._accept(group, raw, count=False)
+        for sampler in self.auditor.refusals.refused:
+            self.books.tally.revoke(sampler)
+
+    def save_checkpoint(self, directory: Path) -> Path:
+        return save_checkpoint(directory, self.version, self.state_dict(), keep=self.cfg.keep_checkpoints)
+
+    def load_checkpoint(self, path: Path) -> None:
+        self.load_state_dict(load_checkpoint(path))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -123,7 +124,10 @@ def die_with_parent() -> Callable[[], None]:
     return in_child
 
 
-def start_node(name: str, args: list[str], log_dir: Path, threads: int = 1, module: str = "cli.main") -> NodeProcess:
+def start_node(name: str, args: list[str], log_dir: Path, threads: int = 1, module: str = "cli.main",
+               nofile: int | None = None) -> NodeProcess:
+    """`python -m module args` in its own session, logging to log_dir/name.log; `nofile`: its
+    open-file limit, soft and hard (a volunteer's default, for tests of exhaustion)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HETERO_NODE_THREADS": str(threads),
@@ -131,8 +135,18 @@ def start_node(name: str, args: list[str], log_dir: Path, threads: int = 1, modu
     with open(log_path, "ab") as log:
         popen = subprocess.Popen([sys.executable, "-m", module, *args], stdout=log, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-                                 preexec_fn=die_with_parent())
+                                 preexec_fn=_with_nofile(die_with_parent(), nofile))
     return NodeProcess(name, popen, log_path)
+
+
+def _with_nofile(preexec: Callable[[], None], nofile: int | None) -> Callable[[], None]:
+    if nofile is None:
+        return preexec
+
+    def in_child() -> None:
+        preexec()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+    return in_child
 
 
 def stop(nodes: list[NodeProcess], grace: float = 15.0) -> None:

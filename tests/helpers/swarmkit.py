@@ -23,23 +23,23 @@ class Swarm:
     def __init__(self, base: Path) -> None:
         self.base, self.nodes, self.logs = base, {}, base / "logs"
 
-    def start(self, name: str, args: list[str], module: str = "cli.main") -> NodeProcess:
-        self.nodes[name] = start_node(name, args, self.logs, module=module)
+    def start(self, name: str, args: list[str], module: str = "cli.main", nofile: int | None = None) -> NodeProcess:
+        self.nodes[name] = start_node(name, args, self.logs, module=module, nofile=nofile)
         return self.nodes[name]
 
-    def join(self, name: str, role: str, *extra: str) -> NodeProcess:
+    def join(self, name: str, role: str, *extra: str, nofile: int | None = None) -> NodeProcess:
         return self.start(name, ["join", "--role", role, "--initial-peers", self.addr, "--no-nat",
-                                 "--workdir", str(self.base / name), *extra])
+                                 "--workdir", str(self.base / name), *extra], nofile=nofile)
 
     def join_attacker(self, name: str, mode: str, *extra: str) -> NodeProcess:
         """A sampler process with its own key whose groups tests/helpers/attacker.py tampers with (MODE)."""
         return self.start(name, [mode, "join", "--role", "sampler", "--initial-peers", self.addr, "--no-nat",
                                  "--workdir", str(self.base / name), "--name", name, *extra], module="tests.helpers.attacker")
 
-    def start_learner(self, toml: str, *extra: str) -> NodeProcess:
+    def start_learner(self, toml: str, *extra: str, nofile: int | None = None) -> NodeProcess:
         """The learner, with `toml` as its config file (written to the swarm's folder)."""
         (self.base / "learner.toml").write_text(toml)
-        return self.join("learner", "learner", "--config", str(self.base / "learner.toml"), *extra)
+        return self.join("learner", "learner", "--config", str(self.base / "learner.toml"), *extra, nofile=nofile)
 
     def stop_all(self) -> None:
         """SIGTERM (then SIGKILL) every node's process group, and check that none is left running."""

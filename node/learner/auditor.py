@@ -61,7 +61,7 @@ class Auditor:
 
     def audit(self, taken: list[BufferedGroup]) -> dict[str, str]:
         """Audit a chosen share of `taken` (each chosen group's `verdict` is set); returns the
-        samplers that failed, each with the reason of its first failure in `taken`."""
+        samplers that failed, each with the reason of its first failure."""
         chosen = [b for b in taken if b.own and b.sampler != self.peer_id  # (made in this process)
                   and (self.audits[b.sampler] < self.cfg.audit_first or self._rng.random() < self.rate(b.sampler))]
         # one forward pass per claimed version: its weights are rebuilt and loaded once
@@ -73,7 +73,7 @@ class Auditor:
             for b, why in zip(groups, self._audit_version(key, groups)):
                 if b.verdict is Verdict.FAILED:
                     failed.setdefault(b.sampler, why)
-        return {s: failed[s] for b in taken if (s := b.sampler) in failed}  # in the order of `taken`
+        return failed
 
     def _audit_version(self, key: tuple[str, int], groups: list[BufferedGroup]) -> list[str]:
         """Audit groups that claim the same version; sets each one's verdict; the failures' reasons."""

@@ -174,11 +174,11 @@ def test_churn_across_the_internet_loses_nothing_acknowledged(tmp_path):
         steps = [r for r in map(json.loads, lines) if r["kind"] == "step"]
         gaps = _gaps_within_lifetimes(steps)
         assert max(gaps) <= 30, f"the learner stalled {max(gaps):.0f} s between two versions (gaps {gaps})"
-        credited = {peer for peer, n in state["accepted_by_sampler"].items() if n > 0}
+        credited = {peer for peer, n in state["books"]["accepted_by_sampler"].items() if n > 0}
         ids = {Identity.load_or_create(tmp_path / n / "identity.key").peer_id for n in hosts}
         assert len(credited & ids) >= 6, f"only {len(credited & ids)} of 8 samplers' rollouts were trained on"
         print(f"\nchurn: {len(steps)} steps, longest gap {max(gaps):.1f} s, learner down {learner_down_s:.1f} s "
-              f"(kill -9 to its next version), {len(state['seen'])} groups accepted, {len(credited & ids)} samplers")
+              f"(kill -9 to its next version), {len(state['checks']['seen'])} groups accepted, {len(credited & ids)} samplers")
         made = list(net._made)
         all_procs = [*procs.values(), boot, *net.nodes]
     time.sleep(0.5)

@@ -99,7 +99,7 @@ def honest_swarm(base: Path, learner_toml: str):
 def check_books(learner_dir: Path) -> dict:
     """After a learner's graceful stop (it writes a final checkpoint): every acknowledged rollout it
     read from its journal was accepted, and each accepted one was trained on, or is buffered, once.
-    Returns the final checkpoint's state."""
+    Returns the final checkpoint's state (format 2: {part: state})."""
     import msgpack
 
     from swarm.journal import Journal
@@ -114,9 +114,9 @@ def check_books(learner_dir: Path) -> dict:
     assert 0 < journal.first <= cursor <= len(journal)  # compacted: it keeps what no checkpoint holds
     consumed = {decode_rollout_group(r).id for r in journal.read(journal.first, cursor - journal.first)}
     buffered = len(msgpack.unpackb((last / "buffer.msgpack").read_bytes()))
-    seen = set(state["seen"])
+    seen = set(state["checks"]["seen"])
     assert consumed <= seen  # every acknowledged rollout the learner read was accepted
-    assert sum(state["accepted_by_sampler"].values()) + buffered == len(seen)  # and trained on once
+    assert sum(state["books"]["accepted_by_sampler"].values()) + buffered == len(seen)  # and trained on once
     return state
 
 

@@ -24,12 +24,16 @@ class SwarmLearnerLink:
     about each one (`Intake`), so rollouts are taken only once `open_intake` names a ready learner."""
 
     def __init__(self, node: SwarmNode, journal: Journal, cfg: IntakeConfig) -> None:
+        self.node = node
         self.rollouts = RolloutReceiver(node, journal, cfg)
         self.weights = WeightServer(node)
 
     def open_intake(self, intake: Intake, cursor: int) -> None:
-        """Take rollouts for `intake`, which has read the journal up to `cursor` (its checkpoint's)."""
+        """Take rollouts for `intake`, which has read the journal up to `cursor` (its checkpoint's).
+        The samplers it has proven draw on their own budgets at every door, never on the pools of
+        unknown keys (swarm/p2p/doors.py): a crowd of fresh keys cannot slow them."""
         self.rollouts.open(intake, cursor)
+        self.node.doors.trust(intake.is_proven)
 
     @property
     def cursor(self) -> int:

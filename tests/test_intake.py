@@ -321,6 +321,17 @@ def test_undecodable_bytes_from_one_fresh_key_cost_the_pool_not_the_proven(tmp_p
     assert intake.send(keys[0], [make_item(keys[0])])["ok"]  # the proven one does not
 
 
+def test_a_declared_payload_that_never_comes_costs_its_key_not_the_pool(tmp_path, keys):
+    # issue 39: two keys declaring 3 MiB and sending nothing kept the pool in debt for 160 s
+    intake = Intake(tmp_path, unproven_byte_rate=1000.0, byte_rate=1000.0)
+    liar = keys[7].peer_id
+    assert asyncio.run(intake.door(liar, 3000, 0)) is None  # let in: its 3000 bytes charged to it...
+    busy = msgpack.unpackb(asyncio.run(intake.door(liar, 10, 0)), raw=False)
+    assert busy["why"] == "bytes"  # ...so its next call waits until it has paid them back
+    assert intake.send(keys[8], [make_item(keys[8])])["ok"]  # the pool read nothing: a new key gets in
+    assert intake.throttled == {"bytes": 1}
+
+
 def test_a_refused_key_is_answered_by_id_unopened_and_costs_the_pool_nothing(tmp_path, keys):
     intake = Intake(tmp_path, refused={keys[5].peer_id}, unproven_rate=1.0, unproven_quota=2)
     items = [make_item(keys[5]) for _ in range(5)] + [["x", b"not even an envelope"]]

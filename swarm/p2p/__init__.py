@@ -10,15 +10,17 @@ at 4 MiB by hivemind, so callers keep messages under `MAX_MESSAGE`.
   framing.py   the bytes of our streamed and gated calls (hivemind's protobuf stream, by hand)
   handlers.py  serving: unary, streaming and gated handlers
   budget.py    the inbound streams a peer and all peers may hold open (open-file limit)
+  doors.py     each door's calls and bytes per peer and for all unknown keys (the admission layer)
   calls.py     calling: unary, streamed and gated calls, routed to peers we have no route to yet
 """
 
 from .budget import StreamBudget, raise_nofile_limit
 from .calls import call_gated
+from .doors import INF, Door, DoorBudget, Doors, TokenBuckets
 from .framing import MAX_MESSAGE, RemoteError, Stall, StreamStalled
-from .handlers import Door, Handler, StreamHandler, decrement
+from .handlers import Gate, Handler, StreamHandler, decrement
 from .loop import CallStopped
 from .node import SwarmNode
 
-__all__ = ["MAX_MESSAGE", "CallStopped", "Door", "Handler", "RemoteError", "Stall", "StreamHandler", "StreamStalled",
+__all__ = ["INF", "MAX_MESSAGE", "CallStopped", "Door", "DoorBudget", "Gate", "Doors", "Handler", "TokenBuckets", "RemoteError", "Stall", "StreamHandler", "StreamStalled",
            "StreamBudget", "SwarmNode", "call_gated", "decrement", "raise_nofile_limit"]

@@ -28,7 +28,7 @@ Handler = Callable[[bytes, str], Awaitable[bytes]]
 """async handler(payload, remote_peer_id) -> reply payload."""
 StreamHandler = Callable[[bytes, str], AsyncIterator[bytes | memoryview]]
 """async generator handler(payload, remote_peer_id) yielding reply items (each under MAX_MESSAGE)."""
-Door = Callable[[str, int, int], Awaitable["bytes | None"]]
+Gate = Callable[[str, int, int], Awaitable["bytes | None"]]
 """async door(remote_peer_id, declared payload bytes, its calls past the door now) -> a reply that
 ends the call before its payload is read, or None to read it (the door then owns the cost)."""
 
@@ -94,7 +94,7 @@ class GatedHandler:
     is the payload read, within `body` and no longer than declared, and handed to `handler`. The
     stream is counted against `budget` before a byte is read, and closed unread past it."""
     name: str
-    door: Door
+    door: Gate
     handler: Handler
     request_timeout: float
     body: Stall

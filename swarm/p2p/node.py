@@ -17,9 +17,10 @@ from ..dht import (NetworkConfig, announce, announce_holdings, create_dht, list_
                    peer_id_of_maddr, publish_swarm_record, publish_tally, trusted_learners)
 from ..identity import Identity
 from .budget import StreamBudget
+from .doors import Doors
 from .calls import Calls
 from .framing import MAX_MESSAGE, Stall
-from .handlers import Door, GatedHandler, Handler, StreamHandler, streaming, unary
+from .handlers import Gate, GatedHandler, Handler, StreamHandler, streaming, unary
 from .loop import SwarmLoop
 
 log = logging.getLogger(__package__)  # the package's one logger: its lines read as before the split
@@ -41,6 +42,8 @@ class SwarmNode:
         self._calls = Calls(self._loop, self.p2p, self.peers)
         self.streams = StreamBudget()
         """Inbound streams held open, per peer and protocol and in all (swarm/p2p/budget.py)."""
+        self.doors = Doors()
+        """Every inbound door's calls and bytes, per peer and for unknown keys (swarm/p2p/doors.py)."""
 
     @property
     def peer_id(self) -> str:
@@ -93,7 +96,7 @@ class SwarmNode:
                                                                      self.streams)),
                  timeout=10)
 
-    def add_gated_handler(self, name: str, door: Door, handler: Handler, request_timeout: float = 10.0,
+    def add_gated_handler(self, name: str, door: Gate, handler: Handler, request_timeout: float = 10.0,
                           body: Stall = Stall(idle_s=10.0, min_rate=64 * 1024), send_timeout: float = 30.0) -> None:
         """A request/reply RPC whose payload is read only once `door` lets it in (`call_gated`).
 

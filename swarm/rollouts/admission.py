@@ -5,13 +5,18 @@ not yet trained on, `journal_bytes` of its records in the journal not yet read b
 `rate` records checked per second (checking costs the learner CPU, a signature, a decode, a
 detokenisation, even for records it then refuses) and `byte_rate` bytes read per second, charged at
 the door on the size the sender declares (a payload longer than declared is not read), so bytes
-that cannot be decoded cost their sender as much as any, and a sender past its budget is not read
-at all. At most `MAX_OPEN_CALLS` of a peer's calls are past the door at once.
+that cannot be decoded cost their sender as much as any, a key whose calls never carry their
+payload pays for the payload all the same, and a sender past its budget is not read at all. At
+most `MAX_OPEN_CALLS` of a peer's calls are past the door at once.
 
 Keys are free, so a key the learner has not yet proven (`Intake.is_proven`: it passed its first
 audits) also draws on one pool shared by every unproven key, with the same four bounds
 (`unproven_*`): any number of fresh keys get what the pool holds, and proven samplers keep their
-own budgets whatever they do. Past any bound the items are answered "busy" with the bound's name:
+own budgets whatever they do. The pool's bytes are charged on what was actually read (`read`),
+not on what a key declared: two keys declaring 3 MiB a call and sending nothing kept the pool in
+debt, and a new honest sampler got nothing acknowledged for 160 s (issue 39); a declared payload
+that never comes costs only its own key. (A partial payload is cut by the body's stall bound, so
+what a key can have read for free is a few hundred KiB a minute per call.) Past any bound the items are answered "busy" with the bound's name:
 not refused, not journaled, not even decoded; the sampler keeps them and sends them later. A call
 that got nothing accepted (all busy or refused) is answered only after a tarpit, so a flooder that
 calls again at once makes a few calls a second.
@@ -27,7 +32,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from ..exchange import Intake, IntakeConfig
-from ..p2p import decrement
+from ..p2p import TokenBuckets, decrement
 
 MAX_OPEN_CALLS = 2
 """Calls of one peer past the door at once (a sender makes one at a time): more are busy."""
@@ -130,13 +135,18 @@ class Admission:
 
     def door(self, visit: Visit, nbytes: int, open_calls: int) -> str | None:
         """Why a call is answered busy without being read, or None, having charged the `nbytes` the
-        caller declared to its byte budget (and the pool's): read from here on, they cost their
-        sender, decodable or not. Charged here rather than after the read, so that many calls at
+        caller declared to its own byte budget: from here on they cost their sender, decodable or
+        not, sent or not. Charged here rather than after the read, so that many calls of one key at
         once cannot all pass before the first is paid. Nothing is decoded."""
         why = "concurrent" if open_calls >= MAX_OPEN_CALLS else self._over(visit)
         if why is None:
-            self._charge(visit, self._bytes, self._pool_bytes, nbytes)
+            self._bytes.charge(visit.peer, nbytes)
         return why
+
+    def read(self, visit: Visit, nbytes: int) -> None:
+        """A payload of `nbytes` was read from `visit.peer`: the unproven pool pays for it now."""
+        if visit.pooled:
+            self._pool_bytes.charge(_POOL, nbytes)
 
     def charge_check(self, visit: Visit) -> None:
         """A batch refused whole costs one check, like a record refused."""
@@ -216,41 +226,3 @@ class Tarpit:
         finally:
             self._held -= nbytes
             decrement(self._waiting, peer, 1)
-
-
-class TokenBuckets:
-    """Per-peer token buckets: `rate` tokens a second, at most `burst` saved up; an LRU of peers.
-
-    `take` grants whole tokens from what is there; `charge` takes what a peer already used, and may
-    leave its bucket in debt (a call larger than the burst), which it then pays back at `rate`."""
-
-    def __init__(self, rate: float, burst: float, max_peers: int = 10_000,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.rate, self.burst, self.max_peers, self.clock = rate, burst, max_peers, clock
-        self._buckets: collections.OrderedDict[str, tuple[float, float]] = collections.OrderedDict()
-
-    def available(self, peer: str) -> float:
-        tokens, last = self._buckets.get(peer, (self.burst, self.clock()))
-        return min(self.burst, tokens + (self.clock() - last) * self.rate)
-
-    def take(self, peer: str, want: int) -> int:
-        """How many of `want` items `peer` may have checked now (each costs one token)."""
-        tokens, now = self._refill(peer)
-        grant = max(0, min(want, int(tokens)))
-        self._store(peer, tokens - grant, now)
-        return grant
-
-    def charge(self, peer: str, amount: float) -> None:
-        """Take `amount` tokens from `peer`, into debt if need be."""
-        tokens, now = self._refill(peer)
-        self._store(peer, tokens - amount, now)
-
-    def _refill(self, peer: str) -> tuple[float, float]:
-        now = self.clock()
-        tokens, last = self._buckets.pop(peer, (self.burst, now))
-        return min(self.burst, tokens + (now - last) * self.rate), now
-
-    def _store(self, peer: str, tokens: float, now: float) -> None:
-        self._buckets[peer] = (tokens, now)
-        if len(self._buckets) > self.max_peers:
-            self._buckets.popitem(last=False)

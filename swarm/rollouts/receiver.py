@@ -113,6 +113,7 @@ class RolloutReceiver:
         """A batch the door let in (its bytes already charged): every item checked, the valid ones
         journaled, then the reply."""
         visit = self._admission.visit(remote)
+        self._admission.read(visit, len(payload))
         try:
             items = unpack_batch(payload)
         except RecordError as e:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import msgpack
 
 from ..identity import short_id
-from ..p2p import SwarmNode
+from ..p2p import DoorBudget, SwarmNode
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +27,46 @@ MAX_INDICES = 1 << 16
 MAX_REQUEST_WAIT = 10.0
 """The longest a peer may ask us to hold one request open, waiting for something to answer with (a
 chunk still coming, a manifest newer than the one it holds): what any peer can make us keep waiting."""
+
+
+MiB = 1 << 20
+CHUNKS_BUDGET = DoorBudget(
+    calls_per_s=8.0, call_burst=64, bytes_per_s=64 * MiB, byte_burst=2048 * MiB,
+    pool_calls_per_s=64.0, pool_call_burst=256, pool_bytes_per_s=64 * MiB, pool_byte_burst=2048 * MiB,
+    why="a fetcher opens up to 4 streams per source per version, each asking many chunks; a peer may take a "
+        "whole version (a keyframe of a 1.5B model in bf16 is ~3 GiB; the burst is 2 GiB) at its line rate, and "
+        "64 MiB/s (~540 Mbit/s) is more than most volunteers' downlinks, so an honest fetch never meets it; "
+        "keys the node does not know share one 64 MiB/s, so any number of fresh keys cost the uplink at most "
+        "that. Repeats are bounded apart (MAX_REPEATS): one key asking the newest keyframe again and again "
+        "drew 178 MB/s from the learner (issue 39)")
+MAX_REPEATS = 3
+"""Times one peer is served one chunk of one version: an honest fetcher asks it once, again after a
+failed stream or a bad source; beyond that it is answered "not held" (its mates hold it too)."""
+
+
+class Repeats:
+    """How often each peer was served each chunk of each version (a count per chunk, in an LRU of
+    (peer, chain, version) bounded to `max_entries`: 4,096 x ~1,000 chunks of a 1 GiB version is
+    4 MB at most)."""
+
+    def __init__(self, max_entries: int = 4096) -> None:
+        self.max_entries = max_entries
+        self._counts: collections.OrderedDict[tuple[str, str, int], bytearray] = collections.OrderedDict()
+
+    def take(self, peer: str, chain: str, version: int, index: int) -> bool:
+        """Whether `peer` may be served chunk `index` (one this node holds: so `index` is bounded by
+        the version's size) once more; counts it."""
+        key = (peer, chain, version)
+        counts = self._counts.pop(key, None) or bytearray()
+        self._counts[key] = counts
+        if len(self._counts) > self.max_entries:
+            self._counts.popitem(last=False)
+        if index >= len(counts):
+            counts.extend(bytes(index + 1 - len(counts)))
+        if counts[index] >= MAX_REPEATS:
+            return False
+        counts[index] += 1
+        return True
 
 
 def chunk_digest(chunk: bytes | memoryview) -> str:
@@ -88,6 +128,10 @@ class ChunkStore:
         self.served_bytes = 0
         self.malformed = 0
         """Chunk requests refused as malformed (logged with the reason)."""
+        self.repeats_refused = 0
+        """Chunks answered "not held" because this peer was served them MAX_REPEATS times already."""
+        self._repeats = Repeats()
+        self._door = node.doors.open(CHUNKS, CHUNKS_BUDGET)
         node.add_stream_handler(CHUNKS, self._on_chunks)
 
     def put(self, chain: str, version: int, blob: bytes) -> None:
@@ -137,12 +181,24 @@ class ChunkStore:
             return memoryview(blob)[index * CHUNK_SIZE : (index + 1) * CHUNK_SIZE] if 0 <= index * CHUNK_SIZE < len(blob) else None
         return self.partial.get(version, {}).get(index)
 
+    def _may_serve(self, remote: str, chain: str, version: int, index: int, size: int) -> bool:
+        """Within this peer's repeats of this chunk and the door's bytes."""
+        if not self._repeats.take(remote, chain, version, index):
+            self.repeats_refused += 1
+            return False
+        return self._door.allows(remote, size) is None
+
     async def _on_chunks(self, payload: bytes, remote: str):
         try:
             request = ChunkRequest.decode(payload)
         except Exception as e:
             self.malformed += 1
             log.warning("malformed chunk request from %s: %s", short_id(remote), e)
+            return
+        if self._door.enter(remote) is not None:  # past its budget: "not held" (it asks another source)
+            await self._door.tarpit(remote)
+            for _ in request.indices:
+                yield b""
             return
         chain, version, wait = request.chain, request.version, min(request.wait, MAX_REQUEST_WAIT)
         if self._waiting[remote] >= self.MAX_WAITING:
@@ -156,8 +212,11 @@ class ChunkStore:
                 while chunk is None and self._coming(chain, version) and time.monotonic() < deadline:
                     await asyncio.sleep(0.01)
                     chunk = self._lookup(chain, version, index)
+                if chunk and not self._may_serve(remote, chain, version, index, len(chunk)):
+                    chunk = None
                 chunk = chunk or b""
                 self.served_bytes += len(chunk)
+                self._door.charge(remote, len(chunk))
                 yield chunk
         finally:
             self._waiting[remote] -= 1

@@ -1,0 +1,192 @@
+"""The admission layer of every inbound door: what one peer, and all keys not yet known together,
+may take from this node per second, checked before a handler does any work.
+
+Keys are free, so a bound per peer alone bounds nothing: each door also has one pool shared by
+every key the node does not yet know (`Doors.trust`: the learner knows the samplers it has proven),
+and a known peer never draws on it, so a crowd of fresh keys slows only fresh keys. Each door
+declares its `DoorBudget` in one place (`DOORS` below, next to the reason for each figure), and is
+charged on what it actually serves or reads, never on what a caller claims. Open streams are
+bounded separately and before any of this (budget.py): a stream costs a descriptor even unread.
+
+What a door does past its budget is the door's own: a manifest long poll answers an empty reply at
+once (the caller polls later), a chunk stream answers "not held" for the rest of its chunks (the
+fetcher goes to another source), the rollout gate answers busy (admission.py of swarm/rollouts).
+Every refusal is counted by door and reason (`Doors.stats`), and logged at 1, 10, 100... of each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+log = logging.getLogger(__package__)
+
+INF = math.inf
+
+
+class TokenBuckets:
+    """Per-peer token buckets: `rate` tokens a second, at most `burst` saved up; an LRU of peers.
+
+    `take` grants whole tokens from what is there; `charge` takes what a peer already used, and may
+    leave its bucket in debt (a call larger than the burst), which it then pays back at `rate`."""
+
+    def __init__(self, rate: float, burst: float, max_peers: int = 10_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate, self.burst, self.max_peers, self.clock = rate, burst, max_peers, clock
+        self._buckets: collections.OrderedDict[str, tuple[float, float]] = collections.OrderedDict()
+
+    def available(self, peer: str) -> float:
+        tokens, last = self._buckets.get(peer, (self.burst, self.clock()))
+        return min(self.burst, tokens + (self.clock() - last) * self.rate)
+
+    def take(self, peer: str, want: int) -> int:
+        """How many of `want` items `peer` may have checked now (each costs one token)."""
+        tokens, now = self._refill(peer)
+        grant = max(0, min(want, int(tokens)))
+        self._store(peer, tokens - grant, now)
+        return grant
+
+    def charge(self, peer: str, amount: float) -> None:
+        """Take `amount` tokens from `peer`, into debt if need be."""
+        tokens, now = self._refill(peer)
+        self._store(peer, tokens - amount, now)
+
+    def _refill(self, peer: str) -> tuple[float, float]:
+        now = self.clock()
+        tokens, last = self._buckets.pop(peer, (self.burst, now))
+        return min(self.burst, tokens + (now - last) * self.rate), now
+
+    def _store(self, peer: str, tokens: float, now: float) -> None:
+        self._buckets[peer] = (tokens, now)
+        if len(self._buckets) > self.max_peers:
+            self._buckets.popitem(last=False)
+
+
+@dataclass(frozen=True)
+class DoorBudget:
+    """One door's budget: calls and bytes (served or read) per second, each with its burst, for one
+    peer and for all unknown keys together (`pool_*`). INF: not bounded on that axis."""
+
+    calls_per_s: float
+    call_burst: float
+    bytes_per_s: float = INF
+    byte_burst: float = INF
+    pool_calls_per_s: float = INF
+    pool_call_burst: float = INF
+    pool_bytes_per_s: float = INF
+    pool_byte_burst: float = INF
+    why: str = ""
+    """Where the figures come from: shown in DESIGN's table of doors and in `hetero-node` logs."""
+
+
+_POOL = ""
+"""The pool's bucket (no peer id is empty)."""
+TARPIT_S = 1.0
+"""How long a call turned away waits for its answer: a caller that asks again at once (a flood)
+then makes at most (calls it keeps in flight) / TARPIT_S calls a second. Refusing at once kept one
+key at 2,397 empty manifest replies a second."""
+TARPIT_PER_PEER = 64
+TARPIT_ALL = 4096
+"""Calls waiting in the tarpit, per peer and in all (each is a task and its small request): past
+either, turned-away calls are answered at once."""
+
+
+class Door:
+    """One door's buckets and refusals. Not thread-safe: used from the node's event loop only."""
+
+    def __init__(self, name: str, budget: DoorBudget, trusted: Callable[[str], bool],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.name, self.budget, self._trusted = name, budget, trusted
+        b = budget
+        self._calls = TokenBuckets(b.calls_per_s, b.call_burst, clock=clock)
+        self._bytes = TokenBuckets(b.bytes_per_s, b.byte_burst, clock=clock)
+        self._pool_calls = TokenBuckets(b.pool_calls_per_s, b.pool_call_burst, clock=clock)
+        self._pool_bytes = TokenBuckets(b.pool_bytes_per_s, b.pool_byte_burst, clock=clock)
+        self.refused: collections.Counter[str] = collections.Counter()
+        """Calls turned away (or cut short), by the bound they met."""
+        self.served = 0
+        """Bytes charged to this door (served or read), all peers."""
+        self._held: collections.Counter[str] = collections.Counter()
+
+    def enter(self, peer: str) -> str | None:
+        """A call of `peer`: the bound it is past (counted and logged), or None with one call taken
+        from its budget (and the pool's, unless trusted). A peer whose bytes are spent is turned
+        away too: its call could only be cut short."""
+        pooled = not self._trusted(peer)
+        why = ("calls" if self._calls.available(peer) < 1 else
+               "bytes" if self._bytes.available(peer) <= 0 else
+               "pool_calls" if pooled and self._pool_calls.available(_POOL) < 1 else
+               "pool_bytes" if pooled and self._pool_bytes.available(_POOL) <= 0 else None)
+        if why is not None:
+            return self._refuse(peer, why)
+        self._calls.charge(peer, 1)
+        if pooled:
+            self._pool_calls.charge(_POOL, 1)
+        return None
+
+    def allows(self, peer: str, nbytes: int) -> str | None:
+        """Whether `nbytes` more may be served to (or read from) `peer` now: the bound it is past
+        (counted), or None. A peer (and the pool) with any budget left gets one more item, so a
+        burst smaller than an item never stops a peer for good; the debt is paid back at the rate."""
+        if self._bytes.available(peer) <= 0:
+            return self._refuse(peer, "bytes")
+        if not self._trusted(peer) and self._pool_bytes.available(_POOL) <= 0:
+            return self._refuse(peer, "pool_bytes")
+        return None
+
+    def charge(self, peer: str, nbytes: int) -> None:
+        """`nbytes` were served to (or read from) `peer`."""
+        self.served += nbytes
+        self._bytes.charge(peer, nbytes)
+        if not self._trusted(peer):
+            self._pool_bytes.charge(_POOL, nbytes)
+
+    async def tarpit(self, peer: str) -> None:
+        """Hold a turned-away call `TARPIT_S` before it is answered (unless too many already wait)."""
+        if self._held[peer] >= TARPIT_PER_PEER or sum(self._held.values()) >= TARPIT_ALL:
+            return
+        self._held[peer] += 1
+        try:
+            await asyncio.sleep(TARPIT_S)
+        finally:
+            self._held[peer] -= 1
+            if self._held[peer] <= 0:
+                del self._held[peer]
+
+    def _refuse(self, peer: str, why: str) -> str:
+        self.refused[why] += 1
+        n = self.refused[why]
+        if n in (1, 10, 100, 1000) or n % 10_000 == 0:
+            log.warning("%s: a call of %s past its %s budget (%d so far)", self.name, peer[-8:], why, n)
+        return why
+
+
+class Doors:
+    """Every inbound door of one node, by name; what the node trusts (`trust`) decides who draws on
+    the pools. Until told otherwise, no key is trusted: every peer draws on every pool."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._doors: dict[str, Door] = {}
+        self._trusted: Callable[[str], bool] = lambda peer: False
+
+    def trust(self, trusted: Callable[[str], bool]) -> None:
+        """Keys for which `trusted(peer)` holds draw on their own budgets only (the learner: the
+        samplers it has proven). Called from the role that knows (once its state is loaded)."""
+        self._trusted = trusted
+
+    def open(self, name: str, budget: DoorBudget) -> Door:
+        """The door `name` with `budget` (one per name: opening it twice is a bug)."""
+        if name in self._doors:
+            raise ValueError(f"door {name} is already open")
+        door = self._doors[name] = Door(name, budget, lambda peer: self._trusted(peer), clock=self._clock)
+        return door
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """door -> {bound: calls refused, "bytes": bytes charged}."""
+        return {name: {**d.refused, "bytes": d.served} for name, d in self._doors.items()}

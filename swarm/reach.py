@@ -11,8 +11,11 @@ and hivemind 1.1.12's daemon reported a NAT'd peer reachable (docs/DESIGN.md, "D
 bootstrap's check is direct and takes one round trip and a connect: a TCP connection from the
 bootstrap's network to the address it sees the caller at (after any NAT), at the caller's listening
 ports. It tries only that address, so no one can make a bootstrap scan someone else's machine, and
-it bounds its work: a few ports, `CONNECT_S` each, one probe per peer and `MAX_PROBES` in all at
-once (more are answered "busy" at once, not queued).
+it bounds its work: a few ports, `CONNECT_S` each, one probe per peer, `MAX_PROBES_PER_IP` per
+address and `MAX_PROBES` in all at once; more are answered "busy" (after a short tarpit), which
+the caller reads as "ask again", never as "not reachable". Keys are free but addresses are not:
+120 fresh keys probing black-hole ports kept all 16 slots full and an honest joiner was told
+"busy" 2 times in 3 and joined as private (issue 39); from one address they now hold 2 slots.
 
 The caller (`probe`) listens with a plain socket on the very address and port the node will then
 listen on (a port forward is per port), and asks every bootstrap at once through a bare libp2p
@@ -28,12 +31,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import random
 import socket
 from dataclasses import dataclass
 
 import msgpack
 
 from .identity import short_id
+from .p2p import DoorBudget
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +47,16 @@ MAX_PORTS = 4
 CONNECT_S = 3.0
 """Seconds the bootstrap waits for each TCP connection back (a NAT that drops it sends nothing)."""
 MAX_PROBES = 16
-"""Probes a bootstrap runs at once; more wait (each holds at most MAX_PORTS x CONNECT_S)."""
+"""Probes a bootstrap runs at once; more are busy (each holds a slot at most CONNECT_S: its ports
+are tried together)."""
+MAX_PROBES_PER_IP = 2
+"""Probes from one address at once: a NAT's many machines, or one machine's many keys."""
+REACH_BUDGET = DoorBudget(
+    calls_per_s=1.0, call_burst=4,
+    why="a joiner asks once (again after a busy answer, about once a second); no pool: every key is new to a "
+        "bootstrap, and the slots per address bound the probes' cost")
+RETRY_S = 1.0
+"""A busy bootstrap is asked again after about this long, until the probe's timeout."""
 
 
 @dataclass(frozen=True)
@@ -59,23 +73,35 @@ def serve_reachability(node) -> collections.Counter:
     """Answer `hetero.reach.v1` on a bootstrap's `SwarmNode`; returns its counters (probes run,
     requests refused by reason: malformed, no_address, busy)."""
     running: set[str] = set()
+    by_ip: collections.Counter[str] = collections.Counter()
     counts: collections.Counter = collections.Counter()
+    door = node.doors.open(REACH, REACH_BUDGET)
 
     async def handler(payload: bytes, remote: str) -> bytes:
+        if door.enter(remote) is not None:
+            counts["busy"] += 1
+            await door.tarpit(remote)
+            return msgpack.packb({"ip": "", "open": [], "error": "busy"})
         ports = _ports(payload)
         ip = await _observed_ip(node.p2p, remote)
         why = "malformed" if not ports else "no_address" if ip is None else \
-            "busy" if remote in running or len(running) >= MAX_PROBES else None
-        if why is not None:  # one probe per peer at a time, MAX_PROBES in all: the rest at once, not queued
+            "busy" if remote in running or by_ip[ip] >= MAX_PROBES_PER_IP or len(running) >= MAX_PROBES else None
+        if why is not None:  # the rest not queued: answered (busy: after the tarpit; the caller asks again)
             counts[why] += 1
             log.info("reachability request from %s refused: %s", short_id(remote), why)
+            if why == "busy":
+                await door.tarpit(remote)
             return msgpack.packb({"ip": ip or "", "open": [], "error": why})
         counts["probes"] += 1
         running.add(remote)
+        by_ip[ip] += 1
         try:
             results = await asyncio.gather(*(_connects(ip, port) for port in ports))
         finally:
             running.discard(remote)
+            by_ip[ip] -= 1
+            if by_ip[ip] <= 0:
+                del by_ip[ip]
         open_ports = [port for port, ok in zip(ports, results) if ok]
         log.debug("reachability of %s at %s: open %s of %s", short_id(remote), ip, open_ports, ports)
         return msgpack.packb({"ip": ip, "open": open_ports})
@@ -143,7 +169,11 @@ async def _probe(host: str, port: int, initial_peers: list[str]) -> Reach:
     bootstraps = [maddr.rsplit("/p2p/", 1)[-1] for maddr in initial_peers]
 
     async def ask(bootstrap: str) -> Reach:
-        reply = msgpack.unpackb(await _call(p2p, PeerID.from_base58(bootstrap), port), raw=False)
+        while True:  # "busy" means ask again (until the caller's timeout), never "not reachable"
+            reply = msgpack.unpackb(await _call(p2p, PeerID.from_base58(bootstrap), port), raw=False)
+            if reply.get("error") != "busy":
+                break
+            await asyncio.sleep(RETRY_S * random.uniform(0.5, 1.5))
         if reply.get("error"):
             raise RuntimeError(reply["error"])
         return Reach(port in reply.get("open", []), str(reply.get("ip", "")), bootstrap)

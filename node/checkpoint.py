@@ -6,7 +6,9 @@ A checkpoint is a folder `v{version:08d}/` holding
     buffer.msgpack      accepted-but-untrained records, as received (the learner re-accepts them)
     state.json          version, counters, seen record ids, RNG states, the runner's extras
 written to a temporary folder and renamed, so `latest_checkpoint` never picks a partial one. Only
-the newest `keep` are kept. This module reads and writes files; the learner owns what is in them.
+the newest `keep` are kept, and a temporary folder a kill -9 left mid-write is deleted by the next
+save, so the folder holds at most `keep` checkpoints and one being written. This module reads and
+writes files, and says when (`CheckpointSchedule`); the learner owns what is in them.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import msgpack
 import torch
@@ -30,12 +33,16 @@ def save_checkpoint(directory: Path, version: int, state: dict[str, Any], keep: 
     final, tmp = directory / f"v{version:08d}", directory / f".tmp-v{version:08d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    tensors, aliases = untie(state["model"])
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"),
-              metadata={"aliases": json.dumps(aliases)})
-    torch.save(state["optimizer"], tmp / "optimizer.pt")
-    (tmp / "buffer.msgpack").write_bytes(msgpack.packb(state["buffer"], use_bin_type=True))
-    (tmp / "state.json").write_text(json.dumps(state["meta"]))
+    try:
+        tensors, aliases = untie(state["model"])
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"),
+                  metadata={"aliases": json.dumps(aliases)})
+        torch.save(state["optimizer"], tmp / "optimizer.pt")
+        (tmp / "buffer.msgpack").write_bytes(msgpack.packb(state["buffer"], use_bin_type=True))
+        (tmp / "state.json").write_text(json.dumps(state["meta"]))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # e.g. a full disk: leave it no fuller
+        raise
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     prune_checkpoints(directory, keep)
@@ -43,8 +50,9 @@ def save_checkpoint(directory: Path, version: int, state: dict[str, Any], keep: 
 
 
 def prune_checkpoints(directory: Path, keep: int) -> list[Path]:
-    """Delete all but the newest `keep` complete checkpoints; returns what was deleted."""
-    old = _complete(directory)[:-keep] if keep > 0 else []
+    """Delete all but the newest `keep` complete checkpoints, and any temporary folder (a save that
+    a kill -9 cut short: called after a save, or with none under way); returns what was deleted."""
+    old = (_complete(directory)[:-keep] if keep > 0 else []) + sorted(Path(directory).glob(".tmp-v*"))
     for path in old:
         shutil.rmtree(path, ignore_errors=True)
     return old
@@ -77,3 +85,26 @@ def _safetensors_metadata(path: Path) -> dict[str, str]:
 
     with safe_open(str(path), framework="pt") as f:
         return f.metadata() or {}
+
+
+class CheckpointSchedule:
+    """When a learner checkpoints: once `every` versions or `interval_s` seconds (on `clock`) have
+    passed since its last checkpoint, whichever comes first (0 turns either off); never twice at
+    one version, so an idle learner writes nothing. `version`: the one the run starts at (resumed
+    from, so already on disk)."""
+
+    def __init__(self, every: int, interval_s: float, version: int = 0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.every, self.interval_s, self.clock = every, interval_s, clock
+        self.version, self.at = version, clock()
+
+    def due(self, version: int) -> bool:
+        if version == self.version:
+            return False
+        by_versions = self.every > 0 and version - self.version >= self.every
+        return by_versions or (self.interval_s > 0 and self.clock() - self.at >= self.interval_s)
+
+    def saved(self, version: int) -> None:
+        """A checkpoint of `version` was written (or tried: a failed write waits for the next turn,
+        rather than being retried after every step)."""
+        self.version, self.at = version, self.clock()

@@ -5,12 +5,15 @@ first record. A reader keeps a cursor (a global index: records consumed); a lear
 cursor in its checkpoint and, after a restart, replays the journal from it, so a record
 acknowledged to a sampler is never lost even if the learner is killed right after. `compact(upto)`
 drops the records before `upto` (already in a checkpoint), atomically, so the file stays as large
-as the unread tail, not as the whole history.
+as the unread tail, not as the whole history. `keep_newest(max_bytes)` bounds a journal kept only
+to be read (the learner's quarantine) to its newest records.
 """
 
 from __future__ import annotations
 
+import bisect
 import os
+import shutil
 import struct
 import threading
 from pathlib import Path
@@ -93,27 +96,48 @@ class Journal:
         return out
 
     def compact(self, upto: int) -> int:
-        """Drop the records before global index `upto`; returns how many were dropped."""
+        """Drop the records before global index `upto`; returns how many were dropped. The file is
+        rewritten with only the rest (its size on disk shrinks), then renamed over the old one."""
         with self._lock:
-            drop = min(max(upto - self.first, 0), len(self._offsets))
-            if drop == 0:
-                return 0
-            keep_from = self._offsets[drop] if drop < len(self._offsets) else None
-            self._file.close()
-            with open(self.path, "rb") as f:
-                data = f.read()
-            tail = data[keep_from:] if keep_from is not None else b""
-            tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-            with open(tmp, "wb") as f:
-                f.write(_HEADER.pack(_MAGIC, self.first + drop) + tail)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-            shift = (keep_from or 0) - _HEADER.size
-            self.first += drop
-            self._offsets = [o - shift for o in self._offsets[drop:]]
-            self._file = open(self.path, "ab")
-            return drop
+            return self._drop_first(min(max(upto - self.first, 0), len(self._offsets)))
+
+    def keep_newest(self, max_bytes: int) -> int:
+        """Drop the oldest records until those left take at most `max_bytes` (length prefixes
+        included); returns how many were dropped. For a log kept only to be read, not replayed."""
+        with self._lock:
+            end = self._end()
+            drop = bisect.bisect_left(self._offsets, end - max_bytes)
+            return self._drop_first(drop)
+
+    @property
+    def nbytes(self) -> int:
+        """The file's size: its header and the records not compacted away."""
+        with self._lock:
+            return self._end()
+
+    def _end(self) -> int:
+        self._file.flush()
+        return self._file.tell()
+
+    def _drop_first(self, drop: int) -> int:
+        """Rewrite the file without its first `drop` records; the caller holds the lock."""
+        if drop == 0:
+            return 0
+        keep_from = self._offsets[drop] if drop < len(self._offsets) else self._end()
+        self._file.close()
+        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
+        with open(self.path, "rb") as src, open(tmp, "wb") as f:
+            f.write(_HEADER.pack(_MAGIC, self.first + drop))
+            src.seek(keep_from)
+            shutil.copyfileobj(src, f)  # streamed: the tail may be large, memory stays small
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        shift = keep_from - _HEADER.size
+        self.first += drop
+        self._offsets = [o - shift for o in self._offsets[drop:]]
+        self._file = open(self.path, "ab")
+        return drop
 
     def close(self) -> None:
         with self._lock:

@@ -2,8 +2,10 @@
 
 The learner (node/) and its link (swarm/) are built here, each given the other's part through its
 constructor or the `Intake` seam: the link's receiver asks the learner about every record
-(`open_intake`), the learner publishes through the link. On stop it checkpoints (the journal
-cursor with it), publishes its tally, and the DHT is shut down by the caller.
+(`open_intake`), the learner publishes through the link. It checkpoints every `checkpoint_every`
+versions or `checkpoint_interval_s` seconds (`Checkpoints`), the journal cursor with it, and then
+compacts the journal; on stop it checkpoints, publishes its tally, and the DHT is shut down by the
+caller. What its workdir holds, and its bound: docs/DESIGN.md, "Who owns which state".
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Callable
 import msgpack
 import torch
 
-from node.checkpoint import latest_checkpoint
+from node.checkpoint import CheckpointSchedule, latest_checkpoint
 from node.device import resolve
 from node.distributed import Leader, follow, init_from_env, shard
 from node.learner import Learner, LearnerConfig
@@ -26,6 +28,7 @@ from node.models import load_model, load_tokenizer
 from node.tasks import make_task
 from swarm.journal import Journal
 from swarm.p2p import SwarmNode
+from swarm.records import MAX_RECORD_BYTES
 from swarm.swarm_exchange import SwarmLearnerLink
 
 from .common import Every, start_node, survive, volunteer_command
@@ -33,6 +36,11 @@ from .config import JoinConfig
 from .report import LearnerReport
 
 log = logging.getLogger("hetero-node")
+
+QUARANTINE_BYTES = 16 * MAX_RECORD_BYTES
+"""What `quarantine.bin` keeps, the newest records (64 MiB: 16 of the largest a sampler may send,
+thousands of usual ones). It is kept to be read, never replayed, and a step that fails every time
+(out of memory) would quarantine every step's groups: as fast as the journal grows, unbounded."""
 
 
 def run_learner(cfg: JoinConfig, stop: threading.Event) -> None:
@@ -76,18 +84,69 @@ class JournalCursor:
     """The journal position the newest checkpoint holds: records before it are compactable once
     that checkpoint is on disk, never sooner."""
 
-    def __init__(self, link: SwarmLearnerLink) -> None:
-        self.link, self.saved = link, 0
+    def __init__(self, journal: Journal, link: SwarmLearnerLink) -> None:
+        self.journal, self.link = journal, link
+        self.saved = link.cursor
+        """The cursor of the checkpoint being written (`checkpoint_extra`), or of the newest one."""
 
     def checkpoint_extra(self) -> dict:
         self.saved = self.link.cursor  # what this checkpoint has consumed
         return {"journal_cursor": self.saved}
 
+    def compact(self) -> int:
+        """Drop the journal's records the newest checkpoint holds: call it only once that checkpoint
+        is on disk (a write that failed after `checkpoint_extra` must not compact)."""
+        return self.journal.compact(self.saved)
+
+
+class Quarantine:
+    """Where a record that broke ingest or a step goes, with the reason: `quarantine.bin`, its
+    newest `QUARANTINE_BYTES`."""
+
+    def __init__(self, path: Path, max_bytes: int = QUARANTINE_BYTES) -> None:
+        self.journal, self.max_bytes = Journal(path), max_bytes
+
+    def __call__(self, raw: bytes, why: str) -> None:
+        self.journal.append([msgpack.packb([why, raw])])
+        if self.journal.nbytes > self.max_bytes:
+            # down to half: at the bound, a rewrite every max_bytes / 2 appended, not at each one
+            self.journal.keep_newest(self.max_bytes // 2)
+
+
+class Checkpoints:
+    """The learner's periodic checkpoints: after a step, one if `checkpoint_every` versions or
+    `checkpoint_interval_s` seconds have passed since the last (`CheckpointSchedule`), then the
+    journal compacted to it; so a kill -9 loses at most that much training, and the journal holds
+    only what came in since. A write that fails for want of a resource (an OSError: a full disk) is
+    logged and tried again when the next one is due; the journal keeps every record until a
+    checkpoint on disk holds it."""
+
+    def __init__(self, learner: Learner, directory: Path, cursor: JournalCursor,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.learner, self.directory, self.cursor = learner, Path(directory), cursor
+        lc = learner.cfg
+        self.schedule = CheckpointSchedule(lc.checkpoint_every, lc.checkpoint_interval_s, learner.version, clock)
+
+    def after_step(self) -> Path | None:
+        """Checkpoint if one is due; where it went, or None."""
+        if not self.schedule.due(self.learner.version):
+            return None
+        return survive("writing a checkpoint", self.save)
+
+    def save(self) -> Path:
+        self.schedule.saved(self.learner.version)
+        t0 = time.monotonic()
+        path = self.learner.save_checkpoint(self.directory)
+        dropped = self.cursor.compact()
+        log.info("checkpoint %s written in %.1f s; %d journal records it holds compacted away (journal %.1f MB)",
+                 path.name, time.monotonic() - t0, dropped, self.cursor.journal.nbytes / 1e6)
+        return path
+
 
 def make_learner(cfg: JoinConfig, node: SwarmNode, place, coll=None) -> tuple[Learner, SwarmLearnerLink, bool,
-                                                                               Callable[[], None]]:
+                                                                               JournalCursor]:
     """The learner and its link, resumed from the newest checkpoint if any; whether it resumed;
-    and what compacts the journal up to that checkpoint."""
+    and the journal cursor that checkpoint holds."""
     work = Path(cfg.workdir)
     metrics = MetricsWriter(work / "metrics.jsonl", work / "tensorboard" if cfg.tensorboard else None)
     log.info("learner computes on %s (float32 master weights)", place)
@@ -96,23 +155,23 @@ def make_learner(cfg: JoinConfig, node: SwarmNode, place, coll=None) -> tuple[Le
     if coll is not None:
         leader = Leader(*_sharded_trainer(cfg, place, coll), coll)
         log.info("learner rank 0 of %d: FSDP2 over %d processes", coll.world, coll.world)
-    journal, quarantine = Journal(work / "journal.bin"), Journal(work / "quarantine.bin")
+    journal = Journal(work / "journal.bin")
     # unproven samplers must be able to fill a step, to be audited at all
     link = SwarmLearnerLink(node, journal, cfg.learner.intake.for_step(cfg.learner.groups_per_step))
-    cursor = JournalCursor(link)
+    cursor = JournalCursor(journal, link)
     learner = Learner(cfg.learner, load_model(cfg.model, torch.float32, place.device), tok, make_task(cfg.task, tok),
                       model_id=cfg.model, sampling=cfg.sampling, swarm=cfg.swarm, link=link, peer_id=node.peer_id,
                       checkpoint_dir=work / "checkpoints", metrics=metrics,
                       compute_dtype=None if leader else place.autocast_dtype, leader=leader,
-                      quarantine=lambda raw, why: quarantine.append([msgpack.packb([why, raw])]),
-                      checkpoint_extra=cursor.checkpoint_extra)
+                      quarantine=Quarantine(work / "quarantine.bin"), checkpoint_extra=cursor.checkpoint_extra)
     ckpt = latest_checkpoint(work / "checkpoints")
     if ckpt is not None:
         learner.load_checkpoint(ckpt)
         log.info("resumed from %s at version %d", ckpt, learner.version)
     link.open_intake(learner, learner.restored_extra.get("journal_cursor", 0))
     cursor.saved = link.cursor
-    return learner, link, ckpt is not None, lambda: journal.compact(cursor.saved)
+    cursor.compact()  # killed between a checkpoint and its compaction, say
+    return learner, link, ckpt is not None, cursor
 
 
 class LearnerRun:
@@ -122,7 +181,8 @@ class LearnerRun:
     def __init__(self, cfg: JoinConfig, node: SwarmNode, place, coll=None,
                  make_local: Callable[[Learner], "LocalSampler"] | None = None) -> None:  # noqa: F821
         self.cfg, self.node = cfg, node
-        self.learner, self.link, self.resumed, self.compact_journal = make_learner(cfg, node, place, coll)
+        self.learner, self.link, self.resumed, cursor = make_learner(cfg, node, place, coll)
+        self.checkpoints = Checkpoints(self.learner, Path(cfg.workdir) / "checkpoints", cursor)
         self.local = make_local(self.learner) if make_local else None
         self.report = LearnerReport(self.learner)
         self.last_data = time.monotonic()
@@ -146,9 +206,8 @@ class LearnerRun:
                     survive("publishing the tally", lambda: publish_tally(self.node, learner, cfg.model))
                 survive("reading rollouts", lambda: self._read(self._wait_s(made)))
                 while not self.done and learner.step() is not None:
-                    pass
+                    self.checkpoints.after_step()
                 made = self._own_turn()
-                self.compact_journal()  # the journal keeps only what no checkpoint holds yet
                 if learner.leader is not None:
                     learner.leader.keepalive()
                 if status():

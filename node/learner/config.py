@@ -105,10 +105,21 @@ class LearnerConfig:
     """Groups of a step from samplers not yet proven (`is_proven`) whose version the learner cannot
     rebuild to audit (an earlier run's chain), all such samplers together: such a key is never
     audited, so it is trained on only this much (and not credited). A restart opens no window."""
-    checkpoint_every: int = 0
-    """Save every N versions (0: only when asked)."""
+    checkpoint_every: int = 100
+    """Checkpoint once this many versions have passed since the last checkpoint, or
+    `checkpoint_interval_s` seconds, whichever comes first (0 turns this trigger off). A kill -9
+    loses the versions since the last checkpoint, and the groups samplers made at them are then
+    refused (`future_version`: the restarted chain never got there); this bounds that waste when
+    steps are fast (the built-in model: ~0.3 s a step, so every ~30 s; its checkpoint, 11 MB,
+    takes ~30 ms to write)."""
+    checkpoint_interval_s: float = 600.0
+    """...or once this many seconds have passed since the last (0: off), checked after each step:
+    a kill -9 (OOM, power) loses at most this much training plus one step, whatever a step takes.
+    Time, not only versions, because a real model's checkpoint is large: 1.5B parameters in
+    float32 with AdamW's two moments, 12 bytes each, are ~18 GB, tens of seconds to write; at
+    every version of a 30 s step that is as long as the step, every 10 minutes ~5%."""
     keep_checkpoints: int = 3
-    """Checkpoints kept on disk; older ones are deleted."""
+    """Checkpoints kept on disk; older ones are deleted (and folders a kill -9 left half written)."""
     weights: PublishConfig = field(default_factory=PublishConfig)
     """How versions go out: the view samplers run, lossless patches of it between keyframes, and how
     often (every N steps, seconds or an upload budget)."""
@@ -145,5 +156,7 @@ def _rules(c: LearnerConfig) -> list[tuple[str, bool]]:
         ("0 <= foreign_step_share <= 1", 0 <= c.foreign_step_share <= 1),
         ("foreign_per_sampler >= 0", c.foreign_per_sampler >= 0),
         ("unaudited_per_step >= 0", c.unaudited_per_step >= 0),
-        ("checkpoint_every >= 0", c.checkpoint_every >= 0), ("keep_checkpoints >= 1", c.keep_checkpoints >= 1),
+        ("checkpoint_every >= 0 (0: off)", c.checkpoint_every >= 0),
+        ("checkpoint_interval_s >= 0 (0: off)", c.checkpoint_interval_s >= 0),
+        ("keep_checkpoints >= 1", c.keep_checkpoints >= 1),
     ]

@@ -233,9 +233,7 @@ class Learner:
         self._emit(rec)
         if self.cfg.eval_every and self.version % self.cfg.eval_every == 0:
             self.run_eval()
-        if self.checkpoint_dir and self.cfg.checkpoint_every and self.version % self.cfg.checkpoint_every == 0:
-            self.save_checkpoint(self.checkpoint_dir)
-        return rec
+        return rec  # when to checkpoint is the runner's (cli/roles/learner.py): it compacts its journal after
 
     def _audited(self, taken: list[BufferedGroup]) -> list[BufferedGroup]:
         """Spot-audit `taken` (node/learner/auditor.py), refuse who failed; what may be trained on."""

@@ -63,14 +63,15 @@ class TinySwarm:
 def tiny_swarm(tmp_path: str | Path | None = None, groups_per_step: int = 2, samplers: int = 1, *,
                task: Task | None = None, group_size: int = 4, prompts_per_batch: int = 2, start: bool = False,
                seed: int = 0, quarantine: Callable[[bytes, str], None] | None = None,
-               **learner_overrides) -> TinySwarm:
+               checkpoint_extra: Callable[[], dict] = dict, **learner_overrides) -> TinySwarm:
     """The built-in tiny model's Learner (LearnerConfig: `groups_per_step`, no evaluations, 20 eval
     problems, then `learner_overrides`; checkpoints in `tmp_path` if given) on a MemoryExchange,
     and `samplers` HF samplers named s0, s1, ... with `prompts_per_batch` prompts a batch.
 
     `task` defaults to the arithmetic task; sampling is SamplingConfig(group_size=`group_size`).
-    torch is seeded with `seed` first; `quarantine(raw, why)` gets what breaks ingest or a step. With `start`, the learner starts (publishes version 0)
-    before the samplers are made, and they load it."""
+    torch is seeded with `seed` first; `quarantine(raw, why)` gets what breaks ingest or a step;
+    `checkpoint_extra()` is saved with each checkpoint (the runner's journal cursor). With `start`,
+    the learner starts (publishes version 0) before the samplers are made, and they load it."""
     torch.manual_seed(seed)
     tok = load_tokenizer(BUILTIN_MODEL)
     task = task if task is not None else make_task(ArithmeticConfig(), tok)
@@ -79,7 +80,8 @@ def tiny_swarm(tmp_path: str | Path | None = None, groups_per_step: int = 2, sam
     exchange = MemoryExchange(clock)
     cfg = LearnerConfig(**{"groups_per_step": groups_per_step, "eval_every": 0, "eval_size": 20, **learner_overrides})
     learner = Learner(cfg, load_model(BUILTIN_MODEL), tok, task, model_id=BUILTIN_MODEL, sampling=sampling,
-                      link=exchange, checkpoint_dir=tmp_path, **({"quarantine": quarantine} if quarantine else {}))
+                      link=exchange, checkpoint_dir=tmp_path, checkpoint_extra=checkpoint_extra,
+                      **({"quarantine": quarantine} if quarantine else {}))
     if start:
         learner.start()
     swarm = TinySwarm(learner, [], exchange, task, tok, clock, sampling, prompts_per_batch, start)

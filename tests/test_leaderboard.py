@@ -41,7 +41,7 @@ from helpers.external import require_chromium
 from node.accounting import Tally
 from swarm.dht import NetworkConfig, SwarmSchema
 from swarm.identity import Identity, short_id
-from swarm.leaderboard import (LeaderboardStore, clean_name, collect_once, make_server, render_chart,
+from swarm.leaderboard import (LeaderboardServer, LeaderboardStore, clean_name, collect_once, render_chart,
                                render_learning_chart, render_page, render_rows, serve)
 from swarm.leaderboard.page import HISTORY_ONLY
 from swarm.ownership import OwnerValidator, owner_peer_id
@@ -153,12 +153,6 @@ def test_rows_escape_a_hostile_name_exactly_once_and_the_page_embeds_those_rows(
     assert "&amp;amp;" not in render_page(plain.board(), swarm="demo")
 
 
-def _serving(store: LeaderboardStore):
-    server = make_server(store, "demo", "127.0.0.1", 0, refresh_s=5.0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, f"http://127.0.0.1:{server.server_address[1]}/"
-
-
 def _get(url: str) -> tuple[str, dict[str, str]]:
     with urllib.request.urlopen(url, timeout=10) as r:
         return r.read().decode(), dict(r.headers)
@@ -168,8 +162,8 @@ def test_rows_route_serves_the_rows_of_the_first_render_and_the_csp_allows_only_
     store = LeaderboardStore(tmp_path / "lb.db")
     store.ingest(tally("L1", 1, {"A": (8, 40), "B": (4, 12)}))
     store.set_name("A", "<b>alice</b>")
-    server, url = _serving(store)
-    try:
+    with LeaderboardServer(store, "demo", "127.0.0.1", 0, refresh_s=5.0) as server:
+        url = server.url
         page, headers = _get(url)
         rows, _ = _get(url + "rows")
         assert rows.startswith("<tbody") and rows.count("<tr>") == 2
@@ -185,9 +179,6 @@ def test_rows_route_serves_the_rows_of_the_first_render_and_the_csp_allows_only_
         with pytest.raises(urllib.error.HTTPError) as e:
             _get(url + "nope")
         assert e.value.code == 404
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 class _FakeSwarm:
@@ -343,15 +334,11 @@ def test_store_keeps_each_learners_version_and_eval_a_point_per_change_across_a_
     store.close()
     again = LeaderboardStore(tmp_path / "lb.db")
     assert again.learners() == want
-    server, url = _serving(again)
-    try:
-        got = json.loads(_get(url + "api/learners")[0])
+    with LeaderboardServer(again, "demo", "127.0.0.1", 0) as server:
+        got = json.loads(_get(server.url + "api/learners")[0])
         assert got == json.loads(json.dumps(want)), got  # tuples as JSON arrays
-        assert json.loads(_get(url + "api/leaderboard")[0])["learner_progress"] == latest
-        assert json.loads(_get(url + "api/history")[0])["A"][-1] == [1040.0, 32]
-    finally:
-        server.shutdown()
-        server.server_close()
+        assert json.loads(_get(server.url + "api/leaderboard")[0])["learner_progress"] == latest
+        assert json.loads(_get(server.url + "api/history")[0])["A"][-1] == [1040.0, 32]
 
 
 def test_learning_chart_and_summary_show_each_learners_progress_with_names_escaped(tmp_path):

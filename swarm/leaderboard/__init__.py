@@ -7,7 +7,7 @@ the peer it names, so nobody can rename someone else); the store keeps, per lear
 newest tally (a lower sequence number is a replay and is refused and counted) plus a history of
 every change, so the board survives restarts and DHT expiry.
 
-HTTP (stdlib, read-only):
+HTTP (read-only; aiohttp, with a budget on every connection: `ServerLimits` in server.py):
   /                  the page: whether the swarm learns (a chart of each learner's eval accuracy and
                      version over time), who helped (a chart of accepted rollouts per peer over
                      time), and the table: rank, peer, name, rollouts, tokens, share, first/last
@@ -27,12 +27,14 @@ signed claims (swarm/tally.py). Display names are untrusted: they are escaped in
 table is rendered (`render_rows`, server side) and in the SVGs, and the Content-Security-Policy
 lets no script run but the page's own.
 
-Modules: `store` (SQLite), `page` (pure rendering), `service` (HTTP server and collector loop).
+Modules: `store` (SQLite), `page` (pure rendering), `server` (the HTTP server and its budgets),
+`service` (the server and the collector loop together).
 """
 
 from .page import render_chart, render_learning_chart, render_page, render_rows
-from .service import collect_once, make_server, serve
+from .server import LeaderboardServer, ServerLimits
+from .service import collect_once, serve
 from .store import LeaderboardStore, clean_name
 
 __all__ = ["LeaderboardStore", "clean_name", "render_page", "render_rows", "render_chart", "render_learning_chart",
-           "make_server", "collect_once", "serve"]
+           "LeaderboardServer", "ServerLimits", "collect_once", "serve"]

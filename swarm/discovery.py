@@ -69,6 +69,28 @@ def choose(peers: list[dict], trusted: dict[str, str], model_id: str, pin: str |
         models=sorted({p.get("model_id", "") for p in named.values()}))
 
 
+MAX_MATES = 64
+"""Mates one sampler shares downloads with: a version's chunks are spread over them (`chunk_owner`),
+so more would only make each one's share smaller than a chunk."""
+
+
+def earned(mates: list[str], tallies: list[dict], learner: str | None) -> list[str]:
+    """The `mates` that `learner`'s own signed tally credits (it trained on their checked groups),
+    at most MAX_MATES, the most credited first, then sorted (every sampler computes the same owners).
+
+    A peer record costs a fresh key and nothing else: 2,000 of them (our learner and model, a
+    black-hole address) became every sampler's mates, each version waited on dead chunk owners,
+    the honest rate fell to x0.20 and then 0 (issue 39). Credit costs checked work, and only the
+    learner can give it (a tally's `learner` is its signer). A new sampler is a mate once the
+    learner has trained on its groups and published its tally (`tally_every_s`)."""
+    tally = next((t for t in tallies if t.get("learner") == learner), None)
+    if tally is None:
+        return []
+    credit = {peer: c.get("rollouts", 0) for peer, c in tally.get("peers", {}).items() if isinstance(c, dict)}
+    ranked = sorted((m for m in mates if credit.get(m, 0) > 0), key=lambda m: (-credit[m], m))
+    return sorted(ranked[:MAX_MATES])
+
+
 class LearnerTracker:
     """`choose` on the DHT's records, re-checked every `every` seconds, so that a vanished learner
     (its record expired) is noticed and another found; says what changed, once."""
@@ -104,7 +126,11 @@ class LearnerTracker:
             log.info("following learner %s", short_id(c.follow))
         elif c.follow != self.current:
             log.warning("the learner %s is gone from the swarm; looking for one", short_id(self.current or ""))
-        self.current, self.partners, self.mates, self.named_models = c.follow, c.partners, c.mates, c.models
+        mates = earned(c.mates, self.node.tallies(), c.follow) if c.mates else []
+        if len(mates) < len(c.mates):
+            log.debug("%d of %d announced mates have earned no credit from the learner: not asked for chunks",
+                      len(c.mates) - len(mates), len(c.mates))
+        self.current, self.partners, self.mates, self.named_models = c.follow, c.partners, mates, c.models
         return self.current
 
     @property

@@ -13,7 +13,7 @@ import pytest
 from cli.errors import UserError
 from cli.roles import accepted_models, parse_learners, read_learners_file
 from node.learner import LearnerConfig
-from swarm.discovery import choose, takes
+from swarm.discovery import MAX_MATES, choose, earned, takes
 from swarm.outbox import OWN, Outbox
 
 
@@ -25,6 +25,19 @@ def learner(pid: str, model: str, accepts: list[str] = ()) -> dict:
 
 def sampler(pid: str, model: str, follows: str, private: bool = False) -> dict:
     return {"peer_id": pid, "role": "sampler", "model_id": model, "learner": follows, "private": private}
+
+
+def test_only_mates_the_followed_learners_tally_credits_share_downloads():
+    def tally(learner: str, credit: dict[str, int]) -> dict:
+        return {"learner": learner, "peers": {p: {"groups": n, "rollouts": 8 * n} for p, n in credit.items()}}
+    announced = ["S1", "S2", "SYBIL1", "SYBIL2", "S3"]
+    tallies = [tally("LA", {"S1": 3, "S2": 1, "S3": 0}), tally("LB", {"SYBIL1": 9})]
+    assert earned(announced, tallies, "LA") == ["S1", "S2"]  # S3: no credit yet; LB's word is not LA's
+    assert earned(announced, tallies, "LB") == ["SYBIL1"]
+    assert earned(announced, tallies, "LC") == [] and earned(announced, [], "LA") == []
+    many = [f"S{i:04d}" for i in range(3 * MAX_MATES)]
+    top = earned(many, [tally("LA", {p: i + 1 for i, p in enumerate(many)})], "LA")
+    assert top == sorted(many[-MAX_MATES:])  # the most credited, in the order every sampler computes
 
 
 def test_a_sampler_follows_its_own_models_learner_and_feeds_those_that_name_its_model():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import re
 import time
 import uuid
 
@@ -392,6 +393,9 @@ unproven_byte_rate = 4194304.0
 unproven_journal_bytes = 65536
 """
 POOL_QUOTA, POOL_RATE = 16, 4.0
+STARTUP_S = 30
+"""What a sampler process takes here to start (load the model, join the DHT, find the learner)
+before it can send anything: not the door's doing."""
 
 
 @pytest.fixture(scope="module")
@@ -408,7 +412,7 @@ def sybils(swarm, tmp_path_factory):
     from helpers.sybils import Sybils, learner_maddrs
 
     learner = peer_of(swarm, "learner")
-    keys = Sybils(20, learner_maddrs(swarm.status(), learner), tmp_path_factory.mktemp("sybils"))
+    keys = Sybils(22, learner_maddrs(swarm.status(), learner), tmp_path_factory.mktemp("sybils"))
     keys.learner, keys.forgers = learner, {}
     yield keys
     keys.shutdown()
@@ -537,3 +541,27 @@ def test_a_flood_of_fresh_keys_is_held_to_the_pool(swarm, sybils, capsys):
     assert opened <= POOL_QUOTA + POOL_RATE * elapsed, (counts, elapsed)
     assert during > 0, "the honest, proven sampler was starved by the fresh keys"  # its own budget, not the pool's
     assert sum(n for why, n in counts["why"].items() if why.startswith("unproven_")) >= 1, counts
+
+
+@pytest.mark.integration
+def test_keys_declaring_payloads_they_never_send_cannot_keep_a_newcomer_out(swarm, sybils):
+    """Issue 39: 2 fresh keys declaring 3 MiB a call and sending nothing kept the unproven pool's
+    bytes in debt, and a new honest sampler got nothing acknowledged in 160 s. The pool now pays
+    for bytes read: the newcomer's first group is acknowledged within 30 s."""
+    future, counts = sybils.liars([20, 21], sybils.learner, 3 << 20, seconds=120)
+    try:
+        time.sleep(10)  # the liars are at it
+        (swarm.base / "newcomer.toml").write_text("status_every_s = 1.0\n")
+        t0 = time.monotonic()
+        swarm.join("newcomer", "sampler", "--name", "newcomer", "--config", str(swarm.base / "newcomer.toml"))
+        log = swarm.logs / "newcomer.log"
+        acked = lambda: log.exists() and re.search(r"acknowledged [1-9]", log.read_text())  # noqa: E731
+        while not acked() and time.monotonic() - t0 < 120:
+            time.sleep(0.5)
+        took = time.monotonic() - t0
+    finally:
+        future.result(200)
+    print(f"\n  2 keys declaring 3 MiB and sending nothing ({dict(counts)}): the newcomer's first group "
+          f"acknowledged {took:.1f} s after it started")
+    assert counts["go"] >= 2  # the liars were let in and held their calls
+    assert acked() and took <= 30 + STARTUP_S, f"newcomer not acknowledged in {took:.0f} s"

@@ -24,11 +24,22 @@ def test_a_peer_past_its_streams_on_one_protocol_is_refused_and_counted_others_a
 
 
 def test_all_peers_together_hold_at_most_the_total_however_many_keys_they_have():
-    b = StreamBudget(per_peer=16, total=3)
+    b = StreamBudget(per_peer=16, total=3, trusted=lambda peer: True)
     held = [b.hold(f"key{i}", "p") for i in range(5)]
     admitted = [h.__enter__() for h in held]
     assert admitted == [True, True, True, False, False] and b.refused == {"total": 2}
     for h in reversed(held):
+        h.__exit__(None, None, None)
+    assert b.open == 0
+
+
+def test_fresh_keys_hold_at_most_half_the_total_and_known_peers_find_the_rest_free():
+    b = StreamBudget(per_peer=16, total=8, trusted=lambda peer: peer.startswith("proven"))
+    fresh = [b.hold(f"fresh{i}", "p") for i in range(10)]
+    assert [h.__enter__() for h in fresh] == [True] * 4 + [False] * 6 and b.refused == {"pool": 6}
+    known = [b.hold(f"proven{i}", "p") for i in range(5)]
+    assert [h.__enter__() for h in known] == [True] * 4 + [False] and b.refused == {"pool": 6, "total": 1}
+    for h in [*known[:4], *fresh[:4]]:
         h.__exit__(None, None, None)
     assert b.open == 0
 

@@ -9,9 +9,10 @@ import time
 import msgpack
 import pytest
 
-from swarm.p2p import StreamStalled
+from swarm.p2p import Doors, StreamStalled
 from swarm.records import RecordError
 from swarm.weights import CHUNK_SIZE, FetchConfig, VersionEntry, WeightFetcher
+from swarm.weights.fetcher import UNKNOWN_HOLDERS
 from swarm.weights.gather import Gather, Source
 
 BLOB = bytes(range(256)) * (CHUNK_SIZE // 256) * 3 + b"tail"  # 4 chunks
@@ -27,6 +28,7 @@ class ScriptedNode:
     def __init__(self, serve: dict) -> None:
         self.serve, self.asked = serve, []
         self.released = threading.Event()
+        self.doors = Doors()
 
     def add_stream_handler(self, name, handler, **kw) -> None:
         pass
@@ -97,3 +99,18 @@ def test_each_chunk_asks_holders_then_its_owner_then_the_learner_twice():
                                        [None] * 4)._plans[0]] == ["h1", "h3", LEARNER, LEARNER]
     finally:
         fetcher.close()
+
+
+def test_credited_holders_come_first_and_at_most_two_strangers_are_tried():
+    # issue 39: holder records cost a fresh key each; 2,000 of them stalled every sampler
+    class Holders(ScriptedNode):
+        def holders(self):
+            return [{"peer_id": p, "chain": "c", "versions": [7]} for p in ["S1", "K1", "S2", "S3", "K2", "S4"]] + \
+                   [{"peer_id": "K3", "chain": "other", "versions": [7]}, {"peer_id": "me", "chain": "c", "versions": [7]}]
+    fetcher = WeightFetcher(Holders({}), lambda: LEARNER, mates=lambda: ["K1", "K2", "K3", "me"])
+    try:
+        order = fetcher._holders("c")[7]
+    finally:
+        fetcher.close()
+    assert sorted(order[:2]) == ["K1", "K2"] and len(order) == 2 + UNKNOWN_HOLDERS
+    assert set(order[2:]) <= {"S1", "S2", "S3", "S4"}  # another chain's holder, and we ourselves, are not asked

@@ -143,6 +143,17 @@ class Checkpoints:
         return path
 
 
+def door_counters(node: SwarmNode) -> dict:
+    """What the node's doors turned away so far (cumulative, for plots): per door and bound, and
+    the streams closed unread (swarm/p2p/doors.py, budget.py)."""
+    for _ in range(3):  # the counters grow in the node's loop: a copy may meet a new key; try again
+        try:
+            return {"doors": node.doors.stats(), "streams_refused": dict(node.streams.refused)}
+        except RuntimeError:
+            continue
+    return {}
+
+
 def make_learner(cfg: JoinConfig, node: SwarmNode, place, coll=None) -> tuple[Learner, SwarmLearnerLink, bool,
                                                                                JournalCursor]:
     """The learner and its link, resumed from the newest checkpoint if any; whether it resumed;
@@ -163,7 +174,8 @@ def make_learner(cfg: JoinConfig, node: SwarmNode, place, coll=None) -> tuple[Le
                       model_id=cfg.model, sampling=cfg.sampling, swarm=cfg.swarm, link=link, peer_id=node.peer_id,
                       checkpoint_dir=work / "checkpoints", metrics=metrics,
                       compute_dtype=None if leader else place.autocast_dtype, leader=leader,
-                      quarantine=Quarantine(work / "quarantine.bin"), checkpoint_extra=cursor.checkpoint_extra)
+                      quarantine=Quarantine(work / "quarantine.bin"), checkpoint_extra=cursor.checkpoint_extra,
+                      step_extra=lambda: door_counters(node))
     ckpt = latest_checkpoint(work / "checkpoints")
     if ckpt is not None:
         learner.load_checkpoint(ckpt)

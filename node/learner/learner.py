@@ -63,7 +63,8 @@ class Learner:
                  metrics: MetricsWriter | None = None, chain: str | None = None,
                  compute_dtype: torch.dtype | None = None, leader=None,
                  quarantine: Callable[[bytes, str], None] = lambda raw, why: None,
-                 checkpoint_extra: Callable[[], dict] = dict, on_record: Callable[[dict], None] | None = None) -> None:
+                 checkpoint_extra: Callable[[], dict] = dict, on_record: Callable[[dict], None] | None = None,
+                 step_extra: Callable[[], dict] = dict) -> None:
         """`model` sits on the device it trains on, in float32 (master weights); `compute_dtype`
         (e.g. bfloat16 on a GPU) is what its forward runs in, under autocast.
 
@@ -73,11 +74,13 @@ class Learner:
 
         `quarantine(raw, why)`: where a record that broke ingest or a step goes (never replayed).
         `checkpoint_extra()`: the runner's state saved with each checkpoint (the swarm's journal
-        cursor), found again in `restored_extra`. `on_record(rec)`: each step's and eval's metrics."""
+        cursor), found again in `restored_extra`. `on_record(rec)`: each step's and eval's metrics.
+        `step_extra()`: what the runner adds to each step record (its doors' refusals, say)."""
         self.cfg, self.model, self.tok, self.task = cfg, model.eval(), tokenizer, task
         self.model_id, self.sampling, self.swarm, self.peer_id, self.leader = model_id, sampling, swarm, peer_id, leader
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.metrics, self.quarantine, self.checkpoint_extra, self.on_record = metrics, quarantine, checkpoint_extra, on_record
+        self.step_extra = step_extra
         self.version = 0
         self.training = Training(cfg, self.model, sampling.temperature, tokenizer.pad_token_id, compute_dtype, leader)
         self.engine = HFEngine(self.model, tokenizer, model_id)  # for evaluation only
@@ -230,6 +233,7 @@ class Learner:
         self.version += 1
         rec.update(self.publishing.maybe(self.version))
         rec.update(counters(self.books, self.auditor, self.training, len(self.buffer), self._t0))
+        rec.update(self.step_extra())
         self._emit(rec)
         if self.cfg.eval_every and self.version % self.cfg.eval_every == 0:
             self.run_eval()

@@ -12,8 +12,10 @@ byte, the stream is counted against
   * every inbound stream of the node (`total`), derived from the process's open-file limit, less
     what the node needs for itself (model files, the DHT's sockets, logs, the journal), so that
     however many keys an attacker makes, the descriptors they can hold are bounded;
+  * of that, the streams of every key the node does not know (`pool`, half the total), so that the
+    peers it knows (a learner's proven samplers: `Doors.trust`) always find room;
 
-and a stream past either bound is closed at once (its descriptor lives for microseconds) and
+and a stream past any bound is closed at once (its descriptor lives for microseconds) and
 counted by reason. The first request frame must then come within the handler's request timeout,
 so a held stream costs its holder a stream slot for seconds, never more.
 """
@@ -24,7 +26,7 @@ import collections
 import logging
 import resource
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 log = logging.getLogger(__package__)
 
@@ -63,23 +65,33 @@ def total_for(limit: int) -> int:
 
 
 class StreamBudget:
-    """Counts open inbound streams per (peer, protocol) and in all; refuses past either bound."""
+    """Counts open inbound streams per (peer, protocol), of keys the node does not know (`trusted`
+    says who it knows), and in all; refuses past any bound. Unknown keys together hold at most half
+    of the total, so however many fresh keys an attacker makes, the peers the node knows (a
+    learner's proven samplers) always find streams free."""
 
-    def __init__(self, per_peer: int = PER_PEER, total: int | None = None) -> None:
+    def __init__(self, per_peer: int = PER_PEER, total: int | None = None,
+                 trusted: Callable[[str], bool] = lambda peer: False) -> None:
         self.per_peer = per_peer
         self.total = total_for(nofile_limit()) if total is None else total
+        self.pool = max(1, self.total // 2)
+        """Streams all unknown keys together may hold."""
+        self._trusted = trusted
         self._open: collections.Counter[tuple[str, str]] = collections.Counter()
         self._all = 0
+        self._pooled = 0
         self.refused: collections.Counter[str] = collections.Counter()
-        """Streams closed unread, by the bound they met: "peer" or "total"."""
+        """Streams closed unread, by the bound they met: "peer", "pool" or "total"."""
 
     @property
     def open(self) -> int:
         return self._all
 
-    def _refusal(self, peer: str, protocol: str) -> str | None:
+    def _refusal(self, peer: str, protocol: str, pooled: bool) -> str | None:
         if self._open[peer, protocol] >= self.per_peer:
             return "peer"
+        if pooled and self._pooled >= self.pool:
+            return "pool"
         if self._all >= self.total:
             return "total"
         return None
@@ -87,7 +99,8 @@ class StreamBudget:
     @contextmanager
     def hold(self, peer: str, protocol: str) -> Iterator[bool]:
         """Within it, the stream is counted; yields whether it may be served (False: close it now)."""
-        why = self._refusal(peer, protocol)
+        pooled = not self._trusted(peer)
+        why = self._refusal(peer, protocol, pooled)
         if why is not None:
             self.refused[why] += 1
             if self.refused[why] in (1, 10, 100, 1000) or self.refused[why] % 10_000 == 0:
@@ -97,10 +110,12 @@ class StreamBudget:
             return
         self._open[peer, protocol] += 1
         self._all += 1
+        self._pooled += pooled
         try:
             yield True
         finally:
             self._all -= 1
+            self._pooled -= pooled
             self._open[peer, protocol] -= 1
             if self._open[peer, protocol] <= 0:
                 del self._open[peer, protocol]

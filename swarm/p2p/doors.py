@@ -180,11 +180,14 @@ class Doors:
         samplers it has proven). Called from the role that knows (once its state is loaded)."""
         self._trusted = trusted
 
+    def is_trusted(self, peer: str) -> bool:
+        return self._trusted(peer)
+
     def open(self, name: str, budget: DoorBudget) -> Door:
         """The door `name` with `budget` (one per name: opening it twice is a bug)."""
         if name in self._doors:
             raise ValueError(f"door {name} is already open")
-        door = self._doors[name] = Door(name, budget, lambda peer: self._trusted(peer), clock=self._clock)
+        door = self._doors[name] = Door(name, budget, self.is_trusted, clock=self._clock)
         return door
 
     def stats(self) -> dict[str, dict[str, int]]:

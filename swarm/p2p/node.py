@@ -40,10 +40,10 @@ class SwarmNode:
         self._loop = SwarmLoop()
         self.p2p = self.run(self.dht.replicate_p2p(), timeout=30)
         self._calls = Calls(self._loop, self.p2p, self.peers)
-        self.streams = StreamBudget()
-        """Inbound streams held open, per peer and protocol and in all (swarm/p2p/budget.py)."""
         self.doors = Doors()
         """Every inbound door's calls and bytes, per peer and for unknown keys (swarm/p2p/doors.py)."""
+        self.streams = StreamBudget(trusted=self.doors.is_trusted)
+        """Inbound streams held open, per peer and protocol, of unknown keys, and in all (budget.py)."""
 
     @property
     def peer_id(self) -> str:

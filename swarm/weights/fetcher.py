@@ -24,6 +24,9 @@ from .strikes import PeerStrikes
 
 log = logging.getLogger(__name__)
 
+UNKNOWN_HOLDERS = 2
+"""Holders of a version that the learner has not credited, tried per fetch (after the known ones)."""
+
 
 class WeightFetcher:
     """A sampler's side: fetches versions from holders, mates and the learner it follows.
@@ -114,8 +117,7 @@ class WeightFetcher:
             # records is skipped: it would sit on the critical path of every version
             following = chain == have_chain and wanted == [have_version + 1]
             holders = self._holders(chain) if wanted and not following else {}
-            # a private sampler (behind a NAT) owns no chunks: it takes every one from its public mates
-            mates = sorted({*self.mates(), *([] if self.node.private else [self.node.peer_id])}) if wanted else []
+            mates = self._owners() if wanted else []
             blobs = [self._download(learner, chain, entries[v], holders.get(v, []), mates) for v in wanted]
         except CallStopped:
             return None
@@ -134,6 +136,16 @@ class WeightFetcher:
             self._announcements.put((chain, sorted(self.store.blobs)))
         return [WeightVersion(manifest.model_id, chain, v, entries[v].base, blob) for v, blob in zip(wanted, blobs)] or None
 
+    def _owners(self) -> list[str]:
+        """The samplers among which a version's chunks are shared out (`chunk_owner`): our mates,
+        those the learner credits (swarm/discovery.py, `earned`), us among them once credited. With
+        none credited yet, we own every chunk (from the learner); a private sampler (behind a NAT)
+        owns none: it takes every one from its public mates."""
+        mates = set(self.mates())
+        if not mates and not self.node.private:
+            mates = {self.node.peer_id}
+        return sorted(mates)
+
     def _announcer(self) -> None:
         while (item := self._announcements.get()) is not None:
             while not self._announcements.empty():  # only the newest holdings matter
@@ -151,15 +163,21 @@ class WeightFetcher:
             log.warning("announcing holdings failed: %s", e)
 
     def _holders(self, chain: str) -> dict[int, list[str]]:
-        """version -> peers (other than us) announcing they hold it, in an order of our own."""
+        """version -> peers (other than us) announcing they hold it, in an order of our own: our
+        credited mates first, then at most UNKNOWN_HOLDERS others. A holder record costs a fresh key
+        and nothing else (2,000 of them announcing coming versions stalled every sampler, issue 39):
+        an unknown holder is tried for a bounded share of a fetch, and never before a known one."""
+        known = set(self.mates())
         by_version: dict[int, list[str]] = collections.defaultdict(list)
         for h in self.node.holders():
             if h.get("chain") == chain and h.get("peer_id") != self.node.peer_id:
                 for v in h.get("versions", []):
                     by_version[v].append(h["peer_id"])
         rng = random.Random(self.node.peer_id)  # each fetcher spreads its load differently
-        for peers in by_version.values():
+        for v, peers in by_version.items():
             rng.shuffle(peers)
+            strangers = [p for p in peers if p not in known][:UNKNOWN_HOLDERS]
+            by_version[v] = [p for p in peers if p in known] + strangers
         return by_version
 
     def _manifest(self, learner: str, request: ManifestRequest, stop: threading.Event | None) -> Manifest | None:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import msgpack
-from hivemind.p2p import P2P
+from hivemind.p2p import P2P, PeerID
 
 from swarm.identity import Identity
 from swarm.p2p import call_gated
@@ -82,6 +82,32 @@ class Sybils:
         self._run(_gather(*[one(i, deadline) for i in batches for _ in range(concurrency)]), seconds + 120)
         counts["busy"] = counts["sent"] - counts["ok"] - counts["rejected"]  # a call answered unread lists no ids
         return counts
+
+    def liars(self, keys: list[int], learner: str, declared: int, seconds: float):
+        """Keys `keys` declare `declared` payload bytes on the rollout gate, one call after another
+        for `seconds`, and never send them (a slow read holds each until the learner's body bound
+        cuts it). Runs in the background; the future's result: {"go": calls let in, "busy": ...}."""
+        from swarm.p2p.framing import read_reply, send_ask
+
+        counts = collections.Counter()
+
+        async def one(i: int, deadline: float) -> None:
+            while time.monotonic() < deadline:
+                try:
+                    _, reader, writer = await self.p2ps[i].call_binary_stream_handler(PeerID.from_base58(learner),
+                                                                                         ROLLOUTS)
+                    await send_ask(writer, declared)
+                    answer = await asyncio.wait_for(read_reply(reader, ROLLOUTS, learner, 1 << 20), 30)
+                    counts["busy" if answer else "go"] += 1
+                    if not answer:  # let in: send nothing, wait for the learner to give up on us
+                        await asyncio.wait_for(reader.read(), 120)
+                    writer.close()
+                except Exception:  # a reset or a timeout: the liar just calls again
+                    counts["failed"] += 1
+                    await asyncio.sleep(0.1)
+
+        deadline = time.monotonic() + seconds
+        return asyncio.run_coroutine_threadsafe(_gather(*[one(i, deadline) for i in keys]), self._loop), counts
 
     def shutdown(self) -> None:
         try:

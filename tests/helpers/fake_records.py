@@ -1,0 +1,105 @@
+"""An attacker that fills the DHT with valid records under fresh keys, as issue 39 measured it:
+
+    python -m tests.helpers.fake_records KEYDIR N SWARM LEARNER MODEL INITIAL_PEER...
+
+N fresh keys (made in KEYDIR with `make_keys` beforehand, or now), each with a signed peer record (a sampler following LEARNER with MODEL, at a
+black-hole address: nobody answers there) and a holder record announcing the versions the learner
+will publish next (its chain and newest version read from its public manifest on each round). Records are stored again every 20 s, until the process is stopped. One DHT node signs
+for all keys (a validator that holds every key): keys are free, and so is a record per key.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import time
+from pathlib import Path
+
+from google.protobuf.wrappers_pb2 import BytesValue
+from hivemind.dht import DHT
+from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.dht.validation import DHTRecord
+from hivemind.p2p import PeerID
+from hivemind.utils import get_dht_time
+
+from swarm.dht import PROTOCOL_VERSION, SOFTWARE, SchemaValidator, SwarmSchema, holders_key, peers_key
+from swarm.identity import Identity
+from swarm.ownership import OwnerValidator
+from swarm.weights.manifest import MANIFEST, Manifest
+
+BLACK_HOLE = "/ip4/192.0.2.1/tcp/9"  # TEST-NET-1: routed nowhere
+
+
+class ManyKeys(RSASignatureValidator):
+    """Signs each record with the key its subkey names (hivemind's validator holds one key)."""
+
+    def __init__(self, identities: list[Identity]) -> None:
+        super().__init__(identities[0].dht_private_key())
+        self.keys = {}
+        for ident in identities:
+            key = ident.dht_private_key()
+            self.keys[self.PUBLIC_KEY_FORMAT.replace(b"_key_", key.get_public_key().to_bytes())] = key
+
+    def sign_value(self, record: DHTRecord) -> bytes:
+        for public, key in self.keys.items():
+            if public in record.subkey:
+                return record.value + self.SIGNATURE_FORMAT.replace(b"_value_", key.sign(self._serialize_record(record)))
+        return record.value
+
+
+def newest(dht: DHT, learner: str) -> tuple[str, int]:
+    """The learner's chain and newest version, from its manifest (anyone may ask for it)."""
+    async def ask(_dht, _node):
+        p2p = await _dht.replicate_p2p()
+        reply = await p2p.call_protobuf_handler(PeerID.from_base58(learner), MANIFEST, BytesValue(value=b""), BytesValue)
+        return reply.value
+    try:
+        m = Manifest.open(dht.run_coroutine(ask), learner)
+        return m.chain, max(e.version for e in m.versions)
+    except Exception:  # not published yet, or refused: announce nothing this round
+        return "", 0
+
+
+def _key(path: Path) -> str:
+    return Identity.load_or_create(path).peer_id
+
+
+def make_keys(keydir: Path, n: int) -> list[Identity]:
+    """N keys in `keydir` (made on both cores if missing: 0.1 s each), loaded."""
+    keydir.mkdir(parents=True, exist_ok=True)
+    paths = [keydir / f"k{i}.key" for i in range(n)]
+    with multiprocessing.Pool(2) as pool:
+        pool.map(_key, [p for p in paths if not p.exists()])
+    return [Identity.load_or_create(p) for p in paths]
+
+
+def main(keydir: str, n: int, swarm: str, learner: str, model: str, initial_peers: list[str]) -> None:
+    identities = make_keys(Path(keydir), n)
+    os.nice(19)  # the attack is in the records, not in starving this 2-core machine
+    dht = DHT(initial_peers=initial_peers, start=True, client_mode=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+              record_validators=[ManyKeys(identities), SchemaValidator(SwarmSchema, prefix=f"hetero_{swarm}"),
+                          OwnerValidator(swarm)])
+    print(f"{n} keys ready", flush=True)
+    while True:
+        chain, version = newest(dht, learner)
+        expires = get_dht_time() + 60
+        futures, stored, sent = [], 0, 0
+        for ident in identities:
+            subkey = ManyKeys.PUBLIC_KEY_FORMAT.replace(b"_key_", ident.dht_private_key().get_public_key().to_bytes())
+            peer = {"peer_id": ident.peer_id, "role": "sampler", "model_id": model, "version": 0, "engine": "hf",
+                    "throughput": 100.0, "software": SOFTWARE, "protocol": PROTOCOL_VERSION, "maddrs": [BLACK_HOLE],
+                    "learner": learner, "name": "", "private": False, "accepts": [], "updated": float(get_dht_time())}
+            futures.append(dht.store(peers_key(swarm), peer, expires, subkey=subkey, return_future=True))
+            if chain:
+                held = {"peer_id": ident.peer_id, "chain": chain, "versions": [int(version) + k for k in range(1, 6)]}
+                futures.append(dht.store(holders_key(swarm), held, expires, subkey=subkey, return_future=True))
+            if len(futures) >= 16:  # a few at a time: hundreds at once time out in the DHT's own RPCs
+                stored, sent, futures = stored + sum(bool(f.result(120)) for f in futures), sent + len(futures), []
+        stored, sent = stored + sum(bool(f.result(120)) for f in futures), sent + len(futures)
+        print(f"stored {stored} of {sent} records", flush=True)
+        time.sleep(20)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6:])

@@ -165,7 +165,7 @@ def test_fresh_keys_records_as_mates_and_holders_cost_the_honest_samplers_at_mos
     attack = None
     try:
         start_bootstrap(s)
-        s.start_learner(LEARNER_TOML)
+        s.start_learner(LEARNER_TOML, nofile=NOFILE)
         for name in ("a", "b"):
             s.join(name, "sampler", "--name", name)
         s.wait_version(3, timeout=300)

@@ -81,14 +81,21 @@ def start_bootstrap(s: Swarm, learners: tuple[str, ...] = ("learner",)) -> None:
     s.addr = wait_for_file(s.base / "boot.addr", 90, boot).decode().split()[0]
 
 
+VOLUNTEER_NOFILE = 1024
+"""A common default soft limit on open files (nothing raises it for a volunteer's shell; the node
+raises its soft limit to the hard one, which may be this too)."""
+
+
 @contextlib.contextmanager
 def honest_swarm(base: Path, learner_toml: str):
     """A bootstrap, a learner (with `learner_toml`) and one honest sampler, "honest", run until
-    version 3 (its first groups audited: a proven sampler); every process reaped at the end."""
+    version 3 (its first groups audited: a proven sampler); every process reaped at the end. The
+    learner runs at a volunteer's common open-file limit (`VOLUNTEER_NOFILE`): every attack on it
+    must leave it alive there, not only at this machine's limit."""
     s = Swarm(base)
     try:
         start_bootstrap(s)
-        s.start_learner(learner_toml)
+        s.start_learner(learner_toml, nofile=VOLUNTEER_NOFILE)
         s.join("honest", "sampler", "--name", "honest")
         s.wait_version(3, timeout=240)
         yield s

@@ -112,6 +112,8 @@ class Door:
         self.served = 0
         """Bytes charged to this door (served or read), all peers."""
         self._held: collections.Counter[str] = collections.Counter()
+        self._held_all = 0
+        """Calls of every peer in the tarpit now (kept, not summed: a flood calls `tarpit` per call)."""
 
     def enter(self, peer: str) -> str | None:
         """A call of `peer`: the bound it is past (counted and logged), or None with one call taken
@@ -148,12 +150,14 @@ class Door:
 
     async def tarpit(self, peer: str) -> None:
         """Hold a turned-away call `TARPIT_S` before it is answered (unless too many already wait)."""
-        if self._held[peer] >= TARPIT_PER_PEER or sum(self._held.values()) >= TARPIT_ALL:
+        if self._held[peer] >= TARPIT_PER_PEER or self._held_all >= TARPIT_ALL:
             return
         self._held[peer] += 1
+        self._held_all += 1
         try:
             await asyncio.sleep(TARPIT_S)
         finally:
+            self._held_all -= 1
             self._held[peer] -= 1
             if self._held[peer] <= 0:
                 del self._held[peer]

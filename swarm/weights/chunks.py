@@ -182,11 +182,13 @@ class ChunkStore:
         return self.partial.get(version, {}).get(index)
 
     def _may_serve(self, remote: str, chain: str, version: int, index: int, size: int) -> bool:
-        """Within this peer's repeats of this chunk and the door's bytes."""
+        """Within the door's bytes and this peer's repeats of this chunk (counted only when served)."""
+        if self._door.allows(remote, size) is not None:
+            return False
         if not self._repeats.take(remote, chain, version, index):
             self.repeats_refused += 1
             return False
-        return self._door.allows(remote, size) is None
+        return True
 
     async def _on_chunks(self, payload: bytes, remote: str):
         try:

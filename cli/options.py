@@ -35,9 +35,9 @@ SeedOpt = Annotated[Optional[int], typer.Option(help="Random seed (default: the 
 DeviceOpt = Annotated[Optional[str], typer.Option(
     help="Where to compute: auto (a CUDA GPU where torch sees one, else the CPU), cpu, cuda or cuda:N.")]
 DtypeOpt = Annotated[Optional[str], typer.Option(
-    help="Compute dtype: auto (a learner on a GPU: bfloat16; otherwise float32, samplers included, whose "
-         "tokens learners audit in float32), float32 or bfloat16. Learners keep float32 master weights and "
-         "optimizer state either way.")]
+    help="Compute dtype: auto (bfloat16 on a GPU, float32 on the CPU), float32 or bfloat16. Learners keep "
+         "float32 master weights and optimizer state either way; samplers' bfloat16 tokens pass the learner's "
+         "audit by race margin.")]
 
 # the network flags of `bootstrap` and `join` (cli/network.py turns them into [network] overrides)
 HostOpt = Annotated[str, typer.Option(help="Listen address: 127.0.0.1 (this machine only) or 0.0.0.0 (all interfaces).")]

@@ -34,13 +34,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--chosen", type=int, default=500, help="chosen groups audited per attack")
-    ap.add_argument("--rel-tolerance", type=float, default=LearnerConfig.audit_rel_tolerance,
-                    help="the audit's relative tolerance (LearnerConfig.audit_rel_tolerance)")
+    ap.add_argument("--margin", type=float, default=LearnerConfig.audit_margin,
+                    help="the audit's tolerance in logits (LearnerConfig.audit_margin)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     sampling = SamplingConfig()
     cfg = SimulatorConfig(
-        learner=LearnerConfig(audit_rate=1.0, audit_rate_trusted=1.0, eval_every=0, eval_size=50, audit_rel_tolerance=args.rel_tolerance),
+        learner=LearnerConfig(audit_rate=1.0, audit_rate_trusted=1.0, eval_every=0, eval_size=50, audit_margin=args.margin),
         sampling=sampling, steps=args.steps,
         samplers=(SimSamplerSpec(count=1), SimSamplerSpec(name="stale", count=2,
                                                           weight_delay=DelayConfig(kind="lognormal", lower_s=30, upper_s=20 * 30))),
@@ -69,8 +69,7 @@ def main() -> None:
         for _ in range(sampling.group_size):
             ids = tok(p.answer + str(rng.randrange(10)), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
             chosen.append((ids, [-2.0] * len(ids)))
-        r = audit_group(model, prompt_ids, chosen, seeds, params, tok.pad_token_id, learner.cfg.audit_tolerance,
-                        learner.cfg.audit_rel_tolerance)
+        r = audit_group(model, prompt_ids, chosen, seeds, params, tok.pad_token_id, learner.cfg.audit_margin)
         caught["answer plus a digit, all 8"] += not r.passed
         honest = engine.engine.generate([p.prompt], params, [seeds])[0].completions
         comps = [(c.token_ids, c.logprobs) for c in honest]
@@ -79,7 +78,7 @@ def main() -> None:
             comps[0] = (ids, [-0.5] * len(ids))
             engine.engine.model.eval()
             r = audit_group(engine.engine.model, prompt_ids, comps, seeds, params, tok.pad_token_id,
-                            learner.cfg.audit_tolerance, learner.cfg.audit_rel_tolerance)
+                            learner.cfg.audit_margin)
             caught["one of 8 swapped for the answer"] += not r.passed
             tried["one of 8 swapped for the answer"] += 1  # (a swap for what was sampled anyway changes nothing)
     print("2. detection per audited group:")

@@ -1,56 +1,65 @@
-"""Honest bfloat16 samplers against the learner's float32 audit, and what a tolerance costs in detection.
+"""The audit across precisions: honest float32 / bfloat16 / float16 samplers against the learner's
+float32 audit by margin, what a tolerance lets an attacker do, and what the race costs.
 
-    python examples/bench_bf16_audit.py [--groups 64] [--batches 1 8 32] [--lengths 256 1024]
-    .venv-vllm/bin/python examples/bench_bf16_audit.py --models builtin --vllm     # vLLM's kernels
+    python examples/bench_bf16_audit.py                                   # CPU: small sizes
+    python examples/bench_bf16_audit.py --device cuda --preset gpu        # every GPU figure of issue 40
 
-A volunteer's GPU samples in bfloat16 with its own kernels and batch sizes; the learner audits in
-float32 (node/audit.py). For each sampler setting this prints, per audited token, how often its
-seeded uniform u_t falls outside the token's interval of the auditor's CDF and by how much (the
-miss distance, node/checkable.miss_distances), and per audited group (8 completions) the share
-that a rule would fail: the false positives. Then, on the same groups, one completion edited at
-one position (the smallest chosen completion: a token the sampler did not draw) and the share of
-such groups each rule catches: the detection. Every share is printed with its 95% interval.
+A volunteer's GPU samples in bfloat16 or float16 with its own kernels and batch sizes; the learner
+audits in float32 (node/audit.py): at every position, how far (in logits) the claimed token's race
+score is below the best (node/checkable.race_margins). Per sampler setting this prints:
+  - flips: the share of tokens whose margin exceeds node/audit.FLIP_MARGIN (the sampler's token is
+    not the float32 race's choice), with its 95% interval, and the margins' p99, p99.9 and max;
+  - honest groups failed at the tolerance (`--margin`, default LearnerConfig.audit_margin), with
+    the 95% interval, and the chance that the flip test (node/audit.FlipTest at the learner's
+    audit_flip_rate) ever refuses such a sampler within 10,000 audited groups, by resampling the
+    measured groups' flips (Monte Carlo);
+  - the training side: the behaviour log-probs the sampler reports against the float32 learner's,
+    k3 = E[r - 1 - log r] per token (r = p_learner / p_sampler) and the share of tokens with
+    |r - 1| > 0.2 (GRPO's clip), so on-policy p/q is not 1;
+  - detection per audited group: (a) one completion swapped for the right answer (built-in model),
+    (b) one token edited to the most likely other, and (c) an attacker that samples in float32 and,
+    wherever the token that leads to the right answer is within the tolerance, takes it: its
+    accuracy against honest sampling, its groups failed, and how many of its groups the flip test
+    needs to refuse it.
+  - the race's cost (`--cost`): generation time with the engine's sampler (race + behaviour
+    log-probs) against transformers' own multinomial sampling, same model and batch.
 
-Models (no download):
+Models (never downloaded):
   builtin  the built-in arithmetic model (trained; the demo's prompts, completions of <= 6 tokens)
-  mid      a Qwen3-shaped model from a config (8 layers, hidden 512, vocabulary 32,768) with random
-           weights, its output head scaled so that the next-token entropy is that of a trained LM
-           (about 2-3 nats), prompts of random tokens, completions of --lengths tokens (no EOS)
-The sampler is the HF engine's own sampling path (node/engines/hf.PickTokens) with the weights cast
-to bfloat16; float32 at batch 8 is the baseline (what the audit was built for).
+  mid      a Qwen3 shape from a config (8 layers, hidden 512, vocabulary 32,768), random weights
+  big      the Qwen3-0.6B shape with its 151,936-token vocabulary (untied head; `--big-layers` of
+           its 28 layers), random weights
+Random-weight models have their output head scaled so that the next-token entropy is that of a
+trained LM (about 2-3 nats); their prompts are random tokens, completions run to the length asked.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import gc
 import logging
 import math
 import random
+import sys
 import time
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
-from node.audit import AuditItem, audit_distances
-from node.checkable import group_seeds
-from node.engines.base import SamplingParams
-from node.engines.hf import PickTokens, _bare_generation_defaults
-from node.logprobs import completion_logits, pack
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-RULES = (("tol", 1e-3), ("tol", 1e-2), ("rel", 0.1), ("rel", 0.25), ("rel", 0.5))
-"""Each position passes if d <= tol (the audit so far: absolute, in CDF units), or if
-d <= FLOOR + rel * m (relative to the boundary's room m, node/checkable.miss_distances)."""
-FLOOR = 1e-5
+from node.audit import FLIP_MARGIN, AuditItem, FlipRate, FlipTest, audit_margins, flip_llr  # noqa: E402
+from node.checkable import group_seeds, keys_tensor, pick_tokens, position_keys, race_margins  # noqa: E402
+from node.engines.base import SamplingParams  # noqa: E402
+from node.engines.hf import PickTokens, _bare_generation_defaults  # noqa: E402
+from node.learner.config import LearnerConfig  # noqa: E402
+from node.logprobs import completion_logits, logprobs_from_logits, pack  # noqa: E402
 
-
-def misses(d: torch.Tensor, m: torch.Tensor, rule: tuple[str, float]) -> torch.Tensor:
-    kind, x = rule
-    return d > x if kind == "tol" else d > FLOOR + x * m
-
-
-def rule_name(rule: tuple[str, float]) -> str:
-    return f"d <= {rule[1]:g}" if rule[0] == "tol" else f"d <= {FLOOR:g} + {rule[1]:g} m"
+log = logging.getLogger("bench_bf16_audit")
+WRITE = None
+"""Writes the tables so far (set by main when --out is given)."""
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -68,174 +77,479 @@ def share(k: int, n: int) -> str:
     return f"{k}/{n} = {k / max(n, 1):.2%} [{lo:.2%}, {hi:.2%}]"
 
 
-def mid_model(seed: int = 0) -> torch.nn.Module:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+# ---- models ------------------------------------------------------------------------------------
 
-    cfg = Qwen3Config(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
-                      num_key_value_heads=4, head_dim=64, vocab_size=32768, tie_word_embeddings=False,
-                      max_position_embeddings=4096, pad_token_id=0, eos_token_id=None, bos_token_id=None)
-    torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(cfg).eval()
-    with torch.no_grad():  # random weights give a near-uniform next token; scale to a trained LM's entropy
-        ids = torch.randint(1, cfg.vocab_size, (4, 64))
-        for _ in range(20):
-            logp = model(input_ids=ids).logits.log_softmax(-1)
+def scale_head(model: torch.nn.Module, vocab: int, device, target: float = 3.0) -> float:
+    """Scale a random model's output head until its next-token entropy is < `target` nats."""
+    ids = torch.randint(1, vocab, (4, 64), device=device)
+    entropy = float("inf")
+    with torch.no_grad():
+        for _ in range(30):
+            logp = model(input_ids=ids).logits.float().log_softmax(-1)
             entropy = -(logp.exp() * logp).sum(-1).mean().item()
-            if entropy < 3.0:
+            if entropy < target:
                 break
             model.lm_head.weight.mul_(1.5)
-    logging.getLogger(__name__).info("mid model: next-token entropy %.2f nats", entropy)
+    return entropy
+
+
+def random_model(kind: str, layers: int, device) -> torch.nn.Module:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    if kind == "mid":
+        shape = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
+                     num_key_value_heads=4, head_dim=64, vocab_size=32768)
+    else:  # Qwen3-0.6B's shape, untied so that scaling the head leaves the embeddings alone
+        shape = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=layers, num_attention_heads=16,
+                     num_key_value_heads=8, head_dim=128, vocab_size=151936)
+    cfg = Qwen3Config(**shape, tie_word_embeddings=False, max_position_embeddings=4096, pad_token_id=0,
+                      eos_token_id=None, bos_token_id=None)
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(cfg).eval().to(device)
+    entropy = scale_head(model, cfg.vocab_size, device)
+    log.info("%s model (%d layers, vocabulary %d): next-token entropy %.2f nats", kind, shape["num_hidden_layers"],
+             cfg.vocab_size, entropy)
     return model
 
 
-def sample(model, prompts: list[list[int]], params: SamplingParams, seeds: list[list[bytes]], batch: int,
-           eos: list[int] | None, pad: int) -> list[list[tuple[list[int], list[float]]]]:
-    """Completions of each prompt drawn by the HF engine's picker, `batch` rows per generate call."""
+# ---- sampling ----------------------------------------------------------------------------------
+
+class AnswerSeeker(PickTokens):
+    """The attacker (c): draws in float32 like an honest sampler, but wherever the next token of
+    its row's target (the right answer, then EOS) is within `tol` of the race's best on its own
+    logits, it takes that token instead."""
+
+    def __init__(self, params, prompt_len, seeds, targets: list[list[int]], tol: float) -> None:
+        super().__init__(params, prompt_len, seeds)
+        self.targets, self.tol = targets, tol
+
+    def __call__(self, input_ids, scores):
+        p, t = self.params, input_ids.shape[1] - self.prompt_len
+        keys = keys_tensor([position_keys(s, 1, t)[0] for s in self.seeds], scores.device)
+        honest = pick_tokens(scores, keys, p.temperature, p.top_k, p.top_p)
+        target = torch.tensor([tg[t] if t < len(tg) else -1 for tg in self.targets], device=scores.device)
+        ok = target >= 0
+        margin = race_margins(scores, target.clamp(min=0), keys, p.temperature, p.top_k, p.top_p)
+        # on track: every earlier token was the target's (else the answer is lost anyway)
+        track = torch.tensor([list(input_ids[r, self.prompt_len:].tolist()) == tg[:t]
+                              for r, tg in enumerate(self.targets)], device=scores.device)
+        chosen = torch.where(ok & track & (margin <= 0.9 * self.tol), target.clamp(min=0), honest)
+        self.steps.append(logprobs_from_logits(scores, chosen, p.logprob_temperature))
+        return torch.full_like(scores, -torch.inf).scatter_(-1, chosen[:, None], 0.0)
+
+
+def generate(model, prompts: list[list[int]], params: SamplingParams, seeds: list[list[bytes]], batch: int,
+             eos: list[int] | None, pad: int, picker=None, plain: bool = False) -> tuple[list, float]:
+    """Completions of each prompt, `batch` rows per generate call, and the seconds it took: the HF
+    engine's picker (or `picker(rows, width)`, or transformers' own multinomial when `plain`)."""
     from transformers import GenerationConfig
 
+    device = next(model.parameters()).device
     rows = [(i, j) for i in range(len(prompts)) for j in range(params.n)]
     out: list[list] = [[None] * params.n for _ in prompts]
+    elapsed = 0.0
     for s in range(0, len(rows), batch):
         chunk = rows[s : s + batch]
         width = max(len(prompts[i]) for i, _ in chunk)  # left-padded, as the engine does
-        ids = torch.tensor([[pad] * (width - len(prompts[i])) + prompts[i] for i, _ in chunk])
-        mask = torch.tensor([[0] * (width - len(prompts[i])) + [1] * len(prompts[i]) for i, _ in chunk])
-        picker = PickTokens(params, width, [seeds[i][j] for i, j in chunk])
-        cfg = GenerationConfig(do_sample=False, max_new_tokens=params.max_new_tokens, pad_token_id=pad,
-                               eos_token_id=eos, return_dict_in_generate=True)
+        ids = torch.tensor([[pad] * (width - len(prompts[i])) + prompts[i] for i, _ in chunk], device=device)
+        mask = torch.tensor([[0] * (width - len(prompts[i])) + [1] * len(prompts[i]) for i, _ in chunk], device=device)
+        proc = None if plain else (picker(chunk, width) if picker else PickTokens(params, width, [seeds[i][j] for i, j in chunk]))
+        cfg = GenerationConfig(do_sample=plain, temperature=params.temperature if plain else None, top_k=None,
+                               top_p=None, max_new_tokens=params.max_new_tokens, min_new_tokens=0 if eos else params.max_new_tokens,
+                               pad_token_id=pad, eos_token_id=eos, return_dict_in_generate=True)
+        _sync(device)
+        t0 = time.perf_counter()
         with torch.no_grad(), _bare_generation_defaults(model):
             seq = model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg,
-                                 logits_processor=[picker]).sequences[:, width:]
-        logps = picker.logprobs(seq.shape)
+                                 logits_processor=[proc] if proc else None).sequences[:, width:]
+        _sync(device)
+        elapsed += time.perf_counter() - t0
+        logps = proc.logprobs(seq.shape).cpu() if proc else torch.zeros(seq.shape)
+        seq = seq.cpu()
         for r, (i, j) in enumerate(chunk):
             toks = seq[r].tolist()
-            stop = next((k + 1 for k, t in enumerate(toks) if eos and t in eos), len(toks))
+            stop = next((k + 1 for k, tk in enumerate(toks) if eos and tk in eos), len(toks))
             out[i][j] = (toks[:stop], logps[r, :stop].tolist())
-    return out
+    return out, elapsed
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+# ---- the audit's view ----------------------------------------------------------------------------
+
+@dataclass
+class Measured:
+    """Per group: every position's margin, and the learner's and the sampler's log-probs."""
+
+    margins: list[torch.Tensor] = field(default_factory=list)
+    mine: list[torch.Tensor] = field(default_factory=list)
+    claimed: list[torch.Tensor] = field(default_factory=list)
 
 
 @torch.no_grad()
-def one_edit(model, prompt: list[int], comp: tuple[list[int], list[float]], pad: int, rng: random.Random,
-             how: str) -> tuple[list[int], list[float]]:
-    """`comp` with the token at one random position replaced: by the most likely other token
-    ('likely': a plausible edit) or by its neighbour in vocabulary order ('adjacent': the token
-    whose interval lies next to the sampled one's, the hardest to tell by CDF distance)."""
+def measure(model32, items: list[AuditItem], params: SamplingParams, pad: int, per_pass: int) -> Measured:
+    """The float32 auditor's margins and log-probs for every group (`per_pass` groups per forward)."""
+    device = next(model32.parameters()).device
+    out = Measured()
+    for s in range(0, len(items), per_pass):
+        part = items[s : s + per_pass]
+        rows = [(it.prompt_ids, toks, lps, seed) for it in part for (toks, lps), seed in zip(it.completions, it.seeds)]
+        batch = pack([r[0] for r in rows], [r[1] for r in rows], pad).to(device)
+        tokens = torch.tensor([t for r in rows for t in r[1]], device=device)
+        keys = keys_tensor([k for r in rows for k in position_keys(r[3], len(r[1]))], device)
+        margins = torch.zeros(len(tokens), dtype=torch.float64, device=device)
+        mine = torch.zeros(len(tokens), device=device)
+        for sl, logits in completion_logits(model32, batch):
+            margins[sl] = race_margins(logits, tokens[sl], keys[sl], params.temperature, params.top_k, params.top_p)
+            mine[sl] = logprobs_from_logits(logits, tokens[sl], params.logprob_temperature)
+        margins, mine = margins.cpu(), mine.cpu()
+        claimed = torch.tensor([c for r in rows for c in r[2]])
+        pos = 0
+        for it in part:
+            size = sum(len(toks) for toks, _ in it.completions)
+            out.margins.append(margins[pos : pos + size])
+            out.mine.append(mine[pos : pos + size])
+            out.claimed.append(claimed[pos : pos + size])
+            pos += size
+    return out
+
+
+def alarm_chance(flips: list[int], positions: list[int], rate: float, alarm: float, groups: int = 10_000,
+                 runs: int = 1000, seed: int = 0) -> float:
+    """The share of `runs` simulated samplers, each `groups` audited groups drawn (with replacement)
+    from the measured ones, that the flip test refuses: an honest sampler's chance of refusal."""
+    g = torch.Generator().manual_seed(seed)
+    llr = torch.tensor([flip_llr(f, n, rate, FlipTest.RATIO) for f, n in zip(flips, positions)], dtype=torch.float64)
+    refused = 0
+    for start in range(0, runs, 100):
+        n = min(100, runs - start)
+        draws = llr[torch.randint(0, len(llr), (n, groups), generator=g)]
+        refused += int((draws.cumsum(-1).max(-1).values >= math.log(1 / alarm)).sum())
+    return refused / runs
+
+
+TOLERANCES = (0.25, 0.5, 1.0, 2.0)
+"""Honest groups failed is also printed at these margins (logits), to choose the default from."""
+
+
+def report(name: str, label: str, m: Measured, tol: float, rate: float, alarm: float, elapsed: float,
+           table: list[dict]) -> None:
+    margins = torch.cat(m.margins)
+    flips = [int((x > FLIP_MARGIN).sum()) for x in m.margins]
+    positions = [len(x) for x in m.margins]
+    failed = sum(int((x > tol).any()) for x in m.margins)
+    q = lambda p: float(margins.quantile(p)) if len(margins) < 16_000_000 else float(margins.sort().values[int(p * (len(margins) - 1))])  # noqa: E731
+    r = (torch.cat(m.mine) - torch.cat(m.claimed)).double().exp()
+    k3 = float((r - 1 - r.log()).mean())
+    clip = float(((r - 1).abs() > 0.2).double().mean())
+    chance = alarm_chance(flips, positions, rate, alarm)
+    lo, hi = wilson(failed, len(m.margins))
+    row = dict(model=name, sampler=label, groups=len(m.margins), tokens=len(margins), flips=sum(flips),
+               flip_share=sum(flips) / max(len(margins), 1), p99=q(0.99), p999=q(0.999), max=float(margins.max()),
+               failed=failed, failed_hi=hi, alarm10k=chance, k3=k3, clip=clip,
+               failed_at={t: sum(int((x > t).any()) for x in m.margins) for t in TOLERANCES},
+               tokens_per_s=len(margins) / max(elapsed, 1e-9))
+    table.append(row)
+    print(f"\n{name}, sampler {label}: {len(m.margins)} groups, {len(margins)} tokens, sampled at "
+          f"{row['tokens_per_s']:.0f} tokens/s")
+    print(f"  flips (margin > {FLIP_MARGIN:g}): {share(sum(flips), len(margins))}; margin p99 {row['p99']:.3g}, "
+          f"p99.9 {row['p999']:.3g}, max {row['max']:.3g} logits")
+    print(f"  honest groups failed at margin <= {tol:g}: {share(failed, len(m.margins))}; flip test (rate {rate:g}, "
+          f"alarm {alarm:g}) refuses such a sampler within 10,000 groups: {chance:.2%} of 1,000 resampled runs")
+    print(f"  honest groups failed at margin " + ", ".join(f"{t:g}: {v}" for t, v in row["failed_at"].items()))
+    print(f"  training side: k3 {k3:.2e} per token, |p_learner/p_sampler - 1| > 0.2 on {clip:.3%} of tokens")
+    if WRITE is not None:
+        WRITE()
+
+
+def attacks(name: str, model32, items: list[AuditItem], params, pad, tol: float, rate: float, alarm: float,
+            rng: random.Random, answers: list[list[int]] | None, attack_rows: dict) -> None:
+    """(a) swap for the answer, (b) one token edited to the most likely other: groups caught."""
+    lines = []
+    for how in (["answer", "likely"] if answers else ["likely"]):
+        chosen = []
+        for i, it in enumerate(items[:512]):  # one forward pass per edit: 512 groups suffice
+            comps = list(it.completions)
+            j = rng.randrange(params.n)
+            if how == "answer":
+                if comps[j][0] == answers[i]:
+                    continue  # the sampler drew the answer anyway: a swap changes nothing
+                comps[j] = (answers[i], [-0.5] * len(answers[i]))
+            else:
+                comps[j] = one_edit(model32, it.prompt_ids, comps[j], pad, rng)
+            chosen.append(AuditItem(it.prompt_ids, comps, it.seeds))
+        m = measure(model32, chosen, params, pad, per_pass=8)
+        caught = sum(int((x > tol).any()) for x in m.margins)
+        # a sampler that does this in every group: how many audited groups until the flip test
+        # refuses it (the groups in the order measured; those a margin fails count too)
+        after = groups_to_refusal(m.margins, tol, rate, alarm, rng)
+        attack_rows[(name, how)] = (caught, len(chosen), after)
+        lines.append(f"    ({'a' if how == 'answer' else 'b'}) {'one of 8 swapped for the answer' if how == 'answer' else 'one token edited to the most likely other'}: "
+                     f"{share(caught, len(chosen))}; done in every group, refused after {f'{after:.2f}' if after else 'more than ' + str(len(chosen))} audited groups on average")
+    print("  detection per audited group at margin <= %g:" % tol)
+    print("\n".join(lines))
+    if WRITE is not None:
+        WRITE()
+
+
+def groups_to_refusal(margins: list[torch.Tensor], tol: float, rate: float, alarm: float, rng: random.Random,
+                      orders: int = 200) -> float | None:
+    """Mean number of audited groups until a sampler whose every group is like these is refused
+    (a group past the tolerance, or the flip test), over `orders` random orders of the groups;
+    None if some order is never refused."""
+    fails = [bool((x > tol).any()) for x in margins]
+    flips = [(int((x > FLIP_MARGIN).sum()), len(x)) for x in margins]
+    total = 0
+    for _ in range(orders):
+        order = list(range(len(margins)))
+        rng.shuffle(order)
+        test = FlipTest(rate, alarm)
+        n = next((n for n, i in enumerate(order, 1) if fails[i] or test.add("x", *flips[i])), None)
+        if n is None:
+            return None
+        total += n
+    return total / orders
+
+
+@torch.no_grad()
+def one_edit(model, prompt: list[int], comp, pad: int, rng: random.Random):
+    """`comp` with the token at one random position replaced by the most likely other token; the
+    completion ends there (what follows would be re-drawn)."""
     toks, lps = list(comp[0]), list(comp[1])
     t = rng.randrange(len(toks))
-    if how == "likely":
-        *_, (_, logits) = completion_logits(model, pack([prompt], [toks[: t + 1]], pad))  # position t is the last
-        row = logits[-1].clone()
-        row[toks[t]] = -torch.inf
-        new = int(row.argmax())
-    else:
-        vocab = model.get_output_embeddings().out_features
-        new = toks[t] + 1 if toks[t] + 1 < vocab else toks[t] - 1
-    toks[t] = new
-    return toks[: t + 1], lps[: t + 1]  # the completion ends at the edit (what follows would be re-drawn)
+    *_, (_, logits) = completion_logits(model, pack([prompt], [toks[: t + 1]], pad).to(next(model.parameters()).device))
+    row = logits[-1].clone()
+    row[toks[t]] = -torch.inf
+    toks[t] = int(row.argmax())
+    return toks[: t + 1], lps[: t + 1]
 
 
-def hf_settings(model32, eos, pad, batches) -> list:
-    """(dtype, label, sample(prompts, params, seeds)) for the HF engine's picker: float32 at batch 8
-    (the baseline), then bfloat16 at each batch size."""
-    def at(dtype: str, batch: int):
-        def draw(prompts, params, seeds):
-            sampler = model32 if dtype == "float32" else copy.deepcopy(model32).to(torch.bfloat16)
-            return sample(sampler, prompts, params, seeds, batch, eos, pad)
-        return dtype, f"HF {dtype} batch {batch}", draw
-    return [at("float32", 8)] + [at("bfloat16", b) for b in batches]
+# ---- the runs ------------------------------------------------------------------------------------
 
-
-def vllm_settings(model_id: str, tok, dtypes: list[str]) -> list:
-    """The vLLM engine (its own kernels and batching) in each dtype, seeded as samplers run it."""
-    from node.engines.vllm import VLLMConfig, VLLMEngine
-
-    def at(dtype: str):
-        def draw(prompts, params, seeds):
-            engine = VLLMEngine(model_id, tok, VLLMConfig(dtype=dtype, max_model_len=256))
-            res = engine.generate([tok.decode(p) for p in prompts], params, seeds=seeds)
-            assert [r.prompt_token_ids for r in res] == prompts
-            del engine
-            gc.collect()
-            return [[(c.token_ids, c.logprobs) for c in r.completions] for r in res]
-        return dtype, f"vLLM {dtype}", draw
-    return [at(d) for d in dtypes]
-
-
-def run(name: str, model32, prompts, params, pad, settings, rng) -> None:
-    log = logging.getLogger(__name__)
+def run_model(name: str, model32, prompts, params, pad, eos, dtypes, batches, args, rng, table, attack_rows,
+              answers=None, task=None, problems=None) -> None:
     nonce = bytes(16)
     seeds = [group_seeds(nonce, f"p{i}", "sampler", params.n) for i in range(len(prompts))]
-    for dtype, label, draw in settings:
-        t0 = time.perf_counter()
-        groups = draw(prompts, params, seeds)
-        t_sample = time.perf_counter() - t0
-        items = [AuditItem(prompts[i], groups[i], seeds[i]) for i in range(len(prompts))]
-        audited = [r for i in range(0, len(items), 4) for r in audit_distances(model32, items[i : i + 4], params, pad)]
-        d_all = torch.cat([a[0] for a in audited])
-        m_all = torch.cat([a[1] for a in audited])
-        gaps = [a[2] for a in audited]
-        out = d_all > 0
-        ratio = d_all[out] / m_all[out].clamp(min=1e-300)
-        q = lambda x, p: float(x.quantile(p)) if len(x) else 0.0  # noqa: E731
-        print(f"\n{name}, sampler {label}: {len(items)} groups, {len(d_all)} tokens "
-              f"(sampled in {t_sample:.0f} s), completion length mean {len(d_all) / (len(items) * params.n):.0f}")
-        print(f"  tokens outside their interval: {share(int(out.sum()), len(d_all))}; miss distance d median "
-              f"{q(d_all[out], 0.5):.2e}, max {float(d_all.max()):.2e}; d / m median {q(ratio, 0.5):.3f}, max "
-              f"{float(ratio.max()) if len(ratio) else 0:.3f}; log-prob gap per token mean {sum(gaps) / len(gaps):.2e}, "
-              f"max {max(gaps):.2e}")
-        for rule in RULES:
-            fp = sum(int(misses(a[0], a[1], rule).any()) for a in audited)
-            print(f"  {rule_name(rule)}: honest groups failed (false positives) {share(fp, len(audited))}")
-        if dtype == "float32":
-            continue
-        for how in ("likely", "adjacent"):
-            chosen = []
-            for it in items:
-                j = rng.randrange(params.n)
-                comps = list(it.completions)
-                comps[j] = one_edit(model32, it.prompt_ids, comps[j], pad, rng, how)
-                chosen.append(AuditItem(it.prompt_ids, comps, it.seeds))
-            cd = [r for i in range(0, len(chosen), 4) for r in audit_distances(model32, chosen[i : i + 4], params, pad)]
-            print(f"  one token edited ({how}), groups caught:")
-            for rule in RULES:
-                print(f"    {rule_name(rule)}: {share(sum(int(misses(a[0], a[1], rule).any()) for a in cd), len(cd))}")
-        log.info("%s, %s done", name, label)
+    # the first low precision at every batch size (kernels differ with the batch), the others at the
+    # largest; a smaller batch samples a share of the groups in proportion (the same calls' count),
+    # and batch 1 only up to 256 tokens
+    top = max(batches)
+    settings = [("float32", top)] + [(dtypes[0], b) for b in batches
+                                     if b == top or params.max_new_tokens <= 256] + [(d, top) for d in dtypes[1:]]
+    first_low = True
+    for dtype, batch in settings:
+        n_prompts = max(1, len(prompts) * batch // top)
+        sampler = model32 if dtype == "float32" else copy.deepcopy(model32).to(DTYPES[dtype])
+        groups, elapsed = generate(sampler, prompts[:n_prompts], params, seeds[:n_prompts], batch, eos, pad)
+        items = [AuditItem(prompts[i], groups[i], seeds[i]) for i in range(n_prompts)]
+        m = measure(model32, items, params, pad, per_pass=args.per_pass)
+        if dtype == "float32" and args.calibrate:  # the learner's own measure of an honest bfloat16 engine
+            calib = FlipRate()
+            for s in range(0, len(items), args.per_pass):
+                for margins, _, ref in audit_margins(model32, items[s : s + args.per_pass], params, pad, reference=True):
+                    calib.add(ref, len(margins))
+            args.rate_now = calib.rate(args.flip_rate)
+            print(f"  calibrated: the auditor's bfloat16 reference flips at {calib.flips}/{calib.positions} positions: "
+                  f"flip test rate {args.rate_now:.3%} (ceiling {args.flip_rate:g})")
+        report(name, f"HF {dtype} batch {batch}", m, args.margin, args.rate_now, args.alarm, elapsed, table)
+        if dtype != "float32" and first_low:
+            first_low = False
+            attacks(name, model32, items, params, pad, args.margin, args.rate_now, args.alarm, rng, answers, attack_rows)
+            if answers is not None:
+                seeker_attack(name, model32, prompts, params, pad, eos, seeds, answers, task, problems, args, attack_rows)
+        del sampler
+
+
+def seeker_attack(name, model32, prompts, params, pad, eos, seeds, answers, task, problems, args, attack_rows) -> None:
+    """(c): the answer seeker against honest float32 sampling of the same prompts and seeds."""
+    from node.models import BUILTIN_MODEL, load_tokenizer
+
+    tok = load_tokenizer(BUILTIN_MODEL)
+    batch = 128
+
+    def seeker(chunk, width):
+        return AnswerSeeker(params, width, [seeds[i][j] for i, j in chunk], [answers[i] for i, _ in chunk], args.margin)
+
+    honest, _ = generate(model32, prompts, params, seeds, batch, eos, pad)
+    cheat, _ = generate(model32, prompts, params, seeds, batch, eos, pad, picker=seeker)
+
+    def accuracy(groups) -> float:
+        rewards = [task.reward(tok.decode(toks, skip_special_tokens=True), problems[i].answer)
+                   for i, g in enumerate(groups) for toks, _ in g]
+        return sum(rewards) / len(rewards)
+
+    items = [AuditItem(prompts[i], cheat[i], seeds[i]) for i in range(len(prompts))]
+    m = measure(model32, items, params, pad, per_pass=args.per_pass)
+    failed = sum(int((x > args.margin).any()) for x in m.margins)
+    test, refused_after = FlipTest(args.rate_now, args.alarm), None
+    for n, x in enumerate(m.margins, 1):
+        if test.add("c", int((x > FLIP_MARGIN).sum()), len(x)):
+            refused_after = n
+            break
+    acc_h, acc_c = accuracy(honest), accuracy(cheat)
+    attack_rows[(name, "seeker")] = dict(honest=acc_h, cheat=acc_c, failed=failed, groups=len(items),
+                                         refused_after=refused_after, flips=sum(int((x > FLIP_MARGIN).sum()) for x in m.margins),
+                                         tokens=sum(len(x) for x in m.margins))
+    print(f"    (c) answer seeker within margin {args.margin:g}: accuracy {acc_c:.2%} vs honest {acc_h:.2%} "
+          f"({(acc_c - acc_h) * 100:+.1f} points); groups failed {share(failed, len(items))}; flips "
+          f"{attack_rows[(name, 'seeker')]['flips']}/{attack_rows[(name, 'seeker')]['tokens']}; refused by the flip test "
+          f"after {refused_after if refused_after else 'never, in'} {'groups' if refused_after else str(len(items)) + ' groups'}")
+    if WRITE is not None:
+        WRITE()
+
+
+def cost(model32, vocab: int, args, table_cost: list) -> None:
+    """The race (the engine's picker: race + behaviour log-probs) against transformers' multinomial."""
+    device = next(model32.parameters()).device
+    for dtype in args.dtypes[:1]:  # the precision samplers default to on GPUs
+        sampler = copy.deepcopy(model32).to(DTYPES[dtype])
+        for batch in args.cost_batches:
+            g = torch.Generator().manual_seed(batch)
+            prompts = torch.randint(1, vocab, (batch // 8, args.prompt_len), generator=g).tolist()
+            params = SamplingParams(n=8, temperature=1.0, max_new_tokens=args.cost_tokens)
+            seeds = [group_seeds(bytes(16), f"c{i}", "s", 8) for i in range(len(prompts))]
+            generate(sampler, prompts, dataclass_replace(params, max_new_tokens=4), seeds, batch, None, 0)  # warm-up
+            times = {"race": [], "plain": []}
+            for _ in range(args.cost_repeats):
+                for kind in ("race", "plain"):
+                    _, t = generate(sampler, prompts, params, seeds, batch, None, 0, plain=kind == "plain")
+                    times[kind].append(t)
+            race, plain = min(times["race"]), min(times["plain"])
+            table_cost.append(dict(dtype=dtype, batch=batch, race=race, plain=plain, tokens=batch * args.cost_tokens))
+            if WRITE is not None:
+                WRITE()
+            print(f"  cost, {dtype} batch {batch}, {args.cost_tokens} tokens: race + log-probs {race:.2f} s, "
+                  f"transformers' multinomial {plain:.2f} s: {race / plain - 1:+.1%} (best of {args.cost_repeats}, {device})")
+        del sampler
+
+
+def dataclass_replace(params: SamplingParams, **kw) -> SamplingParams:
+    import dataclasses
+
+    return dataclasses.replace(params, **kw)
+
+
+def markdown(table: list[dict], attack_rows: dict, costs: list[dict], args, device_name: str) -> str:
+    lines = [f"Device: {device_name}. Tolerance: margin <= {args.margin:g} logits; flip test at rate "
+             f"{'calibrated per model (in the log), at most ' if args.calibrate else ''}{args.flip_rate:g}, "
+             f"alarm {args.alarm:g}. Command: `python examples/bench_bf16_audit.py "
+             f"{' '.join(sys.argv[1:])}`", "",
+             "| model | sampler | groups | tokens | flips | margin p99 / p99.9 / max | honest groups failed (95% upper) | "
+             "failed at " + " / ".join(f"{t:g}" for t in TOLERANCES) + " | "
+             "flip test refuses within 10k groups | k3 / tokens past clip | tokens/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in table:
+        lines.append(f"| {r['model']} | {r['sampler']} | {r['groups']} | {r['tokens']} | {r['flip_share']:.3%} | "
+                     f"{r['p99']:.2g} / {r['p999']:.2g} / {r['max']:.2g} | {r['failed']} ({r['failed_hi']:.3%}) | "
+                     f"{' / '.join(str(r['failed_at'][t]) for t in TOLERANCES)} | "
+                     f"{r['alarm10k']:.2%} | {r['k3']:.1e} / {r['clip']:.2%} | {r['tokens_per_s']:.0f} |")
+    lines += ["", "| model | attack | caught per audited group |", "|---|---|---|"]
+    for (name, how), v in attack_rows.items():
+        if how == "seeker":
+            lines.append(f"| {name} | (c) answer seeker | accuracy {v['cheat']:.2%} vs honest {v['honest']:.2%}; "
+                         f"{v['failed']}/{v['groups']} groups failed; flips {v['flips']}/{v['tokens']}; refused after "
+                         f"{v['refused_after'] or 'never in ' + str(v['groups'])} groups |")
+        else:
+            lines.append(f"| {name} | ({'a' if how == 'answer' else 'b'}) {how} | {share(*v[:2])}; done in every group, "
+                         f"refused after {f'{v[2]:.2f}' if v[2] else 'more than ' + str(v[1])} audited groups on average |")
+    if costs:
+        lines += ["", "| race cost: dtype | batch | tokens | race + log-probs (s) | multinomial (s) | extra |",
+                  "|---|---|---|---|---|---|"]
+        for c in costs:
+            lines.append(f"| {c['dtype']} | {c['batch']} | {c['tokens']} | {c['race']:.2f} | {c['plain']:.2f} | "
+                         f"{c['race'] / c['plain'] - 1:+.1%} |")
+    return "\n".join(lines) + "\n"
+
+
+PRESETS = {
+    "cpu": dict(groups=64, mid_groups=16, big_groups=4, batches=[1, 32], lengths=[128], big_lengths=[128],
+                big_layers=2, cost_batches=[32], cost_tokens=32),
+    "gpu": dict(groups=2048, mid_groups=128, big_groups=32, batches=[1, 32, 128], lengths=[128, 1024],
+                big_lengths=[128, 1024], big_layers=28, cost_batches=[128], cost_tokens=128),
+    "smoke": dict(groups=16, mid_groups=4, big_groups=2, batches=[1, 8], lengths=[16, 300], big_lengths=[16],
+                  big_layers=1, cost_batches=[8], cost_tokens=8),
+}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="+", default=["builtin", "mid"], choices=["builtin", "mid"])
-    ap.add_argument("--groups", type=int, default=64, help="groups of 8 per setting")
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32], help="rows per generate call (bf16)")
-    ap.add_argument("--lengths", type=int, nargs="+", default=[256], help="completion tokens (mid model)")
-    ap.add_argument("--prompt-len", type=int, default=64)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", choices=list(PRESETS), default="cpu", help="sizes (the options below override)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--models", nargs="+", default=["builtin", "mid", "big"], choices=["builtin", "mid", "big"])
+    ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16"], choices=["bfloat16", "float16"])
+    ap.add_argument("--groups", type=int, help="groups of 8 per setting, built-in model")
+    ap.add_argument("--mid-groups", type=int)
+    ap.add_argument("--big-groups", type=int)
+    ap.add_argument("--batches", type=int, nargs="+", help="rows per generate call")
+    ap.add_argument("--lengths", type=int, nargs="+", help="completion tokens, mid model")
+    ap.add_argument("--big-lengths", type=int, nargs="+", help="completion tokens, big model")
+    ap.add_argument("--big-layers", type=int, help="layers of the Qwen3-0.6B shape (28 is the real one)")
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--per-pass", type=int, default=16, help="groups per audit forward pass")
+    ap.add_argument("--margin", type=float, default=LearnerConfig.audit_margin)
+    ap.add_argument("--flip-rate", type=float, default=LearnerConfig.audit_flip_rate)
+    ap.add_argument("--alarm", type=float, default=LearnerConfig.audit_alarm)
+    ap.add_argument("--no-calibrate", dest="calibrate", action="store_false",
+                    help="hold samplers to --flip-rate itself, not the rate measured on the model (node/audit.FlipRate)")
+    ap.add_argument("--cost", action="store_true", help="time the race against multinomial sampling (big model)")
+    ap.add_argument("--cost-batches", type=int, nargs="+")
+    ap.add_argument("--cost-tokens", type=int)
+    ap.add_argument("--cost-repeats", type=int, default=2)
+    ap.add_argument("--out", type=Path, help="also write the tables (markdown) here")
     ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--vllm", action="store_true", help="sample the built-in model with vLLM (its venv) instead of HF")
     args = ap.parse_args()
+    args.rate_now = args.flip_rate  # the flip test's rate: --flip-rate, or calibrated per model
+    for k, v in PRESETS[args.preset].items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
     rng = random.Random(0)
+    table: list[dict] = []
+    attack_rows: dict = {}
+    costs: list[dict] = []
+    global WRITE
+    if args.out:  # the tables so far after every setting: a run cut short keeps what it measured
+        WRITE = lambda: args.out.write_text(markdown(table, attack_rows, costs, args, device_name))  # noqa: E731
     if "builtin" in args.models:
-        from node.models import BUILTIN_MODEL, eos_token_ids, load_model, load_tokenizer
         from node.config import SamplingConfig
+        from node.models import BUILTIN_MODEL, eos_token_ids, load_model, load_tokenizer
         from node.tasks import ArithmeticConfig, make_task
 
-        tok, model = load_tokenizer(BUILTIN_MODEL), load_model(BUILTIN_MODEL).eval()
+        tok, model = load_tokenizer(BUILTIN_MODEL), load_model(BUILTIN_MODEL).eval().to(device)
         task = make_task(ArithmeticConfig())
-        problems = list(task.split("train"))[: args.groups]
+        pool = list(task.split("train"))
+        problems = [pool[i % len(pool)] for i in range(args.groups)]
         prompts = [tok(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
-        settings = (vllm_settings(BUILTIN_MODEL, tok, ["float32", "bfloat16"]) if args.vllm else
-                    hf_settings(model, eos_token_ids(tok, BUILTIN_MODEL), tok.pad_token_id, args.batches))
-        run("builtin (trained, T=1)", model, prompts, SamplingConfig().params, tok.pad_token_id, settings, rng)
-    if "mid" in args.models:
-        model = mid_model()
-        for length in args.lengths:
+        answers = [tok(p.answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for p in problems]
+        run_model("built-in (trained, T=1)", model, prompts, SamplingConfig().params, tok.pad_token_id,
+                  eos_token_ids(tok, BUILTIN_MODEL), args.dtypes, args.batches, args, rng, table, attack_rows,
+                  answers=answers, task=task, problems=problems)
+    for kind in [k for k in ("big", "mid") if k in args.models]:  # the 151k shape first: the one that matters
+        model = random_model(kind, args.big_layers, device)
+        vocab = model.config.vocab_size
+        n_groups = args.mid_groups if kind == "mid" else args.big_groups
+        for length in (args.lengths if kind == "mid" else args.big_lengths):
             g = torch.Generator().manual_seed(length)
-            prompts = torch.randint(1, 32768, (args.groups, args.prompt_len), generator=g).tolist()
+            groups = max(2, n_groups * 128 // max(length, 128))  # the same tokens per setting at every length
+            prompts = torch.randint(1, vocab, (groups, args.prompt_len), generator=g).tolist()
             params = SamplingParams(n=8, temperature=1.0, max_new_tokens=length)
-            run(f"mid (random weights, entropy ~2-3 nats), {length}-token completions", model, prompts, params,
-                0, hf_settings(model, None, 0, args.batches), rng)
+            label = (f"Qwen3 8 layers, vocabulary 32,768" if kind == "mid" else
+                     f"Qwen3-0.6B shape, {model.config.num_hidden_layers} layers, vocabulary 151,936") + f", {length} tokens"
+            run_model(label, model, prompts, params, 0, None, args.dtypes, args.batches, args, rng, table, attack_rows)
+        if kind == "big" and args.cost:
+            cost(model, vocab, args, costs)
+        del model
+    text = markdown(table, attack_rows, costs, args, device_name)
+    print("\n" + text)
+    if args.out:
+        args.out.write_text(text)
 
 
 if __name__ == "__main__":

@@ -17,13 +17,14 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .checkable import BASE_NONCE, miss_distances, uniforms, within_tolerance
+from .checkable import BASE_NONCE, keys_tensor, pick_tokens, position_keys, race_margins, within_tolerance
 from .engines.base import SamplingParams
 from .logprobs import completion_logits, logprobs_from_logits, pack
 from .weight_codec import EncodedVersion, Layout, apply_version, make_view
@@ -119,13 +120,25 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+FLIP_MARGIN = 1e-3
+"""A position whose margin exceeds this (logits) counts as a flip: the sampler's token is not the
+one the auditor's race selects. Float32 engines differ by ~1e-5 (other kernels, other batch
+shapes), far below it; bfloat16 and float16 engines flip near-ties (examples/bench_bf16_audit.py)."""
+
+
 @dataclass
 class AuditResult:
     passed: bool
+    """Every position's margin within the tolerance."""
     positions: int
     failed_positions: int
     logprob_gap: float
     """Mean |claimed - recomputed| behaviour log-prob at the claimed version (engine numerics)."""
+    flips: int = 0
+    """Positions whose margin exceeds FLIP_MARGIN (the per-sampler statistic's events)."""
+    max_margin: float = 0.0
+    reference_flips: int = 0
+    """Positions at which the auditor's own REFERENCE_DTYPE engine flipped (when asked for)."""
 
 
 @dataclass
@@ -137,56 +150,167 @@ class AuditItem:
     seeds: list[bytes]
 
 
+REFERENCE_DTYPE = torch.bfloat16
+"""The precision the auditor measures honest flips in, beside its float32 audit: the lowest that
+samplers run by default, and the one that flips most (docs/BENCHMARKS.md)."""
+
+
 @torch.no_grad()
-def audit_distances(model: torch.nn.Module, items: list[AuditItem], params: SamplingParams,
-                    pad_id: int) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
-    """Per group: every completion position's miss distance and boundary room (d, m of
-    node/checkable.miss_distances, float64 on the CPU, rows in order) under `model` (the weights of
-    the version the groups claim), and the mean |claimed - recomputed| behaviour log-prob per
-    completion. One forward pass for all groups."""
+def audit_margins(model: torch.nn.Module, items: list[AuditItem], params: SamplingParams, pad_id: int,
+                  reference: bool = False) -> list[tuple[torch.Tensor, float, int]]:
+    """Per group: every completion position's race margin (node/checkable.race_margins: logits,
+    float64 on the CPU, rows in order) under `model` (the weights of the version the groups
+    claim), the mean |claimed - recomputed| behaviour log-prob per completion, and, with
+    `reference`, the positions at which an honest engine in REFERENCE_DTYPE would flip: a second
+    forward pass under autocast on the same prefixes, whose race pick is scored by the float32
+    margins (0 without `reference`). One forward pass (two with `reference`) for all groups."""
     rows = [(it.prompt_ids, toks, claimed, seed) for it in items for (toks, claimed), seed in zip(it.completions, it.seeds)]
     device = next(model.parameters()).device
     batch = pack([r[0] for r in rows], [r[1] for r in rows], pad_id).to(device)
     # every completion position in row-major order (the order of completion_mask and of the rows)
     tokens = torch.tensor([t for r in rows for t in r[1]], dtype=torch.long, device=device)
-    us = torch.tensor([u for r in rows for u in uniforms(r[3], len(r[1]))], dtype=torch.float64, device=device)
+    keys = keys_tensor([k for r in rows for k in position_keys(r[3], len(r[1]))], device)
     claimed = torch.tensor([c for r in rows for c in r[2]], dtype=torch.float32, device=device)
-    dist, room, mine = torch.zeros_like(us), torch.zeros_like(us), torch.zeros_like(claimed)
+    margins, mine = torch.zeros(len(tokens), dtype=torch.float64, device=device), torch.zeros_like(claimed)
+    p = params
     for sl, logits in completion_logits(model, batch):  # whole distributions, chunk by chunk
-        dist[sl], room[sl] = miss_distances(logits, tokens[sl], us[sl], params.temperature, params.top_k, params.top_p)
-        mine[sl] = logprobs_from_logits(logits, tokens[sl], params.logprob_temperature)
+        margins[sl] = race_margins(logits, tokens[sl], keys[sl], p.temperature, p.top_k, p.top_p)
+        mine[sl] = logprobs_from_logits(logits, tokens[sl], p.logprob_temperature)
+    flipped = torch.zeros(len(tokens), dtype=torch.bool, device=device)
+    if reference:
+        with torch.autocast(device.type, dtype=REFERENCE_DTYPE):
+            low = [(sl, pick_tokens(logits, keys[sl], p.temperature, p.top_k, p.top_p))
+                   for sl, logits in completion_logits(model, batch)]
+        for (sl, picks), (_, logits) in zip(low, completion_logits(model, batch)):
+            flipped[sl] = race_margins(logits, picks, keys[sl], p.temperature, p.top_k, p.top_p) > FLIP_MARGIN
     sizes = [len(r[1]) for r in rows]
     lengths = torch.tensor(sizes, device=device)
     row_of = torch.repeat_interleave(torch.arange(len(rows), device=device), lengths)
     gap = torch.zeros(len(rows), device=device).index_add_(0, row_of, (mine - claimed).abs()) / lengths.clamp(min=1)
-    dist, room, gap = dist.cpu(), room.cpu(), gap.tolist()  # one transfer for the whole audit
+    margins, gap, flipped = margins.cpu(), gap.tolist(), flipped.cpu()  # one transfer for the whole audit
     out, row, pos = [], 0, 0
     for it in items:
         n = len(it.completions)
         size = sum(sizes[row : row + n])  # host-side: no device sync per group
-        out.append((dist[pos : pos + size], room[pos : pos + size], sum(gap[row : row + n]) / max(n, 1)))
+        out.append((margins[pos : pos + size], sum(gap[row : row + n]) / max(n, 1), int(flipped[pos : pos + size].sum())))
         row, pos = row + n, pos + size
     return out
 
 
+def judge_margins(margins: torch.Tensor, gap: float, tol: float, reference_flips: int = 0) -> AuditResult:
+    """A group's result from its positions' margins: it passes if every margin is <= `tol`."""
+    bad = int((~within_tolerance(margins, tol)).sum())
+    top = float(margins.max()) if len(margins) else 0.0
+    return AuditResult(bad == 0, len(margins), bad, gap, int((margins > FLIP_MARGIN).sum()), top, reference_flips)
+
+
 def audit_groups(model: torch.nn.Module, items: list[AuditItem], params: SamplingParams, pad_id: int,
-                 tol: float, rel_tol: float = 0.0) -> list[AuditResult]:
-    """Check that each completion's tokens are those its seed selects under `model` (the weights
-    of the version the groups claim): one forward pass over all the groups' rows. A token passes
-    if u_t misses its interval by d <= tol + rel_tol * m (node/checkable.miss_distances: m is the
-    room another engine's rounding has at that boundary, so rel_tol bounds that engine's logit
-    error range over T)."""
-    results = []
-    for dist, room, gap in audit_distances(model, items, params, pad_id):
-        bad = int((~within_tolerance(dist, room, tol, rel_tol)).sum())
-        results.append(AuditResult(bad == 0, len(dist), bad, gap))
-    return results
+                 tol: float, reference: bool = False) -> list[AuditResult]:
+    """Check that each completion's tokens are those its seeded race selects under `model` (the
+    weights of the version the groups claim), within `tol` logits: one forward pass over all the
+    groups' rows (and one in REFERENCE_DTYPE with `reference`)."""
+    return [judge_margins(margins, gap, tol, ref) for margins, gap, ref in audit_margins(model, items, params, pad_id, reference)]
 
 
 def audit_group(model: torch.nn.Module, prompt_ids: list[int], completions: list[tuple[list[int], list[float]]],
-                seeds: list[bytes], params: SamplingParams, pad_id: int, tol: float, rel_tol: float = 0.0) -> AuditResult:
+                seeds: list[bytes], params: SamplingParams, pad_id: int, tol: float) -> AuditResult:
     """`audit_groups` for one group."""
-    return audit_groups(model, [AuditItem(prompt_ids, completions, seeds)], params, pad_id, tol, rel_tol)[0]
+    return audit_groups(model, [AuditItem(prompt_ids, completions, seeds)], params, pad_id, tol)[0]
+
+
+def flip_llr(flips: int, positions: int, rate: float, ratio: float) -> float:
+    """log likelihood ratio of `flips` among `positions` under a flip rate ratio x `rate` (a
+    sampler that chooses tokens) against `rate` (the highest honest one)."""
+    alt = ratio * rate
+    return flips * math.log(alt / rate) + (positions - flips) * math.log((1 - alt) / (1 - rate))
+
+
+def wilson_upper(k: int, n: int, z: float = 1.96) -> float:
+    """Upper end of the 95% Wilson score interval of a share k/n (1 for n = 0)."""
+    if n == 0:
+        return 1.0
+    p = k / n
+    return min(1.0, (p + z * z / (2 * n) + z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))) / (1 + z * z / n))
+
+
+class FlipRate:
+    """The honest flip rate the flip test holds samplers to, measured on this learner's own model.
+
+    Every audit also runs the model in REFERENCE_DTYPE (`audit_margins(reference=True)`) and counts
+    the positions where that honest engine's race pick is not the float32 one. The rate is twice
+    the upper end of that share's 95% interval, at least FLOOR (kernels other than the learner's)
+    and at most `cap` (LearnerConfig.audit_flip_rate: the highest honest rate measured on any
+    model). Why: the honest rate depends on the model by 10x (bfloat16: 0.34% on the built-in
+    model, 4.3% on a 151k vocabulary), and a constant loose enough for the second lets a sampler
+    that chooses tokens flip at 9% unrefused on the first (docs/BENCHMARKS.md)."""
+
+    FACTOR = 2.0
+    FLOOR = 0.005
+
+    def __init__(self) -> None:
+        self.flips = 0
+        self.positions = 0
+
+    def add(self, flips: int, positions: int) -> None:
+        self.flips += flips
+        self.positions += positions
+
+    def rate(self, cap: float) -> float:
+        if self.positions == 0:
+            return cap
+        return min(cap, max(self.FLOOR, self.FACTOR * wilson_upper(self.flips, self.positions)))
+
+    def state_dict(self) -> dict:
+        return {"flips": self.flips, "positions": self.positions}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.flips, self.positions = int(state.get("flips", 0)), int(state.get("positions", 0))
+
+
+class FlipTest:
+    """A sequential probability ratio test of one sampler's flips, over all its audited positions.
+
+    Each audited group adds `flip_llr` of its flips and positions; the sampler is refused once the
+    sum reaches log(1 / alarm). For an honest engine, whose flips come at a rate <= `rate`, the
+    likelihood ratio is a nonnegative supermartingale, so by Ville's inequality it ever reaches
+    1 / alarm with probability <= alarm, over any number of groups (nothing to re-tune for how
+    long a sampler stays). A sampler that picks within the tolerance flips more often; it gains
+    ~1.4 per flip (ratio 4) and loses ~3 x rate per position, so the sum has no floor: a long
+    honest record is credit, spent at most at ~2 x rate flips per position beyond it."""
+
+    RATIO = 4.0
+    """The alternative the test is most sensitive to: flips at 4 x the honest rate."""
+
+    def __init__(self, rate: float, alarm: float) -> None:
+        self.rate, self.threshold = rate, math.log(1 / alarm)
+        """`rate`: the honest rate when `add` is given none."""
+        self.last_rate = rate
+        self.llr: dict[str, float] = {}
+        self.flips: collections.Counter[str] = collections.Counter()
+        self.positions: collections.Counter[str] = collections.Counter()
+
+    def add(self, peer: str, flips: int, positions: int, rate: float | None = None) -> bool:
+        """Count one audited group's flips against `rate` (fixed before this group is seen, so
+        the guarantee holds for any rate at least the honest one); True once `peer` is past the
+        threshold."""
+        self.flips[peer] += flips
+        self.positions[peer] += positions
+        self.last_rate = self.rate if rate is None else rate
+        self.llr[peer] = self.llr.get(peer, 0.0) + flip_llr(flips, positions, self.last_rate, self.RATIO)
+        return self.llr[peer] >= self.threshold
+
+    def why(self, peer: str) -> str:
+        return (f"audit statistic: {self.flips[peer]} flips in {self.positions[peer]} audited positions, "
+                f"more than an honest engine's {self.last_rate:.2%} (log likelihood ratio {self.llr[peer]:.1f} >= "
+                f"{self.threshold:.1f})")
+
+    def state_dict(self) -> dict:
+        return {"llr": dict(self.llr), "flips": dict(self.flips), "positions": dict(self.positions)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.llr = {str(k): float(v) for k, v in state.get("llr", {}).items()}
+        self.flips = collections.Counter(state.get("flips", {}))
+        self.positions = collections.Counter(state.get("positions", {}))
 
 
 class RefusalList:

@@ -1,43 +1,71 @@
 """Checkable sampling: completions drawn with randomness the learner can reproduce, so a spot
-audit can tell a sampled completion from a chosen one.
+audit can tell a sampled completion from a chosen one, whatever precision and kernels the
+sampler's GPU computes in.
 
 A sampler does not pick its own random numbers. Completion j of prompt `prompt_id`, made by
 `sampler` with the weights of a published version, uses
 
-    seed_j = H(nonce_v, prompt_id, sampler, j)        nonce_v = H(the version as published),
-                                                       node/weights.py, version_nonce
-    u_t    = H(seed_j, t) as a float in [0, 1)        one uniform per generated position t
+    seed_j = H(nonce_v, prompt_id, sampler, j)     nonce_v = H(the version as published),
+                                                    node/weights.py, version_nonce
+    key_t  = H(seed_j, t)                           four 32-bit words per generated position t
 
-and takes the token whose interval of the tempered, filtered CDF (vocabulary order) holds u_t:
+and picks its token by a seeded race (Gumbel-max, in two levels over fixed chunks of CHUNK tokens
+of the vocabulary):
 
-    token_t = min { k : C_k > u_t },  C_k = sum_{i <= k} pi_i,  pi = filter(softmax(logits_t / T))
+    x_k    = z_k / T (the tempered logits; -inf where top-k / top-p filter token k out)
+    c*     = argmax_c  logsumexp_{k in chunk c} x_k + G(key_t, c)      which chunk
+    token  = argmax_{k in c*}  x_k + g(key_t, k)                        which token of it
 
-The nonce is the hash of what the learner published, so nobody (the learner included) knows
-it before the version exists, and the sampler never chooses it (GRAIL's lesson: the prover must
-not choose the challenge). Given the weights of version v, the completion is determined; a learner
-holding those weights checks it with one forward pass (`audit_tokens`): every token's interval
-must hold u_t, widened by `tol` on both sides for engine numerics (another kernel, another dtype
-moves the CDF a little). A token a sampler chose instead passes a position only with probability
-pi_token + 2 tol, so a chosen completion fails within a few deviating positions.
+with G, g standard Gumbel noise, -log(-log u), u a 32-bit hash of (key, index) computed with
+integer tensor operations that are exact (no overflow, no float) and so give the same bits on
+every device and batch shape. P(c*) is chunk c's share of the probability and P(token | c*) the
+token's share of its chunk, so the token is drawn from softmax(x) exactly (to the 2^-32
+resolution of u). Two levels keep the noise cheap at a 151k vocabulary: the sampler hashes one
+number per chunk and CHUNK numbers of one chunk per position, not one per token; the logsumexp
+per chunk costs what softmax sampling's exp pass does.
 
-Greedy decoding (T = 0) is deterministic already: the token must be within `tol` (in logits) of
-the argmax.
+Why a race and not the inverse CDF (protocol 1): a CDF boundary sums every token below it, so
+another engine's logit error e moved it by up to min(C, 1 - C) x range(e) / T, and the error an
+audit had to absorb grew with the vocabulary (bfloat16 samplers missed 17-19% of their intervals
+on a 32k vocabulary). Here the decision compares two scores: the winner's and the runner-up's.
+Another engine's error moves each by at most max |e| / T (a chunk's logsumexp is a weighted mean
+of its tokens' errors), so an honest sampler's token is at most ~2 max |e| (in logits) short of
+the auditor's best, whatever the vocabulary.
+
+The nonce is the hash of what the learner published, so nobody (the learner included) knows it
+before the version exists, and the sampler never chooses it (GRAIL's lesson: the prover must not
+choose the challenge). Given the weights of version v the completion is determined; the learner
+checks it with one forward pass (`race_margins`): at each position, how far (in logits) the
+claimed token's score is below the best one, at the chunk level and within its chunk. An honest
+engine's margins are its numerics; a chosen token's margin is the gap a race left it, which
+exceeds any tolerance at most positions (node/audit.py, node/learner/auditor.py).
+
+Greedy decoding (T = 0) is deterministic already: the margin is how far the token's logit is
+below the top one.
 """
 
 from __future__ import annotations
 
 import hashlib
-import struct
+import math
 
 import torch
 
 SEED_BYTES = 16
 """Seeds and version nonces (node/weights.py, version_nonce) are this long."""
 
-
-
 BASE_NONCE = b"\0" * SEED_BYTES
 """Nonce of the base model (chain "", version 0): a sampler that has not loaded any version."""
+
+CHUNK = 1024
+"""Tokens per chunk of the race's first level (part of the protocol: sampler and auditor must
+split the vocabulary alike). 1,024 makes both levels small at a 151,936-token vocabulary (149
+chunks, then 1,024 tokens) and leaves a small model's vocabulary one chunk."""
+
+KEY_WORDS = 4
+"""32-bit words of key_t: (a, b) seed the chunk level's hash, (c, d) the token level's."""
+
+_M32 = 0xFFFFFFFF
 
 
 def completion_seed(nonce: bytes, prompt_id: str, sampler: str, index: int) -> bytes:
@@ -53,83 +81,145 @@ def group_seeds(nonce: bytes, prompt_id: str, sampler: str, n: int) -> list[byte
     return [completion_seed(nonce, prompt_id, sampler, j) for j in range(n)]
 
 
-def uniforms(seed: bytes, n: int, start: int = 0) -> list[float]:
-    """u_t for t in [start, start + n): 53 random bits of H(seed, t) each, in [0, 1)."""
+def position_keys(seed: bytes, n: int, start: int = 0) -> list[list[int]]:
+    """key_t for t in [start, start + n): KEY_WORDS 32-bit words of H(seed, t) each."""
     out = []
     for t in range(start, start + n):
-        d = hashlib.blake2b(seed + t.to_bytes(4, "little"), digest_size=8).digest()
-        out.append((struct.unpack("<Q", d)[0] >> 11) * 2.0**-53)
+        d = hashlib.blake2b(seed + t.to_bytes(4, "little"), digest_size=4 * KEY_WORDS).digest()
+        out.append([int.from_bytes(d[4 * i : 4 * i + 4], "little") for i in range(KEY_WORDS)])
     return out
 
 
-def sampling_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """pi = filter(softmax(logits / T)) in float64, renormalised over the kept tokens; [..., V]."""
-    x = logits.double() / temperature
+def keys_tensor(rows: list[list[int]], device: torch.device | str = "cpu") -> torch.Tensor:
+    """Keys as an int64 [N, KEY_WORDS] tensor (each word < 2^32) on `device`."""
+    return torch.tensor(rows, dtype=torch.int64, device=device).reshape(-1, KEY_WORDS)
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x * c) mod 2^32 for 0 <= x < 2^32, exact in int64: no product reaches 2^63."""
+    if c < 2**31:
+        return (x * c) & _M32
+    return (x * (c - 2**31) + ((x & 1) << 31)) & _M32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (Wellons' lowbias32): a bijection that spreads every input bit."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def hash_uniform(a: torch.Tensor, b: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """u(a, b, i) in (0, 1), float64: a, b [N, 1] words, index [..., M] (or [M]) -> [N, M]. The
+    bits come from exact integer operations: the same on every device."""
+    x = _mix32(_mix32(index ^ a) ^ b)
+    return (x.double() + 0.5) * 2.0**-32
+
+
+def gumbel(a: torch.Tensor, b: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Standard Gumbel noise -log(-log u) of `hash_uniform`, float64 [N, M]."""
+    return -torch.log(-torch.log(hash_uniform(a, b, index)))
+
+
+def tempered(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0,
+             dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """x = logits / T in `dtype`, -inf where top-k / top-p filter the token out; [..., V]."""
+    x = logits.to(dtype) / temperature
     if top_k and top_k < x.shape[-1]:
         kth = x.topk(top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, -torch.inf)
-    p = torch.softmax(x, dim=-1)
     if top_p < 1.0:
+        p = torch.softmax(x, dim=-1)
         sorted_p, order = p.sort(dim=-1, descending=True)
         # drop a token when the tokens strictly more likely already reach top_p (the first always stays)
         drop_sorted = (sorted_p.cumsum(-1) - sorted_p) >= top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        p = p.masked_fill(drop, 0.0)
-        p = p / p.sum(-1, keepdim=True)
-    return p
+        x = x.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), -torch.inf)
+    return x
 
 
-def pick_tokens(logits: torch.Tensor, us: torch.Tensor, temperature: float, top_k: int = 0,
+def sampling_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """pi = softmax of the filtered, tempered logits in float64: the distribution the race draws from."""
+    return torch.softmax(tempered(logits, temperature, top_k, top_p), dim=-1)
+
+
+def _chunked(x: torch.Tensor) -> torch.Tensor:
+    """[N, V] -> [N, chunks, CHUNK], the last chunk padded with -inf."""
+    pad = -x.shape[-1] % CHUNK
+    if pad:
+        x = torch.nn.functional.pad(x, (0, pad), value=-torch.inf)
+    return x.view(x.shape[0], -1, CHUNK)
+
+
+def chunk_scores(x: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """The race's first level: logsumexp of each chunk of x [N, V] plus its Gumbel noise ->
+    float64 [N, chunks] (-inf for a chunk whose tokens are all filtered out)."""
+    lse = _chunked(x).logsumexp(-1).double()
+    index = torch.arange(lse.shape[-1], device=x.device)
+    return lse + gumbel(keys[:, 0:1], keys[:, 1:2], index)
+
+
+def token_scores(x: torch.Tensor, keys: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
+    """The race's second level within chunk[r] of each row r: x_k + g(key, k) -> float64 [N, CHUNK]
+    (-inf past the vocabulary)."""
+    index = chunk[:, None] * CHUNK + torch.arange(CHUNK, device=x.device)  # [N, CHUNK] token ids
+    inside = index < x.shape[-1]
+    xs = x.gather(-1, index.clamp(max=x.shape[-1] - 1)).double().masked_fill(~inside, -torch.inf)
+    return xs + gumbel(keys[:, 2:3], keys[:, 3:4], index)
+
+
+def pick_tokens(logits: torch.Tensor, keys: torch.Tensor | None, temperature: float, top_k: int = 0,
                 top_p: float = 1.0) -> torch.Tensor:
-    """The token each row's uniform selects: logits [N, V], us [N] -> [N] long (greedy if T = 0)."""
+    """The token each row's race selects: logits [N, V], keys [N, KEY_WORDS] -> [N] long (greedy
+    if T = 0). The sampler's side: scores in float32 (its logits' precision or better)."""
     if temperature == 0:
         return logits.argmax(-1)
-    cdf = sampling_probs(logits, temperature, top_k, top_p).cumsum(-1)
-    u = us.to(cdf.device, torch.float64)[:, None] * cdf[:, -1:]  # cdf[-1] is 1 up to rounding
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=logits.shape[-1] - 1)
+    x = tempered(logits, temperature, top_k, top_p, torch.float32)
+    keys = keys.to(x.device)
+    chunk = chunk_scores(x, keys).argmax(-1)
+    return chunk * CHUNK + token_scores(x, keys, chunk).argmax(-1)
 
 
-def miss_distances(logits: torch.Tensor, tokens: torch.Tensor, us: torch.Tensor, temperature: float,
-                   top_k: int = 0, top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """How far each position's uniform lies outside its token's interval, and the room an engine's
-    rounding has at that boundary: logits [N, V] (the auditor's, at the claimed version), tokens
-    [N], us [N] -> (d, m), float64 [N] each.
+def race_margins(logits: torch.Tensor, tokens: torch.Tensor, keys: torch.Tensor, temperature: float,
+                 top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """The auditor's side: how far, in logits, each claimed token's race score is below the best,
+    float64 [N] (0 where the race selects it). logits [N, V] (the auditor's, at the claimed
+    version), tokens [N], keys [N, KEY_WORDS].
 
-    d = 0 where u_t lies in [C_{k-1}, C_k), else the distance (CDF units) to the nearer boundary B;
-    inf for a filtered-out token (pi = 0). m = min(B, 1 - B) at that boundary. Why m: another
-    engine computes logits z + e (bfloat16, other kernels); to first order its CDF moves by
-        dC_k = sum_{i <= k} pi_i (e_i - ebar) / T = -sum_{i > k} pi_i (e_i - ebar) / T,  ebar = sum_j pi_j e_j
-    so |dC_k| <= min(C_k, 1 - C_k) * range(e) / T. An honest sampler misses only where u_t falls
-    between its boundary and ours, so d <= m * range(e) / T; a chosen token misses by the mass
-    between u_t and its interval, which near a confident token's boundary (m small) is far more.
-    Greedy (T = 0): d is how far the token's logit is below the top one (in logits), m = 1."""
+    margin = T x max(best chunk score - the token's chunk's, best score in that chunk - the
+    token's): the larger of the two levels' shortfalls, in logit units so that one tolerance fits
+    every temperature. Another engine whose logits differ from ours by e picked the token as its
+    best, so its margin here is <= 2 max |e| at both levels. inf for a filtered-out token;
+    greedy (T = 0): the token's logit below the top one."""
     tokens = tokens.to(logits.device)
     if temperature == 0:
-        top = logits.double().max(-1).values
-        d = (top - logits.double().gather(-1, tokens[:, None]).squeeze(-1)).clamp(min=0)
-        return d, torch.ones_like(d)
-    p = sampling_probs(logits, temperature, top_k, top_p)
-    cdf = p.cumsum(-1)  # [N, V] float64: no further full-vocabulary temporaries (chunks are sized for one)
-    hi = cdf.gather(-1, tokens[:, None]).squeeze(-1) / cdf[:, -1]
-    p_tok = p.gather(-1, tokens[:, None]).squeeze(-1) / cdf[:, -1]
-    lo = hi - p_tok
-    u = us.to(cdf.device, torch.float64)
-    d = torch.maximum(lo - u, u - hi).clamp(min=0)  # u == hi (measure zero) counts as inside
-    boundary = torch.where(u < lo, lo, hi)
-    m = torch.minimum(boundary, 1 - boundary).clamp(min=0)
-    return torch.where(p_tok > 0, d, torch.inf), m
+        z = logits.double()
+        return (z.max(-1).values - z.gather(-1, tokens[:, None]).squeeze(-1)).clamp(min=0)
+    x = tempered(logits, temperature, top_k, top_p, torch.float64)
+    keys = keys.to(x.device)
+    chunks = chunk_scores(x, keys)
+    tok_chunk = tokens // CHUNK
+    at_chunk = chunks.max(-1).values - chunks.gather(-1, tok_chunk[:, None]).squeeze(-1)
+    inner = token_scores(x, keys, tok_chunk)
+    at_token = inner.max(-1).values - inner.gather(-1, (tokens % CHUNK)[:, None]).squeeze(-1)
+    margin = temperature * torch.maximum(at_chunk, at_token)
+    filtered = x.gather(-1, tokens[:, None]).squeeze(-1) == -torch.inf
+    return torch.where(filtered, torch.inf, margin.clamp(min=0))
 
 
-def within_tolerance(d: torch.Tensor, m: torch.Tensor, tol: float, rel_tol: float = 0.0) -> torch.Tensor:
-    """The audit's rule per position: d <= tol + rel_tol * m (d, m of `miss_distances`). `tol`
-    absorbs float32 engines' differences (~1e-6); `rel_tol` bounds another engine's logit error
-    range over T (bfloat16: examples/bench_bf16_audit.py)."""
-    return d <= tol + rel_tol * m
+def within_tolerance(margins: torch.Tensor, tol: float) -> torch.Tensor:
+    """The audit's rule per position: margin <= tol (logits; LearnerConfig.audit_margin)."""
+    return margins <= tol
 
 
-def audit_tokens(logits: torch.Tensor, tokens: torch.Tensor, us: torch.Tensor, temperature: float,
-                 top_k: int = 0, top_p: float = 1.0, tol: float = 1e-3) -> torch.Tensor:
-    """Which positions hold a token the randomness selects: logits [N, V] (the auditor's, at the
-    claimed version), tokens [N], us [N] -> bool [N]. An interval [C_{k-1}, C_k) of token k is
-    widened by `tol` on both sides; a filtered-out token (pi = 0) never passes."""
-    return within_tolerance(miss_distances(logits, tokens, us, temperature, top_k, top_p)[0], 0.0, tol)
+def audit_tokens(logits: torch.Tensor, tokens: torch.Tensor, keys: torch.Tensor, temperature: float,
+                 top_k: int = 0, top_p: float = 1.0, tol: float = 1e-4) -> torch.Tensor:
+    """Which positions hold a token the race selects, within `tol` logits: bool [N]."""
+    return within_tolerance(race_margins(logits, tokens, keys, temperature, top_k, top_p), tol)
+
+
+GUMBEL_MAX = -math.log(-math.log1p(-0.5 * 2.0**-32))
+"""The largest noise `gumbel` can draw (u = 1 - 2^-33): about 22.9. A chunk or token whose tempered
+logit is more than ~26 below the best cannot win: the 32-bit resolution of u truncates the
+softmax there, at probabilities below ~1e-11."""

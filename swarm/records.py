@@ -19,7 +19,10 @@ from typing import Any
 import msgpack
 import numpy as np
 
-PROTOCOL = 1
+PROTOCOL = 2
+"""2: checkable sampling by a seeded race (node/checkable.py), audited by margin; 1 drew by the
+inverse CDF, which another protocol's auditor would refuse as chosen tokens, so the versions do
+not mix."""
 MAX_RECORD_BYTES = 4 * 1024 * 1024
 """One record must fit one hivemind RPC reply (4 MiB cap)."""
 MAX_COMPLETIONS = 256

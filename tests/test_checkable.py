@@ -11,8 +11,6 @@ from helpers.inmemory import tiny_swarm
 from node.algorithms import LossInputs, get_algorithm, has_signal
 from node.algorithms.base import clipped_surrogate
 from node.audit import RefusalList, VersionArchive
-from node.checkable import (audit_tokens, completion_seed, miss_distances, pick_tokens, sampling_probs, uniforms,
-                            within_tolerance)
 from node.learner import Learner, LearnerConfig, Route
 from swarm.exchange import IntakeConfig
 from node.models import BUILTIN_MODEL, load_model
@@ -20,84 +18,6 @@ from node.tasks import ArithmeticConfig, make_task
 from node.trainer import logprob_gap
 from node.weight_codec import Publisher, PublishConfig, apply_version
 from node.weights import encode_version, untie, version_nonce
-
-# float64, as engines' logits are cast to in node/checkable.py: the hand values below then hold to
-# ~1e-16, not to the few float32 ulps of log() that vary with the CPU's kernels
-LOGITS = torch.log(torch.tensor([[0.2, 0.5, 0.3]], dtype=torch.float64))
-
-
-@pytest.mark.parametrize("u, token", [(0.0, 0), (0.1999, 0), (0.2001, 1), (0.6999, 1), (0.7001, 2), (0.9999, 2)])
-def test_the_uniform_picks_the_token_whose_cdf_interval_holds_it(u, token):
-    # CDF of [0.2, 0.5, 0.3] in vocabulary order: [0, 0.2) -> 0, [0.2, 0.7) -> 1, [0.7, 1) -> 2
-    assert pick_tokens(LOGITS, torch.tensor([u]), 1.0).item() == token
-    assert audit_tokens(LOGITS, torch.tensor([token]), torch.tensor([u]), 1.0, tol=0).item()
-    others = [t for t in range(3) if t != token]
-    assert not audit_tokens(LOGITS.expand(2, 3), torch.tensor(others), torch.tensor([u, u]), 1.0, tol=1e-5).any()
-
-
-def test_audit_tolerance_widens_intervals_and_filters_and_temperature_apply():
-    # u = 0.7005 is token 2's, but within 1e-3 of token 1's interval end: engine numerics allowed
-    assert audit_tokens(LOGITS, torch.tensor([1]), torch.tensor([0.7005]), 1.0, tol=1e-3).item()
-    assert not audit_tokens(LOGITS, torch.tensor([1]), torch.tensor([0.7005]), 1.0, tol=1e-4).item()
-    # top-k 2 keeps tokens 1 and 2: renormalised [0, 0.625, 0.375]; token 0 can never pass
-    p = sampling_probs(LOGITS, 1.0, top_k=2)
-    assert p[0].tolist() == pytest.approx([0.0, 0.625, 0.375])
-    assert not audit_tokens(LOGITS, torch.tensor([0]), torch.tensor([0.0]), 1.0, top_k=2, tol=0.5).item()
-    # top-p 0.6: token 1 (0.5) alone does not reach 0.6, so token 2 (0.3) stays: [0, 0.625, 0.375]
-    assert sampling_probs(LOGITS, 1.0, top_p=0.6)[0].tolist() == pytest.approx([0.0, 0.625, 0.375])
-    # T = 0.5 squares the odds: [0.04, 0.25, 0.09] / 0.38
-    assert sampling_probs(LOGITS, 0.5)[0].tolist() == pytest.approx([0.04 / 0.38, 0.25 / 0.38, 0.09 / 0.38])
-    assert pick_tokens(LOGITS, torch.tensor([0.5]), 0.0).item() == 1  # greedy
-
-
-def test_miss_distance_and_the_boundary_room_by_hand():
-    # CDF boundaries 0.2 and 0.7: token 1 holds [0.2, 0.7)
-    d, m = miss_distances(LOGITS.expand(4, 3), torch.tensor([1, 1, 0, 2]), torch.tensor([0.5, 0.75, 0.25, 0.1], dtype=torch.float64), 1.0)
-    assert d.tolist() == pytest.approx([0.0, 0.05, 0.05, 0.6], abs=1e-12)
-    # the boundary missed: 0.7 (room 0.3), 0.2 (room 0.2), 0.7 (token 2 starts there: room 0.3)
-    assert m[1:].tolist() == pytest.approx([0.3, 0.2, 0.3], abs=1e-12)
-    d, m = miss_distances(LOGITS, torch.tensor([0]), torch.tensor([0.0]), 1.0, top_k=2)
-    assert d.item() == math.inf  # filtered out: no tolerance lets it pass
-    d, m = miss_distances(LOGITS, torch.tensor([2]), torch.tensor([0.0]), 0.0)  # greedy: the logit gap to the top
-    assert (d.item(), m.item()) == pytest.approx((math.log(0.5 / 0.3), 1.0))
-
-
-def test_the_relative_tolerance_scales_with_the_room_at_the_boundary():
-    # u = 0.75 misses token 1's interval [0.2, 0.7) by 0.05 at boundary 0.7 (room 0.3)
-    d, m = miss_distances(LOGITS, torch.tensor([1]), torch.tensor([0.75], dtype=torch.float64), 1.0)
-    assert not within_tolerance(d, m, tol=1e-3).item()  # the float32 audit refuses it
-    assert within_tolerance(d, m, tol=1e-3, rel_tol=0.2).item()  # 1e-3 + 0.2 x 0.3 = 0.061 >= 0.05
-    assert not within_tolerance(d, m, tol=1e-3, rel_tol=0.1).item()  # 0.031 < 0.05
-    # the same miss near the CDF's end (u = 0.05 for token 1: boundary 0.2, room 0.2) needs more
-    d, m = miss_distances(LOGITS, torch.tensor([1]), torch.tensor([0.05], dtype=torch.float64), 1.0)
-    assert (d.item(), m.item()) == pytest.approx((0.15, 0.2))
-    assert not within_tolerance(d, m, tol=1e-3, rel_tol=0.5).item() and within_tolerance(d, m, 0.0, 0.8).item()
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_another_engines_boundary_shift_stays_within_the_room_times_its_logit_error_range(seed):
-    # the bound the relative tolerance rests on: |dC_k| <= min(C_k, 1 - C_k) * range(e) / T (first
-    # order); checked on random distributions with logit errors of bfloat16's size
-    g = torch.Generator().manual_seed(seed)
-    z = torch.randn(1, 500, generator=g, dtype=torch.float64) * 3
-    e = torch.randn(1, 500, generator=g, dtype=torch.float64) * 0.02
-    for temp in (1.0, 0.7):
-        c, c2 = sampling_probs(z, temp).cumsum(-1), sampling_probs(z + e, temp).cumsum(-1)
-        room = torch.minimum(c, 1 - c).clamp(min=0)
-        bound = room * (e.max() - e.min()) / temp
-        assert ((c2 - c).abs() <= bound * 1.05 + 1e-12).all()  # 5%: the second-order term at this error size
-        assert ((c2 - c).abs() > bound * 0.05).any()  # and the bound is not vacuous
-
-
-def test_seeds_and_uniforms_are_fixed_by_nonce_prompt_sampler_and_index():
-    s = completion_seed(b"n" * 16, "arith:1+2", "peer", 0)
-    assert s == completion_seed(b"n" * 16, "arith:1+2", "peer", 0)
-    assert len({s, completion_seed(b"m" * 16, "arith:1+2", "peer", 0), completion_seed(b"n" * 16, "arith:1+3", "peer", 0),
-                completion_seed(b"n" * 16, "arith:1+2", "other", 0), completion_seed(b"n" * 16, "arith:1+2", "peer", 1)}) == 5
-    us = uniforms(s, 1000)
-    assert us[5:7] == uniforms(s, 2, start=5) and all(0 <= u < 1 for u in us)
-    assert abs(sum(us) / len(us) - 0.5) < 0.05
-
 
 @pytest.mark.parametrize("views,cache_bytes", [(False, 256 << 20), (True, 256 << 20), (True, 1)],
                          ids=["rebuilt", "published-views-cached", "nothing-fits"])

@@ -59,9 +59,9 @@ class JoinConfig:
     device: str = "auto"
     """auto (a CUDA GPU where torch sees one, else the CPU), cpu, cuda or cuda:N."""
     dtype: str = "auto"
-    """Compute dtype: float32 or bfloat16; auto is bfloat16 for a learner on a GPU (float32 master
-    weights, bfloat16 forward) and float32 otherwise, samplers included (audits compare sampled
-    tokens with the learner's float32 distribution)."""
+    """Compute dtype: float32 or bfloat16; auto is bfloat16 on a GPU (a learner keeps float32 master
+    weights; a sampler generates in bfloat16, which the learner's audit by race margin passes) and
+    float32 on the CPU."""
     engine: str = "hf"
     """Sampler: 'hf' (transformers, anywhere) or 'vllm' (the vllm extra; settings in [vllm])."""
     follow: str | None = None

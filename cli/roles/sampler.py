@@ -81,10 +81,9 @@ def _waiting_for(tracker: LearnerTracker, swarm: str) -> str:
 
 def _make_sampler(cfg: JoinConfig, node: SwarmNode) -> Sampler:
     tok = load_tokenizer(cfg.model)
-    # auto is float32 for samplers on every device: learners audit sampled tokens against their
-    # float32 distribution, and bfloat16 numerics move the CDF intervals by more than the
-    # audit's tolerance on some tokens (docs/DESIGN.md, "Scale"); bfloat16 only when asked for
-    place = resolve(cfg.device, "float32" if cfg.dtype == "auto" else cfg.dtype)
+    # auto: bfloat16 on a GPU (what every RL system samples in), float32 on the CPU. Audits by race
+    # margin pass honest bfloat16 engines (docs/DESIGN.md, "The audit across precisions")
+    place = resolve(cfg.device, cfg.dtype)
     log.info("sampler generates on %s", place)
     engine = make_engine(cfg.engine, cfg.model, tok, cfg.vllm, placement=place)
     return Sampler(node.peer_id, make_task(cfg.task, tok), engine, tokenizer_hash(tok), sampling=cfg.sampling,

@@ -62,7 +62,7 @@ class Engine(Protocol):
                  seeds: list[list[bytes]] | None = None) -> list[PromptResult]:
         """G = params.n completions per prompt. With `seeds` (seeds[i][j] for completion j of
         prompt i), sampling is checkable (node/checkable.py): token t of that completion is the
-        one `uniforms(seeds[i][j], ...)[t]` selects, so a learner can audit it."""
+        race keyed by `position_keys(seeds[i][j], ...)[t]` selects, so a learner can audit it."""
         ...
 
     def load_weights(self, state_dict: dict, version: int) -> None:

@@ -3,8 +3,8 @@
 The default engine: works wherever torch does. Prompts are left-padded (as generation needs) and
 each is repeated G times. One sampling path for every mode: our logits processor (`PickTokens`)
 picks each row's next token with `node.checkable.pick_tokens` (greedy at T = 0; at T > 0 the
-uniform u_t through the tempered, filtered CDF, where u_t is the seeded one of checkable sampling
-or a draw of torch's generator otherwise), masks every other token, and records the token's
+seeded race of checkable sampling, its keys from the completion's seed, or from torch's generator
+when no seeds are given), masks every other token, and records the token's
 behaviour log-prob from the raw logits row through the same `logprobs_from_logits` the learner
 uses; `generate` then runs greedy over the one token left. So no [rows, steps, V] logits are ever
 kept: completions of thousands of tokens cost one [rows] float per step beyond the KV cache.
@@ -20,7 +20,7 @@ import logging
 
 import torch
 
-from ..checkable import pick_tokens, uniforms
+from ..checkable import KEY_WORDS, keys_tensor, pick_tokens, position_keys
 from ..logprobs import logprobs_from_logits
 from .base import Completion, PromptResult, SamplingParams
 
@@ -123,8 +123,8 @@ def _bare_generation_defaults(model):
 class PickTokens:
     """A transformers logits processor that picks each row's next token itself and masks the rest.
 
-    Token t of row r is `pick_tokens(raw logits, u)`: greedy at T = 0; otherwise u is the seeded
-    uniform `uniforms(seeds[r], 1, t)` of checkable sampling (node/checkable.py) when seeds are
+    Token t of row r is `pick_tokens(raw logits, key)`: greedy at T = 0; otherwise the key is
+    `position_keys(seeds[r], 1, t)` of checkable sampling (node/checkable.py) when seeds are
     given, or a draw of torch's generator (seeded by `torch.manual_seed`) when not. The chosen
     token's log softmax(raw logits / T) is recorded per step ([rows] float32, on the logits'
     device; no sync per token). Rows that finished keep being scored (generate pads them); their
@@ -139,15 +139,14 @@ class PickTokens:
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         p = self.params
-        us = None
+        keys = None
         if p.temperature > 0:
             if self.seeds is not None:
                 t = input_ids.shape[1] - self.prompt_len
-                us = torch.tensor([uniforms(seed, 1, t)[0] for seed in self.seeds], dtype=torch.float64,
-                                  device=scores.device)
+                keys = keys_tensor([position_keys(seed, 1, t)[0] for seed in self.seeds], scores.device)
             else:
-                us = torch.rand(scores.shape[0], dtype=torch.float64, device=scores.device)
-        chosen = pick_tokens(scores, us, p.temperature, p.top_k, p.top_p)
+                keys = torch.randint(0, 2**32, (scores.shape[0], KEY_WORDS), dtype=torch.int64, device=scores.device)
+        chosen = pick_tokens(scores, keys, p.temperature, p.top_k, p.top_p)
         self.steps.append(logprobs_from_logits(scores, chosen, p.logprob_temperature))
         return torch.full_like(scores, -torch.inf).scatter_(-1, chosen[:, None], 0.0)
 

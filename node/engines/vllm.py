@@ -13,7 +13,7 @@ tempered distribution, so:
 Checkable sampling (node/checkable.py), when `generate` gets seeds and T > 0: one request per
 completion (n = 1; prefix caching shares the prompt) that vLLM decodes greedily over the row our
 logits processor (`CheckableSampling`) leaves: token t is `pick_tokens` of vLLM's own raw logits
-and u_t, every other token -inf. vLLM draws nothing itself. Its reported log-probs would then be
+and key_t (the seeded race), every other token -inf. vLLM draws nothing itself. Its reported log-probs would then be
 those of the one-token row (0), and its engine-wide `logprobs_mode` cannot change per request
 ("raw_logprobs" would be right only at T = 1 and break the unseeded path at T != 1), so the
 processor records log softmax(raw logits / T) of the token it picks, from the same row, and the
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checkable import pick_tokens, uniforms
+from ..checkable import keys_tensor, pick_tokens, position_keys
 from ..logprobs import logprobs_from_logits
 from .base import Completion, PromptResult, SamplingParams
 
@@ -99,7 +99,7 @@ def _checkable_sampling_class() -> type:
     class CheckableSampling(AdapterLogitsProcessor):
         """vLLM logits processor (one per engine, a state per request): a request whose
         `extra_args["hetero_checkable"]` is (row, seed hex, T, top_k, top_p) gets token t from
-        node.checkable, given vLLM's raw logits row and u_t; every other token is masked."""
+        node.checkable's race, given vLLM's raw logits row and key_t; every other token is masked."""
 
         def is_argmax_invariant(self) -> bool:
             return False  # it decides the token: vLLM applies it to raw logits, before temperature
@@ -113,8 +113,8 @@ def _checkable_sampling_class() -> type:
 
             def force(output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
                 t = len(output_ids)  # tokens generated so far
-                u = torch.tensor(uniforms(seed, 1, t), dtype=torch.float64)
-                token = pick_tokens(logits[None], u, temperature, top_k, top_p)
+                token = pick_tokens(logits[None], keys_tensor(position_keys(seed, 1, t), logits.device),
+                                    temperature, top_k, top_p)
                 token = token.to(logits.device)
                 _CHECKABLE_LOGPROBS.setdefault(row, {})[t] = logprobs_from_logits(logits[None], token, temperature)[0]
                 return torch.full_like(logits, -torch.inf).index_fill_(0, token, 0.0)

@@ -16,14 +16,15 @@ from typing import Any
 
 import torch
 
-from ..audit import AuditItem, AuditResult, RefusalList, VersionArchive, audit_groups
+from ..audit import AuditItem, AuditResult, FlipRate, FlipTest, RefusalList, VersionArchive, audit_groups
 from ..checkable import group_seeds
 from ..config import SamplingConfig
 from ..weights import retie
 from .config import LearnerConfig
 from .groups import BufferedGroup, GroupKind, Verdict
 
-NEW_STATS = {"audits": 0, "failed": 0, "unauditable": 0, "positions": 0, "time_s": 0.0, "logprob_gap_max": 0.0}
+NEW_STATS = {"audits": 0, "failed": 0, "unauditable": 0, "positions": 0, "flips": 0, "time_s": 0.0,
+             "logprob_gap_max": 0.0, "margin_max": 0.0, "flip_rate": 0.0}
 
 
 class Auditor:
@@ -33,6 +34,10 @@ class Auditor:
         self.archive, self.refusals, self.peer_id = archive, refusals, peer_id
         self.audits: collections.Counter[str] = collections.Counter()
         """Audits done per sampler (the first `audit_first` of each are always done)."""
+        self.flip_test = FlipTest(cfg.audit_flip_rate, cfg.audit_alarm)
+        """Each sampler's flips over all its audited positions (node/audit.FlipTest)..."""
+        self.flip_rate = FlipRate()
+        """...against the honest rate measured on this model (node/audit.FlipRate)."""
         self.stats: dict[str, Any] = dict(NEW_STATS)
         self._copy: torch.nn.Module | None = None
         self._loaded: tuple[str, int] | None = None
@@ -91,8 +96,8 @@ class Auditor:
             self._loaded = key
         items = [AuditItem(b.group.prompt_ids, [(c.token_ids, c.logprobs) for c in b.group.completions],
                            group_seeds(nonce, b.group.problem_id, b.sampler, len(b.group.completions))) for b in groups]
-        results = audit_groups(self._copy, items, self.sampling.params, self.pad_id,
-                               self.cfg.audit_tolerance, self.cfg.audit_rel_tolerance)
+        results = audit_groups(self._copy, items, self.sampling.params, self.pad_id, self.cfg.audit_margin,
+                               reference=self.cfg.audit_calibrate)
         self.stats["time_s"] += time.perf_counter() - t0
         return [self._judge(b, r) for b, r in zip(groups, results)]
 
@@ -102,20 +107,32 @@ class Auditor:
         st = self.stats
         st["audits"] += 1
         st["positions"] += result.positions
-        if result.passed and result.logprob_gap <= self.cfg.audit_logprob_gap:
+        st["flips"] += result.flips
+        rate = self.flip_rate.rate(self.cfg.audit_flip_rate) if self.cfg.audit_calibrate else self.cfg.audit_flip_rate
+        alarmed = self.flip_test.add(b.sampler, result.flips, result.positions, rate)
+        self.flip_rate.add(result.reference_flips, result.positions)  # after: the rate is fixed before the group
+        st["flip_rate"] = rate
+        if result.passed and result.logprob_gap <= self.cfg.audit_logprob_gap and not alarmed:
             st["logprob_gap_max"] = max(st["logprob_gap_max"], result.logprob_gap)  # honest engines' numerics
+            st["margin_max"] = max(st["margin_max"], result.max_margin)
             b.verdict = Verdict.PASS
             return ""
         st["failed"] += 1
         b.verdict = Verdict.FAILED
         if not result.passed:
             return (f"audit failed: {result.failed_positions} of {result.positions} tokens are not the ones its "
-                    f"randomness selects at v{b.claimed_version}")
-        return f"audit failed: claimed log-probs {result.logprob_gap:.3f}/token away from v{b.claimed_version}'s"
+                    f"race selects at v{b.claimed_version} (largest margin {result.max_margin:.3g} > "
+                    f"{self.cfg.audit_margin:g} logits)")
+        if result.logprob_gap > self.cfg.audit_logprob_gap:
+            return f"audit failed: claimed log-probs {result.logprob_gap:.3f}/token away from v{b.claimed_version}'s"
+        return self.flip_test.why(b.sampler)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"audits": dict(self.audits), "stats": dict(self.stats)}
+        return {"audits": dict(self.audits), "stats": dict(self.stats), "flip_test": self.flip_test.state_dict(),
+                "flip_rate": self.flip_rate.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.audits = collections.Counter(state["audits"])
         self.stats = {**NEW_STATS, **state["stats"]}
+        self.flip_test.load_state_dict(state.get("flip_test", {}))
+        self.flip_rate.load_state_dict(state.get("flip_rate", {}))

@@ -83,16 +83,25 @@ class LearnerConfig:
     and revokes all its credit, so cheating on k groups is caught with probability
     1 - (1 - audit_rate_trusted)^k (k = 100: 95% at 3%)."""
     audit_rate_trusted: float = 0.03
-    audit_tolerance: float = 1e-3
-    """Slack in CDF units around each token's interval for engine numerics (node/checkable.py)..."""
-    audit_rel_tolerance: float = 0.0
-    """...plus this much times the boundary's room m = min(C, 1 - C): an engine whose logits differ
-    from ours by at most e moves a boundary by <= m * range(e) / T (node/checkable.miss_distances).
-    0 audits float32 samplers tightly. Honest bfloat16 samplers need about 0.25-0.5 (they miss by
-    up to d/m = 0.05 on the built-in model, 0.25 on a deeper one), and every bit of it is room an
-    attacker who computes u_t can use: at 0.25 a completion swapped for the right answer passes
-    16% of audits instead of 0.3% (examples/bench_bf16_audit.py, examples/bench_audit.py;
-    docs/DESIGN.md, "Trust"). So bfloat16 samplers stay opt-in."""
+    audit_margin: float = 1.0
+    """The most, in logits, that an audited token's race score may fall short of the best one
+    (node/checkable.race_margins) before its group fails. An honest engine's shortfall is its
+    logit error at two scores, whatever the vocabulary: float32 engines ~1e-5, bfloat16 and
+    float16 up to MEASURED (examples/bench_bf16_audit.py; docs/BENCHMARKS.md, "The audit across
+    precisions"). An attacker may pick any token within it, so the per-sampler statistic below
+    bounds how often."""
+    audit_flip_rate: float = 0.06
+    """The per-sampler statistic: the highest share of audited positions at which an honest
+    engine's token is not the auditor's best (a flip, margin > node/audit.FLIP_MARGIN), measured
+    over engines and precisions (bfloat16 flips near-ties). A sequential test of the sampler's
+    flips against this rate refuses it once they are `audit_alarm`-unlikely for an honest engine."""
+    audit_calibrate: bool = True
+    """Hold samplers to the honest flip rate measured on this model instead (node/audit.FlipRate:
+    each audit also runs its model in bfloat16, ~+50% audit compute, no extra memory), with
+    `audit_flip_rate` as its ceiling."""
+    audit_alarm: float = 1e-3
+    """An honest sampler (flip rate <= audit_flip_rate) is refused by the statistic with at most
+    this probability over its whole life (Ville's inequality: node/audit.FlipTest)."""
     audit_logprob_gap: float = 0.25
     """An audited group also fails if its claimed log-probs are further than this (mean |gap| per
     token) from ours at the very version it claims: honest engines are within 1e-5 in float32."""
@@ -151,8 +160,9 @@ def _rules(c: LearnerConfig) -> list[tuple[str, bool]]:
         ("audit_first >= 0", c.audit_first >= 0), ("0 <= audit_rate <= 1", 0 <= c.audit_rate <= 1),
         ("0 <= audit_rate_trusted <= 1", 0 <= c.audit_rate_trusted <= 1),
         ("audit_trusted_after >= audit_first", c.audit_trusted_after >= c.audit_first),
-        ("0 <= audit_tolerance < 1", 0 <= c.audit_tolerance < 1),
-        ("0 <= audit_rel_tolerance < 1", 0 <= c.audit_rel_tolerance < 1),
+        ("audit_margin >= 0", c.audit_margin >= 0),
+        ("0 < audit_flip_rate < 0.25", 0 < c.audit_flip_rate < 0.25),
+        ("0 < audit_alarm < 1", 0 < c.audit_alarm < 1),
         ("0 <= foreign_step_share <= 1", 0 <= c.foreign_step_share <= 1),
         ("foreign_per_sampler >= 0", c.foreign_per_sampler >= 0),
         ("unaudited_per_step >= 0", c.unaudited_per_step >= 0),

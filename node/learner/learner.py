@@ -302,12 +302,21 @@ class Learner:
             getattr(self, name).load_state_dict(meta[name])
         self.restored_extra = meta["extra"]
         self.buffer.clear()
+        older = 0
         for raw in state["buffer"]:
             # validated and accepted before the save: re-accept without counting twice (but not a
             # sampler refused since, whose refusal the checkpoint may predate)
-            group = decode_rollout_group(raw, strict=False)  # accepted, maybe under older bounds
+            try:
+                group = decode_rollout_group(raw, strict=False)  # accepted, maybe under older bounds
+            except RecordError as e:
+                if e.reason != "protocol":
+                    raise
+                older += 1  # sampled under another protocol's rule: its audit would refuse an honest sampler
+                continue
             if group.sampler not in self.auditor.refusals:
                 self._accept(group, raw, count=False)
+        if older:
+            log.warning("checkpoint: %d buffered groups of an older protocol dropped (not auditable now)", older)
         for sampler in self.auditor.refusals.refused:
             self.books.tally.revoke(sampler)
 

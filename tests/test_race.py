@@ -1,0 +1,231 @@
+"""Checkable sampling by a seeded race (node/checkable.py) and its audit by margin (node/audit.py):
+the integer hash against a plain-Python reference, the race's distribution against softmax, the
+margins by hand, the bound on an honest engine's margin, and the per-sampler flip test."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from node.audit import FLIP_MARGIN, FlipTest, flip_llr, judge_margins
+from node.checkable import (CHUNK, GUMBEL_MAX, KEY_WORDS, audit_tokens, chunk_scores, completion_seed, hash_uniform,
+                            keys_tensor, pick_tokens, position_keys, race_margins, sampling_probs)
+
+
+def _lowbias32(x: int) -> int:
+    """Wellons' lowbias32 in plain Python integers: the reference for the tensor version."""
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def test_the_hash_is_exact_integer_arithmetic_equal_to_a_plain_python_reference():
+    rng = random.Random(0)
+    words = [0, 1, 2**31 - 1, 2**31, 2**32 - 1] + [rng.getrandbits(32) for _ in range(45)]
+    a = torch.tensor(words, dtype=torch.int64)[:, None]
+    b = torch.tensor(words[::-1], dtype=torch.int64)[:, None]
+    index = torch.tensor([0, 1, 1023, 151_935, 2**18 - 1], dtype=torch.int64)
+    got = hash_uniform(a, b, index)
+    want = [[(_lowbias32(_lowbias32(i ^ wa) ^ wb) + 0.5) * 2.0**-32 for i in index.tolist()]
+            for wa, wb in zip(words, words[::-1])]
+    assert got.tolist() == want  # bit for bit
+
+
+def test_keys_are_fixed_by_the_seed_and_position_and_seeds_by_nonce_prompt_sampler_index():
+    s = completion_seed(b"n" * 16, "arith:1+2", "peer", 0)
+    assert len({s, completion_seed(b"m" * 16, "arith:1+2", "peer", 0), completion_seed(b"n" * 16, "arith:1+3", "peer", 0),
+                completion_seed(b"n" * 16, "arith:1+2", "other", 0), completion_seed(b"n" * 16, "arith:1+2", "peer", 1)}) == 5
+    keys = position_keys(s, 100)
+    assert keys[5:7] == position_keys(s, 2, start=5)
+    assert all(len(k) == KEY_WORDS and all(0 <= w < 2**32 for w in k) for k in keys)
+    assert len({tuple(k) for k in keys}) == 100
+
+
+def _random_keys(n: int, seed: int = 0) -> torch.Tensor:
+    rng = random.Random(seed)
+    return keys_tensor([[rng.getrandbits(32) for _ in range(KEY_WORDS)] for _ in range(n)])
+
+
+def _chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """p-value of Pearson's chi-square for counts against probs (Wilson-Hilferty normal approximation)."""
+    n = counts.sum().item()
+    expected = probs * n
+    keep = expected > 0
+    stat = float((((counts - expected) ** 2)[keep] / expected[keep]).sum())
+    dof = int(keep.sum()) - 1
+    z = ((stat / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.0, 50, 1.0), (1.0, 0, 0.9)])
+def test_the_race_draws_from_the_filtered_tempered_softmax(temperature, top_k, top_p, monkeypatch):
+    # 2.5 chunks of vocabulary, mass spread over all three: both levels of the race are exercised.
+    # Chunks of 64 tokens instead of CHUNK keep 200,000 draws fast; the race reads the constant.
+    import node.checkable
+
+    monkeypatch.setattr(node.checkable, "CHUNK", 64)
+    chunk = 64
+    g = torch.Generator().manual_seed(1)
+    vocab = 2 * chunk + chunk // 2
+    logits = (torch.randn(1, vocab, generator=g) * 1.5).double()
+    logits[0, :10] += 3.0  # a head of likely tokens, as a language model has
+    draws = 200_000
+    tokens = pick_tokens(logits.float().expand(draws, vocab), _random_keys(draws), temperature, top_k, top_p)
+    probs = sampling_probs(logits, temperature, top_k, top_p)[0]
+    assert (probs[tokens] > 0).all()  # never a filtered token
+    counts = torch.bincount(tokens, minlength=vocab).double()
+    # bin the long tail so every expected count is >= 20 (the test's approximation holds there)
+    order = probs.argsort(descending=True)
+    head = int((probs[order] * draws >= 20).sum())
+    c = torch.cat([counts[order[:head]], counts[order[head:]].sum()[None]])
+    p = torch.cat([probs[order[:head]], probs[order[head:]].sum()[None]])
+    assert _chi_square_p(c, p) > 1e-3
+    chunk_mass = torch.stack([probs[i * chunk:(i + 1) * chunk].sum() for i in range(3)])
+    chunk_counts = torch.stack([counts[i * chunk:(i + 1) * chunk].sum() for i in range(3)])
+    assert _chi_square_p(chunk_counts, chunk_mass) > 1e-3
+
+
+def test_a_biased_race_fails_the_distribution_test():
+    # the test above can fail: a race without the chunk level's noise (argmax of logsumexp alone)
+    # always picks the heaviest chunk
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(1, 3 * CHUNK, generator=g).double()
+    keys = _random_keys(20_000)
+    x = logits.float().expand(20_000, -1)
+    lse = x.view(20_000, 3, CHUNK).logsumexp(-1)
+    biased = lse.argmax(-1)
+    fair = chunk_scores(x, keys).argmax(-1)
+    mass = torch.softmax(lse[0].double(), -1)
+    assert _chi_square_p(torch.bincount(biased, minlength=3).double(), mass) < 1e-6
+    assert _chi_square_p(torch.bincount(fair, minlength=3).double(), mass) > 1e-3
+
+
+def test_margins_by_hand_greedy_filtered_and_the_samplers_own_pick():
+    z = torch.log(torch.tensor([[0.2, 0.5, 0.3]], dtype=torch.float64))
+    keys = _random_keys(1, seed=3)
+    # one chunk: margin = T x (best score - the token's), score = z/T + g
+    idx = torch.arange(3)
+    g = -torch.log(-torch.log(hash_uniform(keys[:, 2:3], keys[:, 3:4], idx)))[0]
+    for temp in (1.0, 0.5):
+        s = z[0] / temp + g
+        for tok in range(3):
+            m = race_margins(z, torch.tensor([tok]), keys, temp).item()
+            assert m == pytest.approx(temp * (s.max() - s[tok]).item(), abs=1e-12)
+        picked = pick_tokens(z, keys, temp)
+        assert race_margins(z, picked, keys, temp).item() == 0.0
+    # greedy: the logit gap to the top
+    assert race_margins(z, torch.tensor([2]), keys, 0.0).item() == pytest.approx(math.log(0.5 / 0.3))
+    assert pick_tokens(z, None, 0.0).item() == 1
+    # top-k 2 filters token 0 out: never a pass
+    assert race_margins(z, torch.tensor([0]), keys, 1.0, top_k=2).item() == math.inf
+    assert not audit_tokens(z, torch.tensor([0]), keys, 1.0, top_k=2, tol=100.0).item()
+
+
+@pytest.mark.parametrize("vocab", [99, 32_768, 151_936])
+def test_an_honest_engine_is_at_most_twice_its_logit_error_short_whatever_the_vocabulary(vocab):
+    # the bound the audit's tolerance rests on: another engine's logits z + e pick their race's
+    # best token; under z it is short of the best by <= 2 max|e| (in logits), at both levels
+    g = torch.Generator().manual_seed(vocab)
+    n = 64
+    z = torch.randn(n, vocab, generator=g, dtype=torch.float64) * 3
+    e = torch.randn(n, vocab, generator=g, dtype=torch.float64) * 0.05
+    keys = _random_keys(n, seed=vocab)
+    for temp in (1.0, 0.6):
+        theirs = pick_tokens(z + e, keys, temp)
+        margins = race_margins(z, theirs, keys, temp)
+        bound = 2 * e.abs().amax(-1)
+        assert (margins <= bound + 1e-5).all()  # float32 scores on the sampler's side: ~1e-5
+        flipped = margins > FLIP_MARGIN
+        assert flipped.float().mean() < 0.25  # most picks are the auditor's own
+
+
+def test_a_chosen_token_is_far_short_at_most_positions():
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(2000, 4096, generator=g, dtype=torch.float64) * 3
+    keys = _random_keys(2000, seed=9)
+    honest = pick_tokens(z, keys, 1.0)
+    chosen = z.topk(2, -1).indices[:, 1]  # the second most likely token, wherever the race was not it
+    chosen = torch.where(chosen == honest, z.topk(3, -1).indices[:, 2], chosen)
+    margins = race_margins(z, chosen, keys, 1.0)
+    assert (margins > 0.5).float().mean() > 0.6
+    assert GUMBEL_MAX == pytest.approx(22.87, abs=0.01)
+
+
+def test_judge_margins_counts_failures_and_flips():
+    m = torch.tensor([0.0, 0.0, 2e-3, 0.3, 0.6], dtype=torch.float64)
+    r = judge_margins(m, 0.01, tol=0.5)
+    assert (r.passed, r.positions, r.failed_positions, r.flips, r.max_margin) == (False, 5, 1, 3, 0.6)
+    assert judge_margins(m[:4], 0.0, tol=0.5).passed
+
+
+def test_flip_llr_by_hand():
+    # 2 flips in 100 positions, honest rate 1%, alternative 4%
+    want = 2 * math.log(4) + 98 * math.log(0.96 / 0.99)
+    assert flip_llr(2, 100, 0.01, 4.0) == pytest.approx(want)
+
+
+def test_the_flip_test_keeps_honest_engines_and_refuses_a_sampler_that_flips_more():
+    rate, alarm = 0.02, 1e-3
+    rng = random.Random(0)
+    positions = 256  # a group: 8 completions of 32 tokens
+
+    def groups_until_alarm(flip_rate: float, limit: int) -> int | None:
+        test = FlipTest(rate, alarm)
+        for n in range(1, limit + 1):
+            flips = sum(rng.random() < flip_rate for _ in range(positions))
+            if test.add("s", flips, positions):
+                return n
+        return None
+
+    # honest engines at the highest honest rate: Ville's bound says <= 0.1% ever; 200 of them x 300 groups
+    alarms = sum(groups_until_alarm(rate, 300) is not None for _ in range(200))
+    assert alarms <= 2
+    # a sampler that flips at 4x the rate is refused within a few groups, every time
+    caught = [groups_until_alarm(4 * rate, 300) for _ in range(20)]
+    assert all(c is not None and c <= 10 for c in caught), caught
+    test = FlipTest(rate, alarm)
+    test.add("s", 30, 256)
+    restored = FlipTest(rate, alarm)
+    restored.load_state_dict(test.state_dict())
+    assert restored.llr == test.llr and restored.flips["s"] == 30 and "30 flips in 256" in restored.why("s")
+
+
+def test_the_flip_rate_is_twice_the_measured_honest_rate_within_a_floor_and_the_ceiling():
+    from node.audit import FlipRate, wilson_upper
+
+    r = FlipRate()
+    assert r.rate(cap=0.06) == 0.06  # nothing measured yet: the ceiling
+    r.add(34, 10_000)  # the built-in model's bfloat16: 0.34%
+    assert r.rate(cap=0.06) == pytest.approx(2 * wilson_upper(34, 10_000))
+    assert 0.0068 < r.rate(cap=0.06) < 0.0095
+    r.add(4_000, 10_000)  # a model whose honest engines flip a lot: the ceiling holds
+    assert r.rate(cap=0.06) == 0.06
+    quiet = FlipRate()
+    quiet.add(0, 1_000_000)
+    assert quiet.rate(cap=0.06) == FlipRate.FLOOR
+    restored = FlipRate()
+    restored.load_state_dict(r.state_dict())
+    assert (restored.flips, restored.positions) == (4_034, 20_000)
+
+
+def test_the_auditor_counts_its_own_bfloat16_flips_beside_an_unchanged_float32_audit():
+    from node.audit import AuditItem, audit_margins
+    from node.checkable import group_seeds
+    from node.engines.base import SamplingParams
+    from node.models import BUILTIN_MODEL, load_model, load_tokenizer
+
+    tok, model = load_tokenizer(BUILTIN_MODEL), load_model(BUILTIN_MODEL).eval()
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=6)
+    prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in ("12+7=", "35+48=", "7*8=")]
+    g = torch.Generator().manual_seed(0)
+    items = [AuditItem(p, [(torch.randint(3, 20, (6,), generator=g).tolist(), [-1.0] * 6) for _ in range(4)],
+                       group_seeds(bytes(16), f"p{i}", "s", 4)) for i, p in enumerate(prompts)]
+    plain = audit_margins(model, items, params, tok.pad_token_id)
+    both = audit_margins(model, items, params, tok.pad_token_id, reference=True)
+    assert all(torch.equal(a[0], b[0]) and a[1] == b[1] and a[2] == 0 for a, b in zip(plain, both))
+    assert all(0 <= b[2] <= len(b[0]) for b in both)

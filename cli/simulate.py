@@ -46,10 +46,15 @@ class SimSamplerSpec:
     """Relative rollout rate: a sampler with share 2 makes twice the groups of one with share 1."""
     weight_delay: DelayConfig = field(default_factory=DelayConfig)
     rollout_delay: DelayConfig = field(default_factory=DelayConfig)
+    dtype: str = "float32"
+    """The precision their engine computes in: "bfloat16" is a GPU volunteer's sampler (behaviour
+    log-probs from another precision than the learner's)."""
 
     def __post_init__(self) -> None:
         if self.count < 1 or self.share <= 0:
             raise ValueError("samplers: need count >= 1 and share > 0")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"samplers: dtype {self.dtype!r} is not float32, bfloat16 or float16")
 
 
 @dataclass
@@ -112,7 +117,7 @@ class Simulator:
         peer = f"{spec.name}-{i}" if spec.count > 1 else spec.name
         model = spec.model or self.cfg.model
         tok = load_tokenizer(model)
-        engine = HFEngine(load_model(model, device=self.cfg.device), tok, model)
+        engine = HFEngine(load_model(model, device=self.cfg.device).to(getattr(torch, spec.dtype)), tok, model)
         link = self.exchange.sampler(peer, weight_delay=self._capped(spec.weight_delay), rollout_delay=spec.rollout_delay)
         sampler = Sampler(peer, self.task, engine, tokenizer_hash(tok), sampling=self.cfg.sampling,
                           swarm=self.learner.swarm, seed=self.cfg.seed)

@@ -3,6 +3,7 @@ float32 audit by margin, what a tolerance lets an attacker do, and what the race
 
     python examples/bench_bf16_audit.py                                   # CPU: small sizes
     python examples/bench_bf16_audit.py --device cuda --preset gpu        # every GPU figure of issue 40
+    .venv-vllm/bin/python examples/bench_bf16_audit.py --models builtin --vllm      # and vLLM's kernels
 
 A volunteer's GPU samples in bfloat16 or float16 with its own kernels and batch sizes; the learner
 audits in float32 (node/audit.py): at every position, how far (in logits) the claimed token's race
@@ -339,9 +340,17 @@ def run_model(name: str, model32, prompts, params, pad, eos, dtypes, batches, ar
     top = max(batches)
     settings = [("float32", top)] + [(dtypes[0], b) for b in batches
                                      if b == top or params.max_new_tokens <= 256] + [(d, top) for d in dtypes[1:]]
+    if args.vllm and answers is not None:  # vLLM's own kernels and batching (the built-in model)
+        settings += [("vllm:" + d, top) for d in ("float32", *dtypes)]
     first_low = True
     for dtype, batch in settings:
         n_prompts = max(1, len(prompts) * batch // top)
+        if dtype.startswith("vllm:"):
+            groups, elapsed = vllm_generate(dtype.removeprefix("vllm:"), prompts[:n_prompts], params, seeds[:n_prompts])
+            items = [AuditItem(prompts[i], groups[i], seeds[i]) for i in range(n_prompts)]
+            m = measure(model32, items, params, pad, per_pass=args.per_pass)
+            report(name, f"vLLM {dtype.removeprefix('vllm:')}", m, args.margin, args.rate_now, args.alarm, elapsed, table)
+            continue
         sampler = model32 if dtype == "float32" else copy.deepcopy(model32).to(DTYPES[dtype])
         groups, elapsed = generate(sampler, prompts[:n_prompts], params, seeds[:n_prompts], batch, eos, pad)
         items = [AuditItem(prompts[i], groups[i], seeds[i]) for i in range(n_prompts)]
@@ -361,6 +370,24 @@ def run_model(name: str, model32, prompts, params, pad, eos, dtypes, batches, ar
             if answers is not None:
                 seeker_attack(name, model32, prompts, params, pad, eos, seeds, answers, task, problems, args, attack_rows)
         del sampler
+
+
+def vllm_generate(dtype: str, prompts: list[list[int]], params, seeds) -> tuple[list, float]:
+    """The built-in model's completions from the vLLM engine (its venv: README, "vLLM") in `dtype`."""
+    import gc
+
+    from node.engines.vllm import VLLMConfig, VLLMEngine
+    from node.models import BUILTIN_MODEL, load_tokenizer
+
+    tok = load_tokenizer(BUILTIN_MODEL)
+    engine = VLLMEngine(BUILTIN_MODEL, tok, VLLMConfig(dtype=dtype, max_model_len=256))
+    t0 = time.perf_counter()
+    res = engine.generate([tok.decode(p) for p in prompts], params, seeds=seeds)
+    elapsed = time.perf_counter() - t0
+    assert [r.prompt_token_ids for r in res] == prompts
+    del engine
+    gc.collect()
+    return [[(c.token_ids, c.logprobs) for c in r.completions] for r in res], elapsed
 
 
 def seeker_attack(name, model32, prompts, params, pad, eos, seeds, answers, task, problems, args, attack_rows) -> None:
@@ -494,6 +521,7 @@ def main() -> None:
     ap.add_argument("--alarm", type=float, default=LearnerConfig.audit_alarm)
     ap.add_argument("--no-calibrate", dest="calibrate", action="store_false",
                     help="hold samplers to --flip-rate itself, not the rate measured on the model (node/audit.FlipRate)")
+    ap.add_argument("--vllm", action="store_true", help="also sample the built-in model with vLLM (its venv)")
     ap.add_argument("--cost", action="store_true", help="time the race against multinomial sampling (big model)")
     ap.add_argument("--cost-batches", type=int, nargs="+")
     ap.add_argument("--cost-tokens", type=int)

@@ -112,7 +112,8 @@ def build_config(loss: str, delay: int, seed: int, args: argparse.Namespace, met
     return SimulatorConfig(
         model=args.model, task=ChainConfig() if args.task == "chain" else ArithmeticConfig(),
         sampling=SamplingConfig(group_size=args.group_size, temperature=1.0, max_new_tokens=args.max_new_tokens),
-        learner=learner, samplers=(SimSamplerSpec(name="sampler", count=args.samplers, weight_delay=weights),),
+        learner=learner, samplers=(SimSamplerSpec(name="sampler", count=args.samplers, weight_delay=weights,
+                                                  dtype=args.sampler_dtype),),
         steps=args.steps, seconds_per_step=sps, max_delay_steps=delay, seed=seed, threads=args.threads,
         device=args.device, metrics_path=metrics_path)
 
@@ -137,7 +138,8 @@ def summarise(history: list[dict]) -> dict:
     }
 
 
-SETTINGS = ("steps", "task", "model", "lr", "groups", "group_size", "max_new_tokens", "samplers", "eval_every", "eval_size")
+SETTINGS = ("steps", "task", "model", "lr", "groups", "group_size", "max_new_tokens", "samplers", "eval_every", "eval_size",
+            "sampler_dtype")
 
 
 def settings(args: argparse.Namespace) -> dict:
@@ -410,6 +412,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2, help="cells run at once, each in its own process")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per cell")
     ap.add_argument("--device", default="cpu", help="where the samplers' engines and the learner run (cuda on a GPU)")
+    ap.add_argument("--sampler-dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                    help="the samplers' engine precision (bfloat16: a GPU volunteer's; the learner stays float32)")
     ap.add_argument("--out", type=Path, default=Path("runs/paper_delay"))
     ap.add_argument("--analyse-only", action="store_true")
     args = ap.parse_args()
@@ -426,7 +430,7 @@ def main() -> None:
     if not args.analyse_only:
         done = {p.name: json.loads(p.read_text()) for p in args.out.glob("*.summary.json")}
         for name, s in done.items():
-            if s.get("settings") != settings(args):
+            if {"sampler_dtype": "float32", **s.get("settings", {})} != settings(args):  # older grids: float32
                 raise SystemExit(f"{args.out}/{name} was run with {s.get('settings')}, not {settings(args)}: "
                                  "give the same settings or another --out")
         todo = [(loss, d, s) for s in args.seeds for d in args.delays for loss in args.losses

@@ -97,7 +97,7 @@ class Auditor:
         items = [AuditItem(b.group.prompt_ids, [(c.token_ids, c.logprobs) for c in b.group.completions],
                            group_seeds(nonce, b.group.problem_id, b.sampler, len(b.group.completions))) for b in groups]
         results = audit_groups(self._copy, items, self.sampling.params, self.pad_id, self.cfg.audit_margin,
-                               reference=self.cfg.audit_calibrate)
+                               reference=self.cfg.audit_calibrate and self.flip_rate.wanted())
         self.stats["time_s"] += time.perf_counter() - t0
         return [self._judge(b, r) for b, r in zip(groups, results)]
 

@@ -138,8 +138,8 @@ class AuditResult:
     flips: int = 0
     """Positions whose margin exceeds FLIP_MARGIN (the per-sampler statistic's events)."""
     max_margin: float = 0.0
-    reference_flips: int = 0
-    """Positions at which the auditor's own REFERENCE_DTYPE engine flipped (when asked for)."""
+    reference_flips: int | None = None
+    """Positions at which the auditor's own REFERENCE_DTYPE engine flipped (None: not run)."""
 
 
 @dataclass
@@ -158,13 +158,13 @@ samplers run by default, and the one that flips most (docs/BENCHMARKS.md)."""
 
 @torch.no_grad()
 def audit_margins(model: torch.nn.Module, items: list[AuditItem], params: SamplingParams, pad_id: int,
-                  reference: bool = False) -> list[tuple[torch.Tensor, float, int]]:
+                  reference: bool = False) -> list[tuple[torch.Tensor, float, int | None]]:
     """Per group: every completion position's race margin (node/checkable.race_margins: logits,
     float64 on the CPU, rows in order) under `model` (the weights of the version the groups
     claim), the mean |claimed - recomputed| behaviour log-prob per completion, and, with
     `reference`, the positions at which an honest engine in REFERENCE_DTYPE would flip: a second
     forward pass under autocast on the same prefixes, whose race pick is scored by the float32
-    margins (0 without `reference`). One forward pass (two with `reference`) for all groups."""
+    margins (None without `reference`). One forward pass (two with `reference`) for all groups."""
     rows = [(it.prompt_ids, toks, claimed, seed) for it in items for (toks, claimed), seed in zip(it.completions, it.seeds)]
     device = next(model.parameters()).device
     batch = pack([r[0] for r in rows], [r[1] for r in rows], pad_id).to(device)
@@ -195,12 +195,13 @@ def audit_margins(model: torch.nn.Module, items: list[AuditItem], params: Sampli
     for it in items:
         n = len(it.completions)
         size = sum(sizes[row : row + n])  # host-side: no device sync per group
-        out.append((margins[pos : pos + size], sum(gap[row : row + n]) / max(n, 1), int(flipped[pos : pos + size].sum())))
+        ref = int(flipped[pos : pos + size].sum()) if low is not None else None
+        out.append((margins[pos : pos + size], sum(gap[row : row + n]) / max(n, 1), ref))
         row, pos = row + n, pos + size
     return out
 
 
-def judge_margins(margins: torch.Tensor, gap: float, tol: float, reference_flips: int = 0) -> AuditResult:
+def judge_margins(margins: torch.Tensor, gap: float, tol: float, reference_flips: int | None = None) -> AuditResult:
     """A group's result from its positions' margins: it passes if every margin is <= `tol`."""
     bad = int((~within_tolerance(margins, tol)).sum())
     top = float(margins.max()) if len(margins) else 0.0
@@ -249,9 +250,9 @@ class FlipRate:
 
     FACTOR = 2.0
     FLOOR = 0.005
-    ENOUGH = 20_000
+    ENOUGH = 5_000
     """Positions after which the reference runs on one audit in SAMPLE only: the estimate is then
-    within ~0.1 points at the rates seen, and the reference pass (a bfloat16 forward: slow where
+    within a few tenths of a point at the rates seen, and the reference pass (a bfloat16 forward: slow where
     the CPU has no bfloat16 matrix units) stops costing every audit."""
     SAMPLE = 10
 

@@ -110,7 +110,8 @@ class Auditor:
         st["flips"] += result.flips
         rate = self.flip_rate.rate(self.cfg.audit_flip_rate) if self.cfg.audit_calibrate else self.cfg.audit_flip_rate
         alarmed = self.flip_test.add(b.sampler, result.flips, result.positions, rate)
-        self.flip_rate.add(result.reference_flips, result.positions)  # after: the rate is fixed before the group
+        if result.reference_flips is not None:  # after: the rate is fixed before the group
+            self.flip_rate.add(result.reference_flips, result.positions)
         st["flip_rate"] = rate
         if result.passed and result.logprob_gap <= self.cfg.audit_logprob_gap and not alarmed:
             st["logprob_gap_max"] = max(st["logprob_gap_max"], result.logprob_gap)  # honest engines' numerics

@@ -97,8 +97,10 @@ class LearnerConfig:
     flips against this rate refuses it once they are `audit_alarm`-unlikely for an honest engine."""
     audit_calibrate: bool = True
     """Hold samplers to the honest flip rate measured on this model instead (node/audit.FlipRate:
-    each audit also runs its model in bfloat16, ~+50% audit compute, no extra memory), with
-    `audit_flip_rate` as its ceiling."""
+    audits also run their copy of the model under bfloat16 autocast, no extra memory; on every
+    audit until 5,000 positions are measured, then on one in ten), with `audit_flip_rate` as its
+    ceiling. That pass costs about half a float32 one on a GPU, three times one on a CPU without
+    bfloat16 units."""
     audit_alarm: float = 1e-3
     """An honest sampler (flip rate <= audit_flip_rate) is refused by the statistic with at most
     this probability over its whole life (Ville's inequality: node/audit.FlipTest)."""

@@ -77,7 +77,7 @@ def test_t_quantiles_without_scipy(monkeypatch):
 
 def _args(**kw) -> Namespace:
     base = dict(lr=3e-5, groups=8, eval_every=20, eval_size=200, model="builtin:tiny-chain", task="chain",
-                group_size=8, max_new_tokens=128, samplers=2, steps=60, threads=1, device="cpu")
+                group_size=8, max_new_tokens=128, samplers=2, steps=60, threads=1, device="cpu", sampler_dtype="float32")
     return Namespace(**{**base, **kw})
 
 

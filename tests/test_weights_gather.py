@@ -65,7 +65,9 @@ def test_chunks_of_a_lying_holder_are_taken_from_the_learner_and_the_holder_demo
     fetcher, node, g = gather({"h": "lie", LEARNER: "good"}, holders=["h"])
     assert run(fetcher, node, g) == BLOB
     assert fetcher.stats["bad_chunks"] == 4 and fetcher.demoted["h"] == 1
-    assert fetcher.stats["bytes_from_learner"] == len(BLOB) and fetcher.stats["bytes_from_holders"] == 0
+    # every chunk from the learner (a hedge under load may fetch one twice: counted as a duplicate too)
+    assert fetcher.stats["bytes_from_learner"] == len(BLOB) + fetcher.stats["bytes_duplicate"]
+    assert fetcher.stats["bytes_from_holders"] == 0
 
 
 def test_a_stalling_holder_is_hedged_after_hedge_s_and_demoted():

@@ -159,10 +159,12 @@ class Gather:
                 return
             index, pos = indices[pos], pos + 1
             if chunk_digest(chunk) == self.entry.chunks[index]:
-                self.got.setdefault(index, chunk)
+                first = self.got.setdefault(index, chunk) is chunk  # one atomic step: two streams cannot both be first
                 stream.delivered, stream.progress = stream.delivered + 1, time.monotonic()
                 host.store.add_chunk(self.chain, version, index, chunk)  # mates may ask for it right away
-                host.count("bytes_from_learner" if from_learner else "bytes_from_holders", len(chunk))
+                host.count("bytes_from_learner" if from_learner else "bytes_from_holders", len(chunk))  # all received
+                if not first:  # a hedge's second copy: received, and waste
+                    host.count("bytes_duplicate", len(chunk))
             elif chunk:
                 host.count("bad_chunks")
                 host.demote(source, "a chunk that failed its hash")

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import logging
 import math
 import random
@@ -50,7 +51,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from node.audit import FLIP_MARGIN, AuditItem, FlipRate, FlipTest, audit_margins, flip_llr  # noqa: E402
+from node.audit import FLIP_MARGIN, AuditItem, FlipRate, FlipTest, audit_margins, flip_llr, wilson  # noqa: E402
 from node.checkable import group_seeds, keys_tensor, pick_tokens, position_keys, race_margins  # noqa: E402
 from node.engines.base import SamplingParams  # noqa: E402
 from node.engines.hf import PickTokens, _bare_generation_defaults  # noqa: E402
@@ -61,16 +62,6 @@ log = logging.getLogger("bench_bf16_audit")
 WRITE = None
 """Writes the tables so far (set by main when --out is given)."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of a share k/n."""
-    if n == 0:
-        return 0.0, 1.0
-    p = k / n
-    mid = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, mid - half), min(1.0, mid + half)
 
 
 def share(k: int, n: int) -> str:
@@ -438,7 +429,7 @@ def cost(model32, vocab: int, args, table_cost: list) -> None:
             prompts = torch.randint(1, vocab, (batch // 8, args.prompt_len), generator=g).tolist()
             params = SamplingParams(n=8, temperature=1.0, max_new_tokens=args.cost_tokens)
             seeds = [group_seeds(bytes(16), f"c{i}", "s", 8) for i in range(len(prompts))]
-            generate(sampler, prompts, dataclass_replace(params, max_new_tokens=4), seeds, batch, None, 0)  # warm-up
+            generate(sampler, prompts, dataclasses.replace(params, max_new_tokens=4), seeds, batch, None, 0)  # warm-up
             times = {"race": [], "plain": []}
             for _ in range(args.cost_repeats):
                 for kind in ("race", "plain"):
@@ -451,12 +442,6 @@ def cost(model32, vocab: int, args, table_cost: list) -> None:
             print(f"  cost, {dtype} batch {batch}, {args.cost_tokens} tokens: race + log-probs {race:.2f} s, "
                   f"transformers' multinomial {plain:.2f} s: {race / plain - 1:+.1%} (best of {args.cost_repeats}, {device})")
         del sampler
-
-
-def dataclass_replace(params: SamplingParams, **kw) -> SamplingParams:
-    import dataclasses
-
-    return dataclasses.replace(params, **kw)
 
 
 def markdown(table: list[dict], attack_rows: dict, costs: list[dict], args, device_name: str) -> str:

@@ -229,12 +229,19 @@ def flip_llr(flips: int, positions: int, rate: float, ratio: float) -> float:
     return flips * math.log(alt / rate) + (positions - flips) * math.log((1 - alt) / (1 - rate))
 
 
-def wilson_upper(k: int, n: int, z: float = 1.96) -> float:
-    """Upper end of the 95% Wilson score interval of a share k/n (1 for n = 0)."""
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of a share k/n ((0, 1) for n = 0)."""
     if n == 0:
-        return 1.0
+        return 0.0, 1.0
     p = k / n
-    return min(1.0, (p + z * z / (2 * n) + z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))) / (1 + z * z / n))
+    mid = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
+def wilson_upper(k: int, n: int) -> float:
+    """Upper end of `wilson` (1 for n = 0)."""
+    return wilson(k, n)[1]
 
 
 class FlipRate:

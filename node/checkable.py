@@ -119,7 +119,9 @@ def hash_uniform(a: torch.Tensor, b: torch.Tensor, index: torch.Tensor) -> torch
 
 
 def gumbel(a: torch.Tensor, b: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Standard Gumbel noise -log(-log u) of `hash_uniform`, float64 [N, M]."""
+    """Standard Gumbel noise -log(-log u) of `hash_uniform`, float64 [N, M]. At most ~22.9 (u = 1 -
+    2^-33): a chunk or token whose tempered logit is ~26 below the best cannot win, so the 32-bit
+    resolution of u truncates the softmax only below probabilities of ~1e-11."""
     return -torch.log(-torch.log(hash_uniform(a, b, index)))
 
 
@@ -218,8 +220,3 @@ def audit_tokens(logits: torch.Tensor, tokens: torch.Tensor, keys: torch.Tensor,
     """Which positions hold a token the race selects, within `tol` logits: bool [N]."""
     return within_tolerance(race_margins(logits, tokens, keys, temperature, top_k, top_p), tol)
 
-
-GUMBEL_MAX = -math.log(-math.log1p(-0.5 * 2.0**-32))
-"""The largest noise `gumbel` can draw (u = 1 - 2^-33): about 22.9. A chunk or token whose tempered
-logit is more than ~26 below the best cannot win: the 32-bit resolution of u truncates the
-softmax there, at probabilities below ~1e-11."""

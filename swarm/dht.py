@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Dict, List
 
 import pydantic.v1 as pydantic
@@ -29,12 +30,14 @@ from .tally import TallyModel, tallies_key
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 """2: rollouts over a gated call (hetero.rollouts.v2), peer records say whether the peer is private.
 3: weight patches entropy-coded (node/entropy.py): a protocol-2 sampler cannot apply them.
 4: several learners: peer records say which models a learner takes (`accepts`), swarm records which
 model each learner trains (`models`). hivemind's schema check refuses a record with a field more
-or less than the reader's schema, so a swarm runs one protocol."""
+or less than the reader's schema, so a swarm runs one protocol.
+5: records also at their owner's own key (peer, holds, tally, swarm: ownership.py), where readers
+who know the owner read them; holder and swarm records only there; the DHT refuses anything else."""
 SOFTWARE = "hetero-node/0.1.0"
 
 
@@ -87,10 +90,14 @@ _OWN = conbytes(regex=rb"^\[owner:.+\]$")
 
 
 class SwarmSchema(pydantic.BaseModel):
+    """The indexes (ownership.py, `INDEXES`): hivemind's SchemaValidator checks their rows."""
+
     peers: Dict[_OWN, PeerInfoModel]
-    holders: Dict[_OWN, HolderModel]
     tallies: Dict[_OWN, TallyModel]
-    swarm: Dict[_OWN, SwarmRecordModel]
+
+
+OWN_MODELS = {"peer": PeerInfoModel, "holds": HolderModel, "tally": TallyModel, "swarm": SwarmRecordModel}
+"""What a record at an owner's own key must parse to (ownership.py's `OwnerValidator` checks it)."""
 
 
 class SwarmConnectError(ConnectionError):
@@ -276,7 +283,57 @@ def announce(dht: DHT, identity: Identity, swarm: str, info: dict[str, Any], ttl
     # every field explicitly: SchemaValidator refuses values that parse to anything different
     info = {"learner": "", "name": "", "private": False, "accepts": [], **info, "peer_id": identity.peer_id, "software": SOFTWARE, "protocol": PROTOCOL_VERSION,
             "updated": float(get_dht_time())}
-    return _store(dht, peers_key(swarm), info, ttl, identity)
+    indexed = _store(dht, peers_key(swarm), info, ttl, identity)
+    return _store(dht, own_key(swarm, "peer", identity.peer_id), info, ttl, identity) and indexed
+
+
+def own_key(swarm: str, kind: str, peer_id: str) -> str:
+    """The key only `peer_id` may write, one record (ownership.py: `OWN_KINDS`): what a reader who
+    knows whom it wants reads, one get per owner, however many records other keys stored."""
+    return f"hetero_{swarm}_{kind}/{peer_id}"
+
+
+def own_records(dht: DHT, swarm: str, kind: str, owners: list[str]) -> dict[str, dict[str, Any]]:
+    """owner -> its live record of `kind`, for at most MAX_OWNERS `owners` (one DHT traversal)."""
+    owners = list(dict.fromkeys(owners))[:MAX_OWNERS]
+    if not owners:
+        return {}
+    keys = {own_key(swarm, kind, o): o for o in owners}
+    future = dht.run_coroutine(partial(_get_many, list(keys)), return_future=True)
+    try:
+        found = future.result(DHT_TIMEOUT)
+    except TimeoutError:
+        future.cancel()
+        log.warning("DHT get of %d %s records timed out after %.0f s", len(keys), kind, DHT_TIMEOUT)
+        return {}
+    now = get_dht_time()
+    out = {}
+    for key, entries in found.items():
+        owner = keys.get(key)
+        live = [v for v, expires in entries if expires > now and isinstance(v, dict)]
+        if owner is not None and live:
+            out[owner] = live[0]  # the validators let exactly one record live there: its owner's
+    return out
+
+
+MAX_OWNERS = 256
+"""Owners one `own_records` call reads: a sampler asks its named learners and its (at most 64) mates."""
+
+
+async def _get_many(keys: list[str], _dht, node) -> dict[str, list[tuple[Any, float]]]:
+    """In the DHT's process: key -> [(value, expiration)] of its dictionary's entries (plain data:
+    hivemind's value objects do not travel back through its pipe)."""
+    found = await node.get_many(keys, sufficient_expiration_time=float("inf"))  # as get(latest=True)
+    out: dict[str, list[tuple[Any, float]]] = {}
+    for key, item in found.items():
+        if item is not None and isinstance(item.value, dict):
+            out[key] = [(e.value, e.expiration_time) for e in item.value.values()]
+    return out
+
+
+def peer_records(dht: DHT, swarm: str, peer_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """peer id -> its own live PeerInfo record, read one key per peer (not the whole index)."""
+    return own_records(dht, swarm, "peer", peer_ids)
 
 
 def list_peers(dht: DHT, swarm: str) -> list[dict[str, Any]]:
@@ -287,32 +344,37 @@ def list_peers(dht: DHT, swarm: str) -> list[dict[str, Any]]:
     return sorted(peers, key=lambda p: (p.get("role", ""), p.get("peer_id", "")))
 
 
-def holders_key(swarm: str) -> str:
-    return f"hetero_{swarm}_holders"
-
-
 def announce_holdings(dht: DHT, identity: Identity, swarm: str, chain: str, versions: list[int], ttl: float = 60.0) -> bool:
     """Say (signed, expiring) which versions of `chain` this peer serves."""
-    value = {"peer_id": identity.peer_id, "chain": chain, "versions": [int(v) for v in versions]}
-    return _store(dht, holders_key(swarm), value, ttl, identity)
+    value = {"peer_id": identity.peer_id, "chain": chain, "versions": [int(v) for v in versions][-MAX_HELD:]}
+    return _store(dht, own_key(swarm, "holds", identity.peer_id), value, ttl, identity)
 
 
-def list_holders(dht: DHT, swarm: str) -> list[dict[str, Any]]:
-    return [v for v, _ in _live_values(dht, holders_key(swarm))]
+MAX_HELD = 512
+"""Versions one holder record lists (the newest): a chain segment runs at most `keyframe_every` (100
+by default) versions, and the validators refuse a longer list."""
+
+
+def holdings_of(dht: DHT, swarm: str, peer_ids: list[str]) -> list[dict[str, Any]]:
+    """The live holder records of `peer_ids` (a fetcher's mates), read one key per peer."""
+    return list(own_records(dht, swarm, "holds", peer_ids).values())
 
 
 def publish_tally(dht: DHT, identity: Identity, swarm: str, value: dict[str, Any], ttl: float = 600.0) -> bool:
-    """Store this learner's cumulative tally (swarm/tally.py), signed under its own subkey."""
-    return _store(dht, tallies_key(swarm), value, ttl, identity)
+    """Store this learner's cumulative tally (swarm/tally.py), signed under its own subkey: in the
+    index the leaderboard lists, and at its own key, where samplers read their learner's."""
+    indexed = _store(dht, tallies_key(swarm), value, ttl, identity)
+    return _store(dht, own_key(swarm, "tally", identity.peer_id), value, ttl, identity) and indexed
+
+
+def tally_of(dht: DHT, swarm: str, learner: str) -> dict[str, Any] | None:
+    """`learner`'s own live tally, or None."""
+    return own_records(dht, swarm, "tally", [learner]).get(learner)
 
 
 def list_tallies(dht: DHT, swarm: str) -> list[dict[str, Any]]:
     """Every live tally the validators accepted (at most one per learner)."""
     return [v for v, _ in _live_values(dht, tallies_key(swarm))]
-
-
-def swarm_key(swarm: str) -> str:
-    return f"hetero_{swarm}_swarm"
 
 
 def publish_swarm_record(dht: DHT, identity: Identity, swarm: str, learners: dict[str, str], model_id: str = "",
@@ -321,7 +383,7 @@ def publish_swarm_record(dht: DHT, identity: Identity, swarm: str, learners: dic
     trains ("" = unstated), signed and expiring."""
     value = {"coordinator": identity.peer_id, "learners": sorted(learners), "model_id": model_id,
              "models": {k: v for k, v in sorted(learners.items()) if v}, "updated": float(get_dht_time())}
-    return _store(dht, swarm_key(swarm), value, ttl, identity)
+    return _store(dht, own_key(swarm, "swarm", identity.peer_id), value, ttl, identity)
 
 
 def trusted_learners(dht: DHT, swarm: str, coordinators: set[str]) -> dict[str, str]:
@@ -329,9 +391,7 @@ def trusted_learners(dht: DHT, swarm: str, coordinators: set[str]) -> dict[str, 
     with the model a record says it trains ("" where none says; two coordinators that disagree
     about a learner's model: "?", which matches no model, so no sampler follows it)."""
     out: dict[str, str] = {}
-    for v, _ in _live_values(dht, swarm_key(swarm)):
-        if v.get("coordinator") not in coordinators:
-            continue
+    for v in own_records(dht, swarm, "swarm", sorted(coordinators)).values():
         models = v.get("models", {})
         for learner in v.get("learners", []):
             model, have = models.get(learner, ""), out.get(learner, "")

@@ -41,8 +41,6 @@ class Choice:
     mates: list[str]
     """Samplers following the same learner with the same model that peers can dial (not private):
     they share version downloads."""
-    impostors: list[str]
-    """Peers announcing role=learner that nobody we trust named."""
     disputed: list[str]
     """Named learners announcing another model than the swarm record gives them: followed and fed by
     no one (the coordinator's word and the learner's disagree: a misconfiguration, or a lie)."""
@@ -63,10 +61,15 @@ def choose(peers: list[dict], trusted: dict[str, str], model_id: str, pin: str |
     return Choice(
         follow=pick,
         partners=sorted(pid for pid, p in named.items() if pid != pick and takes(p, model_id)),
-        mates=sorted(p["peer_id"] for p in peers if p.get("role") == "sampler" and p.get("learner") == pick
-                     and p.get("model_id") == model_id and not p.get("private")) if pick else [],
-        impostors=sorted(set(live) - set(trusted)), disputed=disputed,
+        mates=sorted(p["peer_id"] for p in peers if is_mate(p, pick, model_id)) if pick else [],
+        disputed=disputed,
         models=sorted({p.get("model_id", "") for p in named.values()}))
+
+
+def is_mate(peer: dict, learner: str | None, model_id: str) -> bool:
+    """Whether a peer record is a sampler of `model_id` following `learner` that peers can dial."""
+    return (peer.get("role") == "sampler" and peer.get("learner") == learner and peer.get("model_id") == model_id
+            and not peer.get("private"))
 
 
 MAX_MATES = 64
@@ -84,16 +87,32 @@ def earned(mates: list[str], tallies: list[dict], learner: str | None) -> list[s
     learner can give it (a tally's `learner` is its signer). A new sampler is a mate once the
     learner has trained on its groups and published its tally (`tally_every_s`)."""
     tally = next((t for t in tallies if t.get("learner") == learner), None)
-    if tally is None:
-        return []
-    credit = {peer: c.get("rollouts", 0) for peer, c in tally.get("peers", {}).items() if isinstance(c, dict)}
+    credit = credits(tally)
     ranked = sorted((m for m in mates if credit.get(m, 0) > 0), key=lambda m: (-credit[m], m))
     return sorted(ranked[:MAX_MATES])
 
 
+def credits(tally: dict | None) -> dict[str, int]:
+    """peer -> rollouts a tally credits it with (those credited at all)."""
+    peers = (tally or {}).get("peers", {})
+    return {peer: c.get("rollouts", 0) for peer, c in peers.items() if isinstance(c, dict) and c.get("rollouts", 0) > 0}
+
+
+def most_credited(tally: dict | None, n: int) -> list[str]:
+    """The `n` peers a tally credits most (ties by id): whose records a sampler reads for mates."""
+    credit = credits(tally)
+    return sorted(credit, key=lambda m: (-credit[m], m))[:n]
+
+
 class LearnerTracker:
     """`choose` on the DHT's records, re-checked every `every` seconds, so that a vanished learner
-    (its record expired) is noticed and another found; says what changed, once."""
+    (its record expired) is noticed and another found; says what changed, once.
+
+    Each refresh reads a bounded number of records, whatever the DHT holds (issue 39): the swarm
+    records of our coordinators, the peer records of the learners they name, our learner's tally,
+    and the peer records of the `2 * MAX_MATES` samplers it credits most, each at its owner's own
+    key (swarm/ownership.py). A record any other key stores is never read here: 2,000 fresh keys'
+    records cost a sampler nothing it reads."""
 
     def __init__(self, node: SwarmNode, follow: str | None, model_id: str = "", every: float = 10.0) -> None:
         self.node, self.follow, self.model_id, self.every = node, follow, model_id, every
@@ -101,8 +120,6 @@ class LearnerTracker:
         self.partners: list[str] = []
         self.mates: list[str] = []
         self.named_models: list[str] = []
-        self.ignored: set[str] = set()
-        """Peers announcing role=learner that nobody we trust named (logged once each)."""
         self._disputed: set[str] = set()
         self._checked = 0.0
 
@@ -111,11 +128,8 @@ class LearnerTracker:
             return self.current
         self._checked = time.monotonic()
         trusted = {} if self.follow else self.node.trusted_learners(self.node.coordinators)
-        c = choose(self.node.peers(), trusted, self.model_id, self.follow)
-        for impostor in sorted(set(c.impostors) - self.ignored):
-            self.ignored.add(impostor)
-            log.warning("ignoring learner %s: no coordinator we trust names it (bootstrap --trusted-learner), "
-                        "and --follow does not pin it", short_id(impostor))
+        named = [self.follow] if self.follow else sorted(trusted)
+        c = choose(list(self.node.peer_records(named).values()), trusted, self.model_id, self.follow)
         for pid in sorted(set(c.disputed) - self._disputed):
             self._disputed.add(pid)
             log.warning("ignoring learner %s: it announces another model than the swarm record gives it", short_id(pid))
@@ -126,12 +140,26 @@ class LearnerTracker:
             log.info("following learner %s", short_id(c.follow))
         elif c.follow != self.current:
             log.warning("the learner %s is gone from the swarm; looking for one", short_id(self.current or ""))
-        mates = earned(c.mates, self.node.tallies(), c.follow) if c.mates else []
-        if len(mates) < len(c.mates):
-            log.debug("%d of %d announced mates have earned no credit from the learner: not asked for chunks",
-                      len(c.mates) - len(mates), len(c.mates))
-        self.current, self.partners, self.mates, self.named_models = c.follow, c.partners, mates, c.models
+        self.current, self.partners, self.named_models = c.follow, c.partners, c.models
+        self.mates = self._mates(c.follow)
         return self.current
+
+    def unnamed_learners(self) -> list[str]:
+        """Peers in the index announcing role=learner that no coordinator we trust names: what a
+        sampler waiting with nobody to follow tells its user about (the one read of the whole peers
+        index, and only while it waits)."""
+        trusted = self.node.trusted_learners(self.node.coordinators)
+        return sorted(p["peer_id"] for p in self.node.peers() if p.get("role") == "learner" and p["peer_id"] not in trusted)
+
+    def _mates(self, learner: str | None) -> list[str]:
+        """The samplers of our model following `learner` that it credits (`earned`), from its tally
+        and the records of those it credits most."""
+        if learner is None:
+            return []
+        tally = self.node.tally_of(learner)
+        records = self.node.peer_records(most_credited(tally, 2 * MAX_MATES))
+        return earned([pid for pid, p in records.items() if is_mate(p, learner, self.model_id)], [tally] if tally else [],
+                      learner)
 
     @property
     def any(self) -> bool:

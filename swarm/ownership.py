@@ -1,14 +1,24 @@
 """Records a peer signs are its own: the DHT validator every peer runs on the swarm's keys.
 
 hivemind's RSASignatureValidator makes a subkey `[owner:<public key>]` writable only by that key;
-it does not stop a key from writing many subkeys, nor a record from *naming* another peer. On top
-of it, `OwnerValidator` (run by every peer, so the whole DHT refuses what it refuses) requires for
-each of the swarm's keys:
+it does not stop a key from writing many subkeys, nor a record from *naming* another peer, nor any
+key from storing anything under any other key. On top of it, `OwnerValidator` (run by every peer,
+so the whole DHT refuses what it refuses) requires of every record:
   - the subkey is exactly `[owner:<key>]`: one key, one record per DHT key (no sybil subkeys);
+  - it is under one of the swarm's keys: an index every peer writes its row of (`INDEXES`:
+    `hetero_<swarm>_peers`, `_tallies`), or a key of its owner's own (`OWN_KINDS`:
+    `hetero_<swarm>_<kind>/<owner's peer id>`, which no other key can write at all); nothing else
+    (the swarm's DHT is not free storage for anyone with a key);
   - the record names its signer: PeerInfo and holder records' `peer_id`, a tally's `learner`, the
     swarm record's `coordinator` is the owner's peer id (a peer cannot speak for another, e.g. put
-    its display name on an honest peer's row);
-  - a tally does not credit its own learner.
+    its display name on an honest peer's row); a tally does not credit its own learner;
+  - at most `MAX_BYTES` of its kind, expiring at most `MAX_TTL` from now: keys are free, so what
+    one key can store is what the DHT holds per fresh key (before: one key stored a 2.5 MB peer
+    record, and every get of the index took seconds).
+
+Readers who know whom they want (a sampler: its coordinators' swarm records, its learner's peer
+record and tally, its mates' records) read those owners' own keys, one get each: however many
+records fresh keys put in the indexes, what such a reader reads is bounded (issue 39).
 """
 
 from __future__ import annotations
@@ -20,7 +30,7 @@ from typing import Any, Callable
 from cryptography.hazmat.primitives import serialization
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
-from hivemind.utils import MSGPackSerializer
+from hivemind.utils import MSGPackSerializer, get_dht_time
 
 from .identity import peer_id_of
 
@@ -51,33 +61,72 @@ def _tally_ok(value: dict[str, Any], owner: str) -> bool:
 
 
 RULES: dict[str, Callable[[dict[str, Any], str], bool]] = {
-    "peers": _names_owner("peer_id"),
-    "holders": _names_owner("peer_id"),
-    "tallies": _tally_ok,
+    "peers": _names_owner("peer_id"), "peer": _names_owner("peer_id"),
+    "holds": _names_owner("peer_id"),
+    "tallies": _tally_ok, "tally": _tally_ok,
     "swarm": _names_owner("coordinator"),
 }
-"""The swarm's DHT keys (`hetero_<swarm>_<name>`) and what a record under each must satisfy."""
+"""What a record under each of the swarm's keys must satisfy, by the key's name."""
+INDEXES = ("peers", "tallies")
+"""Keys every peer writes its own row of (`hetero_<swarm>_<name>`): listings (status, the leaderboard)."""
+OWN_KINDS = ("peer", "holds", "tally", "swarm")
+"""Keys of one owner each (`hetero_<swarm>_<kind>/<peer id>`): what readers who know the owner read."""
+MAX_BYTES = {"peers": 4096, "peer": 4096, "holds": 8192, "tallies": 1 << 20, "tally": 1 << 20, "swarm": 65536}
+"""A record's serialized value at most, by kind: a peer record is ~500 bytes (16 addresses of 200
+characters fit), a holder record lists at most 512 versions (`dht.MAX_HELD`), a tally credits
+~10,000 peers in 1 MiB, a swarm record names a few dozen learners."""
+MAX_TTL = 3600.0
+"""Seconds ahead a record may expire: peers refresh theirs every few seconds to minutes (tallies:
+600 s), so a record outliving its writer by an hour is already stale; without a bound, a key could
+leave records behind for good."""
 
 
 class OwnerValidator(RecordValidatorBase):
-    def __init__(self, swarm: str) -> None:
-        self.swarm = swarm
-        self._rules = {DHTID.generate(source=f"hetero_{swarm}_{name}").to_bytes(): (name, rule)
-                       for name, rule in RULES.items()}
+    def __init__(self, swarm: str, models: dict[str, Any] | None = None) -> None:
+        """`models`: the pydantic model each own kind's value must parse to exactly (swarm/dht.py's
+        `OWN_MODELS`; hivemind's SchemaValidator knows only fixed keys, so the own keys are checked here)."""
+        if models is None:
+            from .dht import OWN_MODELS  # dht.py builds this validator: imported when first used
+            models = OWN_MODELS
+        self.swarm, self._models = swarm, models
+        self._indexes = {DHTID.generate(source=f"hetero_{swarm}_{name}").to_bytes(): name for name in INDEXES}
+
+    def _kind(self, key: bytes, owner: str) -> str | None:
+        """Which of the swarm's keys `key` is for a record of `owner`: an index, the owner's own key of
+        some kind, or None (not the swarm's, or another owner's own key)."""
+        if key in self._indexes:
+            return self._indexes[key]
+        return next((k for k in OWN_KINDS if DHTID.generate(source=f"hetero_{self.swarm}_{k}/{owner}").to_bytes() == key),
+                    None)
 
     def validate(self, record: DHTRecord) -> bool:
-        if record.key not in self._rules:
-            return True  # not one of ours: other validators decide
-        name, rule = self._rules[record.key]
+        why = self._refusal(record)
+        if why is not None:  # refused by every peer's DHT, so it is stored nowhere
+            log.debug("refused a DHT record: %s", why)
+        return why is None
+
+    def _refusal(self, record: DHTRecord) -> str | None:
+        try:
+            owner = owner_peer_id(MSGPackSerializer.loads(record.subkey))
+        except Exception:
+            owner = None
+        if owner is None:
+            return "not exactly one [owner:<key>] subkey"
+        kind = self._kind(record.key, owner)
+        if kind is None:
+            return "not under one of the swarm's keys, or under another peer's own key"
+        if len(record.value) > MAX_BYTES[kind]:
+            return f"a {kind} record of {len(record.value)} bytes (at most {MAX_BYTES[kind]})"
+        if record.expiration_time > get_dht_time() + MAX_TTL:
+            return f"a {kind} record expiring more than {MAX_TTL:.0f} s ahead"
         try:
             value = MSGPackSerializer.loads(record.value)
-            owner = owner_peer_id(MSGPackSerializer.loads(record.subkey))
-            ok = isinstance(value, dict) and owner is not None and rule(value, owner)
+            ok = isinstance(value, dict) and RULES[kind](value, owner)
+            if ok and kind in self._models:
+                ok = _parses_exactly(self._models[kind], value)
         except Exception:
             ok = False
-        if not ok:  # refused by every peer's DHT, so it is stored nowhere
-            log.debug("refused a %s record: not exactly one record naming its own signer", name)
-        return ok
+        return None if ok else f"a {kind} record that does not name its own signer or does not parse"
 
     @property
     def priority(self) -> int:
@@ -85,3 +134,12 @@ class OwnerValidator(RecordValidatorBase):
 
     def merge_with(self, other: RecordValidatorBase) -> bool:
         return isinstance(other, OwnerValidator) and other.swarm == self.swarm
+
+
+def _parses_exactly(model: Any, value: dict[str, Any]) -> bool:
+    """Whether `value` is a `model` without any conversion (as hivemind's SchemaValidator requires of
+    the index keys: strict types, every field present)."""
+    try:
+        return model.parse_obj(value).dict() == value
+    except Exception:
+        return False

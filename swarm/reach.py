@@ -78,9 +78,10 @@ def serve_reachability(node) -> collections.Counter:
     door = node.doors.open(REACH, REACH_BUDGET)
 
     async def handler(payload: bytes, remote: str) -> bytes:
-        if door.enter(remote) is not None:
+        past = door.enter(remote)
+        if past is not None:
             counts["busy"] += 1
-            await door.tarpit(remote)
+            await door.tarpit(remote, past)
             return msgpack.packb({"ip": "", "open": [], "error": "busy"})
         ports = _ports(payload)
         ip = await _observed_ip(node.p2p, remote)

@@ -68,8 +68,8 @@ def test_a_peer_announcing_itself_learner_is_not_followed(swarm, attacker):
     time.sleep(25)  # samplers re-check their learner every 10 s
     swarm.wait_version(before + 3, timeout=120)  # the real learner still gets the honest rollouts
     honest = {p["peer_id"]: p for p in swarm.status()}[peer_of(swarm, "honest")]
-    assert honest["learner"] == peer_of(swarm, "learner") and got == []
-    assert "ignoring learner" in (swarm.logs / "honest.log").read_text()
+    assert honest["learner"] == peer_of(swarm, "learner") and got == []  # its record is never even read:
+    # samplers read the learners their coordinators name, at those learners' own keys (swarm/ownership.py)
 
 
 @pytest.mark.integration

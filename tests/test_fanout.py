@@ -63,14 +63,14 @@ def test_a_sampler_with_no_learner_of_its_model_only_feeds_partners():
 def test_impostors_and_disputed_learners_are_neither_followed_nor_fed():
     peers = [learner("LA", "a", ["b"]), learner("X", "b", ["a"]), learner("LB", "b", ["a"])]
     c = choose(peers, {"LA": "a", "LB": "c"}, "b")  # X: named by nobody; LB: the record says it trains c
-    assert (c.follow, c.partners, c.impostors, c.disputed) == (None, ["LA"], ["X"], ["LB"])
+    assert (c.follow, c.partners, c.disputed) == (None, ["LA"], ["LB"])
     assert choose(peers, {"LA": "a", "LB": "c"}, "a").partners == []
 
 
 def test_a_pinned_learner_is_followed_whatever_its_model_and_nothing_else_is_fed():
     peers = [learner("LA", "a", ["b"]), learner("LB", "b", ["a"])]
     c = choose(peers, {"LA": "a", "LB": "b"}, "b", pin="LA")
-    assert (c.follow, c.partners, c.impostors) == ("LA", [], ["LB"])
+    assert (c.follow, c.partners) == ("LA", [])
     assert choose(peers, {}, "b", pin="gone").follow is None
 
 

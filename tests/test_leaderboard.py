@@ -39,12 +39,12 @@ from hivemind.utils import MSGPackSerializer, get_dht_time
 
 from helpers.external import require_chromium
 from node.accounting import Tally
-from swarm.dht import NetworkConfig, SwarmSchema
+from swarm.dht import NetworkConfig, SwarmSchema, own_key
 from swarm.identity import Identity, short_id
 from swarm.leaderboard import (LeaderboardServer, LeaderboardStore, clean_name, collect_once, render_chart,
                                render_learning_chart, render_page, render_rows, serve)
 from swarm.leaderboard.page import HISTORY_ONLY
-from swarm.ownership import OwnerValidator, owner_peer_id
+from swarm.ownership import MAX_TTL, OwnerValidator, owner_peer_id
 from swarm.tally import tallies_key
 
 ARTIFACTS = Path(os.environ.get("HETERO_TEST_ARTIFACTS", Path(__file__).resolve().parents[1] / "runs" / "test-artifacts"))
@@ -235,10 +235,11 @@ def _chain(identity: Identity) -> CompositeValidator:
                                SchemaValidator(SwarmSchema, prefix="hetero_t"), OwnerValidator("t")])
 
 
-def _record(signer: Identity, owner: Identity, value: dict, key: str = tallies_key("t"), prefix: bytes = b"") -> DHTRecord:
+def _record(signer: Identity, owner: Identity, value: dict, key: str = tallies_key("t"), prefix: bytes = b"",
+            ttl: float = 60.0) -> DHTRecord:
     subkey = prefix + RSASignatureValidator(owner.dht_private_key()).local_public_key
     record = DHTRecord(DHTID.generate(source=key).to_bytes(), MSGPackSerializer.dumps(subkey),
-                       MSGPackSerializer.dumps(value), get_dht_time() + 60)
+                       MSGPackSerializer.dumps(value), get_dht_time() + ttl)
     return DHTRecord(record.key, record.subkey, _chain(signer).sign_value(record), record.expiration_time)
 
 
@@ -612,5 +613,48 @@ def test_validators_refuse_a_peer_record_naming_another_peer_and_a_second_subkey
     assert not reader.validate(_record(attacker, attacker, info(attacker.peer_id, "me"), "hetero_t_peers", b"2"))
     # a swarm record names its coordinator, and only the signer can be it
     rec = {"coordinator": attacker.peer_id, "learners": [attacker.peer_id], "model_id": "", "models": {}, "updated": 0.0}
-    assert reader.validate(_record(attacker, attacker, rec, "hetero_t_swarm"))
-    assert not reader.validate(_record(attacker, attacker, {**rec, "coordinator": honest.peer_id}, "hetero_t_swarm"))
+    assert reader.validate(_record(attacker, attacker, rec, own_key("t", "swarm", attacker.peer_id)))
+    assert not reader.validate(_record(attacker, attacker, {**rec, "coordinator": honest.peer_id},
+                                       own_key("t", "swarm", attacker.peer_id)))
+
+
+def _info(peer_id: str, maddrs: list[str] | None = None) -> dict:
+    return {"peer_id": peer_id, "role": "sampler", "model_id": "m", "version": 0, "engine": "hf", "throughput": 0.0,
+            "software": "x", "protocol": 5, "maddrs": maddrs or [], "learner": "", "name": "", "updated": 0.0,
+            "private": False, "accepts": []}
+
+
+def test_an_owners_own_key_takes_its_record_and_nobody_elses(tmp_path):
+    """Readers who know whom they want read that owner's own key (issue 39): it must hold the
+    owner's one record, whatever other keys try to put there."""
+    honest, attacker = (Identity.load_or_create(tmp_path / f"{n}.key") for n in ("h", "a"))
+    reader = _chain(Identity.load_or_create(tmp_path / "r.key"))
+    mine = own_key("t", "peer", honest.peer_id)
+    assert reader.validate(_record(honest, honest, _info(honest.peer_id), mine))
+    held = {"peer_id": honest.peer_id, "chain": "c", "versions": [1, 2]}
+    assert reader.validate(_record(honest, honest, held, own_key("t", "holds", honest.peer_id)))
+    t = Tally()
+    t.credit("sampler-A", 8, 40, "m")
+    assert reader.validate(_record(honest, honest, t.record(honest.peer_id, "m"), own_key("t", "tally", honest.peer_id)))
+    # another key's record at the honest peer's own key: refused by every DHT peer, so stored nowhere
+    assert not reader.validate(_record(attacker, attacker, _info(attacker.peer_id), mine))
+    # a holder record where a peer record belongs (the kind is the key's), and a field missing
+    assert not reader.validate(_record(honest, honest, held, mine))
+    assert not reader.validate(_record(honest, honest, {k: v for k, v in _info(honest.peer_id).items() if k != "name"}, mine))
+    # any other key: the swarm's DHT is not free storage
+    assert not reader.validate(_record(attacker, attacker, _info(attacker.peer_id), "hetero_t_anything"))
+    assert not reader.validate(_record(attacker, attacker, _info(attacker.peer_id), "hetero_t_holders"))
+
+
+def test_a_record_larger_or_longer_lived_than_its_kind_allows_is_refused(tmp_path):
+    """Before: one key stored a 2.5 MB peer record (16 addresses of 200 characters is ~3.5 KB)."""
+    peer = Identity.load_or_create(tmp_path / "p.key")
+    reader = _chain(Identity.load_or_create(tmp_path / "r.key"))
+    fits = _info(peer.peer_id, ["/ip4/1.2.3.4/tcp/1/" + "x" * 180] * 16)
+    assert reader.validate(_record(peer, peer, fits, "hetero_t_peers"))
+    assert reader.validate(_record(peer, peer, fits, own_key("t", "peer", peer.peer_id)))
+    big = _info(peer.peer_id, ["/ip4/1.2.3.4/tcp/1/" + "x" * 980] * 5)
+    assert not reader.validate(_record(peer, peer, big, "hetero_t_peers"))
+    assert not reader.validate(_record(peer, peer, big, own_key("t", "peer", peer.peer_id)))
+    assert reader.validate(_record(peer, peer, _info(peer.peer_id), "hetero_t_peers", ttl=MAX_TTL - 60))
+    assert not reader.validate(_record(peer, peer, _info(peer.peer_id), "hetero_t_peers", ttl=MAX_TTL + 60))

@@ -1,4 +1,5 @@
-"""swarm/p2p/budget.py: the inbound streams a peer, and all peers, may hold open; the open-file limit.
+"""swarm/p2p/budget.py: the inbound streams a peer, and all peers, may hold open; the open-file limit;
+and doors.py: how long a call past a budget waits, budgets that follow what they guard.
 
 Unit tests here; tests/test_doors.py sends 1,500 idle streams from one key to a real learner
 running at a 1,024 open-file limit."""
@@ -10,6 +11,8 @@ import subprocess
 import sys
 
 from swarm.p2p.budget import MIN_TOTAL, RESERVED_FDS, StreamBudget, total_for
+from swarm.p2p.doors import TARPIT_MAX_S, TARPIT_S, Door, DoorBudget, Doors
+from swarm.weights.chunks import CHUNK_SIZE, CHUNKS, CHUNKS_BUDGET, FAST_LINE, MiB, ChunkStore
 
 
 def test_a_peer_past_its_streams_on_one_protocol_is_refused_and_counted_others_are_not():
@@ -59,3 +62,60 @@ def test_a_node_raises_its_soft_open_file_limit_to_the_hard_one():
     before, after, child_hard = map(int, out.stdout.split())
     assert (before, child_hard) == (low, hard)
     assert after == hard or hard == resource.RLIM_INFINITY, out
+
+
+# ---- doors.py: what a call past a door's budget waits, and budgets that follow what they guard ----
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_refused_call_waits_until_its_bound_refills_at_least_the_floor_at_most_the_cap():
+    clock = Clock()
+    door = Door("d", DoorBudget(calls_per_s=0.25, call_burst=2, bytes_per_s=64 * MiB, byte_burst=2048 * MiB,
+                                pool_calls_per_s=1.0, pool_call_burst=1), lambda peer: peer == "known", clock=clock)
+    assert door.enter("known") is None and door.enter("known") is None
+    assert door.enter("known") == "calls"
+    assert door.refill_s("known", "calls") == 4.0 and door.tarpit_s("known", "calls") == 4.0  # 1 call at 0.25/s
+    clock.t = 3.0
+    assert door.refill_s("known", "calls") == 1.0
+    assert door.enter("fresh") is None and door.enter("other") == "pool_calls"  # the pool held one call
+    assert door.refill_s("other", "pool_calls") == 1.0
+    clock.t = 3.5
+    assert door.refill_s("other", "pool_calls") == 0.5 and door.tarpit_s("other", "pool_calls") == TARPIT_S
+    door.charge("known", 4096 * MiB)  # 2 GiB into debt at 64 MiB/s: 32 s to pay back, held the cap
+    assert door.allows("known", 1) == "bytes" and door.refill_s("known", "bytes") > 32.0
+    assert door.tarpit_s("known", "bytes") == TARPIT_MAX_S
+    assert door.refused == {"calls": 1, "pool_calls": 1, "bytes": 1}
+
+
+def test_a_chunk_doors_byte_bursts_grow_to_the_largest_version_it_holds():
+    """A peer may take a whole version at its line rate, whatever the model's size: a 15 GB 7B
+    keyframe is served in one burst, not 2 GiB and then the rate (the burst before: a constant)."""
+    clock = Clock()
+    door = Door("chunks", CHUNKS_BUDGET, lambda peer: False, clock=clock)
+    keyframe = 15 * 10 ** 9
+    door.resize(byte_burst=keyframe, pool_byte_burst=keyframe)
+    served = 0
+    while door.allows("newcomer", CHUNK_SIZE) is None and served < 2 * keyframe:
+        door.charge("newcomer", CHUNK_SIZE)
+        served += CHUNK_SIZE
+    assert keyframe <= served < keyframe + CHUNK_SIZE  # all of it at once, then the rate
+    clock.t = 1.0
+    assert door.allows("newcomer", CHUNK_SIZE) is None  # a second later the pool's rate lets a chunk in
+    assert CHUNKS_BUDGET.bytes_per_s == FAST_LINE == 125_000_000  # and one peer's rate is a 1 Gbit/s line
+
+
+def test_a_chunk_store_sizes_its_door_by_what_it_holds():
+    node = type("Node", (), {"doors": Doors(), "add_stream_handler": lambda *a, **k: None})()
+    store = ChunkStore(node)
+    door = node.doors._doors[CHUNKS]
+    assert door.budget.byte_burst == CHUNKS_BUDGET.byte_burst == 64 * MiB
+    store.put("c", 0, bytes(100 * MiB))
+    assert door.budget.byte_burst == door.budget.pool_byte_burst == 100 * MiB
+    store.put("c", 1, bytes(MiB))  # a patch does not shrink it: the keyframe may still be asked
+    assert door.budget.byte_burst == 100 * MiB

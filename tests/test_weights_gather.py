@@ -12,7 +12,6 @@ import pytest
 from swarm.p2p import Doors, StreamStalled
 from swarm.records import RecordError
 from swarm.weights import CHUNK_SIZE, FetchConfig, VersionEntry, WeightFetcher
-from swarm.weights.fetcher import UNKNOWN_HOLDERS
 from swarm.weights.gather import Gather, Source
 
 BLOB = bytes(range(256)) * (CHUNK_SIZE // 256) * 3 + b"tail"  # 4 chunks
@@ -103,16 +102,20 @@ def test_each_chunk_asks_holders_then_its_owner_then_the_learner_twice():
         fetcher.close()
 
 
-def test_credited_holders_come_first_and_at_most_two_strangers_are_tried():
+def test_only_credited_mates_holder_records_are_read_and_asked():
     # issue 39: holder records cost a fresh key each; 2,000 of them stalled every sampler
+    records = {p: {"peer_id": p, "chain": "c", "versions": [7]} for p in ["S1", "K1", "S2", "K2", "me"]}
+    records["K3"] = {"peer_id": "K3", "chain": "other", "versions": [7]}
+    asked = []
+
     class Holders(ScriptedNode):
-        def holders(self):
-            return [{"peer_id": p, "chain": "c", "versions": [7]} for p in ["S1", "K1", "S2", "S3", "K2", "S4"]] + \
-                   [{"peer_id": "K3", "chain": "other", "versions": [7]}, {"peer_id": "me", "chain": "c", "versions": [7]}]
+        def holdings_of(self, peer_ids):  # one own key per peer: a stranger's record is never read
+            asked.extend(peer_ids)
+            return [records[p] for p in peer_ids if p in records]
     fetcher = WeightFetcher(Holders({}), lambda: LEARNER, mates=lambda: ["K1", "K2", "K3", "me"])
     try:
         order = fetcher._holders("c")[7]
     finally:
         fetcher.close()
-    assert sorted(order[:2]) == ["K1", "K2"] and len(order) == 2 + UNKNOWN_HOLDERS
-    assert set(order[2:]) <= {"S1", "S2", "S3", "S4"}  # another chain's holder, and we ourselves, are not asked
+    assert sorted(asked) == ["K1", "K2", "K3"]  # our mates, not ourselves
+    assert sorted(order) == ["K1", "K2"]  # K3 holds another chain

@@ -312,6 +312,8 @@ def test_a_holder_announcing_a_huge_chunk_is_refused_before_it_is_read_and_count
                 break
         writer.close()
 
+    mates = s1.mates
+    s1.mates = lambda: [*mates(), liar.peer_id]  # a credited mate gone bad: only mates' holder records are read
     try:
         liar.run(liar.p2p.add_binary_stream_handler("hetero.chunks.v1", huge), timeout=10)
         assert liar.announce_holdings("run13", [0])
@@ -320,6 +322,7 @@ def test_a_holder_announcing_a_huge_chunk_is_refused_before_it_is_read_and_count
         assert blobs_of(s1.fetch("", -1)) == [blob]
         assert s1.stats["bad_streams"] > before and sent
     finally:
+        s1.mates = mates
         liar.shutdown()
 
 
@@ -399,9 +402,10 @@ async def _silent(info, reader, writer):
 @pytest.mark.integration
 @pytest.mark.parametrize("serve", [_trickle, _silent], ids=["trickling", "silent"])
 def test_a_holder_of_every_version_that_stalls_is_hedged_demoted_and_the_sampler_keeps_up(peers, tmp_path, serve):
-    """A peer with its own key announces it holds every coming version and then trickles bytes
-    (or says nothing). The sampler's stream to it is hedged to the learner, it is demoted and not
-    asked again, its stream is abandoned mid-frame, and the sampler gets every version."""
+    """A mate (its learner credited it once) announces it holds every coming version and then
+    trickles bytes (or says nothing). The sampler's stream to it is hedged to the learner, it is
+    demoted and not asked again, its stream is abandoned mid-frame, and the sampler gets every
+    version. (A stranger's holder record is never read: tests/test_weights_gather.py.)"""
     lx, (s1, _) = peers
     chain = f"run15{serve.__name__}"
     bad = SwarmNode(Identity.load_or_create(tmp_path / "bad.key"), NetworkConfig(initial_peers=s1.node.maddrs()), "wt")
@@ -414,7 +418,7 @@ def test_a_holder_of_every_version_that_stalls_is_hedged_demoted_and_the_sampler
 
     # demoted for longer than the test: every request it gets comes from the first fetch
     cfg = FetchConfig(idle_s=2.0, min_rate=256 * 1024, hedge_s=1.0, demote_s=600.0)
-    fetcher = WeightFetcher(node, s1.learner, cfg=cfg)
+    fetcher = WeightFetcher(node, s1.learner, cfg=cfg, mates=lambda: [bad.peer_id])
     pre = None
     try:
         bad.run(bad.p2p.add_binary_stream_handler("hetero.chunks.v1", handler), timeout=10)

@@ -68,8 +68,9 @@ def _waiting_for(tracker: LearnerTracker, swarm: str) -> str:
     """What a sampler with no learner to follow waits for, and what would end the wait."""
     if tracker.follow:
         return f"waiting for the learner --follow names ({short_id(tracker.follow)}) to appear in swarm {swarm!r}"
-    if tracker.ignored:
-        return (f"waiting for a learner the coordinator names: {len(tracker.ignored)} learner(s) seen in swarm "
+    unnamed = tracker.unnamed_learners() if not tracker.named_models else []
+    if unnamed:
+        return (f"waiting for a learner the coordinator names: {len(unnamed)} learner(s) seen in swarm "
                 f"{swarm!r}, none named by the bootstrap's swarm record (its --trusted-learner), so none is followed; "
                 "pin one with --follow PEER_ID")
     if tracker.named_models:

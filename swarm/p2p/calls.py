@@ -79,11 +79,11 @@ async def call_gated(p2p: P2P, peer_id: str, name: str, payload: bytes, max_repl
 
 
 class Calls:
-    """Blocking calls on `p2p` through `loop`; `peers` lists the swarm's PeerInfo records (where a
-    peer we have no route to yet says it can be dialled)."""
+    """Blocking calls on `p2p` through `loop`; `record(peer_id)` is a peer's own PeerInfo record
+    (where a peer we have no route to yet says it can be dialled)."""
 
-    def __init__(self, loop: SwarmLoop, p2p: P2P, peers: Callable[[], list[dict]]) -> None:
-        self._loop, self._p2p, self._peers = loop, p2p, peers
+    def __init__(self, loop: SwarmLoop, p2p: P2P, record: Callable[[str], dict | None]) -> None:
+        self._loop, self._p2p, self._record = loop, p2p, record
 
     def call(self, peer_id: str, name: str, payload: bytes, timeout: float, stop: threading.Event | None) -> bytes:
         run = None if stop is None else lambda c, t: self._loop.run_until(c, t, stop)
@@ -120,7 +120,7 @@ class Calls:
 
     def _dial(self, peer_id: str, timeout: float) -> None:
         """Best effort: connect to `peer_id` at the multiaddrs in its PeerInfo record."""
-        maddrs = [m for p in self._peers() if p.get("peer_id") == peer_id for m in p.get("maddrs", [])]
+        maddrs = list((self._record(peer_id) or {}).get("maddrs", []))
         if not maddrs:
             return
         try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import math
 import time
@@ -87,9 +88,15 @@ class DoorBudget:
 _POOL = ""
 """The pool's bucket (no peer id is empty)."""
 TARPIT_S = 1.0
-"""How long a call turned away waits for its answer: a caller that asks again at once (a flood)
-then makes at most (calls it keeps in flight) / TARPIT_S calls a second. Refusing at once kept one
-key at 2,397 empty manifest replies a second."""
+"""The least a call turned away waits for its answer: a caller that asks again at once (a flood)
+then makes at most (calls it keeps in flight) / TARPIT_S calls a second; refusing at once kept one
+key at 2,397 empty manifest replies a second. An honest caller told "busy" waits about this long
+anyway before it asks again (reach.RETRY_S, the fetcher's next source)."""
+TARPIT_MAX_S = 10.0
+"""The most: what any peer can make this node hold one request open for (weights' MAX_REQUEST_WAIT).
+Between the two, a refused call waits until the bound it met has refilled (`Door.refill_s`): the
+time its budget's rate needs, so the wait follows each door's figures, not one constant: a peer 2
+GiB into its chunk bytes at 64 MiB/s waits the 10 s cap, a manifest caller at 1 call/s one second."""
 TARPIT_PER_PEER = 64
 TARPIT_ALL = 4096
 """Calls waiting in the tarpit, per peer and in all (each is a task and its small request): past
@@ -114,6 +121,16 @@ class Door:
         self._held: collections.Counter[str] = collections.Counter()
         self._held_all = 0
         """Calls of every peer in the tarpit now (kept, not summed: a flood calls `tarpit` per call)."""
+
+    def resize(self, **figures: float) -> None:
+        """Change some of the budget's figures (`DoorBudget` field names): for those that follow what
+        the door guards, as a chunk door's bursts follow the largest version it holds."""
+        self.budget = b = dataclasses.replace(self.budget, **figures)
+        for buckets, rate, burst in ((self._calls, b.calls_per_s, b.call_burst),
+                                     (self._bytes, b.bytes_per_s, b.byte_burst),
+                                     (self._pool_calls, b.pool_calls_per_s, b.pool_call_burst),
+                                     (self._pool_bytes, b.pool_bytes_per_s, b.pool_byte_burst)):
+            buckets.rate, buckets.burst = rate, burst
 
     def enter(self, peer: str) -> str | None:
         """A call of `peer`: the bound it is past (counted and logged), or None with one call taken
@@ -148,14 +165,29 @@ class Door:
         if not self._trusted(peer):
             self._pool_bytes.charge(_POOL, nbytes)
 
-    async def tarpit(self, peer: str) -> None:
-        """Hold a turned-away call `TARPIT_S` before it is answered (unless too many already wait)."""
+    def refill_s(self, peer: str, why: str) -> float:
+        """Seconds until `peer` would be let past the bound `why` again (0 if it is now)."""
+        b = self.budget
+        tokens, rate, need = {
+            "calls": (self._calls.available(peer), b.calls_per_s, 1.0),
+            "bytes": (self._bytes.available(peer), b.bytes_per_s, 1.0),  # let in once in credit
+            "pool_calls": (self._pool_calls.available(_POOL), b.pool_calls_per_s, 1.0),
+            "pool_bytes": (self._pool_bytes.available(_POOL), b.pool_bytes_per_s, 1.0),
+        }[why]
+        return max(0.0, need - tokens) / rate if rate > 0 else INF
+
+    def tarpit_s(self, peer: str, why: str) -> float:
+        return min(TARPIT_MAX_S, max(TARPIT_S, self.refill_s(peer, why)))
+
+    async def tarpit(self, peer: str, why: str = "calls") -> None:
+        """Hold a call turned away past the bound `why` until that bound refills, at least TARPIT_S
+        and at most TARPIT_MAX_S (unless too many already wait: then it is answered at once)."""
         if self._held[peer] >= TARPIT_PER_PEER or self._held_all >= TARPIT_ALL:
             return
         self._held[peer] += 1
         self._held_all += 1
         try:
-            await asyncio.sleep(TARPIT_S)
+            await asyncio.sleep(self.tarpit_s(peer, why))
         finally:
             self._held_all -= 1
             self._held[peer] -= 1

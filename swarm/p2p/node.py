@@ -13,8 +13,8 @@ from typing import Awaitable, Callable, TypeVar
 
 from google.protobuf.wrappers_pb2 import BytesValue
 
-from ..dht import (NetworkConfig, announce, announce_holdings, create_dht, list_holders, list_peers, list_tallies,
-                   peer_id_of_maddr, publish_swarm_record, publish_tally, trusted_learners)
+from ..dht import (NetworkConfig, announce, announce_holdings, create_dht, holdings_of, list_peers, list_tallies,
+                   peer_id_of_maddr, peer_records, publish_swarm_record, publish_tally, tally_of, trusted_learners)
 from ..identity import Identity
 from .budget import StreamBudget
 from .doors import Doors
@@ -39,7 +39,7 @@ class SwarmNode:
         self.dht = create_dht(identity, net, swarm)  # forks: do this before CUDA is initialised
         self._loop = SwarmLoop()
         self.p2p = self.run(self.dht.replicate_p2p(), timeout=30)
-        self._calls = Calls(self._loop, self.p2p, self.peers)
+        self._calls = Calls(self._loop, self.p2p, self.peer_record)
         self.doors = Doors()
         """Every inbound door's calls and bytes, per peer and for unknown keys (swarm/p2p/doors.py)."""
         self.streams = StreamBudget(trusted=self.doors.is_trusted)
@@ -62,19 +62,31 @@ class SwarmNode:
         return announce(self.dht, self.identity, self.swarm, {"private": self.private, **info}, ttl)
 
     def peers(self) -> list[dict]:
+        """Every row of the peers index: for listings (status, the leaderboard). Its size is any key's
+        to grow: a reader that knows whom it wants calls `peer_records`."""
         return list_peers(self.dht, self.swarm)
+
+    def peer_records(self, peer_ids: list[str]) -> dict[str, dict]:
+        return peer_records(self.dht, self.swarm, peer_ids)
+
+    def peer_record(self, peer_id: str) -> dict | None:
+        return self.peer_records([peer_id]).get(peer_id)
 
     def announce_holdings(self, chain: str, versions: list[int], ttl: float = 60.0) -> bool:
         return announce_holdings(self.dht, self.identity, self.swarm, chain, versions, ttl)
 
-    def holders(self) -> list[dict]:
-        return list_holders(self.dht, self.swarm)
+    def holdings_of(self, peer_ids: list[str]) -> list[dict]:
+        return holdings_of(self.dht, self.swarm, peer_ids)
 
     def publish_tally(self, value: dict, ttl: float = 600.0) -> bool:
         return publish_tally(self.dht, self.identity, self.swarm, value, ttl)
 
     def tallies(self) -> list[dict]:
+        """Every tally in the index (the leaderboard's listing); a sampler reads its learner's: `tally_of`."""
         return list_tallies(self.dht, self.swarm)
+
+    def tally_of(self, learner: str) -> dict | None:
+        return tally_of(self.dht, self.swarm, learner)
 
     def publish_swarm_record(self, learners: dict[str, str], model_id: str = "", ttl: float = 60.0) -> bool:
         return publish_swarm_record(self.dht, self.identity, self.swarm, learners, model_id, ttl)

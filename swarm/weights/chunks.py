@@ -30,15 +30,19 @@ chunk still coming, a manifest newer than the one it holds): what any peer can m
 
 
 MiB = 1 << 20
+FAST_LINE = 125_000_000
+"""Bytes a second of 1 Gbit/s, the fastest volunteer line we plan for: one peer's chunk rate, so an
+honest fetch, whatever its line, is never slowed by the door."""
 CHUNKS_BUDGET = DoorBudget(
-    calls_per_s=8.0, call_burst=64, bytes_per_s=64 * MiB, byte_burst=2048 * MiB,
-    pool_calls_per_s=64.0, pool_call_burst=256, pool_bytes_per_s=64 * MiB, pool_byte_burst=2048 * MiB,
+    calls_per_s=8.0, call_burst=64, bytes_per_s=FAST_LINE, byte_burst=64 * MiB,
+    pool_calls_per_s=64.0, pool_call_burst=256, pool_bytes_per_s=64 * MiB, pool_byte_burst=64 * MiB,
     why="a fetcher opens up to 4 streams per source per version, each asking many chunks; a peer may take a "
-        "whole version (a keyframe of a 1.5B model in bf16 is ~3 GiB; the burst is 2 GiB) at its line rate, and "
-        "64 MiB/s (~540 Mbit/s) is more than most volunteers' downlinks, so an honest fetch never meets it; "
-        "keys the node does not know share one 64 MiB/s, so any number of fresh keys cost the uplink at most "
-        "that. Repeats are bounded apart (MAX_REPEATS): one key asking the newest keyframe again and again "
-        "drew 178 MB/s from the learner (issue 39)")
+        "whole version at its line rate: the byte bursts grow to the largest version the node holds "
+        "(`ChunkStore.put`: a 0.6B keyframe in bf16 is 1.2 GB, a 7B one 15 GB; 64 MiB before any) and one "
+        "peer's rate is a 1 Gbit/s line; keys the node does not know share one 64 MiB/s (~540 Mbit/s, more "
+        "than most volunteers' downlinks), so any number of fresh keys cost the uplink at most that. Repeats "
+        "are bounded apart (MAX_REPEATS): one key asking the newest keyframe again and again drew 178 MB/s "
+        "from the learner (issue 39)")
 MAX_REPEATS = 3
 """Times one peer is served one chunk of one version: an honest fetcher asks it once, again after a
 failed stream or a bad source; beyond that it is answered "not held" (its mates hold it too)."""
@@ -139,6 +143,8 @@ class ChunkStore:
             self.reset(chain)
         self.blobs[version] = blob
         self.partial.pop(version, None)
+        if len(blob) > self._door.budget.byte_burst:  # one peer, and the pool, may take this version whole
+            self._door.resize(byte_burst=len(blob), pool_byte_burst=len(blob))
 
     def reset(self, chain: str) -> None:
         self.chain, self.blobs, self.partial = chain, {}, {}
@@ -197,8 +203,9 @@ class ChunkStore:
             self.malformed += 1
             log.warning("malformed chunk request from %s: %s", short_id(remote), e)
             return
-        if self._door.enter(remote) is not None:  # past its budget: "not held" (it asks another source)
-            await self._door.tarpit(remote)
+        past = self._door.enter(remote)
+        if past is not None:  # past its budget: "not held" (it asks another source)
+            await self._door.tarpit(remote, past)
             for _ in request.indices:
                 yield b""
             return

@@ -24,10 +24,6 @@ from .strikes import PeerStrikes
 
 log = logging.getLogger(__name__)
 
-UNKNOWN_HOLDERS = 2
-"""Holders of a version that the learner has not credited, tried per fetch (after the known ones)."""
-
-
 class WeightFetcher:
     """A sampler's side: fetches versions from holders, mates and the learner it follows.
 
@@ -163,21 +159,18 @@ class WeightFetcher:
             log.warning("announcing holdings failed: %s", e)
 
     def _holders(self, chain: str) -> dict[int, list[str]]:
-        """version -> peers (other than us) announcing they hold it, in an order of our own: our
-        credited mates first, then at most UNKNOWN_HOLDERS others. A holder record costs a fresh key
-        and nothing else (2,000 of them announcing coming versions stalled every sampler, issue 39):
-        an unknown holder is tried for a bounded share of a fetch, and never before a known one."""
-        known = set(self.mates())
+        """version -> our credited mates (other than us) announcing they hold it, shuffled by our own
+        seed. Only theirs are read, one own key each (swarm/dht.py, `holdings_of`): a holder record
+        costs a fresh key and nothing else (2,000 of them announcing coming versions stalled every
+        sampler, issue 39), and a whole holders index would be as large as any keys make it."""
         by_version: dict[int, list[str]] = collections.defaultdict(list)
-        for h in self.node.holders():
-            if h.get("chain") == chain and h.get("peer_id") != self.node.peer_id:
+        for h in self.node.holdings_of([m for m in self.mates() if m != self.node.peer_id]):
+            if h.get("chain") == chain:
                 for v in h.get("versions", []):
                     by_version[v].append(h["peer_id"])
         rng = random.Random(self.node.peer_id)  # each fetcher spreads its load differently
-        for v, peers in by_version.items():
+        for peers in by_version.values():
             rng.shuffle(peers)
-            strangers = [p for p in peers if p not in known][:UNKNOWN_HOLDERS]
-            by_version[v] = [p for p in peers if p in known] + strangers
         return by_version
 
     def _manifest(self, learner: str, request: ManifestRequest, stop: threading.Event | None) -> Manifest | None:

@@ -30,9 +30,13 @@ class WeightServer:
     MAX_REQUEST_WAIT). Samplers then hear of a version the moment it is published, not at their
     next poll, and ask less often than a poll a second would. An empty request (or one that is not
     a valid long poll: counted) is answered at once. One waiting request per peer, `MAX_WAITERS` in
-    all: beyond that, at once. Calls past `MANIFEST_BUDGET` are answered b"" at once."""
+    all, of which keys the node does not know (`Doors.trust`) hold at most half: beyond that, at
+    once (the caller asks again later), so however many fresh keys hold long polls, the proven
+    samplers' find room. Calls past `MANIFEST_BUDGET` are answered b"" after the door's tarpit."""
 
     MAX_WAITERS = 256
+    """Long polls held at once: each is a task and a small request in the node's loop (no stream,
+    no descriptor), and a learner feeds a few dozen samplers, each holding one."""
 
     def __init__(self, node: SwarmNode) -> None:
         self.node = node
@@ -45,23 +49,28 @@ class WeightServer:
         """Set (and replaced) in the node's loop when a version is published: wakes the long polls."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting: set[str] = set()
+        self._waiting_unknown = 0
+        """Of them, the long polls of keys the node does not know."""
         self.stats: collections.Counter[str] = collections.Counter()
         """manifests served, long polls that waited, malformed requests, calls past the door's budget (busy)."""
         self._door = node.doors.open(MANIFEST, MANIFEST_BUDGET)
         node.add_handler(MANIFEST, self._on_manifest)
 
     async def _on_manifest(self, payload: bytes, remote: str) -> bytes:
-        if self._door.enter(remote) is not None:  # past its budget: b"" (the fetcher asks again later)
+        past = self._door.enter(remote)
+        if past is not None:  # past its budget: b"" (the fetcher asks again later)
             self.stats["busy"] += 1
-            await self._door.tarpit(remote)
+            await self._door.tarpit(remote, past)
             return b""
         self.stats["manifests"] += 1
         after, wait = self._long_poll(payload, remote)
-        if wait > 0 and after == self._newest and remote not in self._waiting and len(self._waiting) < self.MAX_WAITERS:
+        if wait > 0 and after == self._newest and self._may_wait(remote):
             if self._published is None:
                 self._loop, self._published = asyncio.get_running_loop(), asyncio.Event()
             published = self._published
+            unknown = not self.node.doors.is_trusted(remote)
             self._waiting.add(remote)
+            self._waiting_unknown += unknown
             self.stats["long_polls"] += 1
             try:
                 await asyncio.wait_for(published.wait(), wait)
@@ -69,7 +78,17 @@ class WeightServer:
                 pass
             finally:
                 self._waiting.discard(remote)
+                self._waiting_unknown -= unknown
         return self._manifest
+
+    def _may_wait(self, remote: str) -> bool:
+        """One long poll per peer, MAX_WAITERS in all, half of them for keys the node does not know."""
+        why = ("peer" if remote in self._waiting else "all" if len(self._waiting) >= self.MAX_WAITERS else
+               "unknown" if not self.node.doors.is_trusted(remote) and self._waiting_unknown >= self.MAX_WAITERS // 2
+               else None)
+        if why is not None:
+            self.stats[f"long_polls_refused_{why}"] += 1
+        return why is None
 
     def _long_poll(self, payload: bytes, remote: str) -> tuple[tuple[str, int] | None, float]:
         """(the version the caller holds, seconds it will wait for a newer one); (None, 0) for a

@@ -2,9 +2,11 @@
 
     python -m tests.helpers.fake_records KEYDIR N SWARM LEARNER MODEL INITIAL_PEER...
 
-N fresh keys (made in KEYDIR with `make_keys` beforehand, or now), each with a signed peer record (a sampler following LEARNER with MODEL, at a
-black-hole address: nobody answers there) and a holder record announcing the versions the learner
-will publish next (its chain and newest version read from its public manifest on each round). Records are stored again every 20 s, until the process is stopped. One DHT node signs
+N fresh keys (made in KEYDIR with `make_keys` beforehand, or now), each with a signed peer record (a
+sampler following LEARNER with MODEL, at a black-hole address: nobody answers there; in the index and
+at its own key, as honest peers store theirs) and a holder record announcing the versions the learner
+will publish next (its chain and newest version read from its public manifest on each round). Records are stored
+again every 20 s (in batches of `BATCH`, one DHT call each), until the process is stopped. One DHT node signs
 for all keys (a validator that holds every key): keys are free, and so is a record per key.
 """
 
@@ -14,6 +16,7 @@ import multiprocessing
 import os
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 from google.protobuf.wrappers_pb2 import BytesValue
@@ -23,7 +26,7 @@ from hivemind.dht.validation import DHTRecord
 from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
-from swarm.dht import PROTOCOL_VERSION, SOFTWARE, SchemaValidator, SwarmSchema, holders_key, peers_key
+from swarm.dht import PROTOCOL_VERSION, SOFTWARE, SchemaValidator, SwarmSchema, own_key, peers_key
 from swarm.identity import Identity
 from swarm.ownership import OwnerValidator
 from swarm.weights.manifest import MANIFEST, Manifest
@@ -76,6 +79,7 @@ def make_keys(keydir: Path, n: int) -> list[Identity]:
 
 def main(keydir: str, n: int, swarm: str, learner: str, model: str, initial_peers: list[str]) -> None:
     identities = make_keys(Path(keydir), n)
+    _identities.extend(identities)  # before the DHT's process forks: it builds the records
     os.nice(19)  # the attack is in the records, not in starving this 2-core machine
     dht = DHT(initial_peers=initial_peers, start=True, client_mode=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"],
               record_validators=[ManyKeys(identities), SchemaValidator(SwarmSchema, prefix=f"hetero_{swarm}"),
@@ -83,23 +87,37 @@ def main(keydir: str, n: int, swarm: str, learner: str, model: str, initial_peer
     print(f"{n} keys ready", flush=True)
     while True:
         chain, version = newest(dht, learner)
-        expires = get_dht_time() + 60
-        futures, stored, sent = [], 0, 0
-        for ident in identities:
-            subkey = ManyKeys.PUBLIC_KEY_FORMAT.replace(b"_key_", ident.dht_private_key().get_public_key().to_bytes())
-            peer = {"peer_id": ident.peer_id, "role": "sampler", "model_id": model, "version": 0, "engine": "hf",
-                    "throughput": 100.0, "software": SOFTWARE, "protocol": PROTOCOL_VERSION, "maddrs": [BLACK_HOLE],
-                    "learner": learner, "name": "", "private": False, "accepts": [], "updated": float(get_dht_time())}
-            futures.append(dht.store(peers_key(swarm), peer, expires, subkey=subkey, return_future=True))
-            if chain:
-                held = {"peer_id": ident.peer_id, "chain": chain, "versions": [int(version) + k for k in range(1, 6)]}
-                futures.append(dht.store(holders_key(swarm), held, expires, subkey=subkey, return_future=True))
-            if len(futures) >= 16:  # a few at a time: hundreds at once time out in the DHT's own RPCs
-                stored, sent, futures = stored + sum(bool(f.result(120)) for f in futures), sent + len(futures), []
-        stored, sent = stored + sum(bool(f.result(120)) for f in futures), sent + len(futures)
-        print(f"stored {stored} of {sent} records", flush=True)
+        t0 = time.monotonic()
+        stored, sent = dht.run_coroutine(partial(_store_round, swarm, learner, model, chain, version))
+        print(f"stored {stored} of {sent} records in {time.monotonic() - t0:.1f} s", flush=True)
         time.sleep(20)
 
+
+BATCH = 200
+"""Records per store_many: one DHT RPC to each node carries them all (~1 KB each, signature included)."""
+_identities: list[Identity] = []
+"""The keys, set before the DHT's process forks: the records are built there (hivemind's pipe to it
+fails on a call carrying hundreds of records: BlockingIOError)."""
+
+
+async def _store_round(swarm: str, learner: str, model: str, chain: str, version: int, _dht, node) -> tuple[int, int]:
+    expires = get_dht_time() + 60
+    keys, values, subkeys = [], [], []
+    for ident in _identities:
+        subkey = ManyKeys.PUBLIC_KEY_FORMAT.replace(b"_key_", ident.dht_private_key().get_public_key().to_bytes())
+        peer = {"peer_id": ident.peer_id, "role": "sampler", "model_id": model, "version": 0, "engine": "hf",
+                "throughput": 100.0, "software": SOFTWARE, "protocol": PROTOCOL_VERSION, "maddrs": [BLACK_HOLE],
+                "learner": learner, "name": "", "private": False, "accepts": [], "updated": float(get_dht_time())}
+        for key in (peers_key(swarm), own_key(swarm, "peer", ident.peer_id)):  # as an honest peer announces
+            keys.append(key), values.append(peer), subkeys.append(subkey)
+        if chain:
+            held = {"peer_id": ident.peer_id, "chain": chain, "versions": [int(version) + k for k in range(1, 6)]}
+            keys.append(own_key(swarm, "holds", ident.peer_id)), values.append(held), subkeys.append(subkey)
+    stored = 0
+    for i in range(0, len(keys), BATCH):
+        done = await node.store_many(keys[i : i + BATCH], values[i : i + BATCH], expires, subkeys=subkeys[i : i + BATCH])
+        stored += sum(bool(ok) for ok in done.values())
+    return stored, len(keys)
 
 if __name__ == "__main__":
     main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6:])

@@ -212,7 +212,8 @@ def leaderboard(
     identity: Annotated[Optional[Path], typer.Option(help="Identity file for the DHT peer (default: next to --db).")] = None,
     poll: Annotated[float, typer.Option(min=0.1, help="Seconds between reads of the swarm's tallies.")] = 10.0,
     trusted_learner: Annotated[list[str], typer.Option("--trusted-learner", metavar="<peer id>", help="Count only tallies from these "
-                                                       "learner peer ids (repeat); default: every learner's.")] = [],
+                                                       "learner peer ids (repeat); default: those the coordinators' swarm records name "
+                                                       "(--initial-peers).")] = [],
     url_file: Annotated[Optional[Path], typer.Option(help="Also write the page's URL to this file (for scripts).")] = None,
     verbose: VerboseOpt = False,
 ) -> None:

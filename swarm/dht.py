@@ -26,7 +26,7 @@ from hivemind.utils import get_dht_time
 from .identity import Identity
 from .lifetime import end_with_parent
 from .ownership import OwnerValidator
-from .tally import TallyModel, tallies_key
+from .tally import TallyModel
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +90,9 @@ _OWN = conbytes(regex=rb"^\[owner:.+\]$")
 
 
 class SwarmSchema(pydantic.BaseModel):
-    """The indexes (ownership.py, `INDEXES`): hivemind's SchemaValidator checks their rows."""
+    """The index (ownership.py, `INDEXES`): hivemind's SchemaValidator checks its rows."""
 
     peers: Dict[_OWN, PeerInfoModel]
-    tallies: Dict[_OWN, TallyModel]
 
 
 OWN_MODELS = {"peer": PeerInfoModel, "holds": HolderModel, "tally": TallyModel, "swarm": SwarmRecordModel}
@@ -361,20 +360,14 @@ def holdings_of(dht: DHT, swarm: str, peer_ids: list[str]) -> list[dict[str, Any
 
 
 def publish_tally(dht: DHT, identity: Identity, swarm: str, value: dict[str, Any], ttl: float = 600.0) -> bool:
-    """Store this learner's cumulative tally (swarm/tally.py), signed under its own subkey: in the
-    index the leaderboard lists, and at its own key, where samplers read their learner's."""
-    indexed = _store(dht, tallies_key(swarm), value, ttl, identity)
-    return _store(dht, own_key(swarm, "tally", identity.peer_id), value, ttl, identity) and indexed
+    """Store this learner's cumulative tally (swarm/tally.py), signed, at its own key: its samplers
+    and the leaderboard read it there, knowing the learner from the coordinators' swarm records."""
+    return _store(dht, own_key(swarm, "tally", identity.peer_id), value, ttl, identity)
 
 
 def tally_of(dht: DHT, swarm: str, learner: str) -> dict[str, Any] | None:
     """`learner`'s own live tally, or None."""
     return own_records(dht, swarm, "tally", [learner]).get(learner)
-
-
-def list_tallies(dht: DHT, swarm: str) -> list[dict[str, Any]]:
-    """Every live tally the validators accepted (at most one per learner)."""
-    return [v for v, _ in _live_values(dht, tallies_key(swarm))]
 
 
 def publish_swarm_record(dht: DHT, identity: Identity, swarm: str, learners: dict[str, str], model_id: str = "",

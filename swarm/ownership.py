@@ -6,7 +6,7 @@ key from storing anything under any other key. On top of it, `OwnerValidator` (r
 so the whole DHT refuses what it refuses) requires of every record:
   - the subkey is exactly `[owner:<key>]`: one key, one record per DHT key (no sybil subkeys);
   - it is under one of the swarm's keys: an index every peer writes its row of (`INDEXES`:
-    `hetero_<swarm>_peers`, `_tallies`), or a key of its owner's own (`OWN_KINDS`:
+    `hetero_<swarm>_peers`), or a key of its owner's own (`OWN_KINDS`:
     `hetero_<swarm>_<kind>/<owner's peer id>`, which no other key can write at all); nothing else
     (the swarm's DHT is not free storage for anyone with a key);
   - the record names its signer: PeerInfo and holder records' `peer_id`, a tally's `learner`, the
@@ -63,15 +63,16 @@ def _tally_ok(value: dict[str, Any], owner: str) -> bool:
 RULES: dict[str, Callable[[dict[str, Any], str], bool]] = {
     "peers": _names_owner("peer_id"), "peer": _names_owner("peer_id"),
     "holds": _names_owner("peer_id"),
-    "tallies": _tally_ok, "tally": _tally_ok,
+    "tally": _tally_ok,
     "swarm": _names_owner("coordinator"),
 }
 """What a record under each of the swarm's keys must satisfy, by the key's name."""
-INDEXES = ("peers", "tallies")
-"""Keys every peer writes its own row of (`hetero_<swarm>_<name>`): listings (status, the leaderboard)."""
+INDEXES = ("peers",)
+"""Keys every peer writes its own row of (`hetero_<swarm>_<name>`): listings (status, the leaderboard's
+display names)."""
 OWN_KINDS = ("peer", "holds", "tally", "swarm")
 """Keys of one owner each (`hetero_<swarm>_<kind>/<peer id>`): what readers who know the owner read."""
-MAX_BYTES = {"peers": 4096, "peer": 4096, "holds": 8192, "tallies": 1 << 20, "tally": 1 << 20, "swarm": 65536}
+MAX_BYTES = {"peers": 4096, "peer": 4096, "holds": 8192, "tally": 1 << 20, "swarm": 65536}
 """A record's serialized value at most, by kind: a peer record is ~500 bytes (16 addresses of 200
 characters fit), a holder record lists at most 512 versions (`dht.MAX_HELD`), a tally credits
 ~10,000 peers in 1 MiB, a swarm record names a few dozen learners."""

@@ -2,12 +2,16 @@
 
 Only learners credit work, and only work they trained on (the record passed every check, its
 reward was recomputed, it was not dropped as too stale). A learner publishes its cumulative
-per-sampler tally under `hetero_<swarm>_tallies`, subkey = its own `[owner:<public key>]`, so:
+per-sampler tally at its own key `hetero_<swarm>_tally/<its peer id>`, subkey = its own
+`[owner:<public key>]`, so:
   - hivemind's RSASignatureValidator refuses a tally not signed by the subkey's key (a forged or
     edited tally, or one written under another learner's subkey);
   - `ownership.OwnerValidator` (run by every peer) refuses a tally whose `learner` field is not
     the peer id of that key, or that credits the learner itself;
-  - `SwarmSchema` (dht.py) refuses malformed values.
+  - the same validator refuses malformed values (`TallyModel`), one over 1 MiB, and one under
+    another learner's key;
+  - readers (its samplers, the leaderboard) read the tallies of the learners they know, one key
+    each: a tally of a key nobody named is never read.
 Tallies are cumulative and carry a sequence number, so a replayed older tally can never add
 credit: readers keep the newest per learner and count older ones as replays (leaderboard.py).
 
@@ -77,6 +81,3 @@ class TallyModel(pydantic.BaseModel):
 
 _OPTIONAL = ("version", "eval_acc", "eval_version")
 
-
-def tallies_key(swarm: str) -> str:
-    return f"hetero_{swarm}_tallies"

@@ -45,7 +45,6 @@ from swarm.leaderboard import (LeaderboardServer, LeaderboardStore, clean_name, 
                                render_learning_chart, render_page, render_rows, serve)
 from swarm.leaderboard.page import HISTORY_ONLY
 from swarm.ownership import MAX_TTL, OwnerValidator, owner_peer_id
-from swarm.tally import tallies_key
 
 ARTIFACTS = Path(os.environ.get("HETERO_TEST_ARTIFACTS", Path(__file__).resolve().parents[1] / "runs" / "test-artifacts"))
 
@@ -182,10 +181,15 @@ def test_rows_route_serves_the_rows_of_the_first_render_and_the_csp_allows_only_
 
 
 class _FakeSwarm:
-    """A source like SwarmNode: tallies and PeerInfos, without a DHT."""
+    """A source like SwarmNode: a coordinator naming L1, tallies and PeerInfos, without a DHT."""
 
-    def tallies(self) -> list[dict]:
-        return [tally("L1", 1, {"A": (8, 40)})]
+    coordinators = {"C"}
+
+    def trusted_learners(self, coordinators: set[str]) -> dict[str, str]:
+        return {"L1": ""} if coordinators == {"C"} else {}
+
+    def tally_of(self, learner: str) -> dict | None:
+        return {"L1": tally("L1", 1, {"A": (8, 40)}), "L2": tally("L2", 1, {"A": (99, 99)})}.get(learner)
 
     def peers(self) -> list[dict]:
         return [{"peer_id": "A", "name": "alice"}]
@@ -200,6 +204,7 @@ def test_serve_collects_from_its_source_until_stopped_and_frees_the_port(tmp_pat
     while not (urls and store.board()["peers"]) and time.monotonic() < deadline:
         time.sleep(0.02)
     board = json.loads(_get(urls[0] + "api/leaderboard")[0])
+    # 8 from L1, which the coordinator names; L2's tally (99 more) is never read
     assert [(p["peer_id"], p["name"], p["rollouts"]) for p in board["peers"]] == [("A", "alice", 8)]
     stop.set()
     t.join(timeout=5)
@@ -235,8 +240,10 @@ def _chain(identity: Identity) -> CompositeValidator:
                                SchemaValidator(SwarmSchema, prefix="hetero_t"), OwnerValidator("t")])
 
 
-def _record(signer: Identity, owner: Identity, value: dict, key: str = tallies_key("t"), prefix: bytes = b"",
+def _record(signer: Identity, owner: Identity, value: dict, key: str | None = None, prefix: bytes = b"",
             ttl: float = 60.0) -> DHTRecord:
+    """`value` under `key` (default: the owner's own tally key), signed by `signer` as `owner`'s."""
+    key = key or own_key("t", "tally", owner.peer_id)
     subkey = prefix + RSASignatureValidator(owner.dht_private_key()).local_public_key
     record = DHTRecord(DHTID.generate(source=key).to_bytes(), MSGPackSerializer.dumps(subkey),
                        MSGPackSerializer.dumps(value), get_dht_time() + ttl)
@@ -414,9 +421,8 @@ def test_the_dht_keeps_a_learners_tally_and_refuses_forged_ones(tmp_path):
         forged = Tally()
         forged.credit(forger.peer_id, 10_000, 10_000, "m")
         assert not forger.publish_tally(forged.record(learner.peer_id, "m"))  # claims to be the learner
-        got = reader.tallies()
-        assert [x["learner"] for x in got] == [learner.peer_id]
-        assert got[0]["peers"]["sampler-A"]["rollouts"] == 8
+        got = reader.tally_of(learner.peer_id)
+        assert got["learner"] == learner.peer_id and got["peers"]["sampler-A"]["rollouts"] == 8
     finally:
         for n in reversed(nodes):
             n.shutdown()

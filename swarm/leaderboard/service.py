@@ -1,7 +1,7 @@
 """The leaderboard service: the page's server over the store (server.py), and the loop that fills it.
 
 `serve` is the whole service short of its inputs: the caller opens the store and, to collect, a
-swarm peer (anything with `.tallies()` and `.peers()`, e.g. a SwarmNode), and closes them after.
+swarm peer (a `Source`, e.g. a SwarmNode), and closes them after.
 Keeping the swarm out of here means the service runs, and is tested, with no DHT at all ("history
 only", or a fake source). The collector runs on the caller's thread; the page is served from a
 thread and event loop of its own, with the budgets of `ServerLimits`.
@@ -20,9 +20,14 @@ log = logging.getLogger(__name__)
 
 
 class Source(Protocol):
-    """Where tallies and display names come from (a SwarmNode has both)."""
+    """Where tallies and display names come from (a SwarmNode has all of it)."""
 
-    def tallies(self) -> list[dict]: ...
+    coordinators: set[str]
+    """The peers whose swarm records name the learners (the bootstrap peers it was pointed at)."""
+
+    def trusted_learners(self, coordinators: set[str]) -> dict[str, str]: ...
+
+    def tally_of(self, learner: str) -> dict | None: ...
 
     def peers(self) -> list[dict]: ...
 
@@ -44,8 +49,12 @@ def collect_once(store: LeaderboardStore, tallies: Callable[[], list[dict]], pee
 
 
 def _collect(store: LeaderboardStore, source: Source, trusted: set[str] | None) -> None:
+    """One pass: the tallies of the `trusted` learners, or else of those the coordinators' swarm
+    records name, one DHT key each (a tally of a key nobody named is never read, issue 39)."""
     try:
-        outcome = collect_once(store, source.tallies, source.peers, trusted)
+        learners = sorted(trusted if trusted is not None else source.trusted_learners(source.coordinators))
+        tallies = lambda: [t for t in map(source.tally_of, learners) if t is not None]  # noqa: E731
+        outcome = collect_once(store, tallies, source.peers, set(learners))
     except Exception as e:  # the DHT is slow or empty: keep serving what we have
         log.warning("could not read tallies from the swarm: %s", e)
         return

@@ -13,7 +13,7 @@ from typing import Awaitable, Callable, TypeVar
 
 from google.protobuf.wrappers_pb2 import BytesValue
 
-from ..dht import (NetworkConfig, announce, announce_holdings, create_dht, holdings_of, list_peers, list_tallies,
+from ..dht import (NetworkConfig, announce, announce_holdings, create_dht, holdings_of, list_peers,
                    peer_id_of_maddr, peer_records, publish_swarm_record, publish_tally, tally_of, trusted_learners)
 from ..identity import Identity
 from .budget import StreamBudget
@@ -80,10 +80,6 @@ class SwarmNode:
 
     def publish_tally(self, value: dict, ttl: float = 600.0) -> bool:
         return publish_tally(self.dht, self.identity, self.swarm, value, ttl)
-
-    def tallies(self) -> list[dict]:
-        """Every tally in the index (the leaderboard's listing); a sampler reads its learner's: `tally_of`."""
-        return list_tallies(self.dht, self.swarm)
 
     def tally_of(self, learner: str) -> dict | None:
         return tally_of(self.dht, self.swarm, learner)

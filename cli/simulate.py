@@ -106,7 +106,8 @@ class Simulator:
         lcfg = replace(cfg.learner, accept_models=(*cfg.learner.accept_models, *others))
         self.learner = Learner(lcfg, load_model(cfg.model, device=cfg.device), tok, self.task, model_id=cfg.model,
                                sampling=cfg.sampling, link=self.exchange, metrics=self.metrics, on_record=self._record,
-                               chain=f"sim-seed-{cfg.seed}")  # sampling randomness hangs off the chain
+                               chain=f"sim-seed-{cfg.seed}",  # sampling randomness hangs off the chain
+                               keep_records=None)  # a finite run: its history is its result
         self._on_record: Callable[[dict], None] | None = None
         self.samplers: list[tuple[Sampler, object, float]] = []
         for spec in cfg.samplers:
@@ -162,4 +163,4 @@ class Simulator:
         if self.learner.history[-1].get("kind") != "eval":
             self.learner.run_eval()
         self.metrics.close()
-        return self.learner.history
+        return list(self.learner.history)

@@ -14,14 +14,7 @@ from helpers.inmemory import tiny_swarm
 from node.checkpoint import CheckpointSchedule, latest_checkpoint, prune_checkpoints
 from node.learner import LearnerConfig
 from swarm.journal import Journal
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
+from helpers.clock import Clock
 
 
 def test_the_schedule_fires_on_versions_or_time_whichever_first_and_never_twice_at_a_version():

@@ -19,6 +19,7 @@ import uuid
 import msgpack
 import pytest
 
+from helpers.clock import Clock
 from swarm.envelope import seal
 from swarm.identity import Identity
 from swarm.journal import Journal
@@ -28,17 +29,9 @@ from swarm.rollouts import (MAX_BATCH, MAX_OPEN_CALLS, ROLLOUTS, BatchItem, Room
                             TokenBuckets, pool_bound, unpack_batch)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 # ---- the budget math, by hand ----------------------------------------------------------------------
 def test_token_buckets_grant_whole_tokens_refill_at_rate_and_cap_at_the_burst():
-    clock = Clock()
+    clock = Clock(100.0)
     b = TokenBuckets(rate=2.0, burst=4.0, clock=clock)
     assert b.take("a", 10) == 4  # a full burst
     assert b.take("a", 1) == 0
@@ -52,7 +45,7 @@ def test_token_buckets_grant_whole_tokens_refill_at_rate_and_cap_at_the_burst():
 
 
 def test_a_charge_may_overdraw_and_is_paid_back_at_the_rate():
-    clock = Clock()
+    clock = Clock(100.0)
     b = TokenBuckets(rate=1000.0, burst=1000.0, clock=clock)
     b.charge("a", 3000)  # one call three times the burst: let through, then owed
     assert b.available("a") == -2000.0
@@ -64,7 +57,7 @@ def test_a_charge_may_overdraw_and_is_paid_back_at_the_rate():
 
 
 def test_token_buckets_forget_the_least_recent_peer_beyond_max_peers():
-    clock = Clock()
+    clock = Clock(100.0)
     b = TokenBuckets(rate=1.0, burst=2.0, max_peers=2, clock=clock)
     for peer in ("a", "b", "c"):
         assert b.take(peer, 2) == 2
@@ -212,7 +205,7 @@ class Intake(Learner):
 
     def __init__(self, tmp_path, proven: set[str] = frozenset(), refused: set[str] = frozenset(), **cfg) -> None:
         super().__init__(set(proven), refused)
-        self.clock = Clock()
+        self.clock = Clock(100.0)
         node = Handlers()
         self.receiver = RolloutReceiver(node, Journal(tmp_path / "journal.bin"), IntakeConfig(**cfg),
                                         clock=self.clock, tarpit_s=0.0)

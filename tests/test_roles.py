@@ -293,3 +293,21 @@ def test_own_groups_made_with_the_learners_weights_in_memory_are_trained_on_not_
     assert learner.tally.peers == {}  # the leaderboard refuses a learner that credits itself
     assert any(not torch.equal(a, b) for a, b in zip(before, learner.model.parameters()))
     assert engine.model is learner.model  # it generated with what it trained
+
+
+def test_a_nodes_learner_keeps_its_newest_records_and_its_report_the_sessions_first_eval():
+    """A soak of 6,338 versions grew a learner that kept every step record (8.6 KiB each) by ~33 MB/h:
+    a node keeps the newest KEEP_RECORDS (all are in metrics.jsonl); its exit summary still starts
+    from the session's first eval."""
+    from cli.roles.report import LearnerReport
+    from node.learner.learner import KEEP_RECORDS
+
+    learner = tiny_swarm().learner
+    report = LearnerReport(learner)
+    learner._emit({"kind": "eval", "version": 0, "eval_acc": 0.125})
+    report.line(idle_s=0.0)  # the status line, every status_every_s from the start
+    for v in range(KEEP_RECORDS + 10):
+        learner._emit({"kind": "step", "version": v, "reward": 0.5})
+    learner._emit({"kind": "eval", "version": KEEP_RECORDS + 10, "eval_acc": 0.5})
+    assert len(learner.history) == KEEP_RECORDS and learner.history[0]["version"] == 11
+    assert "eval 12.5% -> 50.0%" in report.summary()

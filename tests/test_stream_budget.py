@@ -13,6 +13,7 @@ import sys
 from swarm.p2p.budget import MIN_TOTAL, RESERVED_FDS, StreamBudget, total_for
 from swarm.p2p.doors import TARPIT_MAX_S, TARPIT_S, Door, DoorBudget, Doors
 from swarm.weights.chunks import CHUNK_SIZE, CHUNKS, CHUNKS_BUDGET, FAST_LINE, MiB, ChunkStore
+from helpers.clock import Clock
 
 
 def test_a_peer_past_its_streams_on_one_protocol_is_refused_and_counted_others_are_not():
@@ -65,13 +66,6 @@ def test_a_node_raises_its_soft_open_file_limit_to_the_hard_one():
 
 
 # ---- doors.py: what a call past a door's budget waits, and budgets that follow what they guard ----
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def test_a_refused_call_waits_until_its_bound_refills_at_least_the_floor_at_most_the_cap():

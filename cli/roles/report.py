@@ -11,9 +11,14 @@ class LearnerReport:
     def __init__(self, learner: Learner) -> None:
         self.learner, self.t0 = learner, time.monotonic()
         self.v0, self.trained0 = learner.version, learner.books.trained()
+        self._first_eval: float | None = None
+        """The session's first eval accuracy (the learner keeps only its newest records)."""
 
     def _evals(self) -> list[float]:
-        return [r["eval_acc"] for r in self.learner.history if r["kind"] == "eval"]
+        evals = [r["eval_acc"] for r in self.learner.history if r["kind"] == "eval"]
+        if self._first_eval is None and evals:
+            self._first_eval = evals[0]
+        return evals
 
     def rate(self) -> float:
         """Groups trained on per second since this session started."""
@@ -35,7 +40,7 @@ class LearnerReport:
 
     def summary(self) -> str:
         lr, evals = self.learner, self._evals()
-        acc = f"eval {evals[0]:.1%} -> {evals[-1]:.1%}" if evals else "no eval"
+        acc = f"eval {self._first_eval:.1%} -> {evals[-1]:.1%}" if evals else "no eval"
         drops = ", ".join(f"{k} {v}" for k, v in sorted(lr.drops.items())) or "none"
         return (f"learner stopped at version {lr.version} ({lr.version - self.v0} this session, "
                 f"{time.monotonic() - self.t0:.0f} s): {lr.books.trained() - self.trained0} groups trained on from "

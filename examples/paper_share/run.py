@@ -86,7 +86,7 @@ def make_parties(setting: str, seed: int, args: argparse.Namespace, out: Path) -
         exchange = MemoryExchange(_Clock.shared, seed=seed)
         learner = Learner(cfg, load_model(model), tok, task, model_id=model, link=exchange,
                           metrics=MetricsWriter(str(out / f"{setting}_s{seed}_{name}.jsonl")),
-                          chain=f"sim-{name}-seed-{seed}")  # each learner its own chain
+                          chain=f"sim-{name}-seed-{seed}", keep_records=None)  # each learner its own chain
         engine = HFEngine(load_model(model), tok, model)
         sampler = Sampler(f"sampler-{name}", task, engine, tokenizer_hash(tok), sampling=learner.sampling,
                           swarm=learner.swarm, seed=seed)

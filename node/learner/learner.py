@@ -22,6 +22,8 @@ record before acknowledging it.
 
 from __future__ import annotations
 
+import collections
+
 import logging
 import time
 import uuid
@@ -56,6 +58,12 @@ from .training import Training
 log = logging.getLogger(__name__)
 
 
+KEEP_RECORDS = 1024
+"""Step and eval records a node's learner keeps in memory (its status line; the tally's latest eval,
+at eval_every <= 1024): ~8.6 KiB each in Python, so a learner that kept them all grew by ~33 MB/h
+at the demo's 63 versions a minute (a 100-minute soak: +41 MB/h fitted, issue 39)."""
+
+
 class Learner:
     def __init__(self, cfg: LearnerConfig, model, tokenizer, task: Task, *, model_id: str,
                  sampling: SamplingConfig = SamplingConfig(), swarm: str = "local", link: LearnerLink | None = None,
@@ -64,7 +72,7 @@ class Learner:
                  compute_dtype: torch.dtype | None = None, leader=None,
                  quarantine: Callable[[bytes, str], None] = lambda raw, why: None,
                  checkpoint_extra: Callable[[], dict] = dict, on_record: Callable[[dict], None] | None = None,
-                 step_extra: Callable[[], dict] = dict) -> None:
+                 step_extra: Callable[[], dict] = dict, keep_records: int | None = KEEP_RECORDS) -> None:
         """`model` sits on the device it trains on, in float32 (master weights); `compute_dtype`
         (e.g. bfloat16 on a GPU) is what its forward runs in, under autocast.
 
@@ -75,7 +83,8 @@ class Learner:
         `quarantine(raw, why)`: where a record that broke ingest or a step goes (never replayed).
         `checkpoint_extra()`: the runner's state saved with each checkpoint (the swarm's journal
         cursor), found again in `restored_extra`. `on_record(rec)`: each step's and eval's metrics.
-        `step_extra()`: what the runner adds to each step record (its doors' refusals, say)."""
+        `step_extra()`: what the runner adds to each step record (its doors' refusals, say).
+        `keep_records`: step and eval records kept in `history` (None: all, for a finite run)."""
         self.cfg, self.model, self.tok, self.task = cfg, model.eval(), tokenizer, task
         self.model_id, self.sampling, self.swarm, self.peer_id, self.leader = model_id, sampling, swarm, peer_id, leader
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
@@ -99,7 +108,8 @@ class Learner:
         self.buffer = GroupBuffer(cfg)
         self.books = Books()
         self.eval_set = eval_problems(task, cfg.eval_size)
-        self.history: list[dict] = []
+        self.history: collections.deque[dict] = collections.deque(maxlen=keep_records)
+        """The newest step and eval records (all of them are in metrics.jsonl)."""
         self.restored_extra: dict = {}
         self._t0 = time.time()
 

@@ -68,13 +68,15 @@ def _key(path: Path) -> str:
     return Identity.load_or_create(path).peer_id
 
 
-def make_keys(keydir: Path, n: int) -> list[Identity]:
-    """N keys in `keydir` (made on both cores if missing: 0.1 s each), loaded."""
+def make_keys(keydir: Path, n: int, load: bool = True) -> list[Identity]:
+    """N keys in `keydir` (made on both cores if missing: 0.1 s each), loaded (0.08 s each) if `load`."""
     keydir.mkdir(parents=True, exist_ok=True)
     paths = [keydir / f"k{i}.key" for i in range(n)]
-    with multiprocessing.Pool(2) as pool:
-        pool.map(_key, [p for p in paths if not p.exists()])
-    return [Identity.load_or_create(p) for p in paths]
+    missing = [p for p in paths if not p.exists()]
+    if missing:
+        with multiprocessing.Pool(2) as pool:
+            pool.map(_key, missing)
+    return [Identity.load_or_create(p) for p in paths] if load else []
 
 
 def main(keydir: str, n: int, swarm: str, learner: str, model: str, initial_peers: list[str]) -> None:
@@ -101,7 +103,7 @@ fails on a call carrying hundreds of records: BlockingIOError)."""
 
 
 async def _store_round(swarm: str, learner: str, model: str, chain: str, version: int, _dht, node) -> tuple[int, int]:
-    expires = get_dht_time() + 60
+    expires = get_dht_time() + 300  # outlives a round of thousands of records (and the 20 s pause)
     keys, values, subkeys = [], [], []
     for ident in _identities:
         subkey = ManyKeys.PUBLIC_KEY_FORMAT.replace(b"_key_", ident.dht_private_key().get_public_key().to_bytes())

@@ -1,9 +1,11 @@
 """DHT discovery: signed, schema-validated, expiring PeerInfo records (docs/DESIGN.md, "Dependencies" and "Wire records").
 
-Each peer stores its PeerInfo under the key `hetero_<swarm>_peers` with a subkey holding its own
-public key (`[owner:...]`), so hivemind's RSASignatureValidator makes the record writable only by
-that key, and the pydantic.v1 SchemaValidator rejects malformed values. Every peer runs the same
-two validators, so a forged or malformed record is refused by the whole DHT, not just by us.
+Each peer stores its records (PeerInfo, holdings, a learner's tally, a coordinator's swarm record)
+at keys of its own, `hetero_<swarm>_<kind>/<peer id>`, and its PeerInfo also in the index
+`hetero_<swarm>_peers`, each under a subkey holding its own public key (`[owner:...]`), so hivemind's
+RSASignatureValidator makes the record writable only by that key; the pydantic.v1 SchemaValidator
+and ownership.py's OwnerValidator refuse malformed values, oversized ones, and anything under any
+other key. Every peer runs the same validators, so such a record is refused by the whole DHT.
 Records expire (`ttl`); a peer refreshes its own periodically, and a vanished peer is forgotten.
 
 Networking defaults are safe: loopback only and no UPnP/NAT-PMP gateway probing unless the
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Dict, List
 
+import msgpack
 import pydantic.v1 as pydantic
 from hivemind.dht import DHT
 from hivemind.dht.crypto import RSASignatureValidator
@@ -254,11 +257,15 @@ def _store(dht: DHT, key: str, value: dict[str, Any], ttl: float, identity: Iden
     future = dht.store(key, value, expiration_time=get_dht_time() + ttl, subkey=_owner_subkey(identity),
                        return_future=True)
     try:
-        return bool(future.result(DHT_TIMEOUT))
+        stored = bool(future.result(DHT_TIMEOUT))
     except TimeoutError:
         future.cancel()
         log.warning("DHT store of %s timed out after %.0f s", key, DHT_TIMEOUT)
         return False
+    if not stored:
+        log.warning("the DHT refused our record under %s (%d bytes packed, expiring in %.0f s; ownership.py "
+                    "has the bounds), or no DHT peer answered", key, len(msgpack.packb(value, use_bin_type=True)), ttl)
+    return stored
 
 
 def _live_values(dht: DHT, key: str) -> list[tuple[dict[str, Any], float]]:

@@ -98,10 +98,13 @@ def credits(tally: dict | None) -> dict[str, int]:
     return {peer: c.get("rollouts", 0) for peer, c in peers.items() if isinstance(c, dict) and c.get("rollouts", 0) > 0}
 
 
-def most_credited(tally: dict | None, n: int) -> list[str]:
-    """The `n` peers a tally credits most (ties by id): whose records a sampler reads for mates."""
+def most_recent(tally: dict | None, n: int) -> list[str]:
+    """The `n` credited peers a tally credited last (ties by id): whose records a sampler reads for
+    mates. By time, not by credit: a tally is cumulative, so after 128 long-gone samplers earned more
+    than a newcomer, the newcomer would never be read (and never be anyone's mate)."""
+    peers = (tally or {}).get("peers", {})
     credit = credits(tally)
-    return sorted(credit, key=lambda m: (-credit[m], m))[:n]
+    return sorted(credit, key=lambda m: (-float(peers[m].get("last", 0.0)), m))[:n]
 
 
 class LearnerTracker:
@@ -110,7 +113,7 @@ class LearnerTracker:
 
     Each refresh reads a bounded number of records, whatever the DHT holds (issue 39): the swarm
     records of our coordinators, the peer records of the learners they name, our learner's tally,
-    and the peer records of the `2 * MAX_MATES` samplers it credits most, each at its owner's own
+    and the peer records of the `2 * MAX_MATES` samplers it credited last, each at its owner's own
     key (swarm/ownership.py). A record any other key stores is never read here: 2,000 fresh keys'
     records cost a sampler nothing it reads."""
 
@@ -157,7 +160,7 @@ class LearnerTracker:
         if learner is None:
             return []
         tally = self.node.tally_of(learner)
-        records = self.node.peer_records(most_credited(tally, 2 * MAX_MATES))
+        records = self.node.peer_records(most_recent(tally, 2 * MAX_MATES))
         return earned([pid for pid, p in records.items() if is_mate(p, learner, self.model_id)], [tally] if tally else [],
                       learner)
 

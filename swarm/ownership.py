@@ -39,14 +39,23 @@ log = logging.getLogger(__name__)
 _OWNER_RE = re.compile(rb"^\[owner:(.+)\]$", re.DOTALL)
 
 
+MAX_SUBKEY = 1024
+"""Bytes of an owner subkey: a 2048-bit RSA key in OpenSSH form is 380 (4096-bit: 724)."""
+
+
 def owner_peer_id(subkey: bytes) -> str | None:
-    """The peer id of a subkey that is exactly `[owner:<ssh-format RSA key>]`, else None."""
-    found = _OWNER_RE.match(subkey) if isinstance(subkey, bytes) else None
+    """The peer id of a subkey that is exactly `[owner:<ssh-format RSA key>]`, else None. Exactly:
+    the key in its canonical OpenSSH form, nothing after it. The parser ignores a trailing comment,
+    which hivemind's signature check accepts too, so `...AAAA 1]`, `...AAAA 2]` were as many rows of
+    one key, and a 500 KB comment passed the value's size bound."""
+    found = _OWNER_RE.match(subkey) if isinstance(subkey, bytes) and len(subkey) <= MAX_SUBKEY else None
     if found is None:
         return None
     try:
         key = serialization.load_ssh_public_key(found.group(1))
     except Exception:
+        return None
+    if key.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH) != found.group(1):
         return None
     der = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     return peer_id_of(der)
@@ -75,7 +84,8 @@ OWN_KINDS = ("peer", "holds", "tally", "swarm")
 MAX_BYTES = {"peers": 4096, "peer": 4096, "holds": 8192, "tally": 1 << 20, "swarm": 65536}
 """A record's serialized value at most, by kind: a peer record is ~500 bytes (16 addresses of 200
 characters fit), a holder record lists at most 512 versions (`dht.MAX_HELD`), a tally credits
-~10,000 peers in 1 MiB, a swarm record names a few dozen learners."""
+~6,700 peers in 1 MiB (~157 bytes each), a swarm record names a few dozen learners. A record past
+its bound is refused, and its writer logs it (dht.py `_store`)."""
 MAX_TTL = 3600.0
 """Seconds ahead a record may expire: peers refresh theirs every few seconds to minutes (tallies:
 600 s), so a record outliving its writer by an hour is already stale; without a bound, a key could

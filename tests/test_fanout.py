@@ -13,7 +13,7 @@ import pytest
 from cli.errors import UserError
 from cli.roles import accepted_models, parse_learners, read_learners_file
 from node.learner import LearnerConfig
-from swarm.discovery import MAX_MATES, choose, earned, takes
+from swarm.discovery import MAX_MATES, choose, earned, most_recent, takes
 from swarm.outbox import OWN, Outbox
 
 
@@ -38,6 +38,16 @@ def test_only_mates_the_followed_learners_tally_credits_share_downloads():
     many = [f"S{i:04d}" for i in range(3 * MAX_MATES)]
     top = earned(many, [tally("LA", {p: i + 1 for i, p in enumerate(many)})], "LA")
     assert top == sorted(many[-MAX_MATES:])  # the most credited, in the order every sampler computes
+
+
+def test_the_records_a_sampler_reads_for_mates_are_of_the_samplers_credited_last():
+    """A tally is cumulative: by credit, 128 long-gone samplers would keep a newcomer out for good."""
+    def row(rollouts: int, last: float) -> dict:
+        return {"groups": 1, "rollouts": rollouts, "last": last}
+    tally = {"learner": "LA", "peers": {"GONE1": row(900, 10.0), "GONE2": row(800, 11.0), "NEW": row(8, 50.0),
+                                       "NEWER": row(8, 60.0), "UNPAID": row(0, 70.0)}}
+    assert most_recent(tally, 2) == ["NEWER", "NEW"]  # uncredited rows are no one's mate
+    assert most_recent(tally, 9) == ["NEWER", "NEW", "GONE2", "GONE1"] and most_recent(None, 3) == []
 
 
 def test_a_sampler_follows_its_own_models_learner_and_feeds_those_that_name_its_model():

@@ -14,6 +14,7 @@ and desktop widths in Chromium (screenshots saved).
 
 from __future__ import annotations
 
+import dataclasses
 import base64
 import contextlib
 import hashlib
@@ -650,6 +651,23 @@ def test_an_owners_own_key_takes_its_record_and_nobody_elses(tmp_path):
     # any other key: the swarm's DHT is not free storage
     assert not reader.validate(_record(attacker, attacker, _info(attacker.peer_id), "hetero_t_anything"))
     assert not reader.validate(_record(attacker, attacker, _info(attacker.peer_id), "hetero_t_holders"))
+
+
+def test_one_key_has_one_subkey_not_one_per_comment_after_its_public_key(tmp_path):
+    """The OpenSSH parser ignores a comment after the key, and hivemind's signature check accepts
+    it: `...AAAA 1]`, `...AAAA 2]` were as many rows of one key, and a 500 KB comment passed the
+    value's size bound. Only the key's canonical form is an owner."""
+    peer = Identity.load_or_create(tmp_path / "p.key")
+    reader = _chain(Identity.load_or_create(tmp_path / "r.key"))
+    own = RSASignatureValidator(peer.dht_private_key()).local_public_key
+    for key in ("hetero_t_peers", own_key("t", "peer", peer.peer_id)):
+        for subkey in (own[:-1] + b" 1]", own[:-1] + b" " + b"x" * 5000 + b"]"):
+            record = DHTRecord(DHTID.generate(source=key).to_bytes(), MSGPackSerializer.dumps(subkey),
+                               MSGPackSerializer.dumps(_info(peer.peer_id)), get_dht_time() + 60)
+            signature = peer.dht_private_key().sign(MSGPackSerializer.dumps(dataclasses.astuple(record)))
+            signed = dataclasses.replace(record, value=record.value + b"[signature:" + signature + b"]")
+            assert not reader.validate(signed), (key, len(subkey))
+        assert reader.validate(_record(peer, peer, _info(peer.peer_id), key))
 
 
 def test_a_record_larger_or_longer_lived_than_its_kind_allows_is_refused(tmp_path):

@@ -16,6 +16,7 @@ from node.models import BUILTIN_MODEL
 from node.tasks import ArithmeticConfig
 from swarm.delay import DelayConfig
 from swarm.dht import NetworkConfig
+from swarm.ownership import MAX_TTL
 from swarm.weights import FetchConfig
 
 ROLES = ("sampler", "learner", "sampler,learner")
@@ -106,6 +107,8 @@ class JoinConfig:
             raise ValueError("max_steps must be >= 1")
         if min(self.status_every_s, self.tally_every_s, self.announce_every_s, self.peer_ttl_s) <= 0:
             raise ValueError("status_every_s, tally_every_s, announce_every_s and peer_ttl_s must be > 0")
+        if self.peer_ttl_s > MAX_TTL:
+            raise ValueError(f"peer_ttl_s is {self.peer_ttl_s:g}; at most {MAX_TTL:g} (the DHT refuses records living longer)")
         self.workdir = self.workdir or f"hetero-node-{self.role.replace(',', '-')}"
 
     @property

@@ -81,6 +81,9 @@ class DoorBudget:
     pool_call_burst: float = INF
     pool_bytes_per_s: float = INF
     pool_byte_burst: float = INF
+    max_tarpit_s: float = INF
+    """The longest a refused call of this door waits, below `TARPIT_MAX_S` where the door's callers
+    must hear sooner (a chunk refusal says "not held", and a fetcher demotes a source silent for 3 s)."""
     why: str = ""
     """Where the figures come from: shown in DESIGN's table of doors and in `hetero-node` logs."""
 
@@ -177,7 +180,7 @@ class Door:
         return max(0.0, need - tokens) / rate if rate > 0 else INF
 
     def tarpit_s(self, peer: str, why: str) -> float:
-        return min(TARPIT_MAX_S, max(TARPIT_S, self.refill_s(peer, why)))
+        return min(self.budget.max_tarpit_s, TARPIT_MAX_S, max(TARPIT_S, self.refill_s(peer, why)))
 
     async def tarpit(self, peer: str, why: str = "calls") -> None:
         """Hold a call turned away past the bound `why` until that bound refills, at least TARPIT_S

@@ -36,6 +36,7 @@ honest fetch, whatever its line, is never slowed by the door."""
 CHUNKS_BUDGET = DoorBudget(
     calls_per_s=8.0, call_burst=64, bytes_per_s=FAST_LINE, byte_burst=64 * MiB,
     pool_calls_per_s=64.0, pool_call_burst=256, pool_bytes_per_s=64 * MiB, pool_byte_burst=64 * MiB,
+    max_tarpit_s=1.0,  # "not held" must reach an honest fetcher before its hedge_s (3 s) demotes us
     why="a fetcher opens up to 4 streams per source per version, each asking many chunks; a peer may take a "
         "whole version at its line rate: the byte bursts grow to the largest version the node holds "
         "(`ChunkStore.put`: a 0.6B keyframe in bf16 is 1.2 GB, a 7B one 15 GB; 64 MiB before any) and one "

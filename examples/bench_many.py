@@ -67,8 +67,8 @@ class Loop:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-        try:
-            self.run(cancel_all(), 30)
+        try:  # not through `run`: its wait_for wrapper is a task too, and would be cancelled with the rest
+            self.future(cancel_all()).result(30)
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
 

@@ -28,7 +28,7 @@ from hivemind.utils import get_dht_time
 
 from .identity import Identity
 from .lifetime import end_with_parent
-from .ownership import OwnerValidator
+from .ownership import OwnerValidator, own_key
 from .tally import TallyModel
 
 log = logging.getLogger(__name__)
@@ -291,12 +291,6 @@ def announce(dht: DHT, identity: Identity, swarm: str, info: dict[str, Any], ttl
             "updated": float(get_dht_time())}
     indexed = _store(dht, peers_key(swarm), info, ttl, identity)
     return _store(dht, own_key(swarm, "peer", identity.peer_id), info, ttl, identity) and indexed
-
-
-def own_key(swarm: str, kind: str, peer_id: str) -> str:
-    """The key only `peer_id` may write, one record (ownership.py: `OWN_KINDS`): what a reader who
-    knows whom it wants reads, one get per owner, however many records other keys stored."""
-    return f"hetero_{swarm}_{kind}/{peer_id}"
 
 
 def own_records(dht: DHT, swarm: str, kind: str, owners: list[str]) -> dict[str, dict[str, Any]]:

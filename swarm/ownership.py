@@ -39,6 +39,12 @@ log = logging.getLogger(__name__)
 _OWNER_RE = re.compile(rb"^\[owner:(.+)\]$", re.DOTALL)
 
 
+def own_key(swarm: str, kind: str, peer_id: str) -> str:
+    """The key only `peer_id` may write, one record (`OWN_KINDS`): what a reader who knows whom it
+    wants reads, one get per owner, however many records other keys stored."""
+    return f"hetero_{swarm}_{kind}/{peer_id}"
+
+
 MAX_SUBKEY = 1024
 """Bytes of an owner subkey: a 2048-bit RSA key in OpenSSH form is 380 (4096-bit: 724)."""
 
@@ -107,7 +113,7 @@ class OwnerValidator(RecordValidatorBase):
         some kind, or None (not the swarm's, or another owner's own key)."""
         if key in self._indexes:
             return self._indexes[key]
-        return next((k for k in OWN_KINDS if DHTID.generate(source=f"hetero_{self.swarm}_{k}/{owner}").to_bytes() == key),
+        return next((k for k in OWN_KINDS if DHTID.generate(source=own_key(self.swarm, k, owner)).to_bytes() == key),
                     None)
 
     def validate(self, record: DHTRecord) -> bool:

@@ -12,7 +12,7 @@ import sys
 
 from swarm.p2p.budget import MIN_TOTAL, RESERVED_FDS, StreamBudget, total_for
 from swarm.p2p.doors import TARPIT_MAX_S, TARPIT_S, Door, DoorBudget, Doors
-from swarm.weights.chunks import CHUNK_SIZE, CHUNKS, CHUNKS_BUDGET, FAST_LINE, MiB, ChunkStore
+from swarm.weights.chunks import CHUNK_SIZE, CHUNKS, CHUNKS_BUDGET, MiB, ChunkStore
 from helpers.clock import Clock
 
 
@@ -101,7 +101,6 @@ def test_a_chunk_doors_byte_bursts_grow_to_the_largest_version_it_holds():
     assert keyframe <= served < keyframe + CHUNK_SIZE  # all of it at once, then the rate
     clock.t = 1.0
     assert door.allows("newcomer", CHUNK_SIZE) is None  # a second later the pool's rate lets a chunk in
-    assert CHUNKS_BUDGET.bytes_per_s == FAST_LINE == 125_000_000  # and one peer's rate is a 1 Gbit/s line
 
 
 def test_a_chunk_store_sizes_its_door_by_what_it_holds():

@@ -64,11 +64,11 @@ class WeightServer:
             return b""
         self.stats["manifests"] += 1
         after, wait = self._long_poll(payload, remote)
-        if wait > 0 and after == self._newest and self._may_wait(remote):
+        unknown = not self.node.doors.is_trusted(remote)
+        if wait > 0 and after == self._newest and self._may_wait(remote, unknown):
             if self._published is None:
                 self._loop, self._published = asyncio.get_running_loop(), asyncio.Event()
             published = self._published
-            unknown = not self.node.doors.is_trusted(remote)
             self._waiting.add(remote)
             self._waiting_unknown += unknown
             self.stats["long_polls"] += 1
@@ -81,10 +81,10 @@ class WeightServer:
                 self._waiting_unknown -= unknown
         return self._manifest
 
-    def _may_wait(self, remote: str) -> bool:
+    def _may_wait(self, remote: str, unknown: bool) -> bool:
         """One long poll per peer, MAX_WAITERS in all, half of them for keys the node does not know."""
         why = ("peer" if remote in self._waiting else "all" if len(self._waiting) >= self.MAX_WAITERS else
-               "unknown" if not self.node.doors.is_trusted(remote) and self._waiting_unknown >= self.MAX_WAITERS // 2
+               "unknown" if unknown and self._waiting_unknown >= self.MAX_WAITERS // 2
                else None)
         if why is not None:
             self.stats[f"long_polls_refused_{why}"] += 1

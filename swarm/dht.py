@@ -15,6 +15,7 @@ caller opts in (`NetworkConfig`), which a real `join` on the internet does.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Dict, List
@@ -223,11 +224,33 @@ def swarm_validators(identity: Identity, swarm: str) -> list:
 
 
 class _DHT(DHT):
-    """hivemind's DHT, whose process and p2pd end when the node's process does (swarm/lifetime.py)."""
+    """hivemind's DHT, whose process and p2pd end when the node's process does (swarm/lifetime.py),
+    callable from several threads at once."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # every call is a message down one pipe to the DHT process, and a Connection is not safe
+        # for two threads: a message over 16 KiB (a tally) goes in two writes that another
+        # thread's can split. A role's heartbeat, its fetcher's announcer and its loop all call
+        self._outer_pipe = _LockedSend(self._outer_pipe)
 
     def run(self) -> None:
         end_with_parent()
         super().run()
+
+
+class _LockedSend:
+    """A pipe's sending end whose `send` one thread at a time may use (the rest passes through)."""
+
+    def __init__(self, conn) -> None:
+        self._conn, self._lock = conn, threading.Lock()
+
+    def send(self, obj) -> None:
+        with self._lock:
+            self._conn.send(obj)
+
+    def __getattr__(self, name: str):
+        return getattr(self._conn, name)
 
 
 def _dht(identity: Identity, net: NetworkConfig, validators: list, announce: list[str] | None) -> DHT:

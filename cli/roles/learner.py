@@ -31,7 +31,7 @@ from swarm.p2p import SwarmNode
 from swarm.records import MAX_RECORD_BYTES
 from swarm.swarm_exchange import SwarmLearnerLink
 
-from .common import Every, start_node, survive, volunteer_command
+from .common import Every, Heartbeat, start_node, survive, volunteer_command
 from .config import JoinConfig
 from .report import LearnerReport
 
@@ -203,22 +203,23 @@ class LearnerRun:
 
     def run(self, stop: threading.Event) -> None:
         learner, cfg = self.learner, self.cfg
-        learner.start()
-        if not self.resumed:
-            learner.run_eval()
-        announce, tally, status = Every(cfg.announce_every_s), Every(cfg.tally_every_s), Every(cfg.status_every_s)
-        peers = cfg.network.initial_peers
-        log.info("volunteers join with: %s", volunteer_command(peers[:1], cfg.swarm, peers[1:]))
+        self.card = self._card()
+        heartbeat = Heartbeat([("announcing the learner", cfg.announce_every_s, self._announce)])
+        tally, status = Every(cfg.tally_every_s), Every(cfg.status_every_s)
         made = False
         try:
+            learner.start()
+            if not self.resumed:
+                learner.run_eval()
+            peers = cfg.network.initial_peers
+            log.info("volunteers join with: %s", volunteer_command(peers[:1], cfg.swarm, peers[1:]))
             while not stop.is_set() and not self.done:
-                if announce():
-                    survive("announcing the learner", self._announce)
-                if tally() and learner.tally.peers:
-                    survive("publishing the tally", lambda: publish_tally(self.node, learner, cfg.model))
+                heartbeat.check()
+                self._between_steps(tally)
                 survive("reading rollouts", lambda: self._read(self._wait_s(made)))
                 while not self.done and learner.step() is not None:
                     self.checkpoints.after_step()
+                    self._between_steps(tally)  # steps back to back can take many minutes at size
                 made = self._own_turn()
                 if learner.leader is not None:
                     learner.leader.keepalive()
@@ -231,6 +232,7 @@ class LearnerRun:
                     learner.run_eval()
                 log.info("reached version %d: stopping", learner.version)
         finally:
+            heartbeat.close()
             self._close()
 
     @property
@@ -257,13 +259,21 @@ class LearnerRun:
             self.last_data = time.monotonic()
         return made
 
-    def _announce(self) -> None:
+    def _between_steps(self, tally: Every) -> None:
+        """What the announcement says now, and the tally when it is due."""
+        self.card = self._card()
+        if tally() and self.learner.tally.peers:
+            survive("publishing the tally", lambda: publish_tally(self.node, self.learner, self.cfg.model))
+
+    def _card(self) -> dict:
+        """What the learner announces, made by the loop (the heartbeat's thread reads only this)."""
         learner, cfg = self.learner, self.cfg
-        self.node.announce({"role": "learner", "model_id": cfg.model, "version": learner.version, "engine": "hf",
-                            "throughput": round(self.report.rate() * cfg.sampling.group_size, 3),
-                            "maddrs": self.node.maddrs(),
-                            "accepts": accepted_models(cfg.learner, learner.checks.other_tokenizer_models())},
-                           ttl=cfg.peer_ttl_s)
+        return {"role": "learner", "model_id": cfg.model, "version": learner.version, "engine": "hf",
+                "throughput": round(self.report.rate() * cfg.sampling.group_size, 3),
+                "accepts": accepted_models(cfg.learner, learner.checks.other_tokenizer_models())}
+
+    def _announce(self) -> None:
+        self.node.announce({**self.card, "maddrs": self.node.maddrs()}, ttl=self.cfg.peer_ttl_s)
 
     def _close(self) -> None:
         learner = self.learner

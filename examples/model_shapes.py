@@ -22,19 +22,32 @@ SHAPES: dict[str, dict] = {
 }
 
 
-def build(shape: str, max_positions: int = 40960, seed: int = 0) -> torch.nn.Module:
-    """A Qwen3ForCausalLM of `shape` in float32 with random weights, in eval mode."""
+def shape_of(shape: str, layers: int | None = None) -> dict:
+    """The config figures of `shape`, with `layers` transformer layers instead of its own (a
+    shorter model of the same widths and vocabulary: the output head and the embedding, which a
+    151k vocabulary makes the largest tensors, are unchanged)."""
+    s = dict(SHAPES[shape])
+    if layers is not None:
+        if layers < 1:
+            raise ValueError(f"layers must be >= 1, not {layers}")
+        s["num_hidden_layers"] = layers
+    return s
+
+
+def build(shape: str, max_positions: int = 40960, seed: int = 0, layers: int | None = None) -> torch.nn.Module:
+    """A Qwen3ForCausalLM of `shape` (with `layers` layers, see `shape_of`) in float32 with random
+    weights, in eval mode."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    cfg = Qwen3Config(**SHAPES[shape], max_position_embeddings=max_positions, rope_theta=1_000_000.0,
+    cfg = Qwen3Config(**shape_of(shape, layers), max_position_embeddings=max_positions, rope_theta=1_000_000.0,
                       pad_token_id=0, eos_token_id=1, bos_token_id=None)
     torch.manual_seed(seed)
     return Qwen3ForCausalLM(cfg).eval()
 
 
-def parameters(shape: str) -> int:
+def parameters(shape: str, layers: int | None = None) -> int:
     """Parameter count of a shape (tied embeddings counted once), without building it."""
-    s = SHAPES[shape]
+    s = shape_of(shape, layers)
     h, f, n, v = s["hidden_size"], s["intermediate_size"], s["num_hidden_layers"], s["vocab_size"]
     q, kv = s["num_attention_heads"] * s["head_dim"], s["num_key_value_heads"] * s["head_dim"]
     layer = h * (q + 2 * kv) + q * h + 3 * h * f + 2 * h + 2 * s["head_dim"]
@@ -77,10 +90,11 @@ def tokenizer(vocab: int):
                                    padding_side="left", model_max_length=40960)
 
 
-def save(shape: str, folder: str, dtype: torch.dtype = torch.bfloat16) -> str:
+def save(shape: str, folder: str, dtype: torch.dtype = torch.bfloat16, layers: int | None = None,
+         max_positions: int = 40960) -> str:
     """Write a shaped model (random weights, `dtype`) and its tokenizer as a model folder that
     every engine loads like a downloaded one (e.g. `examples/bench_vllm.py --model FOLDER`)."""
-    model = build(shape).to(dtype)
+    model = build(shape, max_positions, layers=layers).to(dtype)
     model.config.dtype = dtype
     model.save_pretrained(folder)
     tokenizer(model.config.vocab_size).save_pretrained(folder)

@@ -15,7 +15,8 @@ TensorBoard tags (global_step = the record's "version"):
     scalar tag per staleness value would scatter it over up to `max_staleness` charts;
   * `accepted_by_sampler` ({peer_id: groups}) is kept in the JSONL only: one tag per peer grows
     without bound in a swarm and TensorBoard cannot compare peers across runs anyway;
-  * `kind`, `version` and `step` are not logged (the step is the x axis), nor is an eval record's
+  * `kind`, `version` and `step` are not logged (the step is the x axis), nor wall-clock times
+    (`at`, `held_at`, `weights_published_at`: they line up the records of several processes), nor an eval record's
     `time_s` (the step record of the same version has it, as `train/time_s`);
   * NaN/inf (e.g. the loss of a skipped step), strings, lists and None are not logged to
     TensorBoard (a NaN point makes TensorBoard's charts unreadable); the JSONL keeps them as they
@@ -40,8 +41,9 @@ log = logging.getLogger(__name__)
 
 KIND_PREFIX = {"step": "train", "eval": "eval"}
 """TensorBoard tag prefix per record kind; other kinds use their own name."""
-NOT_LOGGED = frozenset({"kind", "version", "step"})
-"""Keys that identify a record rather than measure something; never TensorBoard scalars."""
+NOT_LOGGED = frozenset({"kind", "version", "step", "at", "held_at", "weights_published_at"})
+"""Keys that identify a record rather than measure something (wall-clock times among them: they
+line records of several processes up); never TensorBoard scalars."""
 NOT_LOGGED_BY_KIND = {"eval": frozenset({"time_s"})}
 PER_PEER = frozenset({"accepted_by_sampler"})
 """Dicts keyed by peer id: unbounded tag count, so JSONL only."""

@@ -37,7 +37,8 @@ class Sampler:
         self.swarm = swarm
         self.prompts_per_batch = prompts_per_batch
         self.stream = PromptStream(task.split("train"), seed=f"{seed}:{peer_id}")
-        self.stats = {"groups": 0, "completions": 0, "weight_updates": 0, "weights_refused": 0, "chain_breaks": 0}
+        self.stats = {"groups": 0, "completions": 0, "tokens": 0, "generate_s": 0.0, "weight_updates": 0,
+                      "weights_refused": 0, "chain_breaks": 0, "load_s": 0.0}
         self.published = None
         """The learner's published view as rebuilt here (a flat tensor in the view's dtype, bit-exact)."""
         self.chain = ""
@@ -76,7 +77,9 @@ class Sampler:
                 return False
             version, chain, nonce, layout = wv.version, wv.chain, version_nonce(wv.blob), enc.layout
         self.published, self.chain, self.nonce = published, chain, nonce
+        t0 = time.perf_counter()
         self.engine.load_weights(retie(layout.tensors(published), aliases), version)
+        self.stats["load_s"] += time.perf_counter() - t0
         self.stats["weight_updates"] += 1
         log.debug("now at version %d", version)
         return True
@@ -89,7 +92,9 @@ class Sampler:
         # checkable sampling: the randomness of each completion comes from the version's nonce, the
         # prompt, our peer id and the completion's index, so the learner can audit every token
         seeds = [group_seeds(self.nonce, p.id, self.peer_id, params.n) for p in problems]
+        t0 = time.perf_counter()
         results = self.engine.generate([p.prompt for p in problems], params, seeds)
+        self.stats["generate_s"] += time.perf_counter() - t0
         groups = []
         for p, r in zip(problems, results):
             comps = [CompletionRecord(c.text, c.token_ids, c.logprobs, c.finish_reason, self.task.reward(c.text, p.answer))
@@ -104,6 +109,7 @@ class Sampler:
             ))
         self.stats["groups"] += len(groups)
         self.stats["completions"] += sum(len(g.completions) for g in groups)
+        self.stats["tokens"] += sum(len(c.token_ids) for g in groups for c in g.completions)
         return groups
 
     def run_once(self, link: SamplerLink, n_prompts: int | None = None) -> int:

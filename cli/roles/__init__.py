@@ -11,7 +11,7 @@ closes its outbox, and the DHT and p2pd are shut down.
     common.py     joining the swarm, pacing, the volunteers' command line
     bootstrap.py  a coordinator's peer and its learners file
     learner.py    a learner: built with its link (the Intake seam), its loop (LearnerRun)
-    report.py     the learner's status line and summary
+    report.py     the learner's status line and summary; a sampler's metrics records
     sampler.py    a sampler: follow the learner, generate, send
     both.py       sampler,learner in one process (LocalSampler)
 

@@ -1,10 +1,13 @@
-"""The learner's status line and exit summary, from its own books."""
+"""The learner's status line and exit summary, from its own books; a sampler's metrics records."""
 
 from __future__ import annotations
 
 import time
 
 from node.learner import Learner
+from node.metrics import MetricsWriter
+from node.sampler import Sampler
+from swarm.swarm_exchange import SwarmSamplerLink
 
 
 class LearnerReport:
@@ -46,3 +49,37 @@ class LearnerReport:
                 f"{time.monotonic() - self.t0:.0f} s): {lr.books.trained() - self.trained0} groups trained on from "
                 f"{len(lr.books.accepted_by_sampler)} samplers; {acc}; dropped: {drops}; checkpoint in "
                 f"{lr.checkpoint_dir}")
+
+
+class SamplerReport:
+    """A sampler's metrics.jsonl: one "batch" record per generation batch (its version, tokens,
+    tokens/s, the fetcher's and sender's running counts: hedges, stalls, demotions, busy answers)
+    and one "weights" record per version fetched (when it was held whole and checked, its bytes,
+    its download's seconds): what `hetero-node plot` and examples/rehearsal.py read."""
+
+    def __init__(self, metrics: MetricsWriter, sampler: Sampler, link: SwarmSamplerLink) -> None:
+        self.metrics, self.sampler, self.link = metrics, sampler, link
+        self._tokens, self._gen_s, self._reported = 0, 0.0, 0.0
+        """Tokens and generation seconds at the last batch; the arrival time last reported."""
+
+    def arrivals(self) -> None:
+        """A "weights" record for each version fetched since the last call (called every turn of
+        the loop, batch or not: a sampler held back by its learner still fetches)."""
+        arrived = list(self.link.weights.arrivals)
+        for version, held_at, nbytes, fetch_s in arrived:
+            if held_at > self._reported:  # each arrival once (versions repeat when a chain restarts)
+                self.metrics.write({"kind": "weights", "version": version, "held_at": round(held_at, 3),
+                                    "bytes": nbytes, "fetch_s": round(fetch_s, 3)})
+        self._reported = max([self._reported, *(a[1] for a in arrived)])
+
+    def batch(self, groups: int) -> None:
+        st, fetcher = self.sampler.stats, self.link.weights
+        self.arrivals()
+        tokens, gen_s = st["tokens"] - self._tokens, st["generate_s"] - self._gen_s
+        self._tokens, self._gen_s = st["tokens"], st["generate_s"]
+        self.metrics.write({"kind": "batch", "version": self.sampler.version, "at": round(time.time(), 3),
+                            "groups": groups, "tokens": tokens, "generate_s": round(gen_s, 3),
+                            "tokens_per_s": round(tokens / gen_s, 2) if gen_s > 0 else 0.0,
+                            "load_s": round(st["load_s"], 3), "weight_updates": st["weight_updates"],
+                            "fetch": dict(fetcher.stats), "rollouts": dict(self.link.rollouts.stats),
+                            "demoted": len(fetcher.demoted)})

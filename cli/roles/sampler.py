@@ -10,6 +10,7 @@ from pathlib import Path
 
 from node.device import resolve
 from node.engines import make_engine
+from node.metrics import MetricsWriter
 from node.models import load_tokenizer, tokenizer_hash
 from node.sampler import Sampler
 from node.tasks import make_task
@@ -19,8 +20,9 @@ from swarm.outbox import Outbox
 from swarm.p2p import SwarmNode
 from swarm.swarm_exchange import SwarmSamplerLink
 
-from .common import Every, start_node, survive
+from .common import Every, Heartbeat, start_node
 from .config import JoinConfig
+from .report import SamplerReport
 
 log = logging.getLogger("hetero-node")
 
@@ -28,6 +30,7 @@ log = logging.getLogger("hetero-node")
 def run_sampler(cfg: JoinConfig, stop: threading.Event) -> None:
     node = start_node(cfg)
     outbox = Outbox(Path(cfg.workdir) / "outbox.db")
+    metrics = MetricsWriter(Path(cfg.workdir) / "metrics.jsonl")
     link = None
     try:
         tracker = LearnerTracker(node, cfg.follow, cfg.model)
@@ -36,7 +39,7 @@ def run_sampler(cfg: JoinConfig, stop: threading.Event) -> None:
                                 fetch=cfg.sampler.fetch, partners=lambda: tracker.partners,
                                 max_partner_owed=cfg.sampler.max_outbox)
         sampler = _make_sampler(cfg, node)
-        _sampler_loop(cfg, node, outbox, link, sampler, tracker, stop)
+        SamplerLoop(cfg, node, outbox, link, sampler, tracker, SamplerReport(metrics, sampler, link)).run(stop)
     finally:
         if link is not None:
             link.close()
@@ -44,6 +47,7 @@ def run_sampler(cfg: JoinConfig, stop: threading.Event) -> None:
                      "(sent when you join again)%s", link.rollouts.stats["delivered"], link.rollouts.stats["rejected"],
                      len(outbox), _partner_summary(link))
         outbox.close()
+        metrics.close()
         node.shutdown()
 
 
@@ -91,30 +95,57 @@ def _make_sampler(cfg: JoinConfig, node: SwarmNode) -> Sampler:
                    swarm=cfg.swarm, prompts_per_batch=cfg.sampler.prompts_per_batch, seed=cfg.seed)
 
 
-def _sampler_loop(cfg: JoinConfig, node: SwarmNode, outbox: Outbox, link: SwarmSamplerLink, sampler,
-                  tracker: LearnerTracker, stop: threading.Event) -> None:
-    announce, status = Every(cfg.announce_every_s), Every(cfg.status_every_s)
-    backoff, groups, t0, force = 1.0, 0, time.monotonic(), True
-    while not stop.is_set():
-        rate = groups * cfg.sampling.group_size / max(time.monotonic() - t0, 1e-6)  # rollouts/s
-        if announce():
-            survive("announcing the sampler", lambda: node.announce(
-                {"role": "sampler", "model_id": cfg.model, "version": sampler.version, "engine": cfg.engine,
-                 "throughput": round(rate, 3), "maddrs": node.maddrs(), "name": cfg.name,
-                 "learner": tracker.current or ""}, ttl=cfg.peer_ttl_s))
-        if status():
+class SamplerLoop:
+    """The sampler's loop: follow the learner, generate while it keeps up, report. Its announcement
+    goes out on a heartbeat of its own: a generation batch at real size takes minutes."""
+
+    def __init__(self, cfg: JoinConfig, node: SwarmNode, outbox: Outbox, link: SwarmSamplerLink, sampler: Sampler,
+                 tracker: LearnerTracker, report: SamplerReport) -> None:
+        self.cfg, self.node, self.outbox, self.link = cfg, node, outbox, link
+        self.sampler, self.tracker, self.report = sampler, tracker, report
+        self.status = Every(cfg.status_every_s)
+        self.backoff, self.groups, self.t0, self.force = 1.0, 0, time.monotonic(), True
+        self.card: dict = {}
+        """What the heartbeat announces: replaced whole by the loop, never changed in place."""
+
+    def run(self, stop: threading.Event) -> None:
+        heartbeat = Heartbeat([("announcing the sampler", self.cfg.announce_every_s, self._announce)])
+        try:
+            while not stop.is_set():
+                heartbeat.check()
+                self._turn(stop)
+        finally:
+            heartbeat.close()
+
+    @property
+    def rate(self) -> float:
+        """Rollouts per second since the start."""
+        return self.groups * self.cfg.sampling.group_size / max(time.monotonic() - self.t0, 1e-6)
+
+    def _announce(self) -> None:
+        if self.card:
+            self.node.announce({**self.card, "maddrs": self.node.maddrs()}, ttl=self.cfg.peer_ttl_s)
+
+    def _turn(self, stop: threading.Event) -> None:
+        cfg, sampler, tracker, link = self.cfg, self.sampler, self.tracker, self.link
+        self.card = {"role": "sampler", "model_id": cfg.model, "version": sampler.version, "engine": cfg.engine,
+                     "throughput": round(self.rate, 3), "name": cfg.name, "learner": tracker.current or ""}
+        if self.status():
             log.info("sampler v%d | groups made %d | acknowledged %d | outbox %d | learner %s | partners %d | "
-                     "%.1f rollouts/s", sampler.version, groups, link.rollouts.stats["delivered"], len(outbox),
-                     short_id(tracker.current) if tracker.current else "none yet", len(tracker.partners), rate)
-        tracker.refresh(force=force)
+                     "%.1f rollouts/s", sampler.version, self.groups, link.rollouts.stats["delivered"], len(self.outbox),
+                     short_id(tracker.current) if tracker.current else "none yet", len(tracker.partners), self.rate)
+        self.report.arrivals()
+        tracker.refresh(force=self.force)
         if not tracker.any:
-            log.info("%s (for %.0f s; retrying in %.0f s)", _waiting_for(tracker, cfg.swarm), time.monotonic() - t0,
-                     backoff)
-            stop.wait(backoff)
-            backoff, force = min(backoff * 2, 30.0), True
-            continue
-        backoff, force = 1.0, False
-        if _held_back(cfg, outbox, link, tracker):
+            log.info("%s (for %.0f s; retrying in %.0f s)", _waiting_for(tracker, cfg.swarm),
+                     time.monotonic() - self.t0, self.backoff)
+            stop.wait(self.backoff)
+            self.backoff, self.force = min(self.backoff * 2, 30.0), True
+            return
+        self.backoff, self.force = 1.0, False
+        if _held_back(cfg, self.outbox, link, tracker):
             stop.wait(0.2)  # the learner is behind or away: do not generate without bound
-            continue
-        groups += sampler.run_once(link)
+            return
+        made = sampler.run_once(link)
+        self.groups += made
+        self.report.batch(made)

@@ -42,10 +42,13 @@ class Publishing:
         """Encode the model's weights as `version` (a patch or a keyframe) and offer them."""
         if self.link is None:
             return {}
+        t0 = time.perf_counter()
         weights, aliases = untie(self.model.state_dict())
         enc = self.publisher.publish(weights, version)
         blob = encode_version(enc, self.model_id, self.chain, aliases)
         self.archive.put(self.chain, version, enc, version_nonce(blob), view=self.publisher.published)
         self.link.publish_weights(WeightVersion(self.model_id, self.chain, version, enc.base, blob))
         self._last = (version, time.monotonic(), len(blob))
-        return {k: round(v, 6) if isinstance(v, float) else v for k, v in enc.stats.items()}
+        # the whole of it (encode, archive, offering it to samplers), and when samplers could ask for it
+        stats = {**enc.stats, "weights_publish_s": time.perf_counter() - t0, "weights_published_at": time.time()}
+        return {k: round(v, 6) if isinstance(v, float) else v for k, v in stats.items()}

@@ -53,6 +53,9 @@ class WeightFetcher:
         """Holders and mates that stalled or lied, benched (under `_stats_lock`)."""
         self.demoted: collections.Counter[str] = collections.Counter()
         """peer -> times it was demoted (`why` in the log)."""
+        self.arrivals: collections.deque[tuple[int, float, int, float]] = collections.deque(maxlen=64)
+        """(version, wall time it was held whole and checked, bytes, seconds since the manifest listed it)
+        of the newest versions fetched: what a sampler's metrics report (the last few suffice)."""
         # several chunk requests in flight: one call at a time leaves the link idle between them;
         # room for as many again that were hedged and are still running out their stall bounds
         self._parallel = max(1, parallel)
@@ -104,6 +107,7 @@ class WeightFetcher:
             manifest = self._manifest(learner, ManifestRequest(have_chain, have_version, wait), stop)
             if manifest is None:
                 return None
+            listed = time.time()  # the long poll's wait is not part of the download
             chain, entries = manifest.chain, {e.version: e for e in manifest.versions}
             wanted = plan_fetch(chain, list(entries), have_chain, have_version)
             for v in wanted:  # from now on, a mate that asks us for these waits for them: it heard
@@ -125,8 +129,10 @@ class WeightFetcher:
                         type(e).__name__, e, have_version)
             return None
         self._timer.arm(now)
+        held = time.time()
         for v, blob in zip(wanted, blobs):
             self.store.put(chain, v, blob)
+            self.arrivals.append((v, held, len(blob), held - listed))
         if wanted:
             self.store.retain(entries)  # versions the learner no longer lists are of no use to anyone
             self._announcements.put((chain, sorted(self.store.blobs)))

@@ -1,0 +1,53 @@
+"""The rehearsal at a real vocabulary, short (examples/rehearsal.py): a bootstrap, a learner and two
+samplers as processes on a Qwen3-shaped model with 151,936 tokens, for a few versions. A change
+that breaks real sizes (a peer record that expires during a long step, a fetch that stalls on a
+version of tens of MB, a bound that fires on honest traffic) fails here, not on a volunteer's GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUTS = ("hedged_streams", "stalled_streams", "short_streams", "bad_streams", "bad_chunks",
+            "weight_fetch_failures", "demotions", "forged_manifests", "send_failures", "batch_errors")
+"""What must never fire on honest traffic: a source timed out or lied, a fetch or a send failed."""
+VERSIONS = 3
+
+
+@pytest.mark.integration
+def test_rehearsal_at_a_real_vocabulary(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "examples" / "rehearsal.py"), "--shape", "wide-vocab-tiny", "--layers", "0",
+         "--completion-len", "48", "--versions", str(VERSIONS), "--minutes", "20", "--run-dir", str(tmp_path)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=25 * 60)
+    finally:
+        if proc.poll() is None:  # it stops and reaps its swarm itself; this only ends a hung run
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, out[-4000:]
+    assert "ORPHANED" not in out
+    got = json.loads((tmp_path / "rehearsal.json").read_text())
+    rows = got["rows"]
+    assert [r["version"] for r in rows][:VERSIONS] == list(range(1, VERSIONS + 1)), out[-4000:]
+    assert all(r["bytes"] > 10e6 for r in rows), rows  # versions of tens of MB: the vocabulary's head
+    last = rows[VERSIONS - 1]
+    for sampler, held in got["held"].items():
+        # every sampler held the last version whole and checked (a sampler that falls behind may
+        # skip patches older than a keyframe, never the newest)
+        assert str(last["version"]) in held, (sampler, last["version"], held)
+        assert held[str(last["version"])] >= last["published_at"] - 1.0
+    fired = {f"{who} {k}": v for who, counts in got["fired_total"].items() for k, v in counts.items()
+             if k.split(".")[-1] in TIMEOUTS}
+    assert not fired, fired
+    for log in (tmp_path / "logs").glob("s*.log"):
+        assert "gone from the swarm" not in log.read_text(), log  # the learner's record lived through its steps
+    assert all(r > 0 for r in got["tokens_per_s"].values()) and len(got["tokens_per_s"]) == 2

@@ -35,6 +35,7 @@ import json
 import os
 import random
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -44,6 +45,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 FILLER = re.compile(r"<t(\d+)>")
+HOLD_WAIT_S = 300.0
+"""After the last version: how long every sampler may take to report holding it (a generation
+batch at size, during which a sampler writes nothing)."""
 GIB = 2 ** 30
 
 
@@ -109,10 +113,11 @@ class Swarm:
         from cli.procs import start_node, wait_for_file
         from swarm.identity import Identity
 
+        for old in ["logs", "bootstrap", "learner", *[f"s{i}" for i in range(64)]]:  # a --run-dir used before
+            shutil.rmtree(self.base / old, ignore_errors=True)  # keeps only its model: a fresh swarm
         learner_key = Identity.load_or_create(self.base / "learner" / "identity.key")
         boot = self.base / "bootstrap"
         boot.mkdir(parents=True, exist_ok=True)
-        (boot / "boot.addr").unlink(missing_ok=True)  # a --run-dir used before: not the old address
         self.nodes["bootstrap"] = start_node("bootstrap", [
             "bootstrap", "--port", "0", "--host", "127.0.0.1", "--no-nat", "--swarm", "rehearsal",
             "--identity", str(boot / "boot.key"), "--addr-file", str(boot / "boot.addr"),
@@ -297,6 +302,7 @@ def run(args: argparse.Namespace, stop_evt) -> int:
     tails = {n: Tail(base / n / "metrics.jsonl") for n in ["learner", *samplers]}
     peaks: dict[str, float] = collections.defaultdict(float)
     deadline, printed, rc = time.monotonic() + 60 * args.minutes, 0, 0
+    left: list[int] = []
     try:
         swarm.start(base / "model", files)
         print(f"bootstrap at {swarm.addr}; logs in {swarm.logs}", flush=True)
@@ -319,21 +325,23 @@ def run(args: argparse.Namespace, stop_evt) -> int:
                 rc = 1
                 break
             if table.rows and table.rows[-1]["version"] >= args.versions:
-                # the last version's holders: give the samplers a moment to report it
-                time.sleep(min(60.0, 4 * args.sample_s))
-                for s in samplers:
-                    table.sampler_records(s, tails[s].read())
+                last = table.rows[-1]["version"]
+                # a sampler writes what it fetched between batches: wait for each to report the last
+                until = time.monotonic() + HOLD_WAIT_S
+                while time.monotonic() < until and not all(last in table.held[s] for s in samplers):
+                    stop_evt.wait(1.0)
+                    for s in samplers:
+                        table.sampler_records(s, tails[s].read())
                 break
         else:
             print(f"!! {args.minutes:g} min passed at version {table.rows[-1]['version'] if table.rows else 0}", flush=True)
             rc = 1
     finally:
         left = swarm.stop()
+        if left:  # said whatever ended the run, an exception included
+            print(f"ORPHANED process groups: {left}", flush=True)
     report(args, table, peaks, params, shape, base, time.monotonic() - t0)
-    if left:
-        print(f"ORPHANED process groups: {left}")
-        rc = 1
-    return rc
+    return 1 if left else rc
 
 
 def report(args: argparse.Namespace, table: Table, peaks: dict, params: int, shape: dict, base: Path,

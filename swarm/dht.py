@@ -249,6 +249,10 @@ class _LockedSend:
         with self._lock:
             self._conn.send(obj)
 
+    def close(self) -> None:  # not while another thread is halfway through a message
+        with self._lock:
+            self._conn.close()
+
     def __getattr__(self, name: str):
         return getattr(self._conn, name)
 

@@ -36,7 +36,7 @@ class Every:
 
 
 class Heartbeat:
-    """A role's periodic DHT work (its announcement; a learner's tally) on a thread of its own.
+    """A role's periodic DHT work (its announcement) on a thread of its own.
 
     At real size a learner's step or a sampler's generation batch takes minutes, and work paced
     by the role's loop ran only between them: a peer record of `peer_ttl_s` (30 s) expired

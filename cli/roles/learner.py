@@ -205,14 +205,18 @@ class LearnerRun:
         learner, cfg = self.learner, self.cfg
         self.card = self._card()
         heartbeat = Heartbeat([("announcing the learner", cfg.announce_every_s, self._announce)])
-        tally, status = Every(cfg.tally_every_s), Every(cfg.status_every_s)
-        made = False
-        try:
+        try:  # announced while the first version is encoded and the first eval runs (minutes at size)
             learner.start()
             if not self.resumed:
                 learner.run_eval()
-            peers = cfg.network.initial_peers
-            log.info("volunteers join with: %s", volunteer_command(peers[:1], cfg.swarm, peers[1:]))
+        except BaseException:
+            heartbeat.close()  # and no checkpoint: a learner that never started has nothing to keep
+            raise
+        tally, status = Every(cfg.tally_every_s), Every(cfg.status_every_s)
+        peers = cfg.network.initial_peers
+        log.info("volunteers join with: %s", volunteer_command(peers[:1], cfg.swarm, peers[1:]))
+        made = False
+        try:
             while not stop.is_set() and not self.done:
                 heartbeat.check()
                 self._between_steps(tally)

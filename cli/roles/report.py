@@ -59,18 +59,17 @@ class SamplerReport:
 
     def __init__(self, metrics: MetricsWriter, sampler: Sampler, link: SwarmSamplerLink) -> None:
         self.metrics, self.sampler, self.link = metrics, sampler, link
-        self._tokens, self._gen_s, self._reported = 0, 0.0, 0.0
-        """Tokens and generation seconds at the last batch; the arrival time last reported."""
+        self._tokens, self._gen_s, self._reported = 0, 0.0, 0
+        """Tokens and generation seconds at the last batch; the arrival number last reported."""
 
     def arrivals(self) -> None:
         """A "weights" record for each version fetched since the last call (called every turn of
         the loop, batch or not: a sampler held back by its learner still fetches)."""
-        arrived = list(self.link.weights.arrivals)
-        for version, held_at, nbytes, fetch_s in arrived:
-            if held_at > self._reported:  # each arrival once (versions repeat when a chain restarts)
+        for number, version, held_at, nbytes, fetch_s in list(self.link.weights.arrivals):
+            if number > self._reported:  # each arrival once (versions repeat when a chain restarts)
                 self.metrics.write({"kind": "weights", "version": version, "held_at": round(held_at, 3),
                                     "bytes": nbytes, "fetch_s": round(fetch_s, 3)})
-        self._reported = max([self._reported, *(a[1] for a in arrived)])
+                self._reported = number
 
     def batch(self, groups: int) -> None:
         st, fetcher = self.sampler.stats, self.link.weights

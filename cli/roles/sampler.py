@@ -109,6 +109,7 @@ class SamplerLoop:
         """What the heartbeat announces: replaced whole by the loop, never changed in place."""
 
     def run(self, stop: threading.Event) -> None:
+        self.card = self._card()  # before the heartbeat's first beat, which comes at once
         heartbeat = Heartbeat([("announcing the sampler", self.cfg.announce_every_s, self._announce)])
         try:
             while not stop.is_set():
@@ -122,14 +123,17 @@ class SamplerLoop:
         """Rollouts per second since the start."""
         return self.groups * self.cfg.sampling.group_size / max(time.monotonic() - self.t0, 1e-6)
 
+    def _card(self) -> dict:
+        cfg = self.cfg
+        return {"role": "sampler", "model_id": cfg.model, "version": self.sampler.version, "engine": cfg.engine,
+                "throughput": round(self.rate, 3), "name": cfg.name, "learner": self.tracker.current or ""}
+
     def _announce(self) -> None:
-        if self.card:
-            self.node.announce({**self.card, "maddrs": self.node.maddrs()}, ttl=self.cfg.peer_ttl_s)
+        self.node.announce({**self.card, "maddrs": self.node.maddrs()}, ttl=self.cfg.peer_ttl_s)
 
     def _turn(self, stop: threading.Event) -> None:
         cfg, sampler, tracker, link = self.cfg, self.sampler, self.tracker, self.link
-        self.card = {"role": "sampler", "model_id": cfg.model, "version": sampler.version, "engine": cfg.engine,
-                     "throughput": round(self.rate, 3), "name": cfg.name, "learner": tracker.current or ""}
+        self.card = self._card()
         if self.status():
             log.info("sampler v%d | groups made %d | acknowledged %d | outbox %d | learner %s | partners %d | "
                      "%.1f rollouts/s", sampler.version, self.groups, link.rollouts.stats["delivered"], len(self.outbox),

@@ -53,9 +53,11 @@ class WeightFetcher:
         """Holders and mates that stalled or lied, benched (under `_stats_lock`)."""
         self.demoted: collections.Counter[str] = collections.Counter()
         """peer -> times it was demoted (`why` in the log)."""
-        self.arrivals: collections.deque[tuple[int, float, int, float]] = collections.deque(maxlen=64)
-        """(version, wall time it was held whole and checked, bytes, seconds since the manifest listed it)
-        of the newest versions fetched: what a sampler's metrics report (the last few suffice)."""
+        self.arrivals: collections.deque[tuple[int, int, float, int, float]] = collections.deque(maxlen=64)
+        """(arrival number, version, wall time it was held whole and checked, bytes, seconds since the
+        manifest listed it) of the newest versions fetched: what a sampler's metrics report (the
+        last few suffice); the number, counted from 1, tells a reader which it has seen."""
+        self._arrived = 0
         # several chunk requests in flight: one call at a time leaves the link idle between them;
         # room for as many again that were hedged and are still running out their stall bounds
         self._parallel = max(1, parallel)
@@ -132,7 +134,8 @@ class WeightFetcher:
         held = time.time()
         for v, blob in zip(wanted, blobs):
             self.store.put(chain, v, blob)
-            self.arrivals.append((v, held, len(blob), held - listed))
+            self._arrived += 1  # this thread alone appends
+            self.arrivals.append((self._arrived, v, held, len(blob), held - listed))
         if wanted:
             self.store.retain(entries)  # versions the learner no longer lists are of no use to anyone
             self._announcements.put((chain, sorted(self.store.blobs)))

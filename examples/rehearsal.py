@@ -9,8 +9,8 @@ shape with its real 151,936-token vocabulary, for enough versions to see steady 
 Every swarm run before this one used the built-in 0.8M-parameter model (versions of a few MB,
 steps of a fraction of a second, 99 tokens). This runs the same `hetero-node` commands as the
 README's coordinator section (`cli.procs.start_node`: a bootstrap naming the learner, the learner,
-`--samplers` samplers, all with their default configs but the model, the task and the step's
-size) on a model folder written here from `examples.model_shapes` (random weights, never
+`--samplers` samplers, all with their default configs but the model, the task, the step's
+size and a bfloat16 published view, as a GPU learner's) on a model folder written here from `examples.model_shapes` (random weights, never
 downloaded). The task: prompts of random digits, and a reward that random weights earn with
 variance (`even_share`: the share of a completion's tokens with an even index among the
 tokenizer's filler tokens), so that every group has advantages, steps move the weights and every
@@ -83,8 +83,9 @@ def write_task(base: Path, prompts: int, seed: int) -> list[str]:
 
 
 def toml_config(args: argparse.Namespace, role: str, model: Path, files: list[str]) -> str:
-    """The role's config: the defaults, but the model, the task, the step's size and the eval (the
-    learner's greedy eval at its start and end, of 8 prompts: the reward means nothing to it)."""
+    """The role's config: the defaults, but the model, the task, the step's size, the published
+    view and the eval (the learner's greedy eval at its start and end, of 8 prompts: the reward
+    means nothing to it)."""
     return "\n".join([
         f'role = "{role}"', 'swarm = "rehearsal"', f'model = "{model}"', f'device = "{args.device}"',
         f'engine = "{args.engine if role == "sampler" else "hf"}"', "status_every_s = 60.0",
@@ -94,6 +95,7 @@ def toml_config(args: argparse.Namespace, role: str, model: Path, files: list[st
         f"max_new_tokens = {args.completion_len}",
         "[learner]", f"groups_per_step = {args.groups_per_step}", "eval_every = 0", "eval_size = 8",
         f"max_tokens_per_microbatch = {args.microbatch_tokens}",
+        "[learner.weights]", f'view = "{args.view}"',
         "[sampler]", f"prompts_per_batch = {args.prompts_per_batch}",
         # several samplers and the learner share one GPU here: each vLLM takes a share of it
         "[vllm]", f"max_model_len = {args.completion_len + 64}",
@@ -389,6 +391,9 @@ def main() -> None:
     ap.add_argument("--prompts-per-batch", type=int, default=2, help="groups per sampler batch")
     ap.add_argument("--groups-per-step", type=int, default=4)
     ap.add_argument("--microbatch-tokens", type=int, default=16384, help="the learner's max_tokens_per_microbatch")
+    ap.add_argument("--view", default="bfloat16", choices=["bfloat16", "float32", "auto"],
+                    help="the published view (default bfloat16: what a GPU learner publishes; a CPU learner's "
+                         "auto is float32, twice the bytes)")
     ap.add_argument("--device", default="cpu", help="cpu | cuda (bfloat16 learner compute and samplers)")
     ap.add_argument("--engine", default=None, choices=["hf", "vllm"],
                     help="the samplers' engine (default: vllm with --device cuda, else hf)")

@@ -47,7 +47,6 @@ below the top one.
 from __future__ import annotations
 
 import hashlib
-import math
 
 import torch
 
@@ -128,7 +127,8 @@ def gumbel(a: torch.Tensor, b: torch.Tensor, index: torch.Tensor) -> torch.Tenso
 def tempered(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0,
              dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """x = logits / T in `dtype`, -inf where top-k / top-p filter the token out; [..., V]."""
-    x = logits.to(dtype) / temperature
+    x = logits.to(dtype)
+    x = x.div_(temperature) if x is not logits else x / temperature  # one copy of [N, V], not two
     if top_k and top_k < x.shape[-1]:
         kth = x.topk(top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, -torch.inf)
@@ -146,18 +146,23 @@ def sampling_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top
     return torch.softmax(tempered(logits, temperature, top_k, top_p), dim=-1)
 
 
-def _chunked(x: torch.Tensor) -> torch.Tensor:
-    """[N, V] -> [N, chunks, CHUNK], the last chunk padded with -inf."""
-    pad = -x.shape[-1] % CHUNK
-    if pad:
-        x = torch.nn.functional.pad(x, (0, pad), value=-torch.inf)
-    return x.view(x.shape[0], -1, CHUNK)
+def _chunk_lse(x: torch.Tensor) -> torch.Tensor:
+    """logsumexp of each CHUNK of x [N, V] (the last one shorter) -> [N, chunks]. The whole
+    chunks are a strided view of x, not a padded copy: at a 151k vocabulary an auditor's rows of
+    float64 are hundreds of MB, and the copy cost as much time as the sum."""
+    n, v = x.shape
+    full = v // CHUNK
+    x = x.contiguous()
+    lse = x.as_strided((n, full, CHUNK), (v, CHUNK, 1)).logsumexp(-1)
+    if v % CHUNK:
+        lse = torch.cat([lse, x[:, full * CHUNK:].logsumexp(-1, keepdim=True)], dim=-1)
+    return lse
 
 
 def chunk_scores(x: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """The race's first level: logsumexp of each chunk of x [N, V] plus its Gumbel noise ->
     float64 [N, chunks] (-inf for a chunk whose tokens are all filtered out)."""
-    lse = _chunked(x).logsumexp(-1).double()
+    lse = _chunk_lse(x).double()
     index = torch.arange(lse.shape[-1], device=x.device)
     return lse + gumbel(keys[:, 0:1], keys[:, 1:2], index)
 
@@ -171,12 +176,26 @@ def token_scores(x: torch.Tensor, keys: torch.Tensor, chunk: torch.Tensor) -> to
     return xs + gumbel(keys[:, 2:3], keys[:, 3:4], index)
 
 
+BLOCK_BYTES = 64 << 20
+"""The race works on blocks of rows whose float64 [rows, V] copies take at most this: an
+auditor's head chunk of a 151k vocabulary (node/logprobs.HEAD_CHUNK_BYTES, ~440 rows) would
+otherwise make several copies of 0.5 GB at once. Blocks change no result: each row is its own race."""
+
+
+def _block_rows(vocab: int) -> int:
+    return max(1, BLOCK_BYTES // (8 * vocab))
+
+
 def pick_tokens(logits: torch.Tensor, keys: torch.Tensor | None, temperature: float, top_k: int = 0,
                 top_p: float = 1.0) -> torch.Tensor:
     """The token each row's race selects: logits [N, V], keys [N, KEY_WORDS] -> [N] long (greedy
     if T = 0). The sampler's side: scores in float32 (its logits' precision or better)."""
     if temperature == 0:
         return logits.argmax(-1)
+    rows = _block_rows(logits.shape[-1])
+    if logits.shape[0] > rows:
+        return torch.cat([pick_tokens(logits[i : i + rows], keys[i : i + rows], temperature, top_k, top_p)
+                          for i in range(0, logits.shape[0], rows)])
     x = tempered(logits, temperature, top_k, top_p, torch.float32)
     keys = keys.to(x.device)
     chunk = chunk_scores(x, keys).argmax(-1)
@@ -195,6 +214,10 @@ def race_margins(logits: torch.Tensor, tokens: torch.Tensor, keys: torch.Tensor,
     best, so its margin here is <= 2 max |e| at both levels. inf for a filtered-out token;
     greedy (T = 0): the token's logit below the top one."""
     tokens = tokens.to(logits.device)
+    rows = _block_rows(logits.shape[-1])
+    if logits.shape[0] > rows:
+        return torch.cat([race_margins(logits[i : i + rows], tokens[i : i + rows], keys[i : i + rows], temperature,
+                                       top_k, top_p) for i in range(0, logits.shape[0], rows)])
     if temperature == 0:
         z = logits.double()
         return (z.max(-1).values - z.gather(-1, tokens[:, None]).squeeze(-1)).clamp(min=0)

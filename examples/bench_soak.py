@@ -418,7 +418,9 @@ def main() -> None:
     ap.add_argument("--attack", action=argparse.BooleanOptionalAction, default=True, help="the background attacker")
     ap.add_argument("--attack-every-s", type=float, default=300.0, help=f"an attacker visit ({ATTACK_S:.0f} s) this often")
     ap.add_argument("--sample-s", type=float, default=10.0)
-    ap.add_argument("--warmup-frac", type=float, default=0.25, help="share of the run left out of the slopes")
+    # the learner's bounded structures (its newest records, the replay check's seen ids) fill for
+    # the first ~40 minutes of a 2-hour run at the built-in model's pace: a quarter was too short
+    ap.add_argument("--warmup-frac", type=float, default=0.5, help="share of the run left out of the slopes")
     ap.add_argument("--checkpoint-interval-s", type=float, default=None,
                     help="the learner's checkpoint_interval_s (default: its config's, 600)")
     ap.add_argument("--run-dir", type=Path, default=None, help="workdirs and logs (default: a fresh temp folder)")

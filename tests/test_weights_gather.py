@@ -119,3 +119,36 @@ def test_only_credited_mates_holder_records_are_read_and_asked():
         fetcher.close()
     assert sorted(asked) == ["K1", "K2", "K3"]  # our mates, not ourselves
     assert sorted(order) == ["K1", "K2"]  # K3 holds another chain
+
+
+def test_a_download_that_ends_short_resumes_from_the_chunks_it_verified():
+    # at size a try can end short (the learner's budget for new keys spent, a source gone); before,
+    # the next try began again from chunk 0, and a 311 MB keyframe never completed (the rehearsal)
+    class HalfLearner(ScriptedNode):
+        def call_stream(self, peer, name, payload, timeout, on_item, max_item, stall) -> int:
+            chain, version, indices, wait = msgpack.unpackb(payload)
+            self.asked.append((peer, tuple(indices), wait))
+            served = [i for i in indices if i < 2 or self.serve[peer] == "good"]  # "busy" past chunk 1
+            for i in served:
+                on_item(BLOB[i * CHUNK_SIZE : (i + 1) * CHUNK_SIZE])
+            return len(served)
+
+    node = HalfLearner({LEARNER: "busy"})
+    fetcher = WeightFetcher(node, lambda: LEARNER, cfg=FetchConfig(hedge_s=0.3), parallel=2)
+    try:
+        fetcher.store.begin("c", ENTRY.version)
+        with pytest.raises(RecordError, match="verified from no source"):
+            Gather(fetcher, fetcher._pool, 2, "c", ENTRY, LEARNER, [], [None] * 4).run()
+        deadline = time.monotonic() + 5  # the try fails as soon as one chunk has no source left; streams
+        while len(fetcher.store.verified("c", ENTRY.version)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)  # still in flight go on delivering into the store
+        assert sorted(fetcher.store.verified("c", ENTRY.version)) == [0, 1]
+        time.sleep(0.1)
+        node.serve[LEARNER], node.asked = "good", []
+        got = Gather(fetcher, fetcher._pool, 2, "c", ENTRY, LEARNER, [], [None] * 4).run()
+        assert b"".join(got[i] for i in range(4)) == BLOB
+        assert sorted(i for _, indices, _ in node.asked for i in indices) == [2, 3]  # only what was missing
+        fetcher.store.retain([])  # a version the learner stopped listing: its partial chunks go too
+        assert fetcher.store.verified("c", ENTRY.version) == {}
+    finally:
+        fetcher.close()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import collections
 import copy
+import functools
+import logging
 import random
 import time
 from typing import Any
@@ -19,9 +21,17 @@ import torch
 from ..audit import AuditItem, AuditResult, FlipRate, FlipTest, RefusalList, VersionArchive, audit_groups
 from ..checkable import group_seeds
 from ..config import SamplingConfig
+from ..device import matmul_rates
 from ..weights import retie
 from .config import LearnerConfig
 from .groups import BufferedGroup, GroupKind, Verdict
+
+log = logging.getLogger(__name__)
+
+CALIBRATION_S = 300.0
+"""The most the flip rate's measurement (FlipRate.ENOUGH positions of reference passes, spread
+over the first audits) may be estimated to cost; past it the learner holds samplers to
+`audit_flip_rate` unmeasured, as before the measurement existed."""
 
 NEW_STATS = {"audits": 0, "failed": 0, "unauditable": 0, "positions": 0, "flips": 0, "time_s": 0.0,
              "logprob_gap_max": 0.0, "margin_max": 0.0, "flip_rate": 0.0}
@@ -42,6 +52,26 @@ class Auditor:
         self._copy: torch.nn.Module | None = None
         self._loaded: tuple[str, int] | None = None
         self._rng = random.SystemRandom()  # the sampler must not predict which groups get audited
+
+    @functools.cached_property
+    def calibrates(self) -> bool:
+        """Whether audits measure the honest flip rate (`audit_calibrate`), where this device can:
+        the reference pass imitates a bfloat16 engine, and a CPU without bfloat16 units runs it up
+        to 150x slower than float32. Skipped when its FlipRate.ENOUGH positions would take longer
+        than CALIBRATION_S (estimated from the model's size and the measured rates): a 39M-parameter
+        model's took hours here; the built-in model's, a minute."""
+        if not self.cfg.audit_calibrate:
+            return False
+        f32, bf16 = matmul_rates(str(next(self.model.parameters()).device))
+        params = sum(p.numel() for p in self.model.parameters())
+        tokens = 2 * FlipRate.ENOUGH  # the completions and their prompts (each a forward's worth)
+        seconds = 2 * params * tokens / bf16
+        if seconds <= CALIBRATION_S:
+            return True
+        log.warning("this device runs bfloat16 %.0fx slower than float32: measuring the honest flip rate would "
+                    "take ~%.0f s of audits, so the flip test holds samplers to audit_flip_rate (%g) instead",
+                    f32 / bf16, seconds, self.cfg.audit_flip_rate)
+        return False
 
     def is_proven(self, peer: str) -> bool:
         """Whether `peer` passed its first `audit_first` audits and was never refused."""
@@ -97,7 +127,7 @@ class Auditor:
         items = [AuditItem(b.group.prompt_ids, [(c.token_ids, c.logprobs) for c in b.group.completions],
                            group_seeds(nonce, b.group.problem_id, b.sampler, len(b.group.completions))) for b in groups]
         results = audit_groups(self._copy, items, self.sampling.params, self.pad_id, self.cfg.audit_margin,
-                               reference=self.cfg.audit_calibrate and self.flip_rate.wanted())
+                               reference=self.calibrates and self.flip_rate.wanted())
         self.stats["time_s"] += time.perf_counter() - t0
         return [self._judge(b, r) for b, r in zip(groups, results)]
 
@@ -108,7 +138,7 @@ class Auditor:
         st["audits"] += 1
         st["positions"] += result.positions
         st["flips"] += result.flips
-        rate = self.flip_rate.rate(self.cfg.audit_flip_rate) if self.cfg.audit_calibrate else self.cfg.audit_flip_rate
+        rate = self.flip_rate.rate(self.cfg.audit_flip_rate) if self.calibrates else self.cfg.audit_flip_rate
         alarmed = self.flip_test.add(b.sampler, result.flips, result.positions, rate)
         if result.reference_flips is not None:  # after: the rate is fixed before the group
             self.flip_rate.add(result.reference_flips, result.positions)

@@ -151,9 +151,15 @@ class ChunkStore:
         self.chain, self.blobs, self.partial = chain, {}, {}
 
     def retain(self, versions) -> None:
-        """Prune every held version not in `versions` (those the learner no longer lists)."""
+        """Prune every held version, whole or partial, not in `versions` (those the learner no
+        longer lists)."""
         keep = set(versions)
         self.blobs = {v: b for v, b in self.blobs.items() if v in keep}
+        self.partial = {v: p for v, p in self.partial.items() if v in keep}
+
+    def verified(self, chain: str, version: int) -> dict[int, bytes | memoryview]:
+        """The chunks of `version` verified so far (by an earlier try, too): a download resumes."""
+        return dict(self.partial.get(version, {})) if chain == self.chain else {}
 
     def begin(self, chain: str, version: int) -> None:
         if chain != self.chain:

@@ -111,6 +111,8 @@ class WeightFetcher:
                 return None
             listed = time.time()  # the long poll's wait is not part of the download
             chain, entries = manifest.chain, {e.version: e for e in manifest.versions}
+            if chain == self.store.chain:  # what the learner stopped listing, partial tries included
+                self.store.retain(entries)
             wanted = plan_fetch(chain, list(entries), have_chain, have_version)
             for v in wanted:  # from now on, a mate that asks us for these waits for them: it heard
                 self.store.begin(chain, v)  # of them when we did, and its requests come at once
@@ -123,9 +125,9 @@ class WeightFetcher:
             blobs = [self._download(learner, chain, entries[v], holders.get(v, []), mates) for v in wanted]
         except CallStopped:
             return None
-        except Exception as e:  # a learner that vanished, a bad chunk from every source: try later
-            for v in wanted:  # chunks of versions fetched before the failure are not kept either
-                self.store.abandon(v)
+        except Exception as e:  # a learner that vanished, a chunk no source gave us: try later
+            # the chunks verified so far stay (the store's partial versions): the next try asks
+            # only for the rest. Versions the learner stops listing are pruned with them (`retain`)
             self.count("weight_fetch_failures")
             log.warning("weights fetch from %s failed (%s: %s); keeping version %d", short_id(learner),
                         type(e).__name__, e, have_version)
@@ -196,11 +198,7 @@ class WeightFetcher:
         share is complete. The whole is checked against the learner-signed manifest entry."""
         n = len(entry.chunks)
         owners = [chunk_owner(mates, entry.version, i) for i in range(n)]  # (`fetch` began it in the store)
-        try:
-            got = Gather(self, self._pool, self._parallel, chain, entry, learner, holders, owners).run()
-        except Exception:
-            self.store.abandon(entry.version)
-            raise
+        got = Gather(self, self._pool, self._parallel, chain, entry, learner, holders, owners).run()
         blob = b"".join(got[i] for i in range(n))
         if len(blob) != entry.size:  # every chunk is verified: only their number and sizes are left
             self.store.abandon(entry.version)

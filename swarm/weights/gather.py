@@ -81,8 +81,10 @@ class Gather:
                  learner: str, holders: list[str], owners: list[str | None]) -> None:
         self._host, self._pool, self._parallel = host, pool, parallel
         self.chain, self.entry, self.learner = chain, entry, learner
-        self.got: dict[int, memoryview | bytes] = {}
-        """Verified chunks, filled by several streams (pool threads)."""
+        self.got: dict[int, memoryview | bytes] = host.store.verified(chain, entry.version)
+        """Verified chunks, filled by several streams (pool threads); those an earlier try of this
+        version verified are kept: at size a try can end short (a budget the learner shares among
+        new keys, a source gone) and starting over threw away hundreds of MB each time."""
         self._plans = {i: self._sources(i, holders, owners) for i in range(len(entry.chunks))}
         self._tries = dict.fromkeys(self._plans, 0)
         """chunk -> sources of its plan asked so far."""
@@ -92,7 +94,7 @@ class Gather:
 
     def run(self) -> dict[int, memoryview | bytes]:
         """Every chunk, verified; RecordError("sizes") if one was verified from no source."""
-        self._launch(list(self._plans))
+        self._launch([i for i in self._plans if i not in self.got])
         while missing := [i for i in self._plans if i not in self.got]:
             self._step(missing)
         return self.got

@@ -99,8 +99,9 @@ class LearnerConfig:
     """Hold samplers to the honest flip rate measured on this model instead (node/audit.FlipRate:
     audits also run their copy of the model under bfloat16 autocast, no extra memory; on every
     audit until 5,000 positions are measured, then on one in ten), with `audit_flip_rate` as its
-    ceiling. That pass costs about half a float32 one on a GPU, three times one on a CPU without
-    bfloat16 units."""
+    ceiling. That pass costs about half a float32 one on a GPU and 50-150x one on a CPU without
+    bfloat16 units: where its 5,000 positions are estimated to take over 300 s (the model's size,
+    the device's measured bfloat16 rate) it is skipped, with a warning, and `audit_flip_rate` holds."""
     audit_alarm: float = 1e-3
     """An honest sampler (flip rate <= audit_flip_rate) is refused by the statistic with at most
     this probability over its whole life (Ville's inequality: node/audit.FlipTest)."""

@@ -77,8 +77,11 @@ class Training:
 
     def _step(self, parts: list[TrainPart]) -> dict[str, Any]:
         if self.leader is None:
-            return train_step(self.model, self.optimizer, parts, self.temperature, self.cfg.max_grad_norm,
-                              self.options, lr=self.lr)
+            rec = train_step(self.model, self.optimizer, parts, self.temperature, self.cfg.max_grad_norm,
+                             self.options, lr=self.lr)
+            # not held between steps: 4 bytes a parameter while the learner publishes and audits
+            self.optimizer.zero_grad(set_to_none=True)
+            return rec
         rec = self.leader.step(parts, self.temperature, self.cfg.max_grad_norm, self.options, lr=self.lr)
         self.model.load_state_dict(self.leader.state_dict())  # the gathered weights: what we publish
         return rec

@@ -12,6 +12,7 @@ dtype (the view they sample with).
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass
 
 import torch
@@ -84,13 +85,13 @@ def matmul_rates(device: str) -> tuple[float, float]:
     a few ms on a GPU, under a second on a CPU). CPUs without bfloat16 units (no AVX512-BF16 or
     AMX) run bfloat16 20-150x slower: this project's 2-core AMD EPYC did a 512x1024x8192 product
     at 24 GFLOPS in float32 and 0.15 in bfloat16."""
-    import time
-
     dev = torch.device(device)
     rates = []
     for dt in (torch.float32, torch.bfloat16):
         a, b = torch.randn(64, 512, dtype=dt, device=dev), torch.randn(512, 512, dtype=dt, device=dev)
         a @ b  # the first call picks a kernel
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
         runs = []
         for _ in range(5):  # the fastest of five: other processes' load only ever adds time
             t0 = time.perf_counter()

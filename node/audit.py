@@ -22,6 +22,7 @@ import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -37,27 +38,39 @@ class VersionArchive:
     """The learner's published versions of the last `window` versions, as the encoded keyframes and
     patches it sent (plus the base model as chain "" version 0), rebuilt on demand."""
 
-    KEEP = 4
-    """Views kept whatever their size: a rebuild then starts from a recent one, not the keyframe."""
+    KEEP = 1
+    """Views kept whatever their size: the one rebuilt last, so that a step's audits of consecutive
+    versions rebuild each from the one before (a patch), not from the keyframe. One, not more: at
+    real size a view is 2 bytes a parameter (a bfloat16 0.6B, 1.2 GB), and the rehearsal's learner
+    held 1.6 GB in four of them (docs/BENCHMARKS.md, "The first swarm at real size")."""
 
     def __init__(self, window: int, cache_bytes: int = 256 << 20) -> None:
         self.window = window
         self.cache_bytes = cache_bytes
         self.encoded: dict[tuple[str, int], EncodedVersion] = {}
         self.nonces: dict[tuple[str, int], bytes] = {("", 0): BASE_NONCE}
-        self._base: tuple[Layout, torch.Tensor] | None = None
+        self._base: Callable[[], tuple[Layout, torch.Tensor]] | None = None
+        """The base model's layout and float32 view, held or loaded on demand (`put_base`)."""
         self._cache: collections.OrderedDict[tuple[str, int], torch.Tensor] = collections.OrderedDict()
         """Flat views, newest use last, within `cache_bytes` (or the last `KEEP` used): the
         views the learner published, handed over as it publishes them, and those rebuilt lately. An
         audit of a cached version costs no decode; a rebuild starts from the nearest cached
         ancestor rather than from the keyframe. With a small model every version within the
         staleness samplers show fits (the demo's: 3.2 MB each); a 0.6B float32 view (2.4 GB) does
-        not, and is rebuilt as before (the last `KEEP` rebuilt are kept, as before)."""
+        not, and is rebuilt from its keyframe and patches (the last `KEEP` rebuilt are kept)."""
 
-    def put_base(self, weights: dict[str, torch.Tensor]) -> None:
-        """The weights every sampler starts from before it loads a version (chain "", version 0):
-        kept as they are, in float32."""
-        self._base = Layout.of(weights), make_view(weights, torch.float32).cpu()
+    def put_base(self, weights: dict[str, torch.Tensor] | None = None,
+                 load: Callable[[], dict[str, torch.Tensor]] | None = None) -> None:
+        """The weights every sampler starts from before it loads a version (chain "", version 0),
+        until the window passes version 0 (`_prune`). With `load` (which loads them again, from the
+        model's folder) nothing is held: an audit of version 0 loads them, a few seconds at real
+        size, and only while samplers that hold no version yet are audited. Without it a float32
+        copy of `weights` is kept (4 bytes a parameter)."""
+        if load is not None:
+            self._base = lambda: _base_view(load())
+        elif weights is not None:
+            held = _base_view(weights)
+            self._base = lambda: held
 
     def put(self, chain: str, version: int, enc: EncodedVersion, nonce: bytes, view: torch.Tensor | None = None) -> None:
         """Archive a published version; `view`, the flat view it rebuilds (what the publisher
@@ -82,8 +95,13 @@ class VersionArchive:
         return (chain, version) in self.encoded or ((chain, version) == ("", 0) and self._base is not None)
 
     def _prune(self, chain: str, newest: int) -> None:
-        """Keep, of this chain, the versions >= newest - window and the keyframe they start from."""
+        """Keep, of this chain, the versions >= newest - window and the keyframe they start from;
+        and the base model while version 0 is within the window: past it, a group made with the
+        base weights is stale (node/learner/checks.py) and never audited, and the copy is 4 bytes a
+        parameter (0.8 GB of the rehearsal's learner)."""
         oldest = newest - self.window
+        if oldest > 0:
+            self._base = None
         keyframes = [v for (c, v), e in self.encoded.items() if c == chain and e.base is None and v <= oldest]
         floor = max(keyframes, default=oldest)
         for key in list(self.encoded):
@@ -98,7 +116,8 @@ class VersionArchive:
         """The published weights of (chain, version) exactly as samplers rebuilt them; None if not held."""
         key = (chain, version)
         if key == ("", 0) and self._base is not None:
-            return self._base[0].tensors(self._base[1])
+            layout, flat = self._base()
+            return layout.tensors(flat)
         if key not in self.encoded:
             return None
         if key in self._cache:
@@ -115,6 +134,10 @@ class VersionArchive:
             flat = apply_version(flat, enc)
         self._remember(key, flat)
         return self.encoded[key].layout.tensors(flat)
+
+
+def _base_view(weights: dict[str, torch.Tensor]) -> tuple[Layout, torch.Tensor]:
+    return Layout.of(weights), make_view(weights, torch.float32).cpu()
 
 
 def _nbytes(t: torch.Tensor) -> int:

@@ -60,6 +60,8 @@ class Sampler:
         if versions[0].model_id != self.engine.model_id:
             self.stats["weights_refused"] += 1  # another model's weights: not ours to load
             return False
+        if versions[0].base is None:  # a keyframe replaces the view: not two of them (2 B/param each) at once
+            self.published = None
         published, version, chain, aliases, nonce, layout = self.published, have, self.chain, {}, self.nonce, None
         for wv in versions:
             if wv.base is not None and (wv.base != version or wv.chain != chain):

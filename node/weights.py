@@ -14,7 +14,6 @@ import json
 import struct
 
 import torch
-from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from .checkable import SEED_BYTES
@@ -54,14 +53,46 @@ def encode_version(enc: EncodedVersion, model_id: str, chain: str, aliases: dict
     return st_save(tensors, metadata=meta)
 
 
-def _header(blob: bytes) -> tuple[dict[str, str], int]:
-    """(the safetensors header's __metadata__, where the tensor data starts), from the bytes alone."""
+def _safetensors_header(blob: bytes) -> tuple[dict, int]:
+    """(the safetensors header, where the tensor data starts), from the bytes alone."""
     if len(blob) < 8:
         raise ValueError("weights blob too short")
     (n,) = struct.unpack("<Q", blob[:8])
     if n > len(blob) - 8:
         raise ValueError("weights blob header is truncated")
-    return json.loads(blob[8 : 8 + n]).get("__metadata__", {}), 8 + n
+    try:
+        header = json.loads(memoryview(blob)[8 : 8 + n].tobytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"weights blob header is not JSON: {e}") from e
+    if not isinstance(header, dict):
+        raise ValueError("weights blob header is not a table")
+    return header, 8 + n
+
+
+def _header(blob: bytes) -> tuple[dict[str, str], int]:
+    """(the safetensors header's __metadata__, where the tensor data starts), from the bytes alone."""
+    header, data = _safetensors_header(blob)
+    return header.get("__metadata__", {}), data
+
+
+def _byte_tensors(blob: bytes) -> dict[str, memoryview]:
+    """The blob's uint8 tensors as views of it, not copies: a keyframe is ~1.4 bytes a parameter
+    (a 0.6B one 0.8 GB), and a learner archives, and a sampler decodes, the blob it also serves.
+    safetensors' own readers of bytes copy every tensor out."""
+    header, start = _safetensors_header(blob)
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            lo, hi = (int(x) for x in info["data_offsets"])
+            ok = info["dtype"] == "U8" and list(info["shape"]) == [hi - lo] and 0 <= lo <= hi <= len(blob) - start
+        except (KeyError, TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ValueError(f"weights blob: tensor {name!r} is not a uint8 run inside the blob")
+        out[name] = memoryview(blob)[start + lo : start + hi]
+    return out
 
 
 def weights_metadata(blob: bytes) -> dict[str, str]:
@@ -83,12 +114,12 @@ def decode_version(blob: bytes) -> tuple[EncodedVersion, dict[str, str]]:
     """(the encoded version, tied-tensor aliases); ValueError on a blob that is not one."""
     meta = weights_metadata(blob)
     try:
-        tensors = st_load(blob)
+        tensors = _byte_tensors(blob)
         layout = json.loads(meta["layout"])
         enc = EncodedVersion(int(meta["version"]), int(meta["base"]) if meta["base"] else None, meta["view"],
                              Layout(tuple(str(n) for n, _ in layout), tuple(tuple(int(d) for d in s) for _, s in layout)),
-                             int(meta["count"]), tensors["positions"].numpy().tobytes(), int(meta["position_planes"]),
-                             tensors["values"].numpy().tobytes(), int(meta["value_planes"]), meta["digest"])
+                             int(meta["count"]), tensors["positions"], int(meta["position_planes"]),
+                             tensors["values"], int(meta["value_planes"]), meta["digest"])
         aliases = json.loads(meta.get("aliases", "{}"))
     except (KeyError, TypeError, json.JSONDecodeError) as e:
         raise ValueError(f"not an encoded weights version: {type(e).__name__}: {e}") from e

@@ -41,6 +41,12 @@ def test_the_archive_rebuilds_every_published_version_bit_exactly_and_the_nonce_
         published = apply_version(published if enc.base is not None else None, enc)  # what a sampler holds
         sent[v] = {k: t.clone() for k, t in enc.layout.tensors(published).items()}
         assert version_nonce(blob) == version_nonce(encode_version(enc, BUILTIN_MODEL, "c", aliases))
+        # the base model stays, exactly, while version 0 is within the window; past it, it is let go
+        base_held = archive.weights("", 0)
+        if v <= 4:
+            assert all(torch.equal(base_held[k], base[k]) for k in base)
+        else:
+            assert base_held is None and not archive.auditable("", 0)
     if views and cache_bytes > 1:  # every version of the window was cached as published: no decode at all
         import node.audit
 
@@ -49,7 +55,19 @@ def test_the_archive_rebuilds_every_published_version_bit_exactly_and_the_nonce_
         rebuilt = archive.weights("c", v)
         assert all(torch.equal(rebuilt[k], sent[v][k]) for k in sent[v]), v
     assert archive.weights("c", 2) is None and archive.weights("other", 8) is None
-    assert all(torch.equal(archive.weights("", 0)[k], base[k]) for k in base)  # the base model stays, exactly
+
+
+def test_an_archive_given_a_loader_holds_no_base_copy_and_rebuilds_it_exactly_when_asked():
+    model = load_model(BUILTIN_MODEL)
+    base = {k: t.clone() for k, t in untie(model.state_dict())[0].items()}
+    loads = []
+    archive = VersionArchive(window=2)
+    archive.put_base(load=lambda: loads.append(1) or untie(load_model(BUILTIN_MODEL).state_dict())[0])
+    assert loads == [] and archive.auditable("", 0)  # nothing loaded, nothing held, until an audit asks
+    for _ in range(2):
+        again = archive.weights("", 0)
+        assert all(torch.equal(again[k], base[k]) for k in base)
+    assert len(loads) == 2
 
 
 def test_refusals_survive_a_restart_and_a_damaged_file(tmp_path):

@@ -199,3 +199,28 @@ def test_layout_splits_the_flat_view_without_copies():
     t = layout.tensors(flat)
     assert t["a"].tolist() == [[0, 1, 2], [3, 4, 5]] and t["b"].tolist() == [7.0]
     assert t["a"].data_ptr() == flat.data_ptr() and layout.numel == 7
+
+
+def test_a_decoded_version_views_its_blob_and_a_blob_whose_tensors_lie_outside_it_is_refused():
+    import json
+    import struct
+
+    w = {"w": torch.arange(1000, dtype=torch.float32) / 7}
+    enc = Publisher(PublishConfig(view="bfloat16"), torch.bfloat16).publish(w, 0)
+    blob = encode_version(enc, "m", "c", {})
+    got, _ = decode_version(blob)
+    assert isinstance(got.values, memoryview) and got.values.obj is blob  # a view of the blob, no copy
+    assert bytes(got.values) == enc.values and bytes(got.positions) == enc.positions
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8 : 8 + n])
+
+    def with_header(h: dict) -> bytes:
+        text = json.dumps(h).encode()
+        return struct.pack("<Q", len(text)) + text + blob[8 + n :]
+
+    past = {**header, "values": {**header["values"], "data_offsets": [0, len(blob)], "shape": [len(blob)]}}
+    wide = {**header, "values": {**header["values"], "dtype": "F32"}}
+    lying = {**header, "values": {**header["values"], "shape": [1]}}
+    for bad in (with_header(past), with_header(wide), with_header(lying), blob[:8] + b"{not json" + blob[8 + n :]):
+        with pytest.raises(ValueError):
+            decode_version(bad)

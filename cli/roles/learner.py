@@ -25,6 +25,7 @@ from node.distributed import Leader, follow, init_from_env, shard
 from node.learner import Learner, LearnerConfig
 from node.metrics import MetricsWriter
 from node.models import load_model, load_tokenizer
+from node.weights import untie
 from node.tasks import make_task
 from swarm.journal import Journal
 from swarm.p2p import SwarmNode
@@ -175,7 +176,9 @@ def make_learner(cfg: JoinConfig, node: SwarmNode, place, coll=None) -> tuple[Le
                       checkpoint_dir=work / "checkpoints", metrics=metrics,
                       compute_dtype=None if leader else place.autocast_dtype, leader=leader,
                       quarantine=Quarantine(work / "quarantine.bin"), checkpoint_extra=cursor.checkpoint_extra,
-                      step_extra=lambda: door_counters(node))
+                      step_extra=lambda: door_counters(node),
+                      # the folder's weights, loaded when an audit needs them: no copy held at size
+                      base_weights=lambda: untie(load_model(cfg.model, torch.float32).state_dict())[0])
     ckpt = latest_checkpoint(work / "checkpoints")
     if ckpt is not None:
         learner.load_checkpoint(ckpt)

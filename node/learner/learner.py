@@ -72,7 +72,8 @@ class Learner:
                  compute_dtype: torch.dtype | None = None, leader=None,
                  quarantine: Callable[[bytes, str], None] = lambda raw, why: None,
                  checkpoint_extra: Callable[[], dict] = dict, on_record: Callable[[dict], None] | None = None,
-                 step_extra: Callable[[], dict] = dict, keep_records: int | None = KEEP_RECORDS) -> None:
+                 step_extra: Callable[[], dict] = dict, keep_records: int | None = KEEP_RECORDS,
+                 base_weights: Callable[[], dict[str, torch.Tensor]] | None = None) -> None:
         """`model` sits on the device it trains on, in float32 (master weights); `compute_dtype`
         (e.g. bfloat16 on a GPU) is what its forward runs in, under autocast.
 
@@ -84,7 +85,9 @@ class Learner:
         `checkpoint_extra()`: the runner's state saved with each checkpoint (the swarm's journal
         cursor), found again in `restored_extra`. `on_record(rec)`: each step's and eval's metrics.
         `step_extra()`: what the runner adds to each step record (its doors' refusals, say).
-        `keep_records`: step and eval records kept in `history` (None: all, for a finite run)."""
+        `keep_records`: step and eval records kept in `history` (None: all, for a finite run).
+        `base_weights()`: loads `model`'s starting weights again (from its folder), for audits of
+        samplers that hold no version yet; None: the archive keeps a float32 copy of them."""
         self.cfg, self.model, self.tok, self.task = cfg, model.eval(), tokenizer, task
         self.model_id, self.sampling, self.swarm, self.peer_id, self.leader = model_id, sampling, swarm, peer_id, leader
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
@@ -99,7 +102,7 @@ class Learner:
         weights, aliases = untie(self.model.state_dict())
         archive = VersionArchive(cfg.max_staleness + 1)
         """Our published versions, rebuilt for audits (node/audit.py); the base model as ("", 0)."""
-        archive.put_base(weights)
+        archive.put_base(weights, load=base_weights)
         refusals = RefusalList(self.checkpoint_dir / "refused.json" if self.checkpoint_dir else None)
         self.publishing = Publishing(cfg.weights, self.model, model_id, self.chains.this, archive, link)
         self.checks = RecordChecks(cfg, tokenizer, task, sampling, model_id=model_id, swarm=swarm,

@@ -13,7 +13,7 @@ from swarm.exchange import LearnerLink, WeightVersion
 
 from ..audit import VersionArchive
 from ..weight_codec import PublishConfig, Publisher, publish_due
-from ..weights import encode_version, untie, version_nonce
+from ..weights import decode_version, encode_version, untie, version_nonce
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,8 @@ class Publishing:
         weights, aliases = untie(self.model.state_dict())
         enc = self.publisher.publish(weights, version)
         blob = encode_version(enc, self.model_id, self.chain, aliases)
-        self.archive.put(self.chain, version, enc, version_nonce(blob), view=self.publisher.published)
+        # archived as views of the blob the link serves: one copy of a keyframe, not two
+        self.archive.put(self.chain, version, decode_version(blob)[0], version_nonce(blob), view=self.publisher.published)
         self.link.publish_weights(WeightVersion(self.model_id, self.chain, version, enc.base, blob))
         self._last = (version, time.monotonic(), len(blob))
         # the whole of it (encode, archive, offering it to samplers), and when samplers could ask for it

@@ -183,16 +183,45 @@ def peak_gib(pids: list[int]) -> float:
     return kb / 2 ** 20
 
 
-def predicted_gib(role: str, params: int, args: argparse.Namespace, kv_per_token: int) -> tuple[float, str]:
-    """What the README's "What fits" arithmetic (docs/BENCHMARKS.md) gives for this run: the
-    learner 16 bytes per parameter (float32 weights, gradients, AdamW's two moments) + 4 for the
-    audit copy + activations; a sampler its weights in its compute dtype + the KV cache."""
+RUNTIME_GIB = 0.65
+"""A node before any model: Python, torch, its DHT process and p2pd (the bootstrap's peak here)."""
+KEYFRAME_OF_VIEW = 0.71
+"""A random-weights bfloat16 keyframe's bytes over its view's (311 of 438 MB here): zstd of the byte
+planes; trained weights compress about as well."""
+HEAD_CHUNKS = 3
+"""Output-head chunks of float32 logits alive at once in a backward (logits, log-softmax, gradient),
+each `node.logprobs.HEAD_CHUNK_BYTES`."""
+
+
+def predicted_gib(role: str, params: int, shape: dict, args: argparse.Namespace) -> tuple[float, str]:
+    """The host memory docs/BENCHMARKS.md ("What fits") counts for this run. On the CPU:
+    learner: 16 bytes a parameter (float32 weights, gradients, AdamW's two moments) + two views (the
+    one published, the audit's last rebuilt) + the keyframe blob it serves + activations (~(12 h + 4 f)
+    float32 values a token a layer: the saved inputs of the norms, projections, attention and MLP)
+    + the output head's chunks + the runtime; sampler: float32 weights + the keyframe blob it
+    serves + its view, or at a keyframe the decode's planes and output in its place (2 views) + its
+    KV cache + the runtime. With --device cuda, the weights, gradients, optimizer and activations are
+    on the GPU, and the host holds the views, the blob and the runtime."""
+    from node.logprobs import HEAD_CHUNK_BYTES
+
+    view = {"bfloat16": 2, "float32": 4, "auto": 2 if args.device != "cpu" else 4}[args.view] * params
+    blob = KEYFRAME_OF_VIEW * view if view == 2 * params else view
+    runtime = RUNTIME_GIB * GIB
+    h, f, layers = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
     if role == "learner":
-        return (20 * params) / GIB, "20 B/param (weights, grads, AdamW 2x, audit copy) + activations"
-    width = 2 if args.device != "cpu" else 4  # samplers compute in bfloat16 on a GPU, float32 on the CPU
+        if args.device != "cpu":
+            return (runtime + view + blob) / GIB, "host: a rebuilt view + the keyframe blob + runtime"
+        tokens = args.groups_per_step * args.group_size * (args.completion_len + 32)
+        acts = 4 * tokens * layers * (12 * h + 4 * f) + HEAD_CHUNKS * HEAD_CHUNK_BYTES
+        return ((16 * params + 2 * view + blob + acts + runtime) / GIB,
+                f"16 B/param + 2 views + keyframe + activations of {tokens} tokens ({acts / GIB:.1f}) + runtime")
     seqs = args.prompts_per_batch * args.group_size
-    kv = kv_per_token * seqs * (args.completion_len + 32) * width // 2
-    return (width * params + kv) / GIB, f"{width} B/param + KV of {seqs} x {args.completion_len + 32} tokens"
+    kv_token = 2 * layers * shape["num_key_value_heads"] * shape["head_dim"] * 4  # float32 K and V on the CPU
+    kv = kv_token * seqs * (args.completion_len + 32)
+    if args.device != "cpu":
+        return (runtime + 2 * view + blob) / GIB, "host: 2 views (at a keyframe) + the keyframe blob + runtime"
+    return ((4 * params + 2 * view + blob + kv + runtime) / GIB,
+            f"4 B/param + 2 views (at a keyframe) + keyframe + KV of {seqs} x {args.completion_len + 32} tokens + runtime")
 
 
 # ---- the table ----
@@ -348,7 +377,6 @@ def run(args: argparse.Namespace, stop_evt) -> int:
 
 def report(args: argparse.Namespace, table: Table, peaks: dict, params: int, shape: dict, base: Path,
            seconds: float) -> None:
-    kv_per_token = 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * shape["head_dim"] * 2  # bf16 K and V
     lines = [f"Command: `python examples/rehearsal.py {' '.join(sys.argv[1:])}`; {args.shape}, "
              f"{shape['num_hidden_layers']} layers, vocabulary {shape['vocab_size']:,}, {params / 1e6:.0f}M parameters; "
              f"{seconds / 60:.1f} min in all.", "", *table.markdown(), ""]
@@ -365,7 +393,7 @@ def report(args: argparse.Namespace, table: Table, peaks: dict, params: int, sha
     lines += ["", "| role | peak memory (GiB, node + DHT + p2pd) | README arithmetic (GiB) | rule |", "|---|---|---|---|"]
     for name, peak in peaks.items():
         role = "learner" if name == "learner" else "sampler" if name.startswith("s") else None
-        want, rule = predicted_gib(role, params, args, kv_per_token) if role else (0.0, "-")
+        want, rule = predicted_gib(role, params, shape, args) if role else (0.0, "-")
         lines.append(f"| {name} | {peak:.2f} | {want:.2f} | {rule} |")
     print("\n" + "\n".join(lines), flush=True)
     out = args.out or base / "rehearsal.md"

@@ -49,8 +49,8 @@ class VersionArchive:
         self.cache_bytes = cache_bytes
         self.encoded: dict[tuple[str, int], EncodedVersion] = {}
         self.nonces: dict[tuple[str, int], bytes] = {("", 0): BASE_NONCE}
-        self._base: Callable[[], tuple[Layout, torch.Tensor]] | None = None
-        """The base model's layout and float32 view, held or loaded on demand (`put_base`)."""
+        self._base: Callable[[], dict[str, torch.Tensor]] | None = None
+        """The base model's weights, held or loaded on demand (`put_base`)."""
         self._cache: collections.OrderedDict[tuple[str, int], torch.Tensor] = collections.OrderedDict()
         """Flat views, newest use last, within `cache_bytes` (or the last `KEEP` used): the
         views the learner published, handed over as it publishes them, and those rebuilt lately. An
@@ -67,10 +67,10 @@ class VersionArchive:
         size, and only while samplers that hold no version yet are audited. Without it a float32
         copy of `weights` is kept (4 bytes a parameter)."""
         if load is not None:
-            self._base = lambda: _base_view(load())
+            self._base = load  # as loaded: a flat copy of them would double the audit's transient
         elif weights is not None:
-            held = _base_view(weights)
-            self._base = lambda: held
+            layout, flat = Layout.of(weights), make_view(weights, torch.float32).cpu()
+            self._base = lambda: layout.tensors(flat)
 
     def put(self, chain: str, version: int, enc: EncodedVersion, nonce: bytes, view: torch.Tensor | None = None) -> None:
         """Archive a published version; `view`, the flat view it rebuilds (what the publisher
@@ -116,8 +116,7 @@ class VersionArchive:
         """The published weights of (chain, version) exactly as samplers rebuilt them; None if not held."""
         key = (chain, version)
         if key == ("", 0) and self._base is not None:
-            layout, flat = self._base()
-            return layout.tensors(flat)
+            return self._base()
         if key not in self.encoded:
             return None
         if key in self._cache:
@@ -134,10 +133,6 @@ class VersionArchive:
             flat = apply_version(flat, enc)
         self._remember(key, flat)
         return self.encoded[key].layout.tensors(flat)
-
-
-def _base_view(weights: dict[str, torch.Tensor]) -> tuple[Layout, torch.Tensor]:
-    return Layout.of(weights), make_view(weights, torch.float32).cpu()
 
 
 def _nbytes(t: torch.Tensor) -> int:

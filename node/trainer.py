@@ -25,7 +25,7 @@ import torch
 import xxhash
 
 from .algorithms import Algorithm, LossInputs, group_advantages
-from .algorithms.base import BatchShape, group_log_e_hat, k3, seq_mean
+from .algorithms.base import BatchShape, drift_stats, group_log_e_hat, k3, seq_mean
 from .engines.base import Completion
 from .logprobs import PackedBatch, completion_logprobs, completion_span, pack
 
@@ -120,7 +120,8 @@ def logprob_gap(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) 
     return seq_mean((logp.detach() - old_logp).abs(), mask)
 
 
-WEIGHTED_METRICS = ("is_weight_mean", "is_weight_var", "clip_frac", "kl_k3", "filtered_frac", "truncated_frac")
+WEIGHTED_METRICS = ("is_weight_mean", "is_weight_var", "clip_frac", "kl_k3", "filtered_frac", "truncated_frac", "drift_frac",
+                    "weight_mean_pos", "weight_mean_neg")
 
 
 class Collective(Protocol):
@@ -287,6 +288,7 @@ def _microbatch(model, parts, contexts, work: _Work | None, temperature: float, 
     out = part.algo.loss(LossInputs(logp[k], old[k], b.advantages[sel][kc].to(device), packed.completion_mask[k],
                                     b.group_ids[sel][kc].to(device), seq, whole=whole,
                                     log_e_hat=log_e_hat[sel][kc].to(device)), part.cfg)
+    out.metrics.update(drift_stats(logp[k], old[k], packed.completion_mask[k], b.advantages[sel][kc].to(device)))
     share = whole.sequences / total
     loss = share * out.loss
     finite = bool(torch.isfinite(loss))

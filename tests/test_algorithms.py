@@ -86,6 +86,21 @@ def test_grpo_gradient_direction_and_stop_gradient():
     assert inp.old_logp.grad is None or (inp.old_logp.grad == 0).all()
 
 
+def test_grpo_kl_to_the_sampler_hand_values_and_gradient():
+    # k3(d) = e^d - d - 1 of d = l^q - l^p: row0 token0 d = ln(1/2) -> 0.5 + ln 2 - 1, token1 0;
+    # row1 d = ln(0.625) -> 0.625 - ln(0.625) - 1; seq_mean then mean over the 2 rows
+    kl = ((0.5 + math.log(2) - 1) / 2 + (0.625 - math.log(0.625) - 1)) / 2
+    plain = grpo_loss(grpo_case(), GRPOConfig()).loss.item()
+    inp = grpo_case()
+    out = grpo_loss(inp, GRPOConfig(beta=0.5))
+    assert out.loss.item() == pytest.approx(plain + 0.5 * kl)
+    out.loss.backward()
+    # d k3 / d l^p = 1 - e^d: row1 (one token of 2 rows) gains 0.5 (1 - 0.625) / 2 on its PPO term's 1.6 / 2
+    assert inp.logp.grad[1, 0] == pytest.approx(1.6 / 2 + 0.5 * (1 - 0.625) / 2)
+    with pytest.raises(ValueError):
+        GRPOConfig(beta=-1.0)
+
+
 # ---- GSPO ------------------------------------------------------------------------------------------
 
 def test_gspo_sequence_ratio_and_tiny_clip():
@@ -411,3 +426,15 @@ def test_a_forged_claim_moves_a_token_by_at_most_c_times_its_advantage(name, tru
             assert abs(g) <= 3 * abs(adv) * (1 + 1e-9), (log_r, adv, g)
             if adv < 0 and log_r > math.log(3):  # a punished token that ran away past c
                 assert g == (pytest.approx(3 * abs(adv)) if truncate else 0.0), (log_r, adv, g)
+
+
+def test_drift_stats_hand_values():
+    from node.algorithms.base import drift_stats
+
+    logp = torch.tensor([[0.0, math.log(1.5)], [math.log(0.5), 9.0]])
+    out = drift_stats(logp, torch.zeros(2, 2), torch.tensor([[1, 1], [1, 0]]), torch.tensor([1.0, -1.0]))
+    # |log p/q|: 0, ln 1.5 and ln 2 over three tokens (the fourth is padding): two past ln 1.2
+    assert out["drift_frac"] == pytest.approx(2 / 3)
+    assert out["weight_mean_pos"] == pytest.approx((1 + 1.5) / 2) and out["weight_mean_neg"] == pytest.approx(0.5)
+    none = drift_stats(logp, torch.zeros(2, 2), torch.tensor([[1, 1], [1, 0]]), torch.tensor([1.0, 0.0]))
+    assert none["weight_mean_neg"] == 1.0

@@ -77,7 +77,8 @@ def test_t_quantiles_without_scipy(monkeypatch):
 
 def _args(**kw) -> Namespace:
     base = dict(lr=3e-5, groups=8, eval_every=20, eval_size=200, model="builtin:tiny-chain", task="chain",
-                group_size=8, max_new_tokens=128, samplers=2, steps=60, threads=1, device="cpu", sampler_dtype="float32")
+                group_size=8, max_new_tokens=128, samplers=2, steps=60, threads=1, device="cpu", sampler_dtype="float32",
+                temperature=1.0, top_p=1.0, top_k=0, lag=False)
     return Namespace(**{**base, **kw})
 
 
@@ -94,7 +95,19 @@ def test_max_delay_scales_the_papers_delay_distribution():
     assert online.samplers[0].weight_delay.kind == "none" and online.max_delay_steps == 0
 
 
+def test_a_lag_pins_every_rollout_at_the_delay_and_the_sampling_flags_reach_the_samplers():
+    cfg = build_config("grpo-paper", 32, 0, _args(lag=True, temperature=0.6, top_p=0.95, top_k=20), "/dev/null")
+    spec = cfg.samplers[0]
+    assert spec.weight_delay.kind == "none"  # samplers load every version at once...
+    assert (spec.rollout_delay.kind, spec.rollout_delay.fixed_s) == ("fixed", 32 * 30)  # ...their rollouts arrive D late
+    assert (cfg.sampling.temperature, cfg.sampling.top_p, cfg.sampling.top_k) == (0.6, 0.95, 20)
+    online = build_config("grpo-paper", 0, 0, _args(lag=True), "/dev/null").samplers[0]
+    assert online.rollout_delay.kind == "none" and online.weight_delay.kind == "none"
+
+
 def test_variants_set_the_reference_codes_knobs():
+    paper = build_config("grpo-paper", 8, 0, _args(), "/dev/null").learner
+    assert (paper.stale_loss, paper.stale_options) == ("grpo", {"dual_clip": math.inf, "normalize_std": False, "beta": 0.005})
     assert build_config("gepo+kl", 8, 0, _args(), "/dev/null").learner.stale_options == {"beta": 0.005}
     gspo = build_config("gspo-clip0.2", 8, 0, _args(), "/dev/null").learner
     assert (gspo.stale_loss, gspo.stale_options) == ("gspo", {"eps_low": 0.2, "eps_high": 0.2})

@@ -57,6 +57,9 @@ VARIANTS = {
     "m2po-cap": ("m2po", {"bound": "cap"}),  # its bound: clip the candidates at sqrt(c), not drop the largest
     "m2po-nodual": ("m2po", {"dual_clip": math.inf}),  # no dual clip for A < 0
     "m2po-released": ("m2po", {"bound": "cap", "dual_clip": math.inf}),  # both
+    # the GEPO authors' GRPO baseline (HanlardResearch/HeteroRL_GEPO): no dual clip, advantages r - mean
+    # (not divided by the std), a k3 KL of 0.005 to the sampler's policy
+    "grpo-paper": ("grpo", {"dual_clip": math.inf, "normalize_std": False, "beta": 0.005}),
 }
 BINS = (0, 1, 3, 5, 9, 17, 33, 65, 129)
 """Left edges of the staleness bins for the IS-variance / KL plot."""
@@ -102,8 +105,11 @@ def build_config(loss: str, delay: int, seed: int, args: argparse.Namespace, met
     from swarm.delay import DelayConfig
 
     sps = 30.0  # virtual seconds per learner step; only the ratio to the delays matters
-    weights = (DelayConfig() if delay == 0 else
+    weights = (DelayConfig() if delay == 0 or args.lag else
                DelayConfig(kind="lognormal", lower_s=delay * sps / PAPER_RATIO, upper_s=delay * sps, confidence=0.995))
+    # --lag: samplers load every version at once, and every rollout reaches the learner `delay` steps
+    # after it was made: staleness pinned at the cap (the authors' runs sat near theirs: mean 26.5 of 32)
+    rollouts = DelayConfig(kind="fixed", fixed_s=delay * sps) if args.lag and delay else DelayConfig()
     base, options, learner_options = loss_and_options(loss)
     learner = LearnerConfig(stale_loss=base, stale_options=options, lr=args.lr, groups_per_step=args.groups,
                             eval_every=args.eval_every, eval_size=args.eval_size,
@@ -111,9 +117,10 @@ def build_config(loss: str, delay: int, seed: int, args: argparse.Namespace, met
                             **learner_options)
     return SimulatorConfig(
         model=args.model, task=ChainConfig() if args.task == "chain" else ArithmeticConfig(),
-        sampling=SamplingConfig(group_size=args.group_size, temperature=1.0, max_new_tokens=args.max_new_tokens),
+        sampling=SamplingConfig(group_size=args.group_size, temperature=args.temperature, top_p=args.top_p,
+                                top_k=args.top_k, max_new_tokens=args.max_new_tokens),
         learner=learner, samplers=(SimSamplerSpec(name="sampler", count=args.samplers, weight_delay=weights,
-                                                  dtype=args.sampler_dtype),),
+                                                  rollout_delay=rollouts, dtype=args.sampler_dtype),),
         steps=args.steps, seconds_per_step=sps, max_delay_steps=delay, seed=seed, threads=args.threads,
         device=args.device, metrics_path=metrics_path)
 
@@ -132,6 +139,8 @@ def summarise(history: list[dict]) -> dict:
         "evals": [(r["version"], r["eval_acc"]) for r in evals],
         "steps": len(steps), "staleness": mean_of("staleness_mean"), "is_var": mean_of("is_weight_var"),
         "kl": mean_of("kl_k3"), "clip": mean_of("clip_frac"), "reward": mean_of("reward"),
+        # the mechanism: how far p moved from q per token, and the weights' mean by advantage sign
+        "drift": mean_of("drift_frac"), "w_pos": mean_of("weight_mean_pos"), "w_neg": mean_of("weight_mean_neg"),
         "drops": steps[-1].get("drops", {}) if steps else {}, "gap_drops": steps[-1].get("logprob_gap_drops", {}) if steps else {},
         # per step, for the IS-variance / KL vs staleness plot
         "per_step": [(r.get("staleness_mean"), r.get("is_weight_var"), r.get("kl_k3")) for r in steps],
@@ -139,7 +148,9 @@ def summarise(history: list[dict]) -> dict:
 
 
 SETTINGS = ("steps", "task", "model", "lr", "groups", "group_size", "max_new_tokens", "samplers", "eval_every", "eval_size",
-            "sampler_dtype")
+            "sampler_dtype", "temperature", "top_p", "top_k", "lag")
+OLDER_SETTINGS = {"sampler_dtype": "float32", "temperature": 1.0, "top_p": 1.0, "top_k": 0, "lag": False}
+"""What grids run before a setting existed ran with."""
 
 
 def settings(args: argparse.Namespace) -> dict:
@@ -414,6 +425,12 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="where the samplers' engines and the learner run (cuda on a GPU)")
     ap.add_argument("--sampler-dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                     help="the samplers' engine precision (bfloat16: a GPU volunteer's; the learner stays float32)")
+    ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (the authors': 0.6)")
+    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (the authors': 0.95)")
+    ap.add_argument("--top-k", type=int, default=0, help="top-k sampling, 0 = off (the authors': 20)")
+    ap.add_argument("--lag", action="store_true",
+                    help="delay D is a constant lag: every rollout reaches the learner D steps after it was made "
+                         "(samplers load each version at once), so staleness sits at D, not spread below it")
     ap.add_argument("--out", type=Path, default=Path("runs/paper_delay"))
     ap.add_argument("--analyse-only", action="store_true")
     args = ap.parse_args()
@@ -430,7 +447,7 @@ def main() -> None:
     if not args.analyse_only:
         done = {p.name: json.loads(p.read_text()) for p in args.out.glob("*.summary.json")}
         for name, s in done.items():
-            if {"sampler_dtype": "float32", **s.get("settings", {})} != settings(args):  # older grids: float32
+            if {**OLDER_SETTINGS, **s.get("settings", {})} != settings(args):
                 raise SystemExit(f"{args.out}/{name} was run with {s.get('settings')}, not {settings(args)}: "
                                  "give the same settings or another --out")
         todo = [(loss, d, s) for s in args.seeds for d in args.delays for loss in args.losses

@@ -182,5 +182,24 @@ def weight_stats(w: torch.Tensor) -> dict[str, float]:
     return {"is_weight_mean": w.mean().item(), "is_weight_var": w.var(unbiased=False).item()}
 
 
+DRIFT_LOG = math.log(1.2)
+"""|log(p/q)| past which a token counts as drifted: GRPO's clip (0.2) on either side, about."""
+
+
+def drift_stats(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor) -> dict[str, float]:
+    """How far the learner's policy p has moved from the sampler's q on these tokens, whatever the
+    loss: the share of tokens with |log(p/q)| > log 1.2, and the mean token weight p/q on rows of
+    positive and of negative advantage (1.0 where there is no such row). A loss whose weights stay
+    near 1 while these drift bounds less than its weights suggest (docs/RESULTS.md)."""
+    d = (logp.detach() - old_logp.detach()).double().clamp(-LOG_RATIO_MAX, LOG_RATIO_MAX)
+    m = mask.bool()
+    w = torch.exp(d)
+    out = {"drift_frac": frac((d.abs() > DRIFT_LOG)[m])}
+    for name, rows in (("weight_mean_pos", advantages > 0), ("weight_mean_neg", advantages < 0)):
+        sel = m & rows.reshape(-1, 1)
+        out[name] = w[sel].mean().item() if sel.any() else 1.0
+    return out
+
+
 def frac(x: torch.Tensor) -> float:
     return x.float().mean().item() if x.numel() else 0.0

@@ -2,6 +2,7 @@
 
     rho_{i,t} = exp(l^p_{i,t} - l^q_{i,t})
     L = agg_{i,t} -min(rho_{i,t} A_i, clip(rho_{i,t}, 1 - eps_low, 1 + eps_high) A_i), dual-clipped at c|A_i| for A_i < 0
+        [+ beta k3(min(l^q - l^p, log c)) per token: the GEPO authors' baseline's KL to the sampler]
 
 `agg` is the paper's mean over a sequence's tokens then over sequences (`seq_mean`), or DAPO's
 `token_mean`, or Dr. GRPO's constant-normaliser `dr_grpo` (base.aggregate). As the
@@ -15,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import DUAL_CLIP, LOG_RATIO_MAX, LossInputs, LossOutput, aggregate, clipped_surrogate, frac, k3, seq_mean, weight_stats
+from .base import (DUAL_CLIP, LOG_RATIO_MAX, LossInputs, LossOutput, aggregate, clipped_surrogate, frac, k3, k3_bounded,
+                   seq_mean, weight_stats)
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,13 @@ class GRPOConfig:
     dual_truncate: bool = False
     """Past c, keep pushing at the capped weight c (base.clipped_surrogate's `truncate`) rather
     than no gradient: the same bound on a forged claim's influence."""
+    beta: float = 0.0
+    """Weight of a per-token k3 KL to the sampler's policy (its log(q/p) capped at log c, as GEPO's):
+    the GEPO authors' GRPO baseline runs 0.005 (examples/paper_delay's `grpo-paper`)."""
+
+    def __post_init__(self) -> None:
+        if self.beta < 0 or not self.dual_clip > 1:
+            raise ValueError("grpo: need beta >= 0 and dual_clip > 1")
 
 
 @dataclass(frozen=True)
@@ -48,6 +57,8 @@ def grpo_loss(inp: LossInputs, cfg: GRPOConfig) -> LossOutput:
     ratio = torch.exp(log_ratio)  # [B, T]
     per_token, clipped = clipped_surrogate(ratio, inp.advantages[:, None], cfg.eps_low, cfg.eps_high, cfg.dual_clip,
                                            cfg.dual_truncate)
+    if cfg.beta:  # gradient through l^p only; capped so a claimed q cannot make it unbounded
+        per_token = per_token + cfg.beta * k3_bounded(inp.old_logp.detach() - inp.logp, cfg.dual_clip)
     loss = aggregate(per_token, inp.mask, cfg.aggregation, inp.whole, cfg.dr_grpo_max_tokens)
     m = inp.mask
     return LossOutput(loss, {

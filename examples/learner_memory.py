@@ -85,7 +85,7 @@ def main() -> None:
     from node.tasks import make_task
     from node.tasks.arithmetic import ArithmeticConfig
     from node.trainer import TrainPart, build_batch
-    from node.weights import retie, untie
+    from node.weights import untie
 
     torch.set_num_threads(args.threads)
     phase = Phases()
@@ -113,16 +113,10 @@ def main() -> None:
         learner.version = v
         stats = learner.publishing.publish(v)
         phase(f"v{v}: published ({stats['weights_kind']}, {stats['weights_bytes'] / 1e6:.0f} MB)")
-        for old in ((0, 1) if v == 1 else (v - 1, v)):  # what a step's audits load (Auditor._audit_version)
-            weights = auditor.archive.weights("" if old == 0 else learner.chain, old)
-            if auditor._copy is None:
-                import copy
-
-                auditor._copy = copy.deepcopy(model).eval()
-            auditor._copy.load_state_dict(retie(weights, auditor._aliases))
-            del weights
+        for old in ((0, 1) if v == 1 else (v - 1, v)):  # what a step's audits load
+            auditor.model_at(("" if old == 0 else learner.chain, old))
             phase(f"v{v}: v{old} rebuilt and loaded for an audit")
-        auditor._copy = None  # as the auditor lets it go after a step's audits
+        auditor.release()  # as `Auditor.audit` does after a step's audits
     args_r = argparse.Namespace(view="bfloat16", device="cpu", groups_per_step=args.groups, group_size=args.group_size,
                                 completion_len=args.completion_len, prompts_per_batch=2)
     want, rule = rehearsal.predicted_gib("learner", params, shape, args_r)

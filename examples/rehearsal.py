@@ -187,7 +187,7 @@ RUNTIME_GIB = 0.65
 """A node before any model: Python, torch, its DHT process and p2pd (the bootstrap's peak here)."""
 KEYFRAME_OF_VIEW = 0.71
 """A random-weights bfloat16 keyframe's bytes over its view's (311 of 438 MB here): zstd of the byte
-planes; trained weights compress about as well."""
+planes (trained weights were not measured)."""
 HEAD_CHUNKS = 3
 """Output-head chunks of float32 logits alive at once in a backward (logits, log-softmax, gradient),
 each `node.logprobs.HEAD_CHUNK_BYTES`."""

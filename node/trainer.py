@@ -288,7 +288,8 @@ def _microbatch(model, parts, contexts, work: _Work | None, temperature: float, 
     out = part.algo.loss(LossInputs(logp[k], old[k], b.advantages[sel][kc].to(device), packed.completion_mask[k],
                                     b.group_ids[sel][kc].to(device), seq, whole=whole,
                                     log_e_hat=log_e_hat[sel][kc].to(device)), part.cfg)
-    out.metrics.update(drift_stats(logp[k], old[k], packed.completion_mask[k], b.advantages[sel][kc].to(device)))
+    if part.max_logprob_gap is not None:  # our model's rollouts: another model's q is far from p by design
+        out.metrics.update(drift_stats(logp[k], old[k], packed.completion_mask[k], b.advantages[sel][kc].to(device)))
     share = whole.sequences / total
     loss = share * out.loss
     finite = bool(torch.isfinite(loss))

@@ -51,7 +51,6 @@ class Auditor:
         """...against the honest rate measured on this model (node/audit.FlipRate)."""
         self.stats: dict[str, Any] = dict(NEW_STATS)
         self._copy: torch.nn.Module | None = None
-        self._loaded: tuple[str, int] | None = None
         self._rng = random.SystemRandom()  # the sampler must not predict which groups get audited
 
     @functools.cached_property
@@ -109,29 +108,40 @@ class Auditor:
             for b, why in zip(groups, self._audit_version(key, groups)):
                 if b.verdict is Verdict.FAILED:
                     failed.setdefault(b.sampler, why)
-        # let the copy go until the next audit: kept, it would sit through the training step that
-        # follows, 4 bytes a parameter at the step's peak (activations and gradients), and making
-        # it again costs a copy of the weights (~1 s for 219M parameters on a CPU) in a step of minutes
-        self._copy, self._loaded = None, None
+        self.release()
         return failed
+
+    def model_at(self, key: tuple[str, int]) -> torch.nn.Module | None:
+        """The audit copy of the model with the published weights of `key` (chain, version)
+        loaded; None if they cannot be rebuilt."""
+        weights = self.archive.weights(*key)
+        if weights is None:
+            return None
+        if self._copy is None:
+            self._copy = copy.deepcopy(self.model).eval()
+        self._copy.load_state_dict(retie(weights, self._aliases))
+        return self._copy
+
+    def release(self) -> None:
+        """Let the audit copy go until the next step's audits: kept, it would sit through the
+        training step that follows, 4 bytes a parameter at the step's peak (activations and
+        gradients); making it again costs a copy of the weights (0.5 s for 219M parameters on this
+        CPU) in a step of minutes."""
+        self._copy = None
 
     def _audit_version(self, key: tuple[str, int], groups: list[BufferedGroup]) -> list[str]:
         """Audit groups that claim the same version; sets each one's verdict; the failures' reasons."""
         t0 = time.perf_counter()
-        weights, nonce = self.archive.weights(*key), self.archive.nonce(*key)
-        if weights is None or nonce is None:
+        nonce = self.archive.nonce(*key)
+        model = self.model_at(key) if nonce is not None else None
+        if model is None:
             self.stats["unauditable"] += len(groups)
             for b in groups:
                 b.verdict = Verdict.UNAUDITABLE
             return [""] * len(groups)
-        if self._copy is None:
-            self._copy = copy.deepcopy(self.model).eval()
-        if self._loaded != key:
-            self._copy.load_state_dict(retie(weights, self._aliases))
-            self._loaded = key
         items = [AuditItem(b.group.prompt_ids, [(c.token_ids, c.logprobs) for c in b.group.completions],
                            group_seeds(nonce, b.group.problem_id, b.sampler, len(b.group.completions))) for b in groups]
-        results = audit_groups(self._copy, items, self.sampling.params, self.pad_id, self.cfg.audit_margin,
+        results = audit_groups(model, items, self.sampling.params, self.pad_id, self.cfg.audit_margin,
                                reference=self.calibrates and self.flip_rate.wanted())
         self.stats["time_s"] += time.perf_counter() - t0
         return [self._judge(b, r) for b, r in zip(groups, results)]

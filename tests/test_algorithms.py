@@ -191,6 +191,26 @@ def test_gepo_logs_the_unbounded_k3_like_every_other_loss():
     assert out.metrics["kl_k3"] == pytest.approx((math.exp(2) - 2 - 1) / 2)
 
 
+def test_gepo_decoupled_weight_is_a_truncated_coefficient_hand_values():
+    inp = gepo_case()
+    out = gepo_loss(inp, GEPOConfig(decoupled=True))
+    w = [0.4 / 0.375, 0.88, 0.72, 1.1, 0.6]
+    adv = [2 / 3, -1 / 3, -1 / 3, 0.5, -0.5]
+    assert out.loss.item() == pytest.approx(-sum(a * b for a, b in zip(w, adv)) / 5)  # no clip: every row counts
+    assert out.metrics["clip_frac"] == 0
+    out.loss.backward()
+    g = inp.logp.grad
+    # d/dlp_t of -sg(w) A mean_t lp / 5: -w A / (tokens * 5), the weight a constant (no w in its own gradient)
+    assert g[0].tolist() == pytest.approx([-w[0] * adv[0] / 10] * 2)
+    assert g[4, 0].item() == pytest.approx(-w[4] * adv[4] / 5)  # plain GEPO's clip gave this row nothing
+    # past c the coefficient is c: a group claimed far less likely than p (w = 0.9 / 1e-6) weighs 3 |A|, no more
+    far = inputs(logp=[[ln(0.9)], [ln(0.9)]], old_logp=[[ln(1e-6)], [ln(1e-6)]], mask=[[1], [1]], adv=[1.0, -1.0],
+                 groups=[0, 0])
+    out = gepo_loss(far, GEPOConfig(decoupled=True))
+    out.loss.backward()
+    assert far.logp.grad[:, 0].tolist() == pytest.approx([-3.0 / 2, 3.0 / 2]) and out.metrics["clip_frac"] == 1
+
+
 def test_theorem1_group_expectation_weights_have_far_lower_variance(capsys):
     """GEPO's Theorem 1, numerically: Var[p/E_hat] falls far below Var[p/q] as KL(p||q) grows."""
     from examples.gepo_variance import format_table, variance_table

@@ -27,7 +27,7 @@ def test_student_t_interval_by_hand():
 
 def _summary(last: float, start: float = 0.6) -> dict:
     return {"start": start, "best": max(start, last), "last": last, "gap": max(start, last) - last, "staleness": 1.0,
-            "is_var": 0.01, "kl": 0.001, "clip": 0.1}
+            "is_var": 0.01, "kl": 0.001, "clip": 0.1, "drift": 0.25, "w_pos": 1.1, "w_neg": 0.9}
 
 
 def test_differences_are_paired_by_seed_not_by_order():
@@ -37,6 +37,7 @@ def test_differences_are_paired_by_seed_not_by_order():
              ("grpo", 0): {1: _summary(0.6), 0: _summary(0.6)}, ("grpo", 64): {0: _summary(0.6), 1: _summary(0.7)}}
     row = next(line for line in tables(cells, ["gepo", "grpo"], [0, 64]).splitlines() if line.startswith("| gepo | 64 |"))
     assert "| -30.0 ± 127.1 |" in row and "| 20.0 / 50.0 |" in row and "| 2/2 |" in row  # 0.6 -> 0.5 is exactly 10 pts: counted
+    assert row.endswith("| 0.250 ± 0.000 | 1.100 ± 0.000 | 0.900 ± 0.000 |")  # the mechanism's diagnostics
     vs = versus_table(cells, ["gepo", "grpo"], [0, 64], "grpo")
     assert "| 64 | -30.0 ± 127.1 |" in vs  # 0.2 - 0.6 and 0.5 - 0.7 again
 

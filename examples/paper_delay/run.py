@@ -60,6 +60,8 @@ VARIANTS = {
     # the GEPO authors' GRPO baseline (HanlardResearch/HeteroRL_GEPO): no dual clip, advantages r - mean
     # (not divided by the std), a k3 KL of 0.005 to the sampler's policy
     "grpo-paper": ("grpo", {"dual_clip": math.inf, "normalize_std": False, "beta": 0.005}),
+    # ours, from the mechanism (node/algorithms/gepo.py): GEPO's weight as a truncated coefficient, no clip
+    "gepo-decoupled": ("gepo", {"decoupled": True}),
 }
 BINS = (0, 1, 3, 5, 9, 17, 33, 65, 129)
 """Left edges of the staleness bins for the IS-variance / KL plot."""
@@ -221,8 +223,9 @@ def load(out: Path) -> dict[tuple[str, int], dict[int, dict]]:
 
 def tables(cells: dict, losses: list[str], delays: list[int]) -> str:
     head = ("| loss | max delay | seeds | staleness | best % | last % | last, each seed | best-last | "
-            "last - same loss at 0 (paired) | ended >= 10 pts below start | IS-weight var | k3 KL | clip frac |")
-    lines = [head, "|" + "---|" * 13]
+            "last - same loss at 0 (paired) | ended >= 10 pts below start | IS-weight var | k3 KL | clip frac | "
+            "drifted tokens | weight, A > 0 | weight, A < 0 |")
+    lines = [head, "|" + "---|" * 16]
     for loss in losses:
         for d in delays:
             runs = cells.get((loss, d))
@@ -233,12 +236,13 @@ def tables(cells: dict, losses: list[str], delays: list[int]) -> str:
             # a variant run only under delay is paired with its base loss's online runs
             online = cells.get((loss, 0)) or cells.get((loss_and_options(loss)[0], 0), {})
             paired = [runs[s]["last"] - online[s]["last"] for s in seeds if s in online]
-            col = lambda k: [runs[s][k] for s in seeds]  # noqa: E731
+            col = lambda k: [runs[s].get(k, math.nan) for s in seeds]  # noqa: E731  (older runs lack the drift keys)
             lines.append(
                 f"| {loss} | {d} | {len(seeds)} | {statistics.fmean(col('staleness')):.1f} | {fmt(col('best'))} | "
                 f"{fmt(col('last'))} | {' / '.join(f'{100 * x:.1f}' for x in col('last'))} | {fmt(col('gap'))} | "
                 f"{fmt(paired) if d and paired else '-'} | {sum(round(r['start'] - r['last'], 6) >= 0.1 for r in runs.values())}/{len(seeds)} | "
-                f"{fmt(col('is_var'), 1, 4)} | {fmt(col('kl'), 1, 4)} | {fmt(col('clip'), 1, 3)} |")
+                f"{fmt(col('is_var'), 1, 4)} | {fmt(col('kl'), 1, 4)} | {fmt(col('clip'), 1, 3)} | "
+                f"{fmt(col('drift'), 1, 3)} | {fmt(col('w_pos'), 1, 3)} | {fmt(col('w_neg'), 1, 3)} |")
     return "\n".join(lines)
 
 

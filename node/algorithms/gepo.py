@@ -18,6 +18,17 @@ takes E_hat over a shuffled micro-batch of 8 rows instead, keeps zero-variance g
 neither the loss of A < 0 nor its KL: `e_hat_rows = 8, keep_zero_variance = true, dual_clip =
 inf, beta = 0.005` runs it that way (examples/paper_delay's `gepo-released`). Done in log space:
 log E_hat = logsumexp(2 l_q) - logsumexp(l_q), so tiny q_i do not underflow to 0/0.
+
+`decoupled = true` (examples/paper_delay's `gepo-decoupled`, ours, from the mechanism in
+docs/RESULTS.md) keeps GEPO's weight and drops its clip:
+
+    L = mean_i -sg(min(w_i, c)) A_i R_i,     R_i = exp(m_i - sg(m_i)),  m_i = mean_t l^p_{i,t}
+
+the weight is a truncated stop-gradient coefficient (IMPALA's rho-bar, AReaL's decoupled PPO with
+one update per batch: the trust region is centred on the learner's current policy, which one
+step cannot leave). The clip on a length-normalised ratio stops a sequence only after its tokens
+moved ~0.18 nats each on average, and then stops its gradient entirely; here a sequence the
+policy moved away from weighs less as p_i falls, and never more than c |A|.
 """
 
 from __future__ import annotations
@@ -45,6 +56,8 @@ class GEPOConfig:
     e_hat_rows: int = 0
     """0: E_hat over the prompt's group (the paper's definition); N: over the step's rows shuffled
     into blocks of N, prompts mixed (the released code's micro-batches: 8)."""
+    decoupled: bool = False
+    """The weight as a truncated coefficient min(w, c) on the policy gradient, no clip (above)."""
     keep_zero_variance: bool = False
     """Train on groups whose rewards are all equal too (advantage 0): they count in the batch mean
     and in E_hat, as in the released code; False skips and counts them, as every other loss does."""
@@ -68,7 +81,12 @@ def gepo_log_weights(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Ten
 def gepo_loss(inp: LossInputs, cfg: GEPOConfig) -> LossOutput:
     log_w = gepo_log_weights(inp.logp, inp.old_logp, inp.mask, inp.group_ids, inp.log_e_hat)
     w = torch.exp(log_w.clamp(-LOG_RATIO_MAX, LOG_RATIO_MAX))  # [B]
-    per_seq, clipped = clipped_surrogate(w, inp.advantages, cfg.eps, cfg.eps, cfg.dual_clip, cfg.dual_truncate)
+    if cfg.decoupled:
+        coef = w.detach().clamp(max=cfg.dual_clip)
+        m = seq_mean(inp.logp, inp.mask)
+        per_seq, clipped = -coef * inp.advantages * torch.exp(m - m.detach()), w > cfg.dual_clip
+    else:
+        per_seq, clipped = clipped_surrogate(w, inp.advantages, cfg.eps, cfg.eps, cfg.dual_clip, cfg.dual_truncate)
     if cfg.beta:  # the KL term: log(q/p) capped at log c, so its gradient stays bounded; grad via l^p
         per_seq = per_seq + cfg.beta * seq_mean(k3_bounded(inp.old_logp.detach() - inp.logp, cfg.dual_clip), inp.mask)
     loss = batch_mean(per_seq, inp.whole)

@@ -211,6 +211,43 @@ def test_gepo_decoupled_weight_is_a_truncated_coefficient_hand_values():
     assert far.logp.grad[:, 0].tolist() == pytest.approx([-3.0 / 2, 3.0 / 2]) and out.metrics["clip_frac"] == 1
 
 
+def test_gepo_len_clip_is_centred_on_the_group_factor_and_narrowed_by_length_hand_values():
+    inp = gepo_case()
+    out = gepo_loss(inp, GEPOConfig(len_clip=True))
+    # g = q / E_hat = [4/3, 2/3, 2/3 | 1, 1]; w = [1.0667, 0.88, 0.72 | 1.1, 0.6]; half-width log(1.2) / sqrt(n)
+    w, adv = [0.4 / 0.375, 0.88, 0.72, 1.1, 0.6], [2 / 3, -1 / 3, -1 / 3, 0.5, -0.5]
+    lo4 = 1 / 1.2  # row 4: g = 1, n = 1
+    terms = [
+        -w[0] * adv[0],  # below its range [4/3 / 1.2^(1/sqrt 2), ...] with A > 0: the unclipped branch
+        -w[1] * adv[1],  # range [0.556, 0.8]: above it with A < 0, unclipped
+        -w[2] * adv[2],  # inside: plain GEPO clipped this row (0.72 < 0.8 around 1)
+        -w[3] * adv[3],
+        -lo4 * adv[4],  # 0.6 < 0.833 with A < 0: clipped
+    ]
+    assert out.loss.item() == pytest.approx(sum(terms) / 5)
+    assert out.metrics["clip_frac"] == pytest.approx(1 / 5)
+    out.loss.backward()
+    assert inp.logp.grad[0].tolist() == pytest.approx([-w[0] * adv[0] / 10] * 2) and inp.logp.grad[4, 0] == 0
+    # on-policy nothing is clipped, where plain GEPO's clip around 1 cuts the rows whose g is far from 1
+    on = gepo_case()
+    on.logp = on.old_logp.clone().requires_grad_(True)
+    assert gepo_loss(on, GEPOConfig(len_clip=True)).metrics["clip_frac"] == 0
+    assert gepo_loss(on, GEPOConfig()).metrics["clip_frac"] > 0
+    # a sequence of 4 tokens that drifted 0.1 nats each: inside GEPO's 0.18, outside log(1.2) / 2 = 0.09
+    long = inputs(logp=[[-0.9] * 4, [-1.0] * 4], old_logp=[[-1.0] * 4] * 2, mask=[[1] * 4] * 2, adv=[1.0, -1.0],
+                  groups=[0, 0])
+    assert gepo_loss(long, GEPOConfig()).metrics["clip_frac"] == 0
+    assert gepo_loss(long, GEPOConfig(len_clip=True)).metrics["clip_frac"] == 0.5
+    # bounded influence, whatever q is claimed: at most c |A| on a token
+    for log_r in torch.linspace(-8, 8, 33).tolist():
+        for a in (1.0, -1.0):
+            one = inputs(logp=[[-1.0]], old_logp=[[-1.0 - log_r]], mask=[[1]], adv=[a], groups=[0])
+            gepo_loss(one, GEPOConfig(len_clip=True)).loss.backward()
+            assert abs(one.logp.grad.item()) <= 3 * (1 + 1e-9)
+    with pytest.raises(ValueError, match="choose one"):
+        GEPOConfig(len_clip=True, decoupled=True)
+
+
 def test_theorem1_group_expectation_weights_have_far_lower_variance(capsys):
     """GEPO's Theorem 1, numerically: Var[p/E_hat] falls far below Var[p/q] as KL(p||q) grows."""
     from examples.gepo_variance import format_table, variance_table

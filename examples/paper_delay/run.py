@@ -4,6 +4,11 @@
     python examples/paper_delay/run.py --losses gepo grpo --delays 0 64 --seeds 0 1 --steps 60
     python examples/paper_delay/run.py --analyse-only                   # tables and plots from what ran
 
+The paper's premise (docs/RESULTS.md, section 6): its sampling, its GRPO, staleness pinned near the cap
+
+    python examples/paper_delay/run.py --losses grpo-paper --delays 0 32 --lag --seeds 0 1 2 3 4 --steps 150 \
+        --temperature 0.6 --top-p 0.95 --top-k 20 --out runs/premise_f32             # add --sampler-dtype bfloat16
+
 Each cell is (loss, max delay D, seed). For D > 0 every sampler waits a log-normal delay between
 D/32 and D learner steps (the paper's 60 s..1920 s shape at 0.995, scaled so its upper bound is D;
 capped at D) before it loads the newest weights, then draws a fresh delay (swarm/delay.py). D = 0
@@ -25,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import multiprocessing as mp
 import statistics
 import sys
 import time
@@ -62,6 +66,8 @@ VARIANTS = {
     "grpo-paper": ("grpo", {"dual_clip": math.inf, "normalize_std": False, "beta": 0.005}),
     # ours, from the mechanism (node/algorithms/gepo.py): GEPO's weight as a truncated coefficient, no clip
     "gepo-decoupled": ("gepo", {"decoupled": True}),
+    # ours too: GEPO's clip centred where its weight sits on-policy and narrowed by sqrt(length)
+    "gepo-lenclip": ("gepo", {"len_clip": True}),
 }
 BINS = (0, 1, 3, 5, 9, 17, 33, 65, 129)
 """Left edges of the staleness bins for the IS-variance / KL plot."""
@@ -409,6 +415,8 @@ def analyse(out: Path, losses: list[str], delays: list[int]) -> str:
 
 
 def main() -> None:
+    from cli.procs import grid_pool
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--losses", nargs="+", default=["gepo", "grpo", "gspo", "m2po", "pg"],
                     help=f"stale-rollout losses (node/algorithms) or variants {sorted(VARIANTS)}")
@@ -459,7 +467,7 @@ def main() -> None:
         print(f"{len(todo)} runs to do under {args.out} ({args.workers} at a time)", flush=True)
         arg_dict = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
         t0 = time.time()
-        with mp.get_context("spawn").Pool(args.workers, maxtasksperchild=1) as pool:
+        with grid_pool(args.workers) as pool:  # no worker outlives this process, however it ends
             for i, line in enumerate(pool.imap_unordered(run_one, [(*j, arg_dict) for j in todo])):
                 print(f"[{i + 1}/{len(todo)} {time.time() - t0:.0f} s] {line}", flush=True)
     print(analyse(args.out, args.losses, args.delays))

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import statistics
 import sys
 import time
@@ -262,6 +261,8 @@ def plot(out: Path, runs: dict) -> None:
 
 
 def main() -> None:
+    from cli.procs import grid_pool
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--steps", type=int, default=150)
@@ -291,7 +292,7 @@ def main() -> None:
         todo = [(st, s) for s in args.seeds for st in args.settings if f"{st}_s{s}.summary.json" not in done]
         arg_dict = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
         t0 = time.time()
-        with mp.get_context("spawn").Pool(args.workers, maxtasksperchild=1) as pool:
+        with grid_pool(args.workers) as pool:  # no worker outlives this process, however it ends
             for i, line in enumerate(pool.imap_unordered(run_one, [(*j, arg_dict) for j in todo])):
                 print(f"[{i + 1}/{len(todo)} {time.time() - t0:.0f} s] {line}", flush=True)
     print(analyse(args.out))

@@ -29,10 +29,23 @@ one update per batch: the trust region is centred on the learner's current polic
 step cannot leave). The clip on a length-normalised ratio stops a sequence only after its tokens
 moved ~0.18 nats each on average, and then stops its gradient entirely; here a sequence the
 policy moved away from weighs less as p_i falls, and never more than c |A|.
+
+`len_clip = true` (`gepo-lenclip`, ours, the other way out of the same mechanism) keeps the clip
+and makes it bound each sequence's drift from its sampler, whatever its length:
+
+    g_i = q_i / E_hat (sg; w_i = g_i on-policy)        delta_i = log(1 + eps) / sqrt(n_i)
+    L   = mean_i -min(w_i A_i, clip(w_i, g_i e^-delta_i, min(g_i e^delta_i, c)) A_i), dual-clipped
+
+GEPO's clip [1 - eps, 1 + eps] sits around 1, not where w sits on-policy (g_i), and bounds the
+*mean* per-token log ratio, so a sequence of n tokens may move ~0.18 n nats (11 at 60 tokens) before
+it bites. Centred on g_i and narrowed by sqrt(n_i), it lets log(1 + eps) sqrt(n_i) nats through
+(1.4 at 60 tokens): per-token noise of the same size passes as under GRPO's token clip, a drift of
+the whole sequence does not.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -58,6 +71,8 @@ class GEPOConfig:
     into blocks of N, prompts mixed (the released code's micro-batches: 8)."""
     decoupled: bool = False
     """The weight as a truncated coefficient min(w, c) on the policy gradient, no clip (above)."""
+    len_clip: bool = False
+    """The clip centred on the sampler's group factor and narrowed by sqrt(length) (above)."""
     keep_zero_variance: bool = False
     """Train on groups whose rewards are all equal too (advantage 0): they count in the batch mean
     and in E_hat, as in the released code; False skips and counts them, as every other loss does."""
@@ -65,6 +80,8 @@ class GEPOConfig:
     def __post_init__(self) -> None:
         if self.e_hat_rows < 0 or not self.eps > 0 or not self.dual_clip > 1 or self.beta < 0:
             raise ValueError("gepo: need e_hat_rows >= 0, eps > 0, dual_clip > 1, beta >= 0")
+        if self.decoupled and self.len_clip:
+            raise ValueError("gepo: decoupled drops the clip that len_clip reshapes; choose one")
 
 
 def gepo_log_weights(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, group_ids: torch.Tensor,
@@ -79,12 +96,18 @@ def gepo_log_weights(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Ten
 
 
 def gepo_loss(inp: LossInputs, cfg: GEPOConfig) -> LossOutput:
-    log_w = gepo_log_weights(inp.logp, inp.old_logp, inp.mask, inp.group_ids, inp.log_e_hat)
+    log_e_hat = inp.log_e_hat if inp.log_e_hat is not None else group_log_e_hat(inp.old_logp, inp.mask, inp.group_ids)
+    log_w = gepo_log_weights(inp.logp, inp.old_logp, inp.mask, inp.group_ids, log_e_hat)
     w = torch.exp(log_w.clamp(-LOG_RATIO_MAX, LOG_RATIO_MAX))  # [B]
     if cfg.decoupled:
         coef = w.detach().clamp(max=cfg.dual_clip)
         m = seq_mean(inp.logp, inp.mask)
         per_seq, clipped = -coef * inp.advantages * torch.exp(m - m.detach()), w > cfg.dual_clip
+    elif cfg.len_clip:
+        log_g = (seq_mean(inp.old_logp, inp.mask) - log_e_hat).detach()  # log(q_i / E_hat): log w_i on-policy
+        delta = math.log(1 + cfg.eps) / inp.mask.sum(-1).clamp(min=1).sqrt()
+        lo, hi = torch.exp(log_g - delta), torch.exp(log_g + delta).clamp(max=cfg.dual_clip)
+        per_seq, clipped = clipped_surrogate(w, inp.advantages, 1 - lo, hi - 1, cfg.dual_clip, cfg.dual_truncate)
     else:
         per_seq, clipped = clipped_surrogate(w, inp.advantages, cfg.eps, cfg.eps, cfg.dual_clip, cfg.dual_truncate)
     if cfg.beta:  # the KL term: log(q/p) capped at log c, so its gradient stays bounded; grad via l^p

@@ -29,6 +29,8 @@ one update per batch: the trust region is centred on the learner's current polic
 step cannot leave). The clip on a length-normalised ratio stops a sequence only after its tokens
 moved ~0.18 nats each on average, and then stops its gradient entirely; here a sequence the
 policy moved away from weighs less as p_i falls, and never more than c |A|.
+Measured: it collapsed under a lag of 32 (docs/RESULTS.md, section 6): with no clip relative to
+q nothing stops the learner pushing a stale sequence further the way it has already moved.
 
 `len_clip = true` (`gepo-lenclip`, ours, the other way out of the same mechanism) keeps the clip
 and makes it bound each sequence's drift from its sampler, whatever its length:

@@ -127,25 +127,20 @@ def die_with_parent() -> Callable[[], None]:
 def grid_pool(workers: int):
     """A spawn Pool of one-task workers for an experiment grid (examples/paper_*) that never outlives
     its parent: SIGTERM or SIGHUP to the parent exits it through the pool's `with`, whose exit
-    terminates the workers, and the kernel sends each worker SIGTERM if the parent dies any other way
-    (SIGKILL, the OOM killer). Call from the main thread, which then owns those two signals."""
+    terminates the workers, and each worker ends within a second of the parent's death by any other
+    way (SIGKILL, the OOM killer). Call from the main thread, which then owns those two signals.
+
+    Not PR_SET_PDEATHSIG: the kernel sends it when the *thread* that forked a worker exits, and the
+    pool's worker-handler thread, which forks the replacements of one-task workers, exits at the
+    pool's own terminate(), killing a worker that may hold the result queue's lock: terminate() then
+    waits on that lock forever (seen: 5 of 17 tiny grids hung)."""
     import multiprocessing as mp
+
+    from swarm.lifetime import end_with_parent
 
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda signum, _frame: sys.exit(128 + signum))
-    return mp.get_context("spawn").Pool(workers, maxtasksperchild=1, initializer=_end_with, initargs=(os.getpid(),))
-
-
-def _end_with(parent: int) -> None:
-    """Pool initializer: SIGTERM to this worker when `parent` dies (Linux prctl; nothing elsewhere)."""
-    import ctypes
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # it died before prctl took effect
-        os.kill(os.getpid(), signal.SIGTERM)
+    return mp.get_context("spawn").Pool(workers, maxtasksperchild=1, initializer=end_with_parent)
 
 
 def start_node(name: str, args: list[str], log_dir: Path, threads: int = 1, module: str = "cli.main",

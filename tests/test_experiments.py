@@ -152,13 +152,6 @@ def test_a_tiny_grid_runs_resumes_and_reports_intervals(tmp_path):
     assert other.returncode != 0 and "was run with" in other.stderr  # a resumed grid never mixes settings
 
 
-def _running(pids: list[int]) -> list[int]:
-    from swarm.lifetime import proc_table
-
-    live = {p for p, state, _, _ in proc_table() if state != "Z"}
-    return [p for p in pids if p in live]
-
-
 @pytest.mark.integration
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
 def test_a_stopped_grid_leaves_no_worker_behind(tmp_path, sig):
@@ -169,28 +162,27 @@ def test_a_stopped_grid_leaves_no_worker_behind(tmp_path, sig):
     import time
 
     from swarm.lifetime import children
+    from tests.helpers.procs import alive, wait_gone
 
     cmd = [sys.executable, str(ROOT / "examples/paper_delay/run.py"), "--task", "arith", "--losses", "grpo",
            "--delays", "0", "--seeds", "0", "1", "--steps", "100000", "--eval-every", "0", "--eval-size", "20",
            "--groups", "2", "--max-new-tokens", "6", "--workers", "2", "--out", str(tmp_path)]
     grid = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    kids: list[int] = []
+    kids: set[int] = set()
     try:
         deadline = time.monotonic() + 240
         while len(list(tmp_path.glob("*.jsonl"))) < 2:  # both workers are inside a cell
             assert time.monotonic() < deadline and grid.poll() is None, "the grid never started its cells"
             time.sleep(0.5)
-        kids = children(grid.pid)
+        kids = set(children(grid.pid))
         assert len(kids) >= 2
         os.kill(grid.pid, getattr(signal, sig))
         grid.wait(timeout=30)
-        deadline = time.monotonic() + 20
-        while _running(kids) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert _running(kids) == [], f"still running after the grid's {sig}: {_running(kids)}"
+        left = wait_gone(kids, 20)
+        assert not left, f"still running after the grid's {sig}: {left}"
         assert not list(tmp_path.glob("*.summary.json"))  # a cell cut short leaves no summary: it is re-run
     finally:
-        for pid in [grid.pid, *_running(kids)]:
+        for pid in {grid.pid} | alive(kids):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

@@ -9,16 +9,13 @@ its parent dies, and the demo stops its swarm on SIGTERM/SIGHUP as on Ctrl-C.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from cli.procs import _proc_table, start_node, stop, wait_for_file
+from tests.helpers.procs import wait_gone
 
 
 def descendants(pid: int) -> set[int]:
@@ -32,18 +29,6 @@ def descendants(pid: int) -> set[int]:
         found.add(p)
         todo += children.get(p, [])
     return found
-
-
-def alive(pids: set[int]) -> set[int]:
-    live = {pid for pid, state, _, _ in _proc_table() if state != "Z"}
-    return pids & live
-
-
-def wait_gone(pids: set[int], timeout: float) -> set[int]:
-    deadline = time.monotonic() + timeout
-    while alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    return alive(pids)
 
 
 def wait_until(check, timeout: float, what: str) -> None:

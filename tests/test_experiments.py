@@ -42,6 +42,15 @@ def test_differences_are_paired_by_seed_not_by_order():
     assert "| 64 | -30.0 ± 127.1 |" in vs  # 0.2 - 0.6 and 0.5 - 0.7 again
 
 
+def test_older_summaries_without_the_drift_keys_still_tabulate():
+    # grids run before the drift diagnostics existed (docs/results/delay) mix with newer runs
+    old = {k: v for k, v in _summary(0.6).items() if k not in ("drift", "w_pos", "w_neg")}
+    cells = {("grpo", 0): {0: old, 1: old}, ("gepo", 0): {0: old, 1: _summary(0.7)}}
+    table = tables(cells, ["grpo", "gepo"], [0])
+    assert next(line for line in table.splitlines() if line.startswith("| grpo | 0 |")).endswith("| - | - | - |")
+    assert next(line for line in table.splitlines() if line.startswith("| gepo | 0 |")).endswith("| 0.250 | 1.100 | 0.900 |")
+
+
 def test_a_variant_is_paired_with_its_base_loss():
     # gepo+kl ran only at 64: its online pairing falls back to gepo's online runs (the same loss at
     # ratio 1), and the variants table differences it with gepo at 64 seed by seed

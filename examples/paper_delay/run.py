@@ -213,6 +213,10 @@ def mean_ci(xs: list[float]) -> tuple[float, float]:
 
 
 def fmt(xs: list[float], scale: float = 100.0, digits: int = 1) -> str:
+    """Mean ± 95% half-width of the values present ("-" if none: older runs lack the drift keys)."""
+    xs = [x for x in xs if x == x]
+    if not xs:
+        return "-"
     m, h = mean_ci(xs)
     return f"{m * scale:.{digits}f}" if h != h else f"{m * scale:.{digits}f} ± {h * scale:.{digits}f}"
 

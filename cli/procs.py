@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from swarm.lifetime import proc_table as _proc_table
+from swarm.lifetime import descendants, proc_table as _proc_table
 
 
 @dataclass
@@ -60,15 +60,7 @@ def group_members(pgid: int) -> list[int]:
 
 def kill_descendants(pid: int | None = None) -> None:
     """SIGKILL every descendant of `pid` (default: this process), deepest first."""
-    children: dict[int, list[int]] = {}
-    for child, _, parent, _ in _proc_table():
-        children.setdefault(parent, []).append(child)
-    order, todo = [], list(children.get(pid or os.getpid(), []))
-    while todo:
-        p = todo.pop()
-        order.append(p)
-        todo += children.get(p, [])
-    for p in reversed(order):
+    for p in reversed(descendants(pid or os.getpid())):
         try:
             os.kill(p, signal.SIGKILL)
         except ProcessLookupError:

@@ -50,6 +50,20 @@ def children(pid: int) -> list[int]:
     return [p for p, state, parent, _ in proc_table() if parent == pid and state != "Z"]
 
 
+def descendants(pid: int) -> list[int]:
+    """Live (non-zombie) descendants of `pid`, each after its parent."""
+    kids: dict[int, list[int]] = {}
+    for child, state, parent, _ in proc_table():
+        if state != "Z":
+            kids.setdefault(parent, []).append(child)
+    found, todo = [], list(kids.get(pid, []))
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo += kids.get(p, [])
+    return found
+
+
 def unix_socket_paths(pid: int) -> list[str]:
     """Paths of the unix sockets `pid` holds open (its fds matched to its namespace's socket table)."""
     inodes = set()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from swarm.lifetime import children, unix_socket_paths
+from swarm.lifetime import children, descendants, unix_socket_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -86,3 +86,23 @@ def test_a_helper_process_stops_its_daemon_on_sigterm(node):
     assert _gone(helper) and _gone(daemon)
     assert not os.path.exists(sock)
     assert proc.poll() is None  # the node itself is left alone
+
+
+def test_descendants_walks_the_whole_tree_parents_first():
+    # a shell that starts a shell that starts `sleep`: three generations of real processes
+    top = subprocess.Popen(["sh", "-c", "sh -c 'sleep 60; true' & wait"])
+    try:
+        deadline = time.monotonic() + 10
+        while len(descendants(top.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        tree = descendants(top.pid)
+        assert len(tree) == 2, tree
+        middle, leaf = tree
+        assert children(top.pid) == [middle] and children(middle) == [leaf]
+    finally:
+        for pid in [*reversed(descendants(top.pid)), top.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        top.wait(10)

@@ -14,21 +14,9 @@ import time
 
 import pytest
 
-from cli.procs import _proc_table, start_node, stop, wait_for_file
+from cli.procs import start_node, stop, wait_for_file
+from swarm.lifetime import descendants
 from tests.helpers.procs import wait_gone
-
-
-def descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for child, state, parent, _ in _proc_table():
-        if state != "Z":
-            children.setdefault(parent, []).append(child)
-    found, todo = set(), list(children.get(pid, []))
-    while todo:
-        p = todo.pop()
-        found.add(p)
-        todo += children.get(p, [])
-    return found
 
 
 def wait_until(check, timeout: float, what: str) -> None:
@@ -47,7 +35,7 @@ def test_a_demo_stopped_any_way_leaves_no_process(tmp_path, sig):
     try:
         metrics = tmp_path / "demo" / "learner" / "metrics.jsonl"
         wait_until(lambda: metrics.exists() and '"step"' in metrics.read_text(), 240, "learner step")
-        swarm = descendants(demo.popen.pid)
+        swarm = set(descendants(demo.popen.pid))
         assert len(swarm) >= 5, f"bootstrap, learner, 2 samplers and the leaderboard, with their DHTs: {swarm}"
         demo.popen.send_signal(sig)
         left = wait_gone(swarm, 60)
@@ -73,7 +61,7 @@ def test_a_killed_multi_rank_learner_takes_torchrun_and_its_ranks_with_it(tmp_pa
         learner = s.start_learner("[learner]\neval_every = 0\neval_size = 30\nmax_tokens_per_microbatch = 256\n",
                                   "--nproc-per-node", "2", "--device", "cpu")
         wait_until(lambda: "FSDP2 over 2 processes" in learner.log_path.read_text(), 240, "two ranks")
-        ranks = descendants(learner.popen.pid)
+        ranks = set(descendants(learner.popen.pid))
         assert len(ranks) >= 3, f"torchrun and two ranks: {ranks}"
         learner.popen.send_signal(signal.SIGKILL)
         learner.popen.wait(10)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import time
 
-from cli.procs import _proc_table
+from swarm.lifetime import proc_table
 
 
 def alive(pids: set[int]) -> set[int]:
-    live = {pid for pid, state, _, _ in _proc_table() if state != "Z"}
+    live = {pid for pid, state, _, _ in proc_table() if state != "Z"}
     return pids & live
 
 

@@ -46,6 +46,21 @@ def wait_versions(s: Swarm, names: list[str], steps: int, timeout: float) -> Non
     assert min(done.values()) >= steps, f"learners stopped at {done}; logs in {s.logs}"
 
 
+def last_step(base: Path, name: str) -> dict:
+    return next((r for r in reversed(metrics(base, name)) if r["kind"] == "step"), {})
+
+
+def wait_fed(s: Swarm, samplers: dict[str, str], timeout: float) -> None:
+    """Until every learner has trained on groups from all three samplers (or the timeout: the
+    assertions that follow say who is missing)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        fed = [last_step(s.base, f"learner-{k}").get("accepted_by_sampler", {}) for k in MODELS]
+        if all(a.get(p, 0) > 0 for a in fed for p in samplers.values()):
+            return
+        time.sleep(2)
+
+
 def test_three_learners_each_learn_and_train_on_the_other_models_rollouts(tmp_path):
     s = Swarm(tmp_path)
     ids = {k: Identity.load_or_create(tmp_path / f"learner-{k}" / "identity.key").peer_id for k in MODELS}
@@ -61,16 +76,19 @@ def test_three_learners_each_learn_and_train_on_the_other_models_rollouts(tmp_pa
     try:
         for k, model in MODELS.items():
             (tmp_path / f"learner-{k}.toml").write_text(learner_toml(model))
-            s.join(f"learner-{k}", "learner", "--model", model, "--config", str(tmp_path / f"learner-{k}.toml"),
-                   "--max-steps", str(STEPS))
+            # no --max-steps: a learner trains on its partners' groups before its own sampler's first
+            # arrive, so a tiny one could reach any fixed step count on those alone (it did in CI: 40
+            # steps before sampler c's first look for its learner came back); it runs until all is seen
+            s.join(f"learner-{k}", "learner", "--model", model, "--config", str(tmp_path / f"learner-{k}.toml"))
         # samplers join once the learners are there, so that they know their partners from the start
-        # (they look again every 10 s; tiny learners would be half done by then)
+        # (they look again every 10 s)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and sum(p["role"] == "learner" for p in s.status()) < 3:
             time.sleep(2)
         for k, model in MODELS.items():
             s.join(f"sampler-{k}", "sampler", "--model", model, "--name", f"sampler-{k}")
         wait_versions(s, [f"learner-{k}" for k in MODELS], STEPS, timeout=600)
+        wait_fed(s, samplers, timeout=300)
     finally:
         s.stop_all()
 
@@ -80,9 +98,10 @@ def test_three_learners_each_learn_and_train_on_the_other_models_rollouts(tmp_pa
         accepted = steps[-1]["accepted_by_sampler"]
         others = [o for o in MODELS if o != k]
         # its own sampler's groups and both other models' reached it and were trained on
-        assert accepted.get(samplers[k], 0) > 0, (k, accepted)
+        why = (k, accepted, steps[-1]["drops"], steps[-1]["refused_samplers"])
+        assert accepted.get(samplers[k], 0) > 0, why
         for o in others:
-            assert accepted.get(samplers[o], 0) > 0, (k, o, accepted)
+            assert accepted.get(samplers[o], 0) > 0, (o, *why)
         assert sum(r.get("groups_foreign", 0) for r in steps) > 0
         assert any("foreign" in r.get("routes", {}) for r in steps)  # F-TIS on the partners' rollouts
         evals = [r["eval_acc"] for r in rows if r["kind"] == "eval"]

@@ -156,6 +156,10 @@ class Simulator:
                     sampler.run_once(link, n)
             self.learner.ingest_many(self.exchange.receive_rollouts(10_000))
             self.learner.step()
+            if self.learner.refusals.refused:
+                # every simulated sampler is honest: a refusal is the audit's error, and the run
+                # would go on without it and measure something else
+                raise RuntimeError(f"the learner refused an honest simulated sampler: {self.learner.refusals.refused}")
             tick += 1
             if self.cfg.time_budget_s is not None and time.time() - t0 > self.cfg.time_budget_s:
                 log.info("time budget reached at version %d", self.learner.version)

@@ -61,6 +61,8 @@ from node.logprobs import completion_logits, logprobs_from_logits, pack  # noqa:
 log = logging.getLogger("bench_bf16_audit")
 WRITE = None
 """Writes the tables so far (set by main when --out is given)."""
+SLACK = LearnerConfig.audit_margin
+"""Logits of slack the audit applies top-k / top-p with (set by main from --filter-slack)."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -121,7 +123,7 @@ class AnswerSeeker(PickTokens):
         honest = pick_tokens(scores, keys, p.temperature, p.top_k, p.top_p)
         target = torch.tensor([tg[t] if t < len(tg) else -1 for tg in self.targets], device=scores.device)
         ok = target >= 0
-        margin = race_margins(scores, target.clamp(min=0), keys, p.temperature, p.top_k, p.top_p)
+        margin = race_margins(scores, target.clamp(min=0), keys, p.temperature, p.top_k, p.top_p, SLACK)
         # on track: every earlier token was the target's (else the answer is lost anyway)
         track = torch.tensor([list(input_ids[r, self.prompt_len:].tolist()) == tg[:t]
                               for r, tg in enumerate(self.targets)], device=scores.device)
@@ -183,7 +185,8 @@ class Measured:
 
 @torch.no_grad()
 def measure(model32, items: list[AuditItem], params: SamplingParams, pad: int, per_pass: int) -> Measured:
-    """The float32 auditor's margins and log-probs for every group (`per_pass` groups per forward)."""
+    """The float32 auditor's margins and log-probs for every group (`per_pass` groups per forward),
+    top-k / top-p applied with the slack `--filter-slack` sets (node/checkable.race_margins)."""
     device = next(model32.parameters()).device
     out = Measured()
     for s in range(0, len(items), per_pass):
@@ -195,7 +198,8 @@ def measure(model32, items: list[AuditItem], params: SamplingParams, pad: int, p
         margins = torch.zeros(len(tokens), dtype=torch.float64, device=device)
         mine = torch.zeros(len(tokens), device=device)
         for sl, logits in completion_logits(model32, batch):
-            margins[sl] = race_margins(logits, tokens[sl], keys[sl], params.temperature, params.top_k, params.top_p)
+            margins[sl] = race_margins(logits, tokens[sl], keys[sl], params.temperature, params.top_k, params.top_p,
+                                       SLACK)
             mine[sl] = logprobs_from_logits(logits, tokens[sl], params.logprob_temperature)
         margins, mine = margins.cpu(), mine.cpu()
         claimed = torch.tensor([c for r in rows for c in r[2]])
@@ -349,7 +353,8 @@ def run_model(name: str, model32, prompts, params, pad, eos, dtypes, batches, ar
         if dtype == "float32" and args.calibrate:  # the learner's own measure of an honest bfloat16 engine
             calib = FlipRate()
             for s in range(0, len(items), args.per_pass):
-                for margins, _, ref in audit_margins(model32, items[s : s + args.per_pass], params, pad, reference=True):
+                for margins, _, ref in audit_margins(model32, items[s : s + args.per_pass], params, pad, reference=True,
+                                                     slack=SLACK):
                     calib.add(ref, len(margins))
             args.rate_now = calib.rate(args.flip_rate)
             print(f"  calibrated: the auditor's bfloat16 reference flips at {calib.flips}/{calib.positions} positions: "
@@ -486,6 +491,12 @@ PRESETS = {
 }
 
 
+def filters(params: SamplingParams) -> str:
+    """'T=0.6, top-p 0.95, top-k 20': the sampling setting, for the table's labels."""
+    return ", ".join([f"T={params.temperature:g}"] + ([f"top-p {params.top_p:g}"] if params.top_p < 1 else [])
+                     + ([f"top-k {params.top_k}"] if params.top_k else []))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", choices=list(PRESETS), default="cpu", help="sizes (the options below override)")
@@ -502,6 +513,12 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--per-pass", type=int, default=16, help="groups per audit forward pass")
     ap.add_argument("--margin", type=float, default=LearnerConfig.audit_margin)
+    ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (every model)")
+    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus filter (every model)")
+    ap.add_argument("--top-k", type=int, default=0, help="top-k filter (every model; 0: none)")
+    ap.add_argument("--filter-slack", type=float,
+                    help="logits of slack the audit applies top-k / top-p with (default: --margin, as the learner "
+                         "does; 0: the filters exactly, as before protocol 2's slack)")
     ap.add_argument("--flip-rate", type=float, default=LearnerConfig.audit_flip_rate)
     ap.add_argument("--alarm", type=float, default=LearnerConfig.audit_alarm)
     ap.add_argument("--no-calibrate", dest="calibrate", action="store_false",
@@ -521,6 +538,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
+    global SLACK
+    SLACK = args.margin if args.filter_slack is None else args.filter_slack
     device = torch.device(args.device)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
     rng = random.Random(0)
@@ -541,7 +560,8 @@ def main() -> None:
         problems = [pool[i % len(pool)] for i in range(args.groups)]
         prompts = [tok(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
         answers = [tok(p.answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for p in problems]
-        run_model("built-in (trained, T=1)", model, prompts, SamplingConfig().params, tok.pad_token_id,
+        params = SamplingConfig(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k).params
+        run_model(f"built-in (trained, {filters(params)})", model, prompts, params, tok.pad_token_id,
                   eos_token_ids(tok, BUILTIN_MODEL), args.dtypes, args.batches, args, rng, table, attack_rows,
                   answers=answers, task=task, problems=problems)
     for kind in [k for k in ("big", "mid") if k in args.models]:  # the 151k shape first: the one that matters
@@ -552,9 +572,11 @@ def main() -> None:
             g = torch.Generator().manual_seed(length)
             groups = max(2, n_groups * 128 // max(length, 128))  # the same tokens per setting at every length
             prompts = torch.randint(1, vocab, (groups, args.prompt_len), generator=g).tolist()
-            params = SamplingParams(n=8, temperature=1.0, max_new_tokens=length)
-            label = (f"Qwen3 8 layers, vocabulary 32,768" if kind == "mid" else
-                     f"Qwen3-0.6B shape, {model.config.num_hidden_layers} layers, vocabulary 151,936") + f", {length} tokens"
+            params = SamplingParams(n=8, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                                    max_new_tokens=length)
+            label = ("Qwen3 8 layers, vocabulary 32,768" if kind == "mid" else
+                     f"Qwen3-0.6B shape, {model.config.num_hidden_layers} layers, vocabulary 151,936") + \
+                f", {length} tokens" + ("" if filters(params) == "T=1" else f", {filters(params)}")
             run_model(label, model, prompts, params, 0, None, args.dtypes, args.batches, args, rng, table, attack_rows)
         if kind == "big" and args.cost:
             cost(model, vocab, args, costs)

@@ -176,13 +176,14 @@ samplers run by default, and the one that flips most (docs/BENCHMARKS.md)."""
 
 @torch.no_grad()
 def audit_margins(model: torch.nn.Module, items: list[AuditItem], params: SamplingParams, pad_id: int,
-                  reference: bool = False) -> list[tuple[torch.Tensor, float, int | None]]:
+                  reference: bool = False, slack: float = 0.0) -> list[tuple[torch.Tensor, float, int | None]]:
     """Per group: every completion position's race margin (node/checkable.race_margins: logits,
     float64 on the CPU, rows in order) under `model` (the weights of the version the groups
     claim), the mean |claimed - recomputed| behaviour log-prob per completion, and, with
     `reference`, the positions at which an honest engine in REFERENCE_DTYPE would flip: a second
     forward pass under autocast on the same prefixes, whose race pick is scored by the float32
-    margins (None without `reference`). One forward pass (two with `reference`) for all groups."""
+    margins (None without `reference`). One forward pass (two with `reference`) for all groups.
+    `slack`: the tolerance top-k / top-p are applied with (node/checkable.race_margins)."""
     rows = [(it.prompt_ids, toks, claimed, seed) for it in items for (toks, claimed), seed in zip(it.completions, it.seeds)]
     device = next(model.parameters()).device
     batch = pack([r[0] for r in rows], [r[1] for r in rows], pad_id).to(device)
@@ -200,10 +201,10 @@ def audit_margins(model: torch.nn.Module, items: list[AuditItem], params: Sampli
     margins, mine = torch.zeros(len(tokens), dtype=torch.float64, device=device), torch.zeros_like(claimed)
     flipped = torch.zeros(len(tokens), dtype=torch.bool, device=device)
     for sl, logits in completion_logits(model, batch):  # whole distributions, chunk by chunk
-        margins[sl] = race_margins(logits, tokens[sl], keys[sl], p.temperature, p.top_k, p.top_p)
+        margins[sl] = race_margins(logits, tokens[sl], keys[sl], p.temperature, p.top_k, p.top_p, slack)
         mine[sl] = logprobs_from_logits(logits, tokens[sl], p.logprob_temperature)
         if low is not None:
-            flipped[sl] = race_margins(logits, low[sl], keys[sl], p.temperature, p.top_k, p.top_p) > FLIP_MARGIN
+            flipped[sl] = race_margins(logits, low[sl], keys[sl], p.temperature, p.top_k, p.top_p, slack) > FLIP_MARGIN
     sizes = [len(r[1]) for r in rows]
     lengths = torch.tensor(sizes, device=device)
     row_of = torch.repeat_interleave(torch.arange(len(rows), device=device), lengths)
@@ -231,7 +232,8 @@ def audit_groups(model: torch.nn.Module, items: list[AuditItem], params: Samplin
     """Check that each completion's tokens are those its seeded race selects under `model` (the
     weights of the version the groups claim), within `tol` logits: one forward pass over all the
     groups' rows (and one in REFERENCE_DTYPE with `reference`)."""
-    return [judge_margins(margins, gap, tol, ref) for margins, gap, ref in audit_margins(model, items, params, pad_id, reference)]
+    return [judge_margins(margins, gap, tol, ref)
+            for margins, gap, ref in audit_margins(model, items, params, pad_id, reference, slack=tol)]
 
 
 def audit_group(model: torch.nn.Module, prompt_ids: list[int], completions: list[tuple[list[int], list[float]]],

@@ -40,6 +40,14 @@ claimed token's score is below the best one, at the chunk level and within its c
 engine's margins are its numerics; a chosen token's margin is the gap a race left it, which
 exceeds any tolerance at most positions (node/audit.py, node/learner/auditor.py).
 
+Top-k and top-p are decisions on the logits too, at the edge of the kept set: a token the
+sampler's engine kept by a hair can fall outside the auditor's set, and a token the auditor keeps
+by a hair (whose Gumbel noise may put it far ahead) may never have been in the sampler's race. So
+the audit runs the race over the filters as an engine within its tolerance m could have applied
+them (`admitted`): the claimed token counts as kept if some error of at most m/2 per logit keeps
+it, and a competitor counts only if every such error keeps it. Without this, honest bfloat16
+samplers at top-p 0.95 / top-k 20 were refused for a boundary token in their first audits.
+
 Greedy decoding (T = 0) is deterministic already: the margin is how far the token's logit is
 below the top one.
 """
@@ -47,6 +55,7 @@ below the top one.
 from __future__ import annotations
 
 import hashlib
+import math
 
 import torch
 
@@ -141,6 +150,43 @@ def tempered(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: fl
     return x
 
 
+def admitted(x: torch.Tensor, h: float, top_k: int = 0, top_p: float = 1.0, keep_all: bool = False) -> torch.Tensor:
+    """Which tokens pass top-k then top-p for an engine whose tempered logits differ from `x`
+    ([N, V], float64, unfiltered) by at most `h` each: bool [N, V]. `keep_all=False`: those that
+    every such engine keeps; `True`: those that some such engine keeps. h = 0 gives the filters of
+    `tempered` (up to ties).
+
+    Token k's worst (best) case: every token that may sit above it (x_j > x_k - 2h; best case:
+    those that must, x_j > x_k + 2h) raised by h (lowered), k and the tokens below it lowered
+    (raised); top-k counts the tokens above, top-p compares their share of the kept set's mass with
+    `top_p`. The kept set that top-p normalises over is, per token, the set top-k keeps in the same
+    case, a prefix of the sorted logits."""
+    n, v = x.shape
+    sign = 1.0 if keep_all else -1.0
+    sx = x.sort(-1, descending=True).values
+    top = sx[:, :1]
+    w = (x - top).exp()  # each token's weight, relative to the row's largest
+    prefix = torch.cat([torch.zeros_like(top), (sx - top).exp().cumsum(-1)], -1)  # prefix[:, c]: the c largest
+    t = x + sign * 2 * h  # token j may sit above token k when x_j > t_k
+    above = v - torch.searchsorted(sx.flip(-1).contiguous(), t, right=True)  # tokens with x_j > t_k, k included if t_k < x_k
+    self_in = t < x
+    others = above - self_in.long()
+    keep = torch.ones_like(x, dtype=torch.bool)
+    if top_k and top_k < v:
+        keep &= others < top_k
+        # the set top-k keeps in this case: the tokens with fewer than top_k above them, a prefix
+        total = prefix.gather(-1, keep.sum(-1, keepdim=True))
+    else:
+        total = prefix[:, -1:]
+    if top_p < 1.0:
+        mass_above = prefix.gather(-1, above) - torch.where(self_in, w, 0.0)
+        rest = (total - torch.where(keep, w, 0.0) - mass_above).clamp(min=0)  # the kept set below k
+        up, down = math.exp(sign * h), math.exp(-sign * h)
+        shown = down * mass_above  # what the tokens above k weigh in this case
+        keep &= shown < top_p * (shown + up * (rest + w))
+    return keep
+
+
 def sampling_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     """pi = softmax of the filtered, tempered logits in float64: the distribution the race draws from."""
     return torch.softmax(tempered(logits, temperature, top_k, top_p), dim=-1)
@@ -203,7 +249,7 @@ def pick_tokens(logits: torch.Tensor, keys: torch.Tensor | None, temperature: fl
 
 
 def race_margins(logits: torch.Tensor, tokens: torch.Tensor, keys: torch.Tensor, temperature: float,
-                 top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+                 top_k: int = 0, top_p: float = 1.0, slack: float = 0.0) -> torch.Tensor:
     """The auditor's side: how far, in logits, each claimed token's race score is below the best,
     float64 [N] (0 where the race selects it). logits [N, V] (the auditor's, at the claimed
     version), tokens [N], keys [N, KEY_WORDS].
@@ -212,16 +258,29 @@ def race_margins(logits: torch.Tensor, tokens: torch.Tensor, keys: torch.Tensor,
     token's): the larger of the two levels' shortfalls, in logit units so that one tolerance fits
     every temperature. Another engine whose logits differ from ours by e picked the token as its
     best, so its margin here is <= 2 max |e| at both levels. inf for a filtered-out token;
-    greedy (T = 0): the token's logit below the top one."""
+    greedy (T = 0): the token's logit below the top one.
+
+    `slack` (logits; the audit's tolerance): top-k / top-p as an engine whose logits differ from
+    ours by at most slack / 2 could have applied them (`admitted`): the claimed token is filtered
+    out only if every such engine drops it, and a competitor races only if every such engine keeps
+    it. 0: our filters exactly."""
     tokens = tokens.to(logits.device)
-    rows = _block_rows(logits.shape[-1])
+    filters = slack > 0 and temperature > 0 and ((top_k and top_k < logits.shape[-1]) or top_p < 1.0)
+    rows = _block_rows(logits.shape[-1]) // (4 if filters else 1) or 1  # `admitted` holds ~4 more [rows, V] copies
     if logits.shape[0] > rows:
         return torch.cat([race_margins(logits[i : i + rows], tokens[i : i + rows], keys[i : i + rows], temperature,
-                                       top_k, top_p) for i in range(0, logits.shape[0], rows)])
+                                       top_k, top_p, slack) for i in range(0, logits.shape[0], rows)])
     if temperature == 0:
         z = logits.double()
         return (z.max(-1).values - z.gather(-1, tokens[:, None]).squeeze(-1)).clamp(min=0)
-    x = tempered(logits, temperature, top_k, top_p, torch.float64)
+    if filters:
+        x = tempered(logits, temperature, dtype=torch.float64)
+        h = slack / (2 * temperature)
+        racing = admitted(x, h, top_k, top_p).scatter(-1, tokens[:, None], True)
+        kept = admitted(x, h, top_k, top_p, keep_all=True).gather(-1, tokens[:, None]).squeeze(-1)
+        x = x.masked_fill(~racing, -torch.inf)
+    else:
+        x = tempered(logits, temperature, top_k, top_p, torch.float64)
     keys = keys.to(x.device)
     chunks = chunk_scores(x, keys)
     tok_chunk = tokens // CHUNK
@@ -229,7 +288,7 @@ def race_margins(logits: torch.Tensor, tokens: torch.Tensor, keys: torch.Tensor,
     inner = token_scores(x, keys, tok_chunk)
     at_token = inner.max(-1).values - inner.gather(-1, (tokens % CHUNK)[:, None]).squeeze(-1)
     margin = temperature * torch.maximum(at_chunk, at_token)
-    filtered = x.gather(-1, tokens[:, None]).squeeze(-1) == -torch.inf
+    filtered = ~kept if filters else x.gather(-1, tokens[:, None]).squeeze(-1) == -torch.inf
     return torch.where(filtered, torch.inf, margin.clamp(min=0))
 
 
@@ -240,6 +299,6 @@ def within_tolerance(margins: torch.Tensor, tol: float) -> torch.Tensor:
 
 def audit_tokens(logits: torch.Tensor, tokens: torch.Tensor, keys: torch.Tensor, temperature: float,
                  top_k: int = 0, top_p: float = 1.0, tol: float = 1e-4) -> torch.Tensor:
-    """Which positions hold a token the race selects, within `tol` logits: bool [N]."""
-    return within_tolerance(race_margins(logits, tokens, keys, temperature, top_k, top_p), tol)
+    """Which positions hold a token the race selects, within `tol` logits (the filters too): bool [N]."""
+    return within_tolerance(race_margins(logits, tokens, keys, temperature, top_k, top_p, slack=tol), tol)
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from node.audit import FLIP_MARGIN, FlipTest, flip_llr, judge_margins
-from node.checkable import (CHUNK, KEY_WORDS, audit_tokens, chunk_scores, completion_seed, hash_uniform,
-                            keys_tensor, pick_tokens, position_keys, race_margins, sampling_probs)
+from node.checkable import (CHUNK, KEY_WORDS, admitted, audit_tokens, chunk_scores, completion_seed, hash_uniform,
+                            keys_tensor, pick_tokens, position_keys, race_margins, sampling_probs, tempered)
 
 
 def _lowbias32(x: int) -> int:
@@ -121,9 +121,50 @@ def test_margins_by_hand_greedy_filtered_and_the_samplers_own_pick():
     # greedy: the logit gap to the top
     assert race_margins(z, torch.tensor([2]), keys, 0.0).item() == pytest.approx(math.log(0.5 / 0.3))
     assert pick_tokens(z, None, 0.0).item() == 1
-    # top-k 2 filters token 0 out: never a pass
+    # top-k 2 filters token 0 out, log(0.3 / 0.2) = 0.405 logits below the second: inf unless an
+    # engine within the slack could have kept it (each logit off by half of it)
     assert race_margins(z, torch.tensor([0]), keys, 1.0, top_k=2).item() == math.inf
-    assert not audit_tokens(z, torch.tensor([0]), keys, 1.0, top_k=2, tol=100.0).item()
+    assert race_margins(z, torch.tensor([0]), keys, 1.0, top_k=2, slack=0.40).item() == math.inf
+    assert race_margins(z, torch.tensor([0]), keys, 1.0, top_k=2, slack=0.41).item() < math.inf
+    assert not audit_tokens(z, torch.tensor([0]), keys, 1.0, top_k=2, tol=0.4).item()
+
+
+def test_admitted_by_hand_and_with_no_slack_the_samplers_own_filters():
+    x = torch.log(torch.tensor([[0.5, 0.3, 0.2]], dtype=torch.float64))
+    # top-p 0.75 keeps 0.5 and 0.3 (0.5 above it < 0.75), drops 0.2 (0.8 above it)
+    assert admitted(x, 0.0, top_p=0.75).tolist() == [[True, True, False]]
+    # 0.2 may be kept by an engine that puts it 2h higher against the rest: its share of the rest
+    # must reach 0.25, 0.2 e^h / (0.8 e^-h + 0.2 e^h) > 0.25  <=>  2h > log(4/3) = 0.2877
+    assert not admitted(x, 0.143, top_p=0.75, keep_all=True)[0, 2]
+    assert admitted(x, 0.144, top_p=0.75, keep_all=True)[0, 2]
+    # 0.3 is kept by every such engine until 0.2 may pass it (2h > log 1.5 = 0.405): then 0.7 of 1 sits
+    # above it, raised by e^h against its 0.3 e^-h, past 0.75
+    assert admitted(x, 0.202, top_p=0.75)[0, 1] and not admitted(x, 0.203, top_p=0.75)[0, 1]
+    g = torch.Generator().manual_seed(1)
+    z = torch.randn(300, 400, generator=g, dtype=torch.float64) * 3
+    for top_k, top_p in [(0, 0.9), (20, 1.0), (20, 0.95), (5, 0.5)]:
+        kept = tempered(z, 0.6, top_k, top_p) > -math.inf
+        for keep_all in (False, True):
+            assert torch.equal(admitted(z / 0.6, 0.0, top_k, top_p, keep_all), kept)
+
+
+@pytest.mark.parametrize("top_k,top_p", [(0, 0.95), (20, 1.0), (20, 0.95), (5, 0.6)])
+def test_an_engine_within_the_slack_passes_at_the_filters_edges(top_k, top_p):
+    # an engine whose logits are off by at most m/2 picks its race's token among the tokens its own
+    # filters keep; at the auditor, with slack m, that token is at most m short. With no slack the
+    # edges fail it: its token outside our filters (inf), or a token only we keep winning our race
+    n, vocab, m, temp = 6000, 200, 0.5, 0.6
+    g = torch.Generator().manual_seed(top_k)
+    z = torch.randn(n, vocab, generator=g, dtype=torch.float64) * 2.5
+    e = (torch.rand(n, vocab, generator=g, dtype=torch.float64) * 2 - 1) * m / 2
+    keys = _random_keys(n, seed=top_k)
+    theirs = pick_tokens(z + e, keys, temp, top_k, top_p)
+    assert (race_margins(z, theirs, keys, temp, top_k, top_p, slack=m) <= m + 1e-5).all()
+    plain = race_margins(z, theirs, keys, temp, top_k, top_p)
+    assert (plain == math.inf).sum() > 5 and (plain > m).sum() > (plain == math.inf).sum()
+    # and the slack admits little else: a token ranked far below the edge stays out
+    last = z.argmin(-1)
+    assert (race_margins(z, last, keys, temp, top_k, top_p, slack=m) == math.inf).all()
 
 
 @pytest.mark.parametrize("vocab", [99, 32_768, 151_936])

@@ -273,17 +273,21 @@ def race_margins(logits: torch.Tensor, tokens: torch.Tensor, keys: torch.Tensor,
     if temperature == 0:
         z = logits.double()
         return (z.max(-1).values - z.gather(-1, tokens[:, None]).squeeze(-1)).clamp(min=0)
+    keys = keys.to(logits.device)
+    tok_chunk = tokens // CHUNK
     if filters:
         x = tempered(logits, temperature, dtype=torch.float64)
         h = slack / (2 * temperature)
-        racing = admitted(x, h, top_k, top_p).scatter(-1, tokens[:, None], True)
-        kept = admitted(x, h, top_k, top_p, keep_all=True).gather(-1, tokens[:, None]).squeeze(-1)
-        x = x.masked_fill(~racing, -torch.inf)
+        possible = admitted(x, h, top_k, top_p, keep_all=True)
+        kept = possible.gather(-1, tokens[:, None]).squeeze(-1)
+        # the claimed token's chunk weighs what it may have weighed for the sampler (all its
+        # tokens some engine keeps), every other chunk what it surely weighed (those all keep)
+        own = chunk_scores(x.masked_fill(~possible, -torch.inf), keys).gather(-1, tok_chunk[:, None])
+        x = x.masked_fill(~admitted(x, h, top_k, top_p).scatter(-1, tokens[:, None], True), -torch.inf)
+        chunks = chunk_scores(x, keys).scatter(-1, tok_chunk[:, None], own)
     else:
         x = tempered(logits, temperature, top_k, top_p, torch.float64)
-    keys = keys.to(x.device)
-    chunks = chunk_scores(x, keys)
-    tok_chunk = tokens // CHUNK
+        chunks = chunk_scores(x, keys)
     at_chunk = chunks.max(-1).values - chunks.gather(-1, tok_chunk[:, None]).squeeze(-1)
     inner = token_scores(x, keys, tok_chunk)
     at_token = inner.max(-1).values - inner.gather(-1, (tokens % CHUNK)[:, None]).squeeze(-1)

@@ -148,17 +148,20 @@ def test_admitted_by_hand_and_with_no_slack_the_samplers_own_filters():
             assert torch.equal(admitted(z / 0.6, 0.0, top_k, top_p, keep_all), kept)
 
 
-@pytest.mark.parametrize("top_k,top_p", [(0, 0.95), (20, 1.0), (20, 0.95), (5, 0.6)])
-def test_an_engine_within_the_slack_passes_at_the_filters_edges(top_k, top_p):
+@pytest.mark.parametrize("top_k,top_p,vocab", [(0, 0.95, 200), (20, 1.0, 200), (20, 0.95, 200), (5, 0.6, 200),
+                                               (0, 0.95, 3 * CHUNK - 100), (300, 0.9, 3 * CHUNK - 100)])
+def test_an_engine_within_the_slack_passes_at_the_filters_edges(top_k, top_p, vocab):
     # an engine whose logits are off by at most m/2 picks its race's token among the tokens its own
     # filters keep; at the auditor, with slack m, that token is at most m short. With no slack the
-    # edges fail it: its token outside our filters (inf), or a token only we keep winning our race
-    n, vocab, m, temp = 6000, 200, 0.5, 0.6
-    g = torch.Generator().manual_seed(top_k)
-    z = torch.randn(n, vocab, generator=g, dtype=torch.float64) * 2.5
+    # edges fail it: its token outside our filters (inf), or a token only we keep winning our race.
+    # Three chunks: the chunk level too (logits flatter, so that the filters keep several chunks)
+    n, m, temp = 3000 if vocab < CHUNK else 600, 1.0, 0.6
+    g = torch.Generator().manual_seed(top_k + vocab)
+    z = torch.randn(n, vocab, generator=g, dtype=torch.float64) * (2.5 if vocab < CHUNK else 0.8)
     e = (torch.rand(n, vocab, generator=g, dtype=torch.float64) * 2 - 1) * m / 2
     keys = _random_keys(n, seed=top_k)
     theirs = pick_tokens(z + e, keys, temp, top_k, top_p)
+    assert vocab < CHUNK or (theirs // CHUNK).unique().numel() == 3
     assert (race_margins(z, theirs, keys, temp, top_k, top_p, slack=m) <= m + 1e-5).all()
     plain = race_margins(z, theirs, keys, temp, top_k, top_p)
     assert (plain == math.inf).sum() > 5 and (plain > m).sum() > (plain == math.inf).sum()

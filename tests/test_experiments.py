@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from examples.paper_delay.run import build_config, mean_ci, staleness_table, t975, tables, variants_table, versus_table
+from examples.paper_delay.run import (against_table, build_config, mean_ci, staleness_table, t975, tables, variants_table,
+                                      versus_table)
 from swarm.delay import lognormal_params
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,6 +41,16 @@ def test_differences_are_paired_by_seed_not_by_order():
     assert row.endswith("| 0.250 ± 0.000 | 1.100 ± 0.000 | 0.900 ± 0.000 |")  # the mechanism's diagnostics
     vs = versus_table(cells, ["gepo", "grpo"], [0, 64], "grpo")
     assert "| 64 | -30.0 ± 127.1 |" in vs  # 0.2 - 0.6 and 0.5 - 0.7 again
+
+
+def test_another_grid_is_paired_cell_by_cell_on_the_seeds_both_ran():
+    # bf16 grid against a float32 grid: seeds 0 and 1 in both (seed 2 only here): 0.5 - 0.6 and
+    # 0.7 - 0.6 -> mean 0, sd 0.1414, half-width 127.1; grpo ran only here: no row
+    here = {("gepo", 32): {0: _summary(0.5), 1: _summary(0.7), 2: _summary(0.1)}, ("grpo", 32): {0: _summary(0.6)}}
+    other = {("gepo", 32): {1: _summary(0.6), 0: _summary(0.6)}}
+    table = against_table(here, other, ["gepo", "grpo"], [32])
+    assert "| gepo | 0.0 ± 127.1 | 0.250 ± 0.000 / 0.250 ± 0.000 |" in table
+    assert "| grpo |" not in table
 
 
 def test_older_summaries_without_the_drift_keys_still_tabulate():

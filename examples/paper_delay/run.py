@@ -8,6 +8,7 @@ The paper's premise (docs/RESULTS.md, section 6): its sampling, its GRPO, stalen
 
     python examples/paper_delay/run.py --losses grpo-paper --delays 0 32 --lag --seeds 0 1 2 3 4 --steps 150 \
         --temperature 0.6 --top-p 0.95 --top-k 20 --out runs/premise_f32             # add --sampler-dtype bfloat16
+    python examples/paper_delay/run.py --analyse-only --out runs/premise_bf16 --against runs/premise_f32
 
 Each cell is (loss, max delay D, seed). For D > 0 every sampler waits a log-normal delay between
 D/32 and D learner steps (the paper's 60 s..1920 s shape at 0.995, scaled so its upper bound is D;
@@ -273,6 +274,24 @@ def versus_table(cells: dict, losses: list[str], delays: list[int], ref: str) ->
     return "\n".join(lines)
 
 
+def against_table(cells: dict, other: dict, losses: list[str], delays: list[int]) -> str:
+    """Paired by (loss, delay, seed): last accuracy here minus the same cell's in another grid (the
+    same regime with float32 samplers, say), and the share of drifted tokens in both."""
+    lines = ["| loss | " + " | ".join(f"max delay {d}: last - other (paired) | drifted tokens, here / other" for d in delays)
+             + " |", "|---|" + "---|---|" * len(delays)]
+    for loss in losses:
+        row = []
+        for d in delays:
+            here, there = cells.get((loss, d), {}), other.get((loss, d), {})
+            seeds = [x for x in sorted(here) if x in there]
+            drift = lambda runs: fmt([runs[x].get("drift", math.nan) for x in seeds], 1, 3)  # noqa: E731
+            row += [fmt([here[x]["last"] - there[x]["last"] for x in seeds]), f"{drift(here)} / {drift(there)}"] \
+                if seeds else ["-", "-"]
+        if any(c != "-" for c in row):
+            lines.append(f"| {loss} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def binned(cells: dict, loss: str, delays: list[int], idx: int) -> list[tuple[float, float] | None]:
     """Per staleness bin (BINS), (mean staleness, mean value) of per-step column `idx` (1: IS-weight
     variance, 2: k3) over every step of `loss`'s runs at `delays`; None for a bin of < 3 steps."""
@@ -394,7 +413,7 @@ def plots(out: Path, cells: dict, losses: list[str], delays: list[int]) -> None:
     plt.close(fig)
 
 
-def analyse(out: Path, losses: list[str], delays: list[int]) -> str:
+def analyse(out: Path, losses: list[str], delays: list[int], against: Path | None = None) -> str:
     cells = load(out)
     if not cells:
         raise SystemExit(f"no finished runs under {out}: run the grid first")
@@ -410,6 +429,9 @@ def analyse(out: Path, losses: list[str], delays: list[int]) -> str:
              f"seeds pooled; blank: < 3 steps):\n\n{staleness_table(cells, losses, delays)}\n")
     if set(VARIANTS) & set(losses):
         text += f"\nLast accuracy of each variant minus its base loss's at the same delay and seed (paired):\n\n{variants_table(cells, delays)}\n"
+    if against is not None:
+        text += (f"\nLast accuracy minus the same loss, delay and seed under {against} (points, paired):\n\n"
+                 f"{against_table(cells, load(against), losses, delays)}\n")
     (out / "table.md").write_text(text)
     (out / "results.json").write_text(json.dumps(
         {f"{k[0]}|{k[1]}": {str(s): {x: v for x, v in r.items() if x != "per_step"} for s, r in runs.items()}
@@ -449,6 +471,8 @@ def main() -> None:
                          "(samplers load each version at once), so staleness sits at D, not spread below it")
     ap.add_argument("--out", type=Path, default=Path("runs/paper_delay"))
     ap.add_argument("--analyse-only", action="store_true")
+    ap.add_argument("--against", type=Path,
+                    help="the tables also pair each cell with the same cell of this grid's --out (another regime)")
     args = ap.parse_args()
     if not args.model:
         args.model = "builtin:tiny-chain" if args.task == "chain" else "builtin:tiny-arith"
@@ -474,7 +498,7 @@ def main() -> None:
         with grid_pool(args.workers) as pool:  # no worker outlives this process, however it ends
             for i, line in enumerate(pool.imap_unordered(run_one, [(*j, arg_dict) for j in todo])):
                 print(f"[{i + 1}/{len(todo)} {time.time() - t0:.0f} s] {line}", flush=True)
-    print(analyse(args.out, args.losses, args.delays))
+    print(analyse(args.out, args.losses, args.delays, args.against))
     print(f"saved {args.out}/table.md, results.json, eval_curves.png, accuracy_vs_delay.png, is_var_kl_vs_staleness.png")
 
 

@@ -77,8 +77,8 @@ def test_three_learners_each_learn_and_train_on_the_other_models_rollouts(tmp_pa
         for k, model in MODELS.items():
             (tmp_path / f"learner-{k}.toml").write_text(learner_toml(model))
             # no --max-steps: a learner trains on its partners' groups before its own sampler's first
-            # arrive, so a tiny one could reach any fixed step count on those alone (it did in CI: 40
-            # steps before sampler c's first look for its learner came back); it runs until all is seen
+            # arrive, so a tiny one could reach any fixed step count on those alone (it did in CI:
+            # learner c's 40 steps held none of its own sampler's groups); it runs until all is seen
             s.join(f"learner-{k}", "learner", "--model", model, "--config", str(tmp_path / f"learner-{k}.toml"))
         # samplers join once the learners are there, so that they know their partners from the start
         # (they look again every 10 s)

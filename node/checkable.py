@@ -150,41 +150,42 @@ def tempered(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: fl
     return x
 
 
-def admitted(x: torch.Tensor, h: float, top_k: int = 0, top_p: float = 1.0, keep_all: bool = False) -> torch.Tensor:
+def admitted(x: torch.Tensor, h: float, top_k: int = 0, top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Which tokens pass top-k then top-p for an engine whose tempered logits differ from `x`
-    ([N, V], float64, unfiltered) by at most `h` each: bool [N, V]. `keep_all=False`: those that
-    every such engine keeps; `True`: those that some such engine keeps. h = 0 gives the filters of
-    `tempered` (up to ties).
+    ([N, V], float64, unfiltered) by at most `h` each: (those that every such engine keeps, those
+    that some such engine keeps), bool [N, V] each, from one sort. h = 0 gives the filters of
+    `tempered` in both (up to ties).
 
     Token k's worst (best) case: every token that may sit above it (x_j > x_k - 2h; best case:
     those that must, x_j > x_k + 2h) raised by h (lowered), k and the tokens below it lowered
     (raised); top-k counts the tokens above, top-p compares their share of the kept set's mass with
     `top_p`. The kept set that top-p normalises over is, per token, the set top-k keeps in the same
     case, a prefix of the sorted logits."""
-    n, v = x.shape
-    sign = 1.0 if keep_all else -1.0
+    v = x.shape[-1]
     sx = x.sort(-1, descending=True).values
     top = sx[:, :1]
+    ascending = sx.flip(-1).contiguous()
     w = (x - top).exp()  # each token's weight, relative to the row's largest
     prefix = torch.cat([torch.zeros_like(top), (sx - top).exp().cumsum(-1)], -1)  # prefix[:, c]: the c largest
-    t = x + sign * 2 * h  # token j may sit above token k when x_j > t_k
-    above = v - torch.searchsorted(sx.flip(-1).contiguous(), t, right=True)  # tokens with x_j > t_k, k included if t_k < x_k
-    self_in = t < x
-    others = above - self_in.long()
-    keep = torch.ones_like(x, dtype=torch.bool)
-    if top_k and top_k < v:
-        keep &= others < top_k
-        # the set top-k keeps in this case: the tokens with fewer than top_k above them, a prefix
-        total = prefix.gather(-1, keep.sum(-1, keepdim=True))
-    else:
-        total = prefix[:, -1:]
-    if top_p < 1.0:
-        mass_above = prefix.gather(-1, above) - torch.where(self_in, w, 0.0)
-        rest = (total - torch.where(keep, w, 0.0) - mass_above).clamp(min=0)  # the kept set below k
-        up, down = math.exp(sign * h), math.exp(-sign * h)
-        shown = down * mass_above  # what the tokens above k weigh in this case
-        keep &= shown < top_p * (shown + up * (rest + w))
-    return keep
+    out = []
+    for sign in (-1.0, 1.0):  # every engine (worst case), some engine (best case)
+        t = x + sign * 2 * h  # token j may sit above token k when x_j > t_k
+        above = v - torch.searchsorted(ascending, t, right=True)  # tokens with x_j > t_k, k included if t_k < x_k
+        self_in = t < x
+        keep = torch.ones_like(x, dtype=torch.bool)
+        if top_k and top_k < v:
+            keep &= above - self_in.long() < top_k
+            # the set top-k keeps in this case: the tokens with fewer than top_k above them, a prefix
+            total = prefix.gather(-1, keep.sum(-1, keepdim=True))
+        else:
+            total = prefix[:, -1:]
+        if top_p < 1.0:
+            mass_above = prefix.gather(-1, above) - torch.where(self_in, w, 0.0)
+            rest = (total - torch.where(keep, w, 0.0) - mass_above).clamp(min=0)  # the kept set below k
+            shown = math.exp(-sign * h) * mass_above  # what the tokens above k weigh in this case
+            keep &= shown < top_p * (shown + math.exp(sign * h) * (rest + w))
+        out.append(keep)
+    return out[0], out[1]
 
 
 def sampling_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -278,12 +279,12 @@ def race_margins(logits: torch.Tensor, tokens: torch.Tensor, keys: torch.Tensor,
     if filters:
         x = tempered(logits, temperature, dtype=torch.float64)
         h = slack / (2 * temperature)
-        possible = admitted(x, h, top_k, top_p, keep_all=True)
+        surely, possible = admitted(x, h, top_k, top_p)
         kept = possible.gather(-1, tokens[:, None]).squeeze(-1)
         # the claimed token's chunk weighs what it may have weighed for the sampler (all its
         # tokens some engine keeps), every other chunk what it surely weighed (those all keep)
         own = chunk_scores(x.masked_fill(~possible, -torch.inf), keys).gather(-1, tok_chunk[:, None])
-        x = x.masked_fill(~admitted(x, h, top_k, top_p).scatter(-1, tokens[:, None], True), -torch.inf)
+        x = x.masked_fill(~surely.scatter(-1, tokens[:, None], True), -torch.inf)
         chunks = chunk_scores(x, keys).scatter(-1, tok_chunk[:, None], own)
     else:
         x = tempered(logits, temperature, top_k, top_p, torch.float64)

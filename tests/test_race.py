@@ -132,20 +132,20 @@ def test_margins_by_hand_greedy_filtered_and_the_samplers_own_pick():
 def test_admitted_by_hand_and_with_no_slack_the_samplers_own_filters():
     x = torch.log(torch.tensor([[0.5, 0.3, 0.2]], dtype=torch.float64))
     # top-p 0.75 keeps 0.5 and 0.3 (0.5 above it < 0.75), drops 0.2 (0.8 above it)
-    assert admitted(x, 0.0, top_p=0.75).tolist() == [[True, True, False]]
+    assert [m.tolist() for m in admitted(x, 0.0, top_p=0.75)] == [[[True, True, False]]] * 2
     # 0.2 may be kept by an engine that puts it 2h higher against the rest: its share of the rest
     # must reach 0.25, 0.2 e^h / (0.8 e^-h + 0.2 e^h) > 0.25  <=>  2h > log(4/3) = 0.2877
-    assert not admitted(x, 0.143, top_p=0.75, keep_all=True)[0, 2]
-    assert admitted(x, 0.144, top_p=0.75, keep_all=True)[0, 2]
+    assert not admitted(x, 0.143, top_p=0.75)[1][0, 2]
+    assert admitted(x, 0.144, top_p=0.75)[1][0, 2]
     # 0.3 is kept by every such engine until 0.2 may pass it (2h > log 1.5 = 0.405): then 0.7 of 1 sits
     # above it, raised by e^h against its 0.3 e^-h, past 0.75
-    assert admitted(x, 0.202, top_p=0.75)[0, 1] and not admitted(x, 0.203, top_p=0.75)[0, 1]
+    assert admitted(x, 0.202, top_p=0.75)[0][0, 1] and not admitted(x, 0.203, top_p=0.75)[0][0, 1]
     g = torch.Generator().manual_seed(1)
     z = torch.randn(300, 400, generator=g, dtype=torch.float64) * 3
     for top_k, top_p in [(0, 0.9), (20, 1.0), (20, 0.95), (5, 0.5)]:
         kept = tempered(z, 0.6, top_k, top_p) > -math.inf
-        for keep_all in (False, True):
-            assert torch.equal(admitted(z / 0.6, 0.0, top_k, top_p, keep_all), kept)
+        for mask in admitted(z / 0.6, 0.0, top_k, top_p):
+            assert torch.equal(mask, kept)
 
 
 @pytest.mark.parametrize("top_k,top_p,vocab", [(0, 0.95, 200), (20, 1.0, 200), (20, 0.95, 200), (5, 0.6, 200),

@@ -22,6 +22,7 @@ part() {  # part NAME SECONDS COMMAND...: run one part, its output to OUT/NAME.l
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$out/device.txt"
 part audit "${AUDIT_S:-420}" python3 examples/bench_bf16_audit.py --device cuda --preset gpu --cost --out "$out/audit.md"
+part picker "${PICKER_S:-60}" python3 examples/bench_picker.py --device cuda --batch 32 128 --vocab 151936 32768
 part learner "${LEARNER_S:-90}" python3 examples/bench_learner.py --shape qwen3-0.6b --device cuda --dtype bfloat16 \
   --steps 3 --groups 8 --completion-len 512 --budget 8192 --sampler-prompts 16 --sampler-tokens 128
 if python3 -c "import vllm" 2>/dev/null; then

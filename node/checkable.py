@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import struct
 
 import torch
 
@@ -91,11 +92,9 @@ def group_seeds(nonce: bytes, prompt_id: str, sampler: str, n: int) -> list[byte
 
 def position_keys(seed: bytes, n: int, start: int = 0) -> list[list[int]]:
     """key_t for t in [start, start + n): KEY_WORDS 32-bit words of H(seed, t) each."""
-    out = []
-    for t in range(start, start + n):
-        d = hashlib.blake2b(seed + t.to_bytes(4, "little"), digest_size=4 * KEY_WORDS).digest()
-        out.append([int.from_bytes(d[4 * i : 4 * i + 4], "little") for i in range(KEY_WORDS)])
-    return out
+    words = struct.Struct(f"<{KEY_WORDS}I")
+    return [list(words.unpack(hashlib.blake2b(seed + t.to_bytes(4, "little"), digest_size=4 * KEY_WORDS).digest()))
+            for t in range(start, start + n)]
 
 
 def keys_tensor(rows: list[list[int]], device: torch.device | str = "cpu") -> torch.Tensor:
@@ -103,11 +102,21 @@ def keys_tensor(rows: list[list[int]], device: torch.device | str = "cpu") -> to
     return torch.tensor(rows, dtype=torch.int64, device=device).reshape(-1, KEY_WORDS)
 
 
+KEY_BLOCK = 64
+"""Positions an engine derives keys for at once (`key_block`): one host-to-device copy per block of
+steps instead of one per generated token, which would wait for the GPU each time."""
+
+
+def key_block(seeds: list[bytes], start: int, n: int = KEY_BLOCK, device: torch.device | str = "cpu") -> torch.Tensor:
+    """key_t of every seed for t in [start, start + n): int64 [len(seeds), n, KEY_WORDS] on `device`."""
+    return keys_tensor([k for seed in seeds for k in position_keys(seed, n, start)], device).reshape(len(seeds), n, KEY_WORDS)
+
+
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """(x * c) mod 2^32 for 0 <= x < 2^32, exact in int64: no product reaches 2^63."""
-    if c < 2**31:
-        return (x * c) & _M32
-    return (x * (c - 2**31) + ((x & 1) << 31)) & _M32
+    """(x * c) mod 2^32 for 0 <= x, c < 2^32, exact in int64: no product reaches 2^63 in size.
+    c >= 2^31 multiplies by c - 2^32 instead (the same mod 2^32, and |c - 2^32| <= 2^31); the
+    mask takes the low 32 bits of the two's complement. Two tensor operations either way."""
+    return (x * (c if c < 2**31 else c - 2**32)) & _M32
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
@@ -229,8 +238,17 @@ auditor's head chunk of a 151k vocabulary (node/logprobs.HEAD_CHUNK_BYTES, ~440 
 otherwise make several copies of 0.5 GB at once. Blocks change no result: each row is its own race."""
 
 
-def _block_rows(vocab: int) -> int:
-    return max(1, BLOCK_BYTES // (8 * vocab))
+PICK_BLOCK_BYTES = 256 << 20
+"""The sampler's blocks (`pick_tokens`, float32 copies): all rows of an engine's batch of up to
+~440 at a 151k vocabulary in one race. Each block is a fixed number of small tensor operations
+(~100: the hash, the two levels), which a GPU pays per kernel launch whatever the block's size:
+at 64 MiB of float64 a batch of 128 rows of a 151k vocabulary took three blocks, ~280 launches
+per token. GPUs only: on a CPU an operation costs microseconds, and blocks of 64 MiB were faster
+(examples/bench_picker.py: 140 against 240 ms per token for 128 rows of 151,936 on 2 cores)."""
+
+
+def _block_rows(vocab: int, budget: int | None = None, itemsize: int = 8) -> int:
+    return max(1, (BLOCK_BYTES if budget is None else budget) // (itemsize * vocab))
 
 
 def pick_tokens(logits: torch.Tensor, keys: torch.Tensor | None, temperature: float, top_k: int = 0,
@@ -239,7 +257,7 @@ def pick_tokens(logits: torch.Tensor, keys: torch.Tensor | None, temperature: fl
     if T = 0). The sampler's side: scores in float32 (its logits' precision or better)."""
     if temperature == 0:
         return logits.argmax(-1)
-    rows = _block_rows(logits.shape[-1])
+    rows = _block_rows(logits.shape[-1], PICK_BLOCK_BYTES, 4) if logits.is_cuda else _block_rows(logits.shape[-1])
     if logits.shape[0] > rows:
         return torch.cat([pick_tokens(logits[i : i + rows], keys[i : i + rows], temperature, top_k, top_p)
                           for i in range(0, logits.shape[0], rows)])

@@ -7,6 +7,7 @@ import shutil
 import pytest
 import torch
 
+from node.checkable import keys_tensor, position_keys, race_margins
 from node.engines.base import SamplingParams
 from node.engines.hf import HFEngine
 from node.logprobs import completion_logits, completion_logprobs, completion_span, pack
@@ -175,4 +176,12 @@ def test_long_completions_record_the_learners_logprobs_without_full_logits(tempe
             recorded = torch.tensor(c.logprobs, dtype=torch.float64)
             diff = (learner[i, completion_span(len(p), len(c.token_ids))] - recorded).abs().max()
             assert diff.item() <= tol, (i, diff.item(), tol)
+        if seeded:  # every token is the race's (keys derived KEY_BLOCK positions at a time, across blocks)
+            keys = keys_tensor([k for (_, c), s in zip(rows, [s for row in seeds for s in row])
+                                for k in position_keys(s, len(c.token_ids))])
+            tokens = torch.tensor([t for _, c in rows for t in c.token_ids])
+            margins = race_margins(logits, tokens, keys, temperature, top_k, top_p)
+            # the engine raced in float32 on these float64 logits: its scores are off by float32 rounding
+            rounding = 4 * logits.abs().max().item() / temperature * 2.0**-24
+            assert margins.max().item() <= temperature * rounding, margins.max().item()
     assert calls and not any(g.output_logits or g.output_scores for g in calls)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from node.audit import FLIP_MARGIN, FlipTest, flip_llr, judge_margins
-from node.checkable import (CHUNK, KEY_WORDS, admitted, audit_tokens, chunk_scores, completion_seed, hash_uniform,
+from node.checkable import (CHUNK, KEY_WORDS, admitted, audit_tokens, chunk_scores, completion_seed, hash_uniform, key_block,
                             keys_tensor, pick_tokens, position_keys, race_margins, sampling_probs, tempered)
 
 
@@ -44,11 +44,29 @@ def test_keys_are_fixed_by_the_seed_and_position_and_seeds_by_nonce_prompt_sampl
     assert keys[5:7] == position_keys(s, 2, start=5)
     assert all(len(k) == KEY_WORDS and all(0 <= w < 2**32 for w in k) for k in keys)
     assert len({tuple(k) for k in keys}) == 100
+    other = completion_seed(b"n" * 16, "arith:1+2", "peer", 1)
+    block = key_block([s, other], 5, 3)  # what the engines derive a block of positions at a time
+    assert block.shape == (2, 3, KEY_WORDS)
+    assert block[0].tolist() == keys[5:8] and block[1].tolist() == position_keys(other, 3, start=5)
 
 
 def _random_keys(n: int, seed: int = 0) -> torch.Tensor:
     rng = random.Random(seed)
     return keys_tensor([[rng.getrandbits(32) for _ in range(KEY_WORDS)] for _ in range(n)])
+
+
+def test_blocks_of_rows_change_no_pick_and_no_margin(monkeypatch):
+    """pick_tokens and race_margins split rows into blocks by a memory budget (smaller on a CPU than
+    on a GPU); each row is its own race, so any split gives the same results."""
+    import node.checkable as checkable
+
+    g = torch.Generator().manual_seed(3)
+    logits, keys = torch.randn(37, 3 * CHUNK + 5, generator=g) * 3, _random_keys(37, 3)
+    args = (0.8, 20, 0.9)
+    whole = pick_tokens(logits, keys, *args), race_margins(logits, torch.arange(37), keys, *args, slack=0.5)
+    monkeypatch.setattr(checkable, "BLOCK_BYTES", 5 * 8 * logits.shape[1])  # 5 rows a block (1 with filters)
+    assert torch.equal(pick_tokens(logits, keys, *args), whole[0])
+    assert torch.equal(race_margins(logits, torch.arange(37), keys, *args, slack=0.5), whole[1])
 
 
 def _chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:

@@ -157,6 +157,16 @@ def test_checkable_sampling_is_deterministic_and_passes_an_hf_audit(engine, hf, 
     assert gap < TOLERANCE  # behaviour log-probs: log softmax(raw logits / T), unfiltered, as unseeded
 
 
+def test_model_runner_v2_is_refused_with_a_reason(monkeypatch):
+    """vLLM's model runner V2 (its default wherever Triton is installed: every GPU) refuses our
+    V1-interface logits processor; the engine selects V1 itself, and says so if told otherwise."""
+    from node.engines.vllm import VLLMEngine
+
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    with pytest.raises(ValueError, match="V1 model runner only"):
+        VLLMEngine(BUILTIN_MODEL, load_tokenizer(BUILTIN_MODEL), VLLMConfig(dtype="float32", max_model_len=256))
+
+
 @pytest.mark.integration
 def test_a_vllm_sampler_takes_part_in_a_loopback_swarm(tmp_path):
     """bootstrap + HF learner + a sampler with `--engine vllm`, all real processes: the learner

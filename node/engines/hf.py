@@ -20,7 +20,7 @@ import logging
 
 import torch
 
-from ..checkable import KEY_WORDS, keys_tensor, pick_tokens, position_keys
+from ..checkable import KEY_BLOCK, KEY_WORDS, key_block, pick_tokens
 from ..logprobs import logprobs_from_logits
 from .base import Completion, PromptResult, SamplingParams
 
@@ -136,6 +136,9 @@ class PickTokens:
         self.prompt_len = prompt_len
         self.seeds = seeds
         self.steps: list[torch.Tensor] = []
+        self._block: torch.Tensor | None = None
+        """key_t of every row for KEY_BLOCK positions from `_block_start` (checkable.key_block)."""
+        self._block_start = 0
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         p = self.params
@@ -143,7 +146,10 @@ class PickTokens:
         if p.temperature > 0:
             if self.seeds is not None:
                 t = input_ids.shape[1] - self.prompt_len
-                keys = keys_tensor([position_keys(seed, 1, t)[0] for seed in self.seeds], scores.device)
+                if self._block is None or not self._block_start <= t < self._block_start + self._block.shape[1]:
+                    n = max(1, min(KEY_BLOCK, p.max_new_tokens - t))  # short completions: no keys past their end
+                    self._block_start, self._block = t, key_block(self.seeds, t, n, scores.device)
+                keys = self._block[:, t - self._block_start]
             else:
                 keys = torch.randint(0, 2**32, (scores.shape[0], KEY_WORDS), dtype=torch.int64, device=scores.device)
         chosen = pick_tokens(scores, keys, p.temperature, p.top_k, p.top_p)

@@ -19,6 +19,13 @@ those of the one-token row (0), and its engine-wide `logprobs_mode` cannot chang
 processor records log softmax(raw logits / T) of the token it picks, from the same row, and the
 engine collects them from the worker (`hetero_take_logprobs`): our convention at every T, top-k
 and top-p included, without the HF copy that 'recompute' needs (which still applies if set).
+The processor runs one race per engine step over all its requests' rows, not one per request.
+
+Model runner: the processor has the interface of vLLM's V1 model runner, which the engine selects
+(VLLM_USE_V2_MODEL_RUNNER=0). vLLM 0.32 defaults to model runner V2 wherever Triton is installed
+(every GPU install, not the CPU wheel), and V2 refuses V1-interface processors at start; its own
+interface is one vLLM calls unstable. A runner that ran without our processor would sample by
+itself: `generate` then raises instead of returning tokens no audit would pass.
 
 New versions are loaded in place, between generation batches, by a worker extension
 (`WeightUpdateExtension`) that hands HF-named tensors to the model runner's `reload_weights`
@@ -37,16 +44,17 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checkable import keys_tensor, pick_tokens, position_keys
+from ..checkable import KEY_BLOCK, keys_tensor, pick_tokens, position_keys
 from ..logprobs import logprobs_from_logits
 from .base import Completion, PromptResult, SamplingParams
 
 log = logging.getLogger(__name__)
 
-_CHECKABLE_LOGPROBS: dict[int, dict[int, torch.Tensor]] = {}
-"""Behaviour log-probs of checkable requests, {row: {position t: 0-d tensor on the logits' device}}:
-written by `CheckableSampling` in vLLM's worker (kept as tensors: no device sync per token), taken
-(and cleared) by `hetero_take_logprobs` once per generate call."""
+_CHECKABLE_LOGPROBS: list[tuple[list[tuple[int, int]], torch.Tensor]] = []
+"""Behaviour log-probs of checkable requests, one entry per engine step: ([(row, position t)], their
+log-probs [rows] on the logits' device; kept as tensors, so no device sync per step). Written by
+`CheckableSampling` in vLLM's worker, taken (and cleared) by `hetero_take_logprobs` once per
+generate call."""
 
 
 @dataclass(frozen=True)
@@ -87,39 +95,78 @@ class WeightUpdateExtension:
         return len(weights)
 
     def hetero_take_logprobs(self) -> dict[int, dict[int, float]]:
-        taken = {row: dict(zip(sorted(lps), torch.stack([lps[t] for t in sorted(lps)]).tolist()))
-                 for row, lps in _CHECKABLE_LOGPROBS.items()}
+        taken: dict[int, dict[int, float]] = {}
+        if _CHECKABLE_LOGPROBS:
+            values = torch.cat([lp.float().cpu() for _, lp in _CHECKABLE_LOGPROBS]).tolist()
+            spots = [spot for spots, _ in _CHECKABLE_LOGPROBS for spot in spots]
+            for (row, t), value in zip(spots, values):
+                taken.setdefault(row, {})[t] = value
         _CHECKABLE_LOGPROBS.clear()
         return taken
 
 
-def _checkable_sampling_class() -> type:
-    from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
+class _Request:
+    """One checkable request in vLLM's persistent batch: its spec and its live output list."""
 
-    class CheckableSampling(AdapterLogitsProcessor):
-        """vLLM logits processor (one per engine, a state per request): a request whose
+    def __init__(self, spec: tuple, output_ids: list[int], max_tokens: int | None) -> None:
+        row, seed, temperature, top_k, top_p = spec
+        self.max_tokens = max_tokens or KEY_BLOCK
+        self.row = row
+        self.seed = bytes.fromhex(seed)
+        self.sampling = (float(temperature), int(top_k), float(top_p))
+        self.output_ids = output_ids  # vLLM appends each new token to this very list
+        self._block: list[list[int]] = []
+        self._block_start = 0
+
+    def key(self) -> tuple[int, list[int]]:
+        """(t, key_t) for the token this request generates next (keys KEY_BLOCK positions at a time)."""
+        t = len(self.output_ids)
+        if not self._block_start <= t < self._block_start + len(self._block):
+            n = max(1, min(KEY_BLOCK, self.max_tokens - t))  # short completions: no keys past their end
+            self._block_start, self._block = t, position_keys(self.seed, n, t)
+        return t, self._block[t - self._block_start]
+
+
+def _checkable_sampling_class() -> type:
+    from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
+    from vllm.v1.sample.logits_processor.builtin import process_dict_updates
+
+    def _new_request(params, _prompt_ids: list[int] | None, output_ids: list[int]) -> _Request | None:
+        spec = (params.extra_args or {}).get("hetero_checkable") if params is not None else None
+        return None if spec is None else _Request(spec, output_ids, params.max_tokens)  # None: an ordinary request
+
+    class CheckableSampling(LogitsProcessor):
+        """vLLM logits processor over the whole batch: every request whose
         `extra_args["hetero_checkable"]` is (row, seed hex, T, top_k, top_p) gets token t from
-        node.checkable's race, given vLLM's raw logits row and key_t; every other token is masked."""
+        node.checkable's race, given vLLM's raw logits row and key_t, and every other token of its
+        row is masked. One race per engine step for all such requests (with the same T, top-k,
+        top-p), not one per request: at batch 128 a race per row cost 128 times its kernel launches."""
+
+        def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
+            self.requests: dict[int, _Request] = {}  # index in vLLM's persistent batch -> request
 
         def is_argmax_invariant(self) -> bool:
             return False  # it decides the token: vLLM applies it to raw logits, before temperature
 
-        def new_req_logits_processor(self, params):
-            spec = (params.extra_args or {}).get("hetero_checkable")
-            if spec is None:
-                return None  # an ordinary request: untouched
-            row, seed, temperature, top_k, top_p = spec
-            seed = bytes.fromhex(seed)
+        def update_state(self, batch_update: BatchUpdate | None) -> None:
+            process_dict_updates(self.requests, batch_update, _new_request)
 
-            def force(output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
-                t = len(output_ids)  # tokens generated so far
-                token = pick_tokens(logits[None], keys_tensor(position_keys(seed, 1, t), logits.device),
-                                    temperature, top_k, top_p)
-                token = token.to(logits.device)
-                _CHECKABLE_LOGPROBS.setdefault(row, {})[t] = logprobs_from_logits(logits[None], token, temperature)[0]
-                return torch.full_like(logits, -torch.inf).index_fill_(0, token, 0.0)
-
-            return force
+        def apply(self, logits: torch.Tensor) -> torch.Tensor:
+            by_sampling: dict[tuple, list[int]] = {}
+            for index, req in self.requests.items():
+                by_sampling.setdefault(req.sampling, []).append(index)
+            for (temperature, top_k, top_p), indices in by_sampling.items():
+                spots, keys = [], []
+                for index in indices:
+                    t, key = self.requests[index].key()
+                    spots.append((self.requests[index].row, t))
+                    keys.append(key)
+                at = torch.tensor(indices, device=logits.device)
+                raw = logits[at]
+                tokens = pick_tokens(raw, keys_tensor(keys, logits.device), temperature, top_k, top_p).to(logits.device)
+                _CHECKABLE_LOGPROBS.append((spots, logprobs_from_logits(raw, tokens, temperature)))
+                logits[at] = torch.full_like(raw, -torch.inf).scatter_(-1, tokens[:, None], 0.0)
+            return logits
 
     CheckableSampling.__module__ = __name__
     return CheckableSampling
@@ -132,6 +179,12 @@ def __getattr__(name: str):
         globals()[name] = cls = _checkable_sampling_class()
         return cls
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _vllm_version() -> str:
+    import vllm
+
+    return getattr(vllm, "__version__", "unknown")
 
 
 def vllm_available() -> bool:
@@ -158,6 +211,12 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.cpu_kv_cache_gib))))
         if cfg.in_process:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        # checkable sampling is a logits processor of the V1 model runner's interface; vLLM with
+        # Triton (every GPU install) defaults to model runner V2, which refuses such processors
+        if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0").lower() not in ("0", "false"):
+            raise ValueError("VLLM_USE_V2_MODEL_RUNNER is set: the vLLM engine's checkable sampling runs on vLLM's "
+                             "V1 model runner only; unset it")
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
         from vllm import LLM
 
         self.llm = LLM(model=path, tokenizer=path, dtype=cfg.dtype, max_model_len=cfg.max_model_len,
@@ -211,6 +270,11 @@ class VLLMEngine:
                                      sps, use_tqdm=False)
             taken = self.llm.collective_rpc("hetero_take_logprobs")[0]
             outputs = [out.outputs[0] for out in outs]
+            missing = [row for row, o in enumerate(outputs) if len(taken.get(row, {})) != len(o.token_ids)]
+            if missing:  # vLLM sampled these itself: a runner that ignores our logits processor
+                raise RuntimeError(f"vLLM engine: the checkable sampler did not pick the tokens of {len(missing)} of "
+                                   f"{len(outputs)} completions; this vLLM ({_vllm_version()}) does not run "
+                                   "CheckableSampling (see node/engines/vllm.py, 'model runner')")
             logprobs = [[taken[row][t] for t in range(len(o.token_ids))] for row, o in enumerate(outputs)]
         else:
             self._check_filtering(params)

@@ -162,8 +162,31 @@ def tempered(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: fl
 def admitted(x: torch.Tensor, h: float, top_k: int = 0, top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Which tokens pass top-k then top-p for an engine whose tempered logits differ from `x`
     ([N, V], float64, unfiltered) by at most `h` each: (those that every such engine keeps, those
-    that some such engine keeps), bool [N, V] each, from one sort. h = 0 gives the filters of
-    `tempered` in both (up to ties).
+    that some such engine keeps), bool [N, V] each. h = 0 gives the filters of `tempered` in both
+    (up to ties).
+
+    With top-k, only the tokens within 2h of the k-th logit (kth) take part (`_admitted` on the
+    row's top ones, those and maybe a few more): a token more than 2h below kth has k tokens
+    surely above it, so no such engine keeps it. Every count the others need is of tokens in the
+    band: a token at or above kth that every engine keeps has all that may sit above it within
+    2h of it; one below kth is kept by no engine in the worst case (k tokens above it) and, in
+    the best case, only those surely above it count, all at or above kth. At a 151k vocabulary
+    and top-k 20 that is a few dozen tokens per row, not a sort of the whole row (which took 6x
+    the exact filters' time on a CPU)."""
+    v = x.shape[-1]
+    if top_k and top_k < v:
+        kth = x.topk(top_k, dim=-1).values[:, -1:]
+        width = int((x >= kth - 2 * h).sum(-1).max())  # the auditor's sync, once per block of rows
+        if width < v:
+            values, index = x.topk(width, dim=-1)
+            surely, possibly = _admitted(values, h, top_k, top_p)
+            put = lambda m: torch.zeros_like(x, dtype=torch.bool).scatter_(-1, index, m)  # noqa: E731
+            return put(surely), put(possibly)
+    return _admitted(x, h, top_k, top_p)
+
+
+def _admitted(x: torch.Tensor, h: float, top_k: int = 0, top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """`admitted` over every token of x's rows, from one sort.
 
     Token k's worst (best) case: every token that may sit above it (x_j > x_k - 2h; best case:
     those that must, x_j > x_k + 2h) raised by h (lowered), k and the tokens below it lowered

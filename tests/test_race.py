@@ -166,6 +166,20 @@ def test_admitted_by_hand_and_with_no_slack_the_samplers_own_filters():
             assert torch.equal(mask, kept)
 
 
+def test_admitted_with_top_k_looks_at_the_band_near_the_kth_logit_only_and_decides_alike():
+    """With top-k, `admitted` runs on the tokens within 2h of the k-th logit; the result is the
+    whole-row computation's, ties (bfloat16-rounded logits) included."""
+    from node.checkable import _admitted
+
+    g = torch.Generator().manual_seed(2)
+    z = torch.randn(64, 3000, generator=g, dtype=torch.float64) * 3
+    for x in (z, z.bfloat16().double()):  # bfloat16 logits tie often
+        for h in (0.0, 0.05, 0.5, 2.0):
+            for top_k, top_p in [(20, 1.0), (20, 0.95), (5, 0.5), (1, 0.9), (300, 0.8)]:
+                band, whole = admitted(x, h, top_k, top_p), _admitted(x, h, top_k, top_p)
+                assert torch.equal(band[0], whole[0]) and torch.equal(band[1], whole[1]), (h, top_k, top_p)
+
+
 @pytest.mark.parametrize("top_k,top_p,vocab", [(0, 0.95, 200), (20, 1.0, 200), (20, 0.95, 200), (5, 0.6, 200),
                                                (0, 0.95, 3 * CHUNK - 100), (300, 0.9, 3 * CHUNK - 100)])
 def test_an_engine_within_the_slack_passes_at_the_filters_edges(top_k, top_p, vocab):

@@ -97,7 +97,7 @@ class WeightUpdateExtension:
     def hetero_take_logprobs(self) -> dict[int, dict[int, float]]:
         taken: dict[int, dict[int, float]] = {}
         if _CHECKABLE_LOGPROBS:
-            values = torch.cat([lp.float().cpu() for _, lp in _CHECKABLE_LOGPROBS]).tolist()
+            values = torch.cat([lp.float() for _, lp in _CHECKABLE_LOGPROBS]).cpu().tolist()  # one transfer
             spots = [spot for spots, _ in _CHECKABLE_LOGPROBS for spot in spots]
             for (row, t), value in zip(spots, values):
                 taken.setdefault(row, {})[t] = value
@@ -214,8 +214,10 @@ class VLLMEngine:
         # checkable sampling is a logits processor of the V1 model runner's interface; vLLM with
         # Triton (every GPU install) defaults to model runner V2, which refuses such processors
         if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0").lower() not in ("0", "false"):
-            raise ValueError("VLLM_USE_V2_MODEL_RUNNER is set: the vLLM engine's checkable sampling runs on vLLM's "
-                             "V1 model runner only; unset it")
+            from ..config import ConfigError
+
+            raise ConfigError("VLLM_USE_V2_MODEL_RUNNER is set, and the vLLM engine's checkable sampling runs on "
+                              "vLLM's V1 model runner only", fix="unset VLLM_USE_V2_MODEL_RUNNER (or set it to 0)")
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
         from vllm import LLM
 

@@ -172,7 +172,9 @@ def admitted(x: torch.Tensor, h: float, top_k: int = 0, top_p: float = 1.0) -> t
     2h of it; one below kth is kept by no engine in the worst case (k tokens above it) and, in
     the best case, only those surely above it count, all at or above kth. At a 151k vocabulary
     and top-k 20 that is a few dozen tokens per row, not a sort of the whole row (which took 6x
-    the exact filters' time on a CPU)."""
+    the exact filters' time on a CPU). The masks are the whole-row computation's exactly where
+    cumsum is sequential (the CPU); a GPU's parallel scan may round the band's prefix sums in
+    the last bit otherwise, which moves a top-p decision only at an exact knife edge."""
     v = x.shape[-1]
     if top_k and top_k < v:
         kth = x.topk(top_k, dim=-1).values[:, -1:]
@@ -261,9 +263,10 @@ auditor's head chunk of a 151k vocabulary (node/logprobs.HEAD_CHUNK_BYTES, ~440 
 otherwise make several copies of 0.5 GB at once. Blocks change no result: each row is its own race."""
 
 
-PICK_BLOCK_BYTES = 256 << 20
-"""The sampler's blocks (`pick_tokens`, float32 copies): all rows of an engine's batch of up to
-~440 at a 151k vocabulary in one race. Each block is a fixed number of small tensor operations
+PICK_BLOCK_BYTES = 128 << 20
+"""The sampler's blocks (`pick_tokens`, float32 copies) on a GPU: all rows of an engine's batch of
+up to ~220 at a 151k vocabulary in one race (with top-p, `tempered` holds ~8 such copies at once:
+~1 GB). Each block is a fixed number of small tensor operations
 (~100: the hash, the two levels), which a GPU pays per kernel launch whatever the block's size:
 at 64 MiB of float64 a batch of 128 rows of a 151k vocabulary took three blocks, ~280 launches
 per token. GPUs only: on a CPU an operation costs microseconds, and blocks of 64 MiB were faster

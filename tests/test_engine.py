@@ -95,3 +95,14 @@ def test_builtin_models_load_from_local_files_only():
         resolve_model_path("builtin:nope")
     m = load_model(BUILTIN_MODEL)
     assert m.config.model_type == "qwen3" and sum(p.numel() for p in m.parameters()) < 2_000_000
+
+
+def test_the_vllm_engine_flags_a_completion_whose_tokens_our_race_did_not_pick_and_no_other():
+    """vLLM's engine checks that its logits processor recorded every token of every completion. A
+    position past a completion's end is normal (with async scheduling, vLLM's default on GPUs, a
+    request that ended on EOS is raced once more before its end is known); one missing is not."""
+    from node.engines.vllm import unraced  # vLLM itself is imported lazily: this runs without it
+
+    taken = {0: {0: -0.1, 1: -0.2}, 1: {0: -0.3, 1: -0.4, 2: -0.5}, 2: {1: -0.6}}
+    assert unraced([2, 2, 2], taken) == [2]  # row 1's position 2 is the extra race after its EOS
+    assert unraced([2, 3, 0, 1], taken) == [3]  # an empty completion needs nothing; row 3 was never raced

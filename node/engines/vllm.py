@@ -181,6 +181,14 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def unraced(lengths: list[int], taken: dict[int, dict[int, float]]) -> list[int]:
+    """The rows (completions of `lengths` tokens) with a token our processor did not pick: a
+    position below the length with no recorded log-prob. Positions past it are normal: with async
+    scheduling (vLLM's default on GPUs) a request that ended on EOS is raced once more before its
+    end is known, and that token is dropped."""
+    return [row for row, n in enumerate(lengths) if any(t not in taken.get(row, {}) for t in range(n))]
+
+
 def _vllm_version() -> str:
     import vllm
 
@@ -268,11 +276,12 @@ class VLLMEngine:
             sps = [VSamplingParams(n=1, temperature=0.0, **common, extra_args={"hetero_checkable": (
                        i * n + j, seeds[i][j].hex(), params.temperature, params.top_k, params.top_p)})
                    for i in range(len(prompts)) for j in range(n)]
+            self.llm.collective_rpc("hetero_take_logprobs")  # drops what a call that raised midway left
             outs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids for _ in range(n)],
                                      sps, use_tqdm=False)
             taken = self.llm.collective_rpc("hetero_take_logprobs")[0]
             outputs = [out.outputs[0] for out in outs]
-            missing = [row for row, o in enumerate(outputs) if len(taken.get(row, {})) != len(o.token_ids)]
+            missing = unraced([len(o.token_ids) for o in outputs], taken)
             if missing:  # vLLM sampled these itself: a runner that ignores our logits processor
                 raise RuntimeError(f"vLLM engine: the checkable sampler did not pick the tokens of {len(missing)} of "
                                    f"{len(outputs)} completions; this vLLM ({_vllm_version()}) does not run "

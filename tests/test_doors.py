@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -39,6 +40,18 @@ LEARNER_TOML = "[learner]\ncheckpoint_every = 10\neval_every = 0\nmax_staleness 
 NOFILE = 1024
 
 
+def _kill_group(proc: subprocess.Popen | None) -> None:
+    """An attacker started with start_new_session=True, and every process it made: killing the
+    parent alone left the fake_records helper's forked DHT process running after the test."""
+    if proc is None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(30)
+
+
 def _fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
@@ -49,6 +62,7 @@ def test_1500_idle_streams_from_one_key_cannot_exhaust_a_learners_descriptors(tm
     Now its stream budget closes every stream of that key past 16 unread: its descriptors stay far
     below the limit, it keeps training on the honest sampler's groups, and it says what it refused."""
     s = Swarm(tmp_path)
+    attack = None
     try:
         start_bootstrap(s)
         learner = s.start_learner(LEARNER_TOML, nofile=NOFILE)
@@ -57,7 +71,8 @@ def test_1500_idle_streams_from_one_key_cannot_exhaust_a_learners_descriptors(tm
         maddrs = learner_maddrs(s.status(), peer_of(s, "learner"))
         attack = subprocess.Popen(
             ["nice", "-n", "19", sys.executable, "-m", "tests.helpers.idle_streams", str(tmp_path / "attacker.key"),
-             ROLLOUTS, "1500", "20", *maddrs], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+             ROLLOUTS, "1500", "20", *maddrs], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+            start_new_session=True)  # its own group: its p2p daemon goes with it (_kill_group)
         peak, deadline = 0, time.monotonic() + 240
         while attack.poll() is None and time.monotonic() < deadline:
             peak = max(peak, _fds(learner.popen.pid))
@@ -75,6 +90,7 @@ def test_1500_idle_streams_from_one_key_cannot_exhaust_a_learners_descriptors(tm
         assert "refused a stream of" in log and "past the peer bound" in log
         assert "Too many open files" not in log
     finally:
+        _kill_group(attack)
         s.stop_all()
 
 
@@ -210,7 +226,8 @@ def test_fresh_keys_records_as_mates_and_holders_cost_the_honest_samplers_at_mos
         attack = subprocess.Popen([sys.executable, "-m", "tests.helpers.fake_records", str(keydir),
                                    str(SYBIL_RECORDS), "demo",
                                    peer_of(s, "learner"), BUILTIN_MODEL, s.addr], cwd=ROOT, stdout=subprocess.PIPE,
-                                  stderr=(s.logs / "fake_records.log").open("w"), text=True)
+                                  stderr=(s.logs / "fake_records.log").open("w"), text=True,
+                                  start_new_session=True)  # its DHT's forked process goes with it (_kill_group)
         line = attack.stdout.readline()  # its keys loaded
         listed, deadline = 0, time.monotonic() + 240
         while listed < 0.9 * SYBIL_RECORDS and time.monotonic() < deadline:  # until the records are in the DHT
@@ -231,7 +248,5 @@ def test_fresh_keys_records_as_mates_and_holders_cost_the_honest_samplers_at_mos
         assert during >= 0.8 * before
         assert stale(t1, t2) <= stale(t0, t1) + 5  # a few versions at most
     finally:
-        if attack is not None:
-            attack.kill()
-            attack.wait(30)
+        _kill_group(attack)
         s.stop_all()

@@ -103,13 +103,31 @@ def keys_tensor(rows: list[list[int]], device: torch.device | str = "cpu") -> to
 
 
 KEY_BLOCK = 64
-"""Positions an engine derives keys for at once (`key_block`): one host-to-device copy per block of
-steps instead of one per generated token, which would wait for the GPU each time."""
+"""Positions an engine derives keys for at once (`PositionKeys`): one host-to-device copy per block
+of steps instead of one per generated token, which would wait for the GPU each time."""
 
 
 def key_block(seeds: list[bytes], start: int, n: int = KEY_BLOCK, device: torch.device | str = "cpu") -> torch.Tensor:
     """key_t of every seed for t in [start, start + n): int64 [len(seeds), n, KEY_WORDS] on `device`."""
     return keys_tensor([k for seed in seeds for k in position_keys(seed, n, start)], device).reshape(len(seeds), n, KEY_WORDS)
+
+
+class PositionKeys:
+    """key_t of completions being generated (one per seed), for the engines: derived KEY_BLOCK
+    positions at a time, never past `max_tokens` (a 6-token completion derives 6 keys, not 64),
+    and kept on `device`."""
+
+    def __init__(self, seeds: list[bytes], max_tokens: int, device: torch.device | str = "cpu") -> None:
+        self.seeds, self.max_tokens, self.device = seeds, max_tokens, device
+        self._start = 0
+        self._block = torch.zeros(len(seeds), 0, KEY_WORDS, dtype=torch.int64)  # keys from position _start
+
+    def at(self, t: int) -> torch.Tensor:
+        """key_t of every completion: int64 [len(seeds), KEY_WORDS] on `device`."""
+        if not self._start <= t < self._start + self._block.shape[1]:
+            n = max(1, min(KEY_BLOCK, self.max_tokens - t))
+            self._start, self._block = t, key_block(self.seeds, t, n, self.device)
+        return self._block[:, t - self._start]
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
@@ -265,8 +283,8 @@ otherwise make several copies of 0.5 GB at once. Blocks change no result: each r
 
 PICK_BLOCK_BYTES = 128 << 20
 """The sampler's blocks (`pick_tokens`, float32 copies) on a GPU: all rows of an engine's batch of
-up to ~220 at a 151k vocabulary in one race (with top-p, `tempered` holds ~8 such copies at once:
-~1 GB). Each block is a fixed number of small tensor operations
+up to ~220 at a 151k vocabulary in one race (with top-p, `tempered` and the processors hold ~8
+such copies at once by a count of their temporaries, ~1 GB; not measured on a GPU). Each block is a fixed number of small tensor operations
 (~100: the hash, the two levels), which a GPU pays per kernel launch whatever the block's size:
 at 64 MiB of float64 a batch of 128 rows of a 151k vocabulary took three blocks, ~280 launches
 per token. GPUs only: on a CPU an operation costs microseconds, and blocks of 64 MiB were faster

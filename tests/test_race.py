@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from node.audit import FLIP_MARGIN, FlipTest, flip_llr, judge_margins
-from node.checkable import (CHUNK, KEY_WORDS, admitted, audit_tokens, chunk_scores, completion_seed, hash_uniform, key_block,
+from node.checkable import (CHUNK, KEY_WORDS, admitted, audit_tokens, chunk_scores, completion_seed, hash_uniform, key_block, KEY_BLOCK, PositionKeys,
                             keys_tensor, pick_tokens, position_keys, race_margins, sampling_probs, tempered)
 
 
@@ -48,6 +48,11 @@ def test_keys_are_fixed_by_the_seed_and_position_and_seeds_by_nonce_prompt_sampl
     block = key_block([s, other], 5, 3)  # what the engines derive a block of positions at a time
     assert block.shape == (2, 3, KEY_WORDS)
     assert block[0].tolist() == keys[5:8] and block[1].tolist() == position_keys(other, 3, start=5)
+    # the engines' keys, block by block (KEY_BLOCK positions, the last one cut at max_tokens)
+    engine = PositionKeys([s, other], max_tokens=100)
+    got = [engine.at(t) for t in range(100)]
+    assert [g[0].tolist() for g in got] == keys and [g[1].tolist() for g in got] == position_keys(other, 100)
+    assert engine._start == KEY_BLOCK and engine._block.shape[1] == 100 - KEY_BLOCK  # no key past the end
 
 
 def _random_keys(n: int, seed: int = 0) -> torch.Tensor:

@@ -20,7 +20,7 @@ import logging
 
 import torch
 
-from ..checkable import KEY_BLOCK, KEY_WORDS, key_block, pick_tokens
+from ..checkable import KEY_WORDS, PositionKeys, pick_tokens
 from ..logprobs import logprobs_from_logits
 from .base import Completion, PromptResult, SamplingParams
 
@@ -136,9 +136,7 @@ class PickTokens:
         self.prompt_len = prompt_len
         self.seeds = seeds
         self.steps: list[torch.Tensor] = []
-        self._block: torch.Tensor | None = None
-        """key_t of every row for KEY_BLOCK positions from `_block_start` (checkable.key_block)."""
-        self._block_start = 0
+        self._keys: PositionKeys | None = None  # made on the first call, on the logits' device
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         p = self.params
@@ -146,10 +144,9 @@ class PickTokens:
         if p.temperature > 0:
             if self.seeds is not None:
                 t = input_ids.shape[1] - self.prompt_len
-                if self._block is None or not self._block_start <= t < self._block_start + self._block.shape[1]:
-                    n = max(1, min(KEY_BLOCK, p.max_new_tokens - t))  # short completions: no keys past their end
-                    self._block_start, self._block = t, key_block(self.seeds, t, n, scores.device)
-                keys = self._block[:, t - self._block_start]
+                if self._keys is None:
+                    self._keys = PositionKeys(self.seeds, p.max_new_tokens, scores.device)
+                keys = self._keys.at(t)
             else:
                 keys = torch.randint(0, 2**32, (scores.shape[0], KEY_WORDS), dtype=torch.int64, device=scores.device)
         chosen = pick_tokens(scores, keys, p.temperature, p.top_k, p.top_p)

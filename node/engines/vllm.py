@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checkable import KEY_BLOCK, keys_tensor, pick_tokens, position_keys
+from ..checkable import KEY_BLOCK, PositionKeys, pick_tokens
 from ..logprobs import logprobs_from_logits
 from .base import Completion, PromptResult, SamplingParams
 
@@ -110,21 +110,15 @@ class _Request:
 
     def __init__(self, spec: tuple, output_ids: list[int], max_tokens: int | None) -> None:
         row, seed, temperature, top_k, top_p = spec
-        self.max_tokens = max_tokens or KEY_BLOCK
         self.row = row
-        self.seed = bytes.fromhex(seed)
         self.sampling = (float(temperature), int(top_k), float(top_p))
         self.output_ids = output_ids  # vLLM appends each new token to this very list
-        self._block: list[list[int]] = []
-        self._block_start = 0
+        self.keys = PositionKeys([bytes.fromhex(seed)], max_tokens or KEY_BLOCK)  # on the CPU: one copy a step
 
-    def key(self) -> tuple[int, list[int]]:
-        """(t, key_t) for the token this request generates next (keys KEY_BLOCK positions at a time)."""
+    def key(self) -> tuple[int, torch.Tensor]:
+        """(t, key_t [1, KEY_WORDS]) for the token this request generates next."""
         t = len(self.output_ids)
-        if not self._block_start <= t < self._block_start + len(self._block):
-            n = max(1, min(KEY_BLOCK, self.max_tokens - t))  # short completions: no keys past their end
-            self._block_start, self._block = t, position_keys(self.seed, n, t)
-        return t, self._block[t - self._block_start]
+        return t, self.keys.at(t)
 
 
 def _checkable_sampling_class() -> type:
@@ -163,7 +157,7 @@ def _checkable_sampling_class() -> type:
                     keys.append(key)
                 at = torch.tensor(indices, device=logits.device)
                 raw = logits[at]
-                tokens = pick_tokens(raw, keys_tensor(keys, logits.device), temperature, top_k, top_p).to(logits.device)
+                tokens = pick_tokens(raw, torch.cat(keys).to(logits.device), temperature, top_k, top_p).to(logits.device)
                 _CHECKABLE_LOGPROBS.append((spots, logprobs_from_logits(raw, tokens, temperature)))
                 logits[at] = torch.full_like(raw, -torch.inf).scatter_(-1, tokens[:, None], 0.0)
             return logits
@@ -276,9 +270,12 @@ class VLLMEngine:
             sps = [VSamplingParams(n=1, temperature=0.0, **common, extra_args={"hetero_checkable": (
                        i * n + j, seeds[i][j].hex(), params.temperature, params.top_k, params.top_p)})
                    for i in range(len(prompts)) for j in range(n)]
-            self.llm.collective_rpc("hetero_take_logprobs")  # drops what a call that raised midway left
-            outs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids for _ in range(n)],
-                                     sps, use_tqdm=False)
+            try:
+                outs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids for _ in range(n)],
+                                         sps, use_tqdm=False)
+            except BaseException:
+                self.llm.collective_rpc("hetero_take_logprobs")  # drop what it recorded: the next call reuses rows
+                raise
             taken = self.llm.collective_rpc("hetero_take_logprobs")[0]
             outputs = [out.outputs[0] for out in outs]
             missing = unraced([len(o.token_ids) for o in outputs], taken)

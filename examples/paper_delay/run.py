@@ -8,6 +8,7 @@ The paper's premise (docs/RESULTS.md, section 6): its sampling, its GRPO, stalen
 
     python examples/paper_delay/run.py --losses grpo-paper --delays 0 32 --lag --seeds 0 1 2 3 4 --steps 150 \
         --temperature 0.6 --top-p 0.95 --top-k 20 --out runs/premise_f32             # add --sampler-dtype bfloat16
+                                                                   # (and --behaviour-logprobs learner)
     python examples/paper_delay/run.py --analyse-only --out runs/premise_bf16 --against runs/premise_f32
 
 Each cell is (loss, max delay D, seed). For D > 0 every sampler waits a log-normal delay between
@@ -123,7 +124,7 @@ def build_config(loss: str, delay: int, seed: int, args: argparse.Namespace, met
     learner = LearnerConfig(stale_loss=base, stale_options=options, lr=args.lr, groups_per_step=args.groups,
                             eval_every=args.eval_every, eval_size=args.eval_size,
                             max_staleness=max(64, 2 * delay),  # never drop an honest rollout for its age here
-                            **learner_options)
+                            behaviour_logprobs=args.behaviour_logprobs, **learner_options)
     return SimulatorConfig(
         model=args.model, task=ChainConfig() if args.task == "chain" else ArithmeticConfig(),
         sampling=SamplingConfig(group_size=args.group_size, temperature=args.temperature, top_p=args.top_p,
@@ -150,6 +151,8 @@ def summarise(history: list[dict]) -> dict:
         "kl": mean_of("kl_k3"), "clip": mean_of("clip_frac"), "reward": mean_of("reward"),
         # the mechanism: how far p moved from q per token, and the weights' mean by advantage sign
         "drift": mean_of("drift_frac"), "w_pos": mean_of("weight_mean_pos"), "w_neg": mean_of("weight_mean_neg"),
+        # --behaviour-logprobs learner: how far the samplers' claims sat from the learner's own
+        "behaviour_k3": mean_of("behaviour_k3"), "behaviour_clip": mean_of("behaviour_clip_share"),
         "drops": steps[-1].get("drops", {}) if steps else {}, "gap_drops": steps[-1].get("logprob_gap_drops", {}) if steps else {},
         # per step, for the IS-variance / KL vs staleness plot
         "per_step": [(r.get("staleness_mean"), r.get("is_weight_var"), r.get("kl_k3")) for r in steps],
@@ -157,8 +160,9 @@ def summarise(history: list[dict]) -> dict:
 
 
 SETTINGS = ("steps", "task", "model", "lr", "groups", "group_size", "max_new_tokens", "samplers", "eval_every", "eval_size",
-            "sampler_dtype", "temperature", "top_p", "top_k", "lag")
-OLDER_SETTINGS = {"sampler_dtype": "float32", "temperature": 1.0, "top_p": 1.0, "top_k": 0, "lag": False}
+            "sampler_dtype", "temperature", "top_p", "top_k", "lag", "behaviour_logprobs")
+OLDER_SETTINGS = {"sampler_dtype": "float32", "temperature": 1.0, "top_p": 1.0, "top_k": 0, "lag": False,
+                  "behaviour_logprobs": "sampler"}
 """What grids run before a setting existed ran with."""
 
 
@@ -463,6 +467,9 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="where the samplers' engines and the learner run (cuda on a GPU)")
     ap.add_argument("--sampler-dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                     help="the samplers' engine precision (bfloat16: a GPU volunteer's; the learner stays float32)")
+    ap.add_argument("--behaviour-logprobs", default="sampler", choices=["sampler", "learner"],
+                    help="q of the losses' ratios: the samplers' claims, or the learner's own recomputation at each "
+                         "group's version (learner.behaviour_logprobs)")
     ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (the authors': 0.6)")
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (the authors': 0.95)")
     ap.add_argument("--top-k", type=int, default=0, help="top-k sampling, 0 = off (the authors': 20)")

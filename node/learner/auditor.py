@@ -96,7 +96,8 @@ class Auditor:
 
     def audit(self, taken: list[BufferedGroup]) -> dict[str, str]:
         """Audit a chosen share of `taken` (each chosen group's `verdict` is set); returns the
-        samplers that failed, each with the reason of its first failure."""
+        samplers that failed, each with the reason of its first failure. The caller `release`s the
+        audit copy once the step needs it no more."""
         chosen = [b for b in taken if b.own and b.sampler != self.peer_id  # (made in this process)
                   and (self.audits[b.sampler] < self.cfg.audit_first or self._rng.random() < self.rate(b.sampler))]
         # one forward pass per claimed version: its weights are rebuilt and loaded once
@@ -108,8 +109,7 @@ class Auditor:
             for b, why in zip(groups, self._audit_version(key, groups)):
                 if b.verdict is Verdict.FAILED:
                     failed.setdefault(b.sampler, why)
-        self.release()
-        return failed
+        return failed  # the copy stays for the step's recomputed log-probs: the learner releases it
 
     def model_at(self, key: tuple[str, int]) -> torch.nn.Module | None:
         """The audit copy of the model with the published weights of `key` (chain, version)

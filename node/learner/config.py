@@ -13,6 +13,9 @@ from ..algorithms import get_algorithm
 from ..guard import GuardConfig
 from ..weight_codec import PublishConfig
 
+BEHAVIOUR_SOURCES = ("sampler", "learner")
+"""`behaviour_logprobs`: the sampler's claims, or the learner's recomputation (node/learner/behaviour.py)."""
+
 DROP = "drop"
 """A route's loss that trains on nothing: its groups are refused at ingest (counted)."""
 
@@ -73,6 +76,14 @@ class LearnerConfig:
     sampler. Honest gaps come from staleness and engine numerics: at most 2.07 at 64 versions
     stale (examples/bench_logprob_gap.py); a claim of -18/token is >= 13 away. What passes is
     still bounded by the dual clip (node/algorithms/base.py)."""
+    behaviour_logprobs: str = "sampler"
+    """Where own-model groups' behaviour log-probs (q of every loss's ratio p/q) come from:
+    "sampler", as claimed (checked against ours within `max_logprob_gap`), or "learner": recomputed
+    by the learner's own forward at the published weights of the version each group claims
+    (node/learner/behaviour.py), so that a sampler computing in another precision (bfloat16 on a GPU)
+    or with other kernels makes no ratio differ from 1 on-policy. Costs a no-grad forward of each
+    own-model group (about a third of its training step) and rebuilding each version a step's
+    groups claim; a version no longer held keeps its sampler's claims."""
     audit_first: int = 4
     """Own-model groups audited for checkable sampling (node/audit.py) from each new sampler..."""
     audit_rate: float = 0.1
@@ -159,6 +170,7 @@ def _rules(c: LearnerConfig) -> list[tuple[str, bool]]:
         ("max_tokens_per_microbatch >= 0 (0: the whole step at once)", c.max_tokens_per_microbatch >= 0),
         ("eval_every >= 0", c.eval_every >= 0), ("eval_size >= 1", c.eval_size >= 1),
         ("max_buffer_groups >= 1", c.max_buffer_groups >= 1),
+        ("behaviour_logprobs sampler or learner", c.behaviour_logprobs in BEHAVIOUR_SOURCES),
         ("max_logprob_gap > 0", c.max_logprob_gap > 0), ("audit_logprob_gap > 0", c.audit_logprob_gap > 0),
         ("audit_first >= 0", c.audit_first >= 0), ("0 <= audit_rate <= 1", 0 <= c.audit_rate <= 1),
         ("0 <= audit_rate_trusted <= 1", 0 <= c.audit_rate_trusted <= 1),

@@ -15,7 +15,9 @@ Routing (docs/DESIGN.md, "The algorithms"): rollouts of the learner's own model 
 "drop". A foreign model with another tokenizer is re-tokenized and corrected at sequence level.
 
 The parts, each owning its state and its `state_dict`: `RecordChecks` (and `Chains`), the
-`GroupBuffer`, the `Auditor`, `Training` (with the guard), `Publishing`, the `Books`. The learner
+`GroupBuffer`, the `Auditor`, `Training` (with the guard), `Publishing`, the `Books`; and, with
+`behaviour_logprobs = "learner"`, `Recompute` (stateless but for its time), which puts the learner's
+own log-probs into own-model groups on the audit copy between a step's audits and its training. The learner
 is the rollout receiver's `Intake` (swarm/exchange.py): the network thread asks it about each
 record before acknowledging it.
 """
@@ -44,6 +46,7 @@ from ..metrics import MetricsWriter
 from ..tasks import Task
 from ..weights import untie
 from .auditor import Auditor
+from .behaviour import Recompute
 from .books import Books
 from .buffer import GroupBuffer
 from .checks import Chains, RecordChecks
@@ -108,6 +111,10 @@ class Learner:
         self.checks = RecordChecks(cfg, tokenizer, task, sampling, model_id=model_id, swarm=swarm,
                                    chains=self.chains, archive=archive, refusals=refusals)
         self.auditor = Auditor(cfg, self.model, aliases, sampling, tokenizer.pad_token_id, archive, refusals, peer_id)
+        self.recompute = (Recompute(self.auditor.model_at, sampling.temperature, tokenizer.pad_token_id,
+                                    self.training.options, cfg.max_logprob_gap)
+                          if cfg.behaviour_logprobs == "learner" else None)
+        """Puts the learner's own log-probs into own-model groups (`behaviour_logprobs`)."""
         self.buffer = GroupBuffer(cfg)
         self.books = Books()
         self.eval_set = eval_problems(task, cfg.eval_size)
@@ -224,10 +231,15 @@ class Learner:
         if not self.ready():
             return None
         taken = self._audited(self.buffer.take(self.auditor.kind_of))
+        behaviour: dict[str, Any] = {}
+        if self.recompute is not None and taken:
+            taken, dropped, behaviour = self.recompute(taken)
+            self._drop_claims(dropped)
+        self.auditor.release()
         if not taken:
             return None  # every group taken failed an audit: nothing to train on this time
         parts, skipped = self.training.parts(taken)
-        rec: dict[str, Any] = {"kind": "step", "version": self.version + 1, **batch_stats(taken, self.version)}
+        rec: dict[str, Any] = {"kind": "step", "version": self.version + 1, **batch_stats(taken, self.version), **behaviour}
         rec["groups_skipped_zero_var"] = skipped
         try:
             self.training.train(parts, rec)
@@ -262,6 +274,16 @@ class Learner:
         # longer hold: an earlier run's chain) is trained on, never lost (the gap check and the
         # dual clip still bound it), but unchecked work earns no credit (`_credit`)
         return [b for b in taken if b.sampler not in self.auditor.refusals]
+
+    def _drop_claims(self, dropped: list[BufferedGroup]) -> None:
+        """Groups whose claimed log-probs were further than `max_logprob_gap` from the recomputed
+        ones: counted against their samplers, as the trainer's check counts its drops."""
+        for b in dropped:
+            self.training.gap_drops[b.sampler] += 1
+            log.warning("group from %s (v%d): claimed log-probs too far from ours; dropped from the step",
+                        b.sampler, b.claimed_version)
+        if dropped:
+            self.books.drop("logprob_gap", len(dropped))
 
     def refuse(self, sampler: str, why: str) -> None:
         """Refuse `sampler` for good: drop its buffered groups, revoke its credit, persist the refusal."""

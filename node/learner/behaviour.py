@@ -1,0 +1,135 @@
+"""Behaviour log-probs the learner computes itself (`behaviour_logprobs = "learner"`).
+
+Why: a sampler's engine computes in its own precision and kernels (bfloat16 on a GPU), so even
+on-policy its log q of a token differs from the learner's log p at the same weights, and every
+loss's ratio p/q carries the engines' difference as if it were policy change. On the built-in
+model that is k3 ~1e-4 a token; on a 151k-vocabulary shape in bfloat16, 6% of tokens past GRPO's
+clip (docs/BENCHMARKS.md, "The audit across precisions"). Recomputed by the learner's own forward
+(its compute dtype, its kernels) at the published weights of the version the group claims, an
+on-policy ratio is 1 to rounding and a stale group's ratio measures policy change alone.
+
+What a sampler claims is then only checked, never trained on: a sequence whose claims are further
+than `max_logprob_gap` from the recomputed ones (the same version, so honest claims differ by
+engine rounding only) drops its group from the step, as the trainer's own check does.
+
+Cost: a no-grad forward of each own-model group on the audit copy of the model, and rebuilding
+each version the step's groups claim (node/audit.VersionArchive: a patch from the one before).
+A version the learner no longer holds keeps its sampler's claims (counted).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..logprobs import completion_logprobs, completion_span, pack
+from ..trainer import ScoredGroup, StepOptions, plan_microbatches
+
+log = logging.getLogger(__name__)
+
+@torch.no_grad()
+def learner_logprobs(model: torch.nn.Module, groups: list[ScoredGroup], temperature: float, pad_id: int,
+                     options: StepOptions) -> list[list[list[float]]]:
+    """Each group's completions' token log-probs under `model`, computed as a training step
+    computes them (`completion_logprobs` at `temperature`, under `options`' autocast and
+    micro-batch budget): [group][completion][token]."""
+    device = next(model.parameters()).device
+    rows = [(g.prompt_ids, c.token_ids) for g in groups for c in g.completions]
+    out: list[list[float]] = [[] for _ in rows]
+    lengths = [len(p) + len(c) for p, c in rows]
+    for part in plan_microbatches(lengths, options.max_tokens_per_microbatch):
+        packed = pack([rows[i][0] for i in part], [rows[i][1] for i in part], pad_id).to(device)
+        with options.autocast(device):
+            logp = completion_logprobs(model, packed, temperature).cpu()
+        for r, i in enumerate(part):
+            out[i] = logp[r, completion_span(len(rows[i][0]), len(rows[i][1]))].tolist()
+    per_group, pos = [], 0
+    for g in groups:
+        per_group.append(out[pos : pos + len(g.completions)])
+        pos += len(g.completions)
+    return per_group
+
+
+def claim_gap(claimed: list[float], mine: list[float]) -> float:
+    """Mean |claimed - mine| per token of one sequence (inf for a non-finite claim, 0 for none)."""
+    d = torch.tensor(mine, dtype=torch.float64) - torch.tensor(claimed, dtype=torch.float64)
+    return float(d.abs().mean()) if d.numel() else 0.0
+
+
+@dataclass
+class Mismatch:
+    """How far honest claims (those kept) sit from the recomputed log-probs, over a step's tokens:
+    what the sampler's engine would have put into the ratio."""
+
+    tokens: int = 0
+    abs_sum: float = 0.0
+    k3_sum: float = 0.0
+    clipped: int = 0
+    """Tokens whose ratio exp(recomputed - claimed) is outside GRPO's clip [1 - 0.2, 1 + 0.2]."""
+
+    def add(self, claimed: list[float], mine: list[float]) -> None:
+        d = torch.tensor(mine, dtype=torch.float64) - torch.tensor(claimed, dtype=torch.float64)
+        self.tokens += d.numel()
+        self.abs_sum += float(d.abs().sum())
+        self.k3_sum += float((d.exp() - 1 - d).sum())  # k3: r - 1 - log r at r = p/q
+        self.clipped += int(((d.exp() - 1).abs() > 0.2).sum())
+
+    def stats(self) -> dict[str, float]:
+        n = max(self.tokens, 1)
+        return {"behaviour_gap_mean": self.abs_sum / n, "behaviour_k3": self.k3_sum / n,
+                "behaviour_clip_share": self.clipped / n}
+
+
+def with_logprobs(group: ScoredGroup, logprobs: list[list[float]]) -> ScoredGroup:
+    """`group` with its completions' behaviour log-probs replaced."""
+    comps = [dataclasses.replace(c, logprobs=lp) for c, lp in zip(group.completions, logprobs)]
+    return dataclasses.replace(group, completions=comps)
+
+
+class Recompute:
+    """The step's part that puts the learner's log-probs into its own-model groups; it owns the
+    time it spends (`time_s`), for the step record."""
+
+    def __init__(self, model_at, temperature: float, pad_id: int, options: StepOptions, max_gap: float) -> None:
+        """`model_at((chain, version))`: the audit copy with that version's published weights
+        loaded, or None if they cannot be rebuilt (node/learner/auditor.Auditor.model_at)."""
+        self.model_at, self.temperature, self.pad_id, self.options, self.max_gap = model_at, temperature, pad_id, options, max_gap
+        self.time_s = 0.0
+
+    def __call__(self, taken: list) -> tuple[list, list, dict[str, float]]:
+        """`taken` (BufferedGroups) with own-model groups' log-probs recomputed: (what to train on,
+        the groups dropped because a claim was further than `max_gap` from ours, the step's figures)."""
+        t0 = time.perf_counter()
+        by_version: dict[tuple[str, int], list] = {}
+        for b in taken:
+            if b.own:
+                by_version.setdefault((b.chain, b.claimed_version), []).append(b)
+        mismatch, kept, dropped = Mismatch(), 0, set()
+        for key, groups in sorted(by_version.items()):
+            try:
+                model = self.model_at(key)
+                ours = None if model is None else learner_logprobs(model, [b.group for b in groups], self.temperature,
+                                                                   self.pad_id, self.options)
+            except Exception:  # e.g. out of memory: the step goes on with the claims (checked by the trainer)
+                log.exception("recomputing the behaviour log-probs of %d groups at %s v%d failed; their "
+                              "samplers' claims are used", len(groups), *key)
+                ours = None
+            if ours is None:
+                kept += len(groups)  # weights we no longer hold (or could not run): the sampler's claims stay
+                continue
+            for b, lps in zip(groups, ours):
+                pairs = list(zip((c.logprobs for c in b.group.completions), lps))
+                if any(not claim_gap(*pair) <= self.max_gap for pair in pairs):  # NaN claims fail too
+                    dropped.add(id(b))
+                    continue
+                for pair in pairs:
+                    mismatch.add(*pair)
+                b.group = with_logprobs(b.group, lps)
+        self.time_s += time.perf_counter() - t0
+        rec = {**mismatch.stats(), "behaviour_recomputed": sum(map(len, by_version.values())) - kept,
+               "behaviour_claims_kept": kept, "behaviour_time_s": round(self.time_s, 3)}
+        return [b for b in taken if id(b) not in dropped], [b for b in taken if id(b) in dropped], rec

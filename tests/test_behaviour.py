@@ -1,0 +1,167 @@
+"""The learner's own behaviour log-probs (`behaviour_logprobs = "learner"`, node/learner/behaviour.py):
+computed as a training step computes them, an on-policy ratio of 1 with a bfloat16 sampler,
+forged claims dropped and counted, and claims kept where the version cannot be rebuilt."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+
+from helpers.inmemory import tiny_swarm
+from node.learner import LearnerConfig
+from node.learner.behaviour import Mismatch, Recompute, claim_gap, learner_logprobs
+from node.learner.groups import BufferedGroup, Route
+from node.logprobs import completion_logprobs, completion_span, pack
+from node.models import BUILTIN_MODEL, load_model
+from node.trainer import ScoredGroup, StepOptions
+from node.engines.base import Completion
+
+
+def _group(prompt: list[int], completions: list[list[int]], claims: float = -1.0) -> ScoredGroup:
+    return ScoredGroup("p", prompt, [Completion(c, "", [claims] * len(c), "length") for c in completions],
+                       [0.0] * len(completions), BUILTIN_MODEL, 0)
+
+
+def test_learner_logprobs_are_each_rows_own_forward_whatever_the_micro_batches():
+    # float64: padding and micro-batch composition then move nothing past 1e-12
+    model = load_model(BUILTIN_MODEL).double().eval()
+    groups = [_group([5, 6, 7], [[8, 9], [10], [11, 12, 13, 14]]), _group([20], [[21, 22, 23], [24]])]
+    for budget in (None, 8, 1):  # the whole step at once, a few rows a pass, one row a pass
+        got = learner_logprobs(model, groups, 0.7, 0, StepOptions(budget))
+        for g, per_comp in zip(groups, got):
+            for c, lps in zip(g.completions, per_comp):
+                alone = completion_logprobs(model, pack([g.prompt_ids], [c.token_ids], 0), 0.7)[0]
+                want = alone[completion_span(len(g.prompt_ids), len(c.token_ids))].tolist()
+                assert len(lps) == len(c.token_ids)
+                assert max(abs(a - b) for a, b in zip(lps, want)) < 1e-12, budget
+
+
+def test_the_mismatch_figures_and_the_claim_gap_by_hand():
+    claimed, mine = [-1.0, -2.0], [-1.1, -1.5]  # d = mine - claimed = [-0.1, +0.5]
+    assert claim_gap(claimed, mine) == pytest.approx(0.3, abs=1e-12)
+    assert claim_gap([], []) == 0.0
+    assert not claim_gap([float("nan")], [-1.0]) <= 4.0  # NaN claims fail the bound
+    m = Mismatch()
+    m.add(claimed, mine)
+    s = m.stats()
+    assert s["behaviour_gap_mean"] == pytest.approx(0.3, abs=1e-12)
+    # k3 = r - 1 - log r at r = exp(d): (e^-0.1 - 1 + 0.1 + e^0.5 - 1 - 0.5) / 2
+    assert s["behaviour_k3"] == pytest.approx((0.00483741804 + 0.14872127070) / 2, abs=1e-10)
+    assert s["behaviour_clip_share"] == 0.5  # |e^0.5 - 1| = 0.65 > 0.2; |e^-0.1 - 1| = 0.095 is not
+
+
+def _step(mode: str, sampler_dtype: torch.dtype, tamper=None) -> tuple[dict, object]:
+    s = tiny_swarm(groups_per_step=4, samplers=1, start=True, behaviour_logprobs=mode, audit_first=0, audit_rate=0.0)
+    s.samplers[0].engine.model.to(sampler_dtype)  # a GPU volunteer's engine; the learner stays float32
+    s.samplers[0].maybe_update(s.link("s0"))
+    groups = s.samplers[0].produce(4)
+    if tamper:
+        tamper(groups)
+    assert sum(s.learner.ingest(g.encode()) is None for g in groups) == 4
+    return s.learner.step(), s
+
+
+def test_with_the_learners_log_probs_a_bfloat16_samplers_on_policy_ratio_is_one():
+    claimed, _ = _step("sampler", torch.bfloat16)
+    mine, _ = _step("learner", torch.bfloat16)
+    # the sampler's bfloat16 claims put its engine's error into every ratio...
+    assert claimed["routes"]["own"]["kl_k3"] > 1e-6
+    # ...the learner's own do not: p and q are the same forward on the same weights
+    assert mine["routes"]["own"]["kl_k3"] < 1e-9
+    assert mine["behaviour_recomputed"] == 4 and mine["behaviour_claims_kept"] == 0
+    # and the step record says how far the claims were (what the sampler's engine would have cost)
+    assert mine["behaviour_k3"] > 1e-6 and 0 < mine["behaviour_gap_mean"] < 0.1
+    assert "behaviour_k3" not in claimed
+
+
+def test_a_group_whose_claims_are_forged_is_dropped_from_the_step_and_counted():
+    def forge(groups):
+        for c in groups[1].completions:
+            c.logprobs = [-18.0] * len(c.token_ids)
+
+    rec, s = _step("learner", torch.float32, forge)
+    assert rec["drops"]["logprob_gap"] == 1 and rec["logprob_gap_drops"] == {"s0": 1}
+    assert rec["groups_own"] == 3 and rec["behaviour_recomputed"] == 4
+    # the forged claims are not in the figures of the honest ones
+    assert rec["behaviour_gap_mean"] < 1e-5
+
+
+def test_a_version_the_learner_cannot_rebuild_keeps_the_samplers_claims():
+    model = load_model(BUILTIN_MODEL).eval()
+    asked = []
+
+    def model_at(key):
+        asked.append(key)
+        return None if key == ("old-chain", 3) else model
+
+    taken = [BufferedGroup(_group([5, 6], [[7, 8]], -2.0), Route.OWN, "a", b"", "old-chain", 3),
+             BufferedGroup(_group([5, 6], [[7, 8]], -2.0), Route.OWN, "b", b"", "c", 1),
+             BufferedGroup(_group([5, 6], [[7, 8]], -2.0), Route.FOREIGN, "f", b"", "x", 0)]
+    kept, dropped, rec = Recompute(model_at, 1.0, 0, StepOptions(), max_gap=4.0)(taken)
+    assert kept == taken and dropped == [] and sorted(asked) == [("c", 1), ("old-chain", 3)]
+    assert rec["behaviour_recomputed"] == 1 and rec["behaviour_claims_kept"] == 1
+    assert taken[0].group.completions[0].logprobs == [-2.0, -2.0]  # not rebuildable: as claimed
+    assert taken[2].group.completions[0].logprobs == [-2.0, -2.0]  # another model's: F-TIS's, as claimed
+    assert all(math.isfinite(x) and x != -2.0 for x in taken[1].group.completions[0].logprobs)
+
+
+def test_a_recomputation_that_fails_leaves_the_claims_and_the_step_goes_on(caplog):
+    def model_at(key):
+        raise RuntimeError("CUDA out of memory (as a GPU would say)")
+
+    taken = [BufferedGroup(_group([5, 6], [[7, 8]], -2.0), Route.OWN, "a", b"", "c", 1)]
+    kept, dropped, rec = Recompute(model_at, 1.0, 0, StepOptions(), max_gap=4.0)(taken)
+    assert kept == taken and rec["behaviour_claims_kept"] == 1 and rec["behaviour_recomputed"] == 0
+    assert taken[0].group.completions[0].logprobs == [-2.0, -2.0]
+    assert "their samplers' claims are used" in caplog.text
+
+
+def test_an_unknown_source_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match="behaviour_logprobs sampler or learner"):
+        LearnerConfig(behaviour_logprobs="engine")
+
+
+# ---- over the real protocol --------------------------------------------------------------------
+
+# audits off: what stops forged claims here is the recomputation's check alone (with audits on, the
+# attacker's first audited group would refuse it before any step: tests/test_steering.py)
+SWARM_TOML = ('[learner]\nbehaviour_logprobs = "learner"\naudit_first = 0\naudit_rate = 0.0\n'
+              'audit_rate_trusted = 0.0\neval_every = 0\n')
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_over_the_wire_forged_claims_are_dropped_and_counted_and_a_bfloat16_samplers_are_not(tmp_path, capsys):
+    from helpers.swarmkit import Swarm, peer_of, start_bootstrap
+
+    s = Swarm(tmp_path)
+    try:
+        start_bootstrap(s)
+        s.start_learner(SWARM_TOML)
+        s.join("honest", "sampler", "--name", "honest", "--dtype", "bfloat16")
+        s.join_attacker("forger", "logprobs")  # its own key; honest tokens, claims of -18/token
+        honest, forger = peer_of(s, "honest"), peer_of(s, "forger")
+        s.wait_version(3, timeout=240)
+        deadline = time.monotonic() + 300
+        while True:
+            steps = [r for r in s.metrics() if r["kind"] == "step"]
+            if steps and steps[-1]["logprob_gap_drops"].get(forger, 0) >= 2 and steps[-1]["version"] >= 6:
+                break
+            assert time.monotonic() < deadline, f"the forger's groups were never dropped: {steps[-1:]}"
+            time.sleep(1)
+        last = steps[-1]
+        with capsys.disabled():
+            print(f"\nv{last['version']}: gap drops {last['logprob_gap_drops']}, drops {last['drops']}, "
+                  f"claims' k3 {[round(r['behaviour_k3'], 8) for r in steps if 'behaviour_k3' in r][-5:]}")
+        assert last["logprob_gap_drops"].get(honest, 0) == 0
+        assert last["drops"]["logprob_gap"] >= last["logprob_gap_drops"][forger]
+        assert last["credited"].get(forger, 0) == 0
+        recomputed = [r for r in steps if r.get("behaviour_recomputed")]
+        assert recomputed and all(r["behaviour_claims_kept"] == 0 for r in recomputed)
+        # the honest sampler's bfloat16 claims differ from the learner's float32 log-probs, by rounding
+        assert max(r["behaviour_k3"] for r in recomputed) > 0 and max(r["behaviour_gap_mean"] for r in recomputed) < 0.1
+    finally:
+        s.stop_all()

@@ -48,8 +48,8 @@ def test_the_mismatch_figures_and_the_claim_gap_by_hand():
     m.add(claimed, mine)
     s = m.stats()
     assert s["behaviour_gap_mean"] == pytest.approx(0.3, abs=1e-12)
-    # k3 = r - 1 - log r at r = exp(d): (e^-0.1 - 1 + 0.1 + e^0.5 - 1 - 0.5) / 2
-    assert s["behaviour_k3"] == pytest.approx((0.00483741804 + 0.14872127070) / 2, abs=1e-10)
+    # k3 of d = log q/p = [0.1, -0.5], as the step's kl_k3: (e^0.1 - 1 - 0.1 + e^-0.5 - 1 + 0.5) / 2
+    assert s["behaviour_k3"] == pytest.approx((0.00517091808 + 0.10653065971) / 2, abs=1e-10)
     assert s["behaviour_clip_share"] == 0.5  # |e^0.5 - 1| = 0.65 > 0.2; |e^-0.1 - 1| = 0.095 is not
 
 
@@ -85,8 +85,32 @@ def test_a_group_whose_claims_are_forged_is_dropped_from_the_step_and_counted():
     rec, s = _step("learner", torch.float32, forge)
     assert rec["drops"]["logprob_gap"] == 1 and rec["logprob_gap_drops"] == {"s0": 1}
     assert rec["groups_own"] == 3 and rec["behaviour_recomputed"] == 4
-    # the forged claims are not in the figures of the honest ones
-    assert rec["behaviour_gap_mean"] < 1e-5
+    # the forged claims are not in the figures of the honest ones (float32 engine and learner: ~1e-6)
+    assert rec["behaviour_gap_mean"] < 1e-4
+
+
+def test_the_audit_copy_is_let_go_before_the_training_step():
+    s = tiny_swarm(groups_per_step=4, samplers=1, start=True, behaviour_logprobs="learner")  # audits on: 4 first
+    held, train = [], s.learner.training.train
+    s.learner.training.train = lambda *a: (held.append(s.learner.auditor._copy), train(*a))[1]
+    s.samplers[0].run_once(s.link("s0"), 4)
+    s.learner.ingest_many(s.exchange.receive_rollouts(100))
+    rec = s.learner.step()
+    assert rec["audit"]["audits"] == 4 and rec["behaviour_recomputed"] == 4 and held == [None]
+
+
+def test_greedy_sampling_takes_log_probs_at_temperature_one_not_zero():
+    from node.config import SamplingConfig
+    from node.learner import Learner
+    from node.models import load_tokenizer
+    from node.tasks import ArithmeticConfig, make_task
+
+    tok = load_tokenizer(BUILTIN_MODEL)
+    learner = Learner(LearnerConfig(behaviour_logprobs="learner", eval_every=0, eval_size=20), load_model(BUILTIN_MODEL),
+                      tok, make_task(ArithmeticConfig(), tok), model_id=BUILTIN_MODEL,
+                      sampling=SamplingConfig(temperature=0.0))
+    # as samplers and audits take them (a 0 made every log-prob NaN and every step skipped)
+    assert learner.training.temperature == 1.0 and learner.recompute.temperature == 1.0
 
 
 def test_a_version_the_learner_cannot_rebuild_keeps_the_samplers_claims():
@@ -163,5 +187,8 @@ def test_over_the_wire_forged_claims_are_dropped_and_counted_and_a_bfloat16_samp
         assert recomputed and all(r["behaviour_claims_kept"] == 0 for r in recomputed)
         # the honest sampler's bfloat16 claims differ from the learner's float32 log-probs, by rounding
         assert max(r["behaviour_k3"] for r in recomputed) > 0 and max(r["behaviour_gap_mean"] for r in recomputed) < 0.1
+        # the recomputation, not the trainer's own check, stopped the forged claims: the trainer
+        # never saw one (its gap would be >= 13/token), only the learner's own log-probs
+        assert max(r["routes"]["own"]["logprob_gap_max"] for r in steps if "own" in r.get("routes", {})) < 1
     finally:
         s.stop_all()

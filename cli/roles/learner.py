@@ -174,7 +174,7 @@ def make_learner(cfg: JoinConfig, node: SwarmNode, place, coll=None) -> tuple[Le
     learner = Learner(cfg.learner, load_model(cfg.model, torch.float32, place.device), tok, make_task(cfg.task, tok),
                       model_id=cfg.model, sampling=cfg.sampling, swarm=cfg.swarm, link=link, peer_id=node.peer_id,
                       checkpoint_dir=work / "checkpoints", metrics=metrics,
-                      compute_dtype=None if leader else place.autocast_dtype, leader=leader,
+                      compute_dtype=place.autocast_dtype, leader=leader,
                       quarantine=Quarantine(work / "quarantine.bin"), checkpoint_extra=cursor.checkpoint_extra,
                       step_extra=lambda: door_counters(node),
                       # the folder's weights, loaded when an audit needs them: no copy held at size

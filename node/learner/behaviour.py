@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..algorithms.base import k3
 from ..logprobs import completion_logprobs, completion_span, pack
 from ..trainer import ScoredGroup, StepOptions, plan_microbatches
 
@@ -69,14 +70,14 @@ class Mismatch:
     abs_sum: float = 0.0
     k3_sum: float = 0.0
     clipped: int = 0
-    """Tokens whose ratio exp(recomputed - claimed) is outside GRPO's clip [1 - 0.2, 1 + 0.2]."""
+    """Tokens whose ratio p/q = exp(recomputed - claimed) is outside GRPO's clip [1 - 0.2, 1 + 0.2]."""
 
     def add(self, claimed: list[float], mine: list[float]) -> None:
-        d = torch.tensor(mine, dtype=torch.float64) - torch.tensor(claimed, dtype=torch.float64)
+        d = torch.tensor(claimed, dtype=torch.float64) - torch.tensor(mine, dtype=torch.float64)  # log q/p
         self.tokens += d.numel()
         self.abs_sum += float(d.abs().sum())
-        self.k3_sum += float((d.exp() - 1 - d).sum())  # k3: r - 1 - log r at r = p/q
-        self.clipped += int(((d.exp() - 1).abs() > 0.2).sum())
+        self.k3_sum += float(k3(d).sum())  # as the step's kl_k3 and the guard take it, clamped alike
+        self.clipped += int(((-d).exp() - 1).abs().gt(0.2).sum())  # p/q against GRPO's clip
 
     def stats(self) -> dict[str, float]:
         n = max(self.tokens, 1)

@@ -44,6 +44,7 @@ from ..engines.hf import HFEngine
 from ..evaluate import eval_problems, evaluate
 from ..metrics import MetricsWriter
 from ..tasks import Task
+from ..trainer import StepOptions
 from ..weights import untie
 from .auditor import Auditor
 from .behaviour import Recompute
@@ -78,7 +79,8 @@ class Learner:
                  step_extra: Callable[[], dict] = dict, keep_records: int | None = KEEP_RECORDS,
                  base_weights: Callable[[], dict[str, torch.Tensor]] | None = None) -> None:
         """`model` sits on the device it trains on, in float32 (master weights); `compute_dtype`
-        (e.g. bfloat16 on a GPU) is what its forward runs in, under autocast.
+        (e.g. bfloat16 on a GPU) is what its forward runs in, under autocast (with a `leader`, the
+        ranks' FSDP param_dtype: then only the recomputed behaviour log-probs autocast to it).
 
         `leader` (node.distributed.Leader): this is rank 0 of an FSDP2 learner. The ranks train
         the sharded copy together; `model` is then an unsharded copy that the gathered weights
@@ -97,7 +99,10 @@ class Learner:
         self.metrics, self.quarantine, self.checkpoint_extra, self.on_record = metrics, quarantine, checkpoint_extra, on_record
         self.step_extra = step_extra
         self.version = 0
-        self.training = Training(cfg, self.model, sampling.temperature, tokenizer.pad_token_id, compute_dtype, leader)
+        # log-probs at the sampling temperature (1 for greedy: a 0 would divide the logits by 0), as
+        # samplers and audits take them (SamplingConfig.logprob_temperature)
+        self.training = Training(cfg, self.model, sampling.params.logprob_temperature, tokenizer.pad_token_id,
+                                 None if leader else compute_dtype, leader)  # FSDP: the ranks' param_dtype
         self.engine = HFEngine(self.model, tokenizer, model_id)  # for evaluation only
         # a random chain id by default; a fixed one (the simulator's) makes sampling reproducible,
         # since the versions' nonces (node/checkable.py) hash the published bytes, the chain among them
@@ -111,8 +116,9 @@ class Learner:
         self.checks = RecordChecks(cfg, tokenizer, task, sampling, model_id=model_id, swarm=swarm,
                                    chains=self.chains, archive=archive, refusals=refusals)
         self.auditor = Auditor(cfg, self.model, aliases, sampling, tokenizer.pad_token_id, archive, refusals, peer_id)
-        self.recompute = (Recompute(self.auditor.model_at, sampling.temperature, tokenizer.pad_token_id,
-                                    self.training.options, cfg.max_logprob_gap)
+        self.recompute = (Recompute(self.auditor.model_at, sampling.params.logprob_temperature, tokenizer.pad_token_id,
+                                    StepOptions(cfg.max_tokens_per_microbatch or None, compute_dtype),
+                                    cfg.max_logprob_gap)
                           if cfg.behaviour_logprobs == "learner" else None)
         """Puts the learner's own log-probs into own-model groups (`behaviour_logprobs`)."""
         self.buffer = GroupBuffer(cfg)
@@ -230,12 +236,14 @@ class Learner:
         """One optimizer step on the next `groups_per_step` groups; None if not enough data."""
         if not self.ready():
             return None
-        taken = self._audited(self.buffer.take(self.auditor.kind_of))
         behaviour: dict[str, Any] = {}
-        if self.recompute is not None and taken:
-            taken, dropped, behaviour = self.recompute(taken)
-            self._drop_claims(dropped)
-        self.auditor.release()
+        try:
+            taken = self._audited(self.buffer.take(self.auditor.kind_of))
+            if self.recompute is not None and taken:
+                taken, dropped, behaviour = self.recompute(taken)
+                self._drop_claims(dropped)
+        finally:
+            self.auditor.release()  # never held through a training step
         if not taken:
             return None  # every group taken failed an audit: nothing to train on this time
         parts, skipped = self.training.parts(taken)
@@ -280,8 +288,8 @@ class Learner:
         ones: counted against their samplers, as the trainer's check counts its drops."""
         for b in dropped:
             self.training.gap_drops[b.sampler] += 1
-            log.warning("group from %s (v%d): claimed log-probs too far from ours; dropped from the step",
-                        b.sampler, b.claimed_version)
+            log.warning("group from %s (v%d): claimed log-probs too far from ours (recomputed at its version); "
+                        "dropped from the step", b.sampler, b.claimed_version)
         if dropped:
             self.books.drop("logprob_gap", len(dropped))
 

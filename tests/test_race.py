@@ -185,6 +185,26 @@ def test_admitted_with_top_k_looks_at_the_band_near_the_kth_logit_only_and_decid
                 assert torch.equal(band[0], whole[0]) and torch.equal(band[1], whole[1]), (h, top_k, top_p)
 
 
+def test_admitted_with_top_p_alone_looks_at_the_nucleus_band_only_and_decides_alike():
+    """With top-p alone, `admitted` runs on the tokens within 4h below the edge of the mass that
+    no engine within h keeps a token past (`_top_p_band`), told the mass below; the result is the
+    whole-row computation's, ties included. The edge's mass is what the test checks: at top_p
+    itself (no e^h terms) the band misses tokens some engine keeps."""
+    from node.checkable import _admitted, _top_p_band
+
+    g = torch.Generator().manual_seed(3)
+    used = 0
+    for scale, vocab in ((3.0, 3000), (1.5, 3000), (6.0, 3000), (3.0, 20_000)):
+        z = torch.randn(64, vocab, generator=g, dtype=torch.float64) * scale
+        for x in (z, z.bfloat16().double()):  # bfloat16 logits tie often
+            for h in (0.0, 0.05, 0.5, 2.0):
+                for top_p in (0.5, 0.9, 0.95, 0.99, 0.999):
+                    used += _top_p_band(x, h, top_p) is not None
+                    band, whole = admitted(x, h, 0, top_p), _admitted(x, h, 0, top_p)
+                    assert torch.equal(band[0], whole[0]) and torch.equal(band[1], whole[1]), (scale, vocab, h, top_p)
+    assert used >= 40  # the band, not the whole-row fallback, decided most of them
+
+
 @pytest.mark.parametrize("top_k,top_p,vocab", [(0, 0.95, 200), (20, 1.0, 200), (20, 0.95, 200), (5, 0.6, 200),
                                                (0, 0.95, 3 * CHUNK - 100), (300, 0.9, 3 * CHUNK - 100)])
 def test_an_engine_within_the_slack_passes_at_the_filters_edges(top_k, top_p, vocab):

@@ -32,6 +32,7 @@ from ..trainer import ScoredGroup, StepOptions, plan_microbatches
 
 log = logging.getLogger(__name__)
 
+
 @torch.no_grad()
 def learner_logprobs(model: torch.nn.Module, groups: list[ScoredGroup], temperature: float, pad_id: int,
                      options: StepOptions) -> list[list[list[float]]]:

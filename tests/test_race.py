@@ -194,8 +194,8 @@ def test_admitted_with_top_p_alone_looks_at_the_nucleus_band_only_and_decides_al
 
     g = torch.Generator().manual_seed(3)
     used = 0
-    for scale, vocab in ((3.0, 3000), (1.5, 3000), (6.0, 3000), (3.0, 20_000)):
-        z = torch.randn(64, vocab, generator=g, dtype=torch.float64) * scale
+    for scale, vocab in ((3.0, 3000), (1.5, 3000), (6.0, 3000), (3.0, 8000)):
+        z = torch.randn(32, vocab, generator=g, dtype=torch.float64) * scale
         for x in (z, z.bfloat16().double()):  # bfloat16 logits tie often
             for h in (0.0, 0.05, 0.5, 2.0):
                 for top_p in (0.5, 0.9, 0.95, 0.99, 0.999):

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Every GPU figure of the audit across precisions (issue 40) and the learner's MFU in one run, where
+# Every GPU figure of the audit across precisions (issue 40: the table, the picker's cost, the
+# auditor's filter slack) and the learner's MFU in one run, where
 # CUDA is present (never needed by CI):
 #
 #     bash examples/gpu_figures.sh [OUT_DIR]
@@ -23,6 +24,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$out/device.txt"
 part audit "${AUDIT_S:-420}" python3 examples/bench_bf16_audit.py --device cuda --preset gpu --cost --out "$out/audit.md"
 part picker "${PICKER_S:-60}" python3 examples/bench_picker.py --device cuda --batch 32 128 --vocab 151936 32768
+part filters "${FILTERS_S:-60}" python3 examples/bench_filters.py --device cuda
 part learner "${LEARNER_S:-90}" python3 examples/bench_learner.py --shape qwen3-0.6b --device cuda --dtype bfloat16 \
   --steps 3 --groups 8 --completion-len 512 --budget 8192 --sampler-prompts 16 --sampler-tokens 128
 if python3 -c "import vllm" 2>/dev/null; then

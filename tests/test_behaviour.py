@@ -12,7 +12,7 @@ import torch
 
 from helpers.inmemory import tiny_swarm
 from node.learner import LearnerConfig
-from node.learner.behaviour import Mismatch, Recompute, claim_gap, learner_logprobs
+from node.learner.behaviour import Mismatch, claim_error, learner_logprobs
 from node.learner.groups import BufferedGroup, Route
 from node.logprobs import completion_logprobs, completion_span, pack
 from node.models import BUILTIN_MODEL, load_model
@@ -39,18 +39,16 @@ def test_learner_logprobs_are_each_rows_own_forward_whatever_the_micro_batches()
                 assert max(abs(a - b) for a, b in zip(lps, want)) < 1e-12, budget
 
 
-def test_the_mismatch_figures_and_the_claim_gap_by_hand():
-    claimed, mine = [-1.0, -2.0], [-1.1, -1.5]  # d = mine - claimed = [-0.1, +0.5]
-    assert claim_gap(claimed, mine) == pytest.approx(0.3, abs=1e-12)
-    assert claim_gap([], []) == 0.0
-    assert not claim_gap([float("nan")], [-1.0]) <= 4.0  # NaN claims fail the bound
+def test_the_mismatch_figures_by_hand():
+    d = claim_error([-1.0, -2.0], [-1.1, -1.5])  # log q/p = [0.1, -0.5]
+    assert d.tolist() == pytest.approx([0.1, -0.5], abs=1e-12)
     m = Mismatch()
-    m.add(claimed, mine)
+    m.add(d)
     s = m.stats()
     assert s["behaviour_gap_mean"] == pytest.approx(0.3, abs=1e-12)
-    # k3 of d = log q/p = [0.1, -0.5], as the step's kl_k3: (e^0.1 - 1 - 0.1 + e^-0.5 - 1 + 0.5) / 2
+    # k3 of d = log q/p, as the step's kl_k3: (e^0.1 - 1 - 0.1 + e^-0.5 - 1 + 0.5) / 2
     assert s["behaviour_k3"] == pytest.approx((0.00517091808 + 0.10653065971) / 2, abs=1e-10)
-    assert s["behaviour_clip_share"] == 0.5  # |e^0.5 - 1| = 0.65 > 0.2; |e^-0.1 - 1| = 0.095 is not
+    assert s["behaviour_clip_share"] == 0.5  # p/q: |e^0.5 - 1| = 0.65 > 0.2; |e^-0.1 - 1| = 0.095 is not
 
 
 def _step(mode: str, sampler_dtype: torch.dtype, tamper=None) -> tuple[dict, object]:
@@ -114,18 +112,14 @@ def test_greedy_sampling_takes_log_probs_at_temperature_one_not_zero():
 
 
 def test_a_version_the_learner_cannot_rebuild_keeps_the_samplers_claims():
-    model = load_model(BUILTIN_MODEL).eval()
-    asked = []
-
-    def model_at(key):
-        asked.append(key)
-        return None if key == ("old-chain", 3) else model
-
+    s = tiny_swarm(start=True, behaviour_logprobs="learner")  # version 0 of its chain published
+    chain = s.learner.chain
     taken = [BufferedGroup(_group([5, 6], [[7, 8]], -2.0), Route.OWN, "a", b"", "old-chain", 3),
-             BufferedGroup(_group([5, 6], [[7, 8]], -2.0), Route.OWN, "b", b"", "c", 1),
-             BufferedGroup(_group([5, 6], [[7, 8]], -2.0), Route.FOREIGN, "f", b"", "x", 0)]
-    kept, dropped, rec = Recompute(model_at, 1.0, 0, StepOptions(), max_gap=4.0)(taken)
-    assert kept == taken and dropped == [] and sorted(asked) == [("c", 1), ("old-chain", 3)]
+             BufferedGroup(_group([5, 6], [[7, 8]], -2.0), Route.OWN, "b", b"", chain, 0),
+             BufferedGroup(_group([5, 6], [[7, 8]], -2.0), Route.FOREIGN, "f", b"", "", 0)]
+    kept, dropped, rec = s.learner.recompute(taken)
+    s.learner.auditor.release()
+    assert kept == taken and dropped == []
     assert rec["behaviour_recomputed"] == 1 and rec["behaviour_claims_kept"] == 1
     assert taken[0].group.completions[0].logprobs == [-2.0, -2.0]  # not rebuildable: as claimed
     assert taken[2].group.completions[0].logprobs == [-2.0, -2.0]  # another model's: F-TIS's, as claimed
@@ -133,11 +127,12 @@ def test_a_version_the_learner_cannot_rebuild_keeps_the_samplers_claims():
 
 
 def test_a_recomputation_that_fails_leaves_the_claims_and_the_step_goes_on(caplog):
-    def model_at(key):
-        raise RuntimeError("CUDA out of memory (as a GPU would say)")
-
-    taken = [BufferedGroup(_group([5, 6], [[7, 8]], -2.0), Route.OWN, "a", b"", "c", 1)]
-    kept, dropped, rec = Recompute(model_at, 1.0, 0, StepOptions(), max_gap=4.0)(taken)
+    s = tiny_swarm(start=True, behaviour_logprobs="learner")
+    vocab = load_model(BUILTIN_MODEL).config.vocab_size
+    # a token past the embedding makes the forward itself raise (as an out-of-memory would)
+    taken = [BufferedGroup(_group([5, 6], [[7, vocab + 5]], -2.0), Route.OWN, "a", b"", s.learner.chain, 0)]
+    kept, dropped, rec = s.learner.recompute(taken)
+    s.learner.auditor.release()
     assert kept == taken and rec["behaviour_claims_kept"] == 1 and rec["behaviour_recomputed"] == 0
     assert taken[0].group.completions[0].logprobs == [-2.0, -2.0]
     assert "their samplers' claims are used" in caplog.text

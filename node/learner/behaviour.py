@@ -56,10 +56,9 @@ def learner_logprobs(model: torch.nn.Module, groups: list[ScoredGroup], temperat
     return per_group
 
 
-def claim_gap(claimed: list[float], mine: list[float]) -> float:
-    """Mean |claimed - mine| per token of one sequence (inf for a non-finite claim, 0 for none)."""
-    d = torch.tensor(mine, dtype=torch.float64) - torch.tensor(claimed, dtype=torch.float64)
-    return float(d.abs().mean()) if d.numel() else 0.0
+def claim_error(claimed: list[float], mine: list[float]) -> torch.Tensor:
+    """log q/p of one sequence's tokens, float64 [T]: the claims against the learner's own."""
+    return torch.tensor(claimed, dtype=torch.float64) - torch.tensor(mine, dtype=torch.float64)
 
 
 @dataclass
@@ -73,8 +72,8 @@ class Mismatch:
     clipped: int = 0
     """Tokens whose ratio p/q = exp(recomputed - claimed) is outside GRPO's clip [1 - 0.2, 1 + 0.2]."""
 
-    def add(self, claimed: list[float], mine: list[float]) -> None:
-        d = torch.tensor(claimed, dtype=torch.float64) - torch.tensor(mine, dtype=torch.float64)  # log q/p
+    def add(self, d: torch.Tensor) -> None:
+        """Count one sequence's `claim_error`."""
         self.tokens += d.numel()
         self.abs_sum += float(d.abs().sum())
         self.k3_sum += float(k3(d).sum())  # as the step's kl_k3 and the guard take it, clamped alike
@@ -124,12 +123,13 @@ class Recompute:
                 kept += len(groups)  # weights we no longer hold (or could not run): the sampler's claims stay
                 continue
             for b, lps in zip(groups, ours):
-                pairs = list(zip((c.logprobs for c in b.group.completions), lps))
-                if any(not claim_gap(*pair) <= self.max_gap for pair in pairs):  # NaN claims fail too
+                errors = [claim_error(c.logprobs, lp) for c, lp in zip(b.group.completions, lps)]
+                # the trainer's check (node/trainer.logprob_gap: mean |gap| per token), at the claimed version
+                if any(not float(d.abs().mean()) <= self.max_gap for d in errors if d.numel()):
                     dropped.add(id(b))
                     continue
-                for pair in pairs:
-                    mismatch.add(*pair)
+                for d in errors:
+                    mismatch.add(d)
                 b.group = with_logprobs(b.group, lps)
         self.time_s += time.perf_counter() - t0
         rec = {**mismatch.stats(), "behaviour_recomputed": sum(map(len, by_version.values())) - kept,

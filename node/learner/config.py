@@ -82,8 +82,9 @@ class LearnerConfig:
     by the learner's own forward at the published weights of the version each group claims
     (node/learner/behaviour.py), so that a sampler computing in another precision (bfloat16 on a GPU)
     or with other kernels makes no ratio differ from 1 on-policy. Costs a no-grad forward of each
-    own-model group (about a third of its training step) and rebuilding each version a step's
-    groups claim; a version no longer held keeps its sampler's claims."""
+    own-model group and rebuilding each version a step's groups claim (34-54% of the training time
+    on the built-in model, docs/RESULTS.md section 6); a version no longer held keeps its sampler's
+    claims."""
     audit_first: int = 4
     """Own-model groups audited for checkable sampling (node/audit.py) from each new sampler..."""
     audit_rate: float = 0.1

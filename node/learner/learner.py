@@ -284,12 +284,10 @@ class Learner:
         return [b for b in taken if b.sampler not in self.auditor.refusals]
 
     def _drop_claims(self, dropped: list[BufferedGroup]) -> None:
-        """Groups whose claimed log-probs were further than `max_logprob_gap` from the recomputed
-        ones: counted against their samplers, as the trainer's check counts its drops."""
+        """Groups whose claims were further than `max_logprob_gap` from the recomputed log-probs:
+        counted as the trainer's check counts its drops."""
         for b in dropped:
-            self.training.gap_drops[b.sampler] += 1
-            log.warning("group from %s (v%d): claimed log-probs too far from ours (recomputed at its version); "
-                        "dropped from the step", b.sampler, b.claimed_version)
+            self.training.gap_drop(b)
         if dropped:
             self.books.drop("logprob_gap", len(dropped))
 

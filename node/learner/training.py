@@ -105,12 +105,16 @@ class Training:
         no credit); counted per sampler; returns how many."""
         own = [b for b in taken if b.own]
         for i in rec.get("routes", {}).get(Route.OWN.value, {}).get("dropped_groups", []):
-            b = own[i]
-            b.gap_dropped = True
-            self.gap_drops[b.sampler] += 1
-            log.warning("group from %s (v%d): claimed log-probs too far from ours; dropped from the step",
-                        b.sampler, b.claimed_version)
+            self.gap_drop(own[i])
         return sum(b.gap_dropped for b in own)
+
+    def gap_drop(self, b: BufferedGroup) -> None:
+        """`b` was dropped from a step for its claimed log-probs (here, or by the learner's
+        recomputation): no credit, counted against its sampler."""
+        b.gap_dropped = True
+        self.gap_drops[b.sampler] += 1
+        log.warning("group from %s (v%d): claimed log-probs too far from ours; dropped from the step",
+                    b.sampler, b.claimed_version)
 
     def abandon(self) -> None:
         """A step failed (e.g. out of memory): leave nothing of it behind."""

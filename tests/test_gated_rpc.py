@@ -13,7 +13,7 @@ from hivemind.p2p import P2P, PeerID
 
 from swarm.dht import NetworkConfig
 from swarm.identity import Identity
-from swarm.p2p import Stall, SwarmNode
+from swarm.p2p import NotAnswered, Stall, SwarmNode
 from swarm.p2p.framing import read_frame
 
 pytestmark = pytest.mark.integration
@@ -56,7 +56,7 @@ def test_a_payload_sent_without_waiting_for_the_door_is_not_read(pair):
     try:  # the door's answer, unless the stream broke under the unread payload first (asyncio's
         # reader raises a broken pipe before the bytes it holds): a flooder's problem, not ours
         reply = client.run(call_gated(client.p2p, server.peer_id, "t.gated", b"y" * 2_000_000, eager=True), 30)
-    except ConnectionError:
+    except (ConnectionError, asyncio.IncompleteReadError):  # or a reset that overtook the answer
         reply = b"no"
     assert reply == b"no" and seen["handler"] == before and seen["door"][-1] == 2_000_000
 
@@ -96,3 +96,61 @@ def test_a_trickled_payload_is_cut_off(pair):
     # 900 bytes at 100 bytes per 0.5 s = 200 B/s against the server's 1 s + 900 / 1000 B/s bound
     assert client.run(_raw(client.p2p, server.peer_id, declared=900, body=b"z" * 900, pace=0.5), 30) is None
     assert seen["handler"] == before and time.monotonic() - t0 < 10
+
+
+def test_a_stream_its_door_never_answered_is_told_apart_from_a_call_that_failed(pair):
+    """A stream that ends before the door's first word (reset on the way, or closed by the callee)
+    carried nothing the callee read: `NotAnswered`, which a caller may retry at once."""
+    server, client, _ = pair
+    calls = []
+
+    async def mute(remote: str, nbytes: int, open_calls: int) -> bytes | None:
+        calls.append(nbytes)
+        raise RuntimeError("closes the stream without a word")  # GatedHandler logs it and closes
+
+    async def never(payload: bytes, remote: str) -> bytes:
+        raise AssertionError("past a door that never let anything in")
+
+    server.add_gated_handler("t.mute", mute, never)
+    with pytest.raises(NotAnswered):
+        client.call_gated(server.peer_id, "t.mute", b"x" * 10, timeout=30)
+    assert calls == [10]
+
+
+def test_a_sender_sends_again_at_once_when_the_learners_door_never_answered(tmp_path):
+    """The rollout sender against a real receiver whose first stream ends unanswered: the batch is
+    delivered by the second call, within the same flush, counted as `retried` and not as a failure."""
+    from swarm.envelope import open_envelope
+    from swarm.exchange import IntakeConfig
+    from swarm.journal import Journal
+    from swarm.outbox import Outbox
+    from swarm.rollouts import RolloutReceiver, RolloutSender
+    from tests.test_intake import Learner, make_item
+
+    learner = SwarmNode(Identity.load_or_create(tmp_path / "learner.key"), NetworkConfig(), "retry")
+    node = SwarmNode(Identity.load_or_create(tmp_path / "sampler.key"),
+                     NetworkConfig(initial_peers=learner.maddrs()), "retry")
+    receiver = RolloutReceiver(learner, Journal(tmp_path / "journal.bin"), IntakeConfig())
+    door, dropped = receiver._on_call, []
+
+    async def drops_the_first(remote: str, nbytes: int, open_calls: int) -> bytes | None:
+        if not dropped:
+            dropped.append(nbytes)
+            raise ConnectionResetError("the first stream is lost")
+        return await door(remote, nbytes, open_calls)
+
+    receiver._on_call = drops_the_first  # what `open` registers as the door
+    receiver.open(Learner(), cursor=0)
+    box = Outbox(tmp_path / "outbox.db")
+    sender = RolloutSender(node, box, lambda: learner.peer_id, rpc_timeout=10.0)
+    try:
+        sender.close()  # its background flusher stopped: this test flushes by hand
+        rid, env = make_item(node.identity)
+        sender.send([(rid, open_envelope(env)[0])])
+        assert sender.flush_once() == 1
+        assert len(dropped) == 1 and len(receiver.receive(10, timeout=5.0)) == 1 and len(box) == 0
+        assert sender.stats["retried"] == 1 and sender.stats["delivered"] == 1 and not sender.stats["send_failures"]
+    finally:
+        box.close()
+        node.shutdown()
+        learner.shutdown()

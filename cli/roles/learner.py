@@ -145,11 +145,12 @@ class Checkpoints:
 
 
 def door_counters(node: SwarmNode) -> dict:
-    """What the node's doors turned away so far (cumulative, for plots): per door and bound, and
-    the streams closed unread (swarm/p2p/doors.py, budget.py)."""
+    """What the node's doors turned away so far (cumulative, for plots): per door and bound, the
+    streams closed unread (swarm/p2p/doors.py, budget.py), and how late its loop ran (loop.py)."""
     for _ in range(3):  # the counters grow in the node's loop: a copy may meet a new key; try again
         try:
-            return {"doors": node.doors.stats(), "streams_refused": dict(node.streams.refused)}
+            return {"doors": node.doors.stats(), "streams_refused": dict(node.streams.refused),
+                    "loop": node.loop_lag()}
         except RuntimeError:
             continue
     return {}

@@ -81,4 +81,4 @@ class SamplerReport:
                             "tokens_per_s": round(tokens / gen_s, 2) if gen_s > 0 else 0.0,
                             "load_s": round(st["load_s"], 3), "weight_updates": st["weight_updates"],
                             "fetch": dict(fetcher.stats), "rollouts": dict(self.link.rollouts.stats),
-                            "demoted": len(fetcher.demoted)})
+                            "demoted": len(fetcher.demoted), "loop": self.link.rollouts.node.loop_lag()})

@@ -17,10 +17,10 @@ at 4 MiB by hivemind, so callers keep messages under `MAX_MESSAGE`.
 from .budget import StreamBudget, raise_nofile_limit
 from .calls import call_gated
 from .doors import INF, Door, DoorBudget, Doors, TokenBuckets
-from .framing import MAX_MESSAGE, RemoteError, Stall, StreamStalled
+from .framing import MAX_MESSAGE, NotAnswered, RemoteError, Stall, StreamStalled
 from .handlers import Gate, Handler, StreamHandler, decrement
 from .loop import CallStopped
 from .node import SwarmNode
 
-__all__ = ["INF", "MAX_MESSAGE", "CallStopped", "Door", "DoorBudget", "Gate", "Doors", "Handler", "TokenBuckets", "RemoteError", "Stall", "StreamHandler", "StreamStalled",
+__all__ = ["INF", "MAX_MESSAGE", "CallStopped", "Door", "DoorBudget", "Gate", "Doors", "Handler", "NotAnswered", "TokenBuckets", "RemoteError", "Stall", "StreamHandler", "StreamStalled",
            "StreamBudget", "SwarmNode", "call_gated", "decrement", "raise_nofile_limit"]

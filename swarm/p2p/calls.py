@@ -17,8 +17,8 @@ from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
 from hivemind.utils.multiaddr import Multiaddr
 
 from ..identity import short_id
-from .framing import (MAX_MESSAGE, Stall, bytes_value_view, read_frame, read_reply, remote_error, send_ask,
-                      send_value)
+from .framing import (MAX_MESSAGE, NotAnswered, Stall, bytes_value_view, read_frame, read_reply, remote_error,
+                      send_ask, send_value)
 from .loop import SwarmLoop
 
 log = logging.getLogger(__package__)  # the package's one logger: its lines read as before the split
@@ -55,8 +55,9 @@ async def call_stream(p2p: P2P, peer_id: str, name: str, payload: bytes, items: 
 async def call_gated(p2p: P2P, peer_id: str, name: str, payload: bytes, max_reply: int = MAX_MESSAGE,
                      eager: bool = False) -> bytes:
     """One gated call on `p2p`: declare the payload's size, send it only if the door says go, and
-    return the reply (the door's own, when it said no). `eager` sends the payload without waiting
-    for the door, as a flooder would (tests use it to show that it gains nothing)."""
+    return the reply (the door's own, when it said no); `NotAnswered` if the stream ended before the
+    door's answer. `eager` sends the payload without waiting for the door, as a flooder would
+    (tests use it to show that it gains nothing)."""
     _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), name)
     with closing(writer):
         await send_ask(writer, len(payload))
@@ -71,7 +72,12 @@ async def call_gated(p2p: P2P, peer_id: str, name: str, payload: bytes, max_repl
             finally:
                 send.cancel()
                 await asyncio.gather(send, return_exceptions=True)
-        answer = await read_reply(reader, name, peer_id, max_reply)
+        try:
+            answer = await read_reply(reader, name, peer_id, max_reply)
+        except asyncio.IncompleteReadError as e:
+            if e.partial:
+                raise
+            raise NotAnswered(f"{name} at {short_id(peer_id)}: the stream ended before its door answered") from e
         if answer:
             return answer
         await send_value(writer, payload)

@@ -31,6 +31,12 @@ class RemoteError(RuntimeError):
     """A peer's handler failed, or it broke the stream protocol."""
 
 
+class NotAnswered(ConnectionError):
+    """A gated call's stream ended before the callee's door said a word. The payload goes only after
+    the door's go, so the callee read none of it: the call may be made again at once, as gRPC
+    retries a call that never reached the server's application."""
+
+
 class StreamStalled(TimeoutError):
     """A peer sent nothing for `Stall.idle_s`, or an item slower than `Stall.min_rate`."""
 

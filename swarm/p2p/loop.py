@@ -19,6 +19,11 @@ log = logging.getLogger(__package__)  # the package's one logger: its lines read
 T = TypeVar("T")
 _END = object()
 
+TICK_S = 0.25
+"""How often the loop's watcher wakes: the resolution of `SwarmLoop.lag`."""
+LATE_S = (0.1, 0.5, 2.0)
+"""The lateness `SwarmLoop.lag` counts wakes past; past the last one a wake is also logged."""
+
 
 class CallStopped(Exception):
     """A call given up because the caller is stopping (`SwarmNode.call`'s `stop`)."""
@@ -31,6 +36,29 @@ class SwarmLoop:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="swarm-loop", daemon=True)
         self._thread.start()
+        self._late = dict.fromkeys(LATE_S, 0)
+        self._late_max = 0.0
+        asyncio.run_coroutine_threadsafe(self._watch(), self._loop)
+
+    async def _watch(self) -> None:
+        """How late the loop runs what is due. While it is blocked (a callback that does not yield,
+        the GIL held elsewhere), no call of ours or of any peer to us makes progress, and a read's
+        timeout that fell due meanwhile fires before the data that came with it is read."""
+        while True:
+            t = time.monotonic()
+            await asyncio.sleep(TICK_S)
+            late = time.monotonic() - t - TICK_S
+            self._late_max = max(self._late_max, late)
+            for bound in LATE_S:
+                self._late[bound] += late > bound
+            if late > LATE_S[-1] and self._late[LATE_S[-1]] in (1, 10, 100) or late > 10 * LATE_S[-1]:
+                log.warning("the swarm loop was blocked for %.1f s: calls to and from peers waited (%d such stalls)",
+                            late, self._late[LATE_S[-1]])
+
+    def lag(self) -> dict[str, float]:
+        """Counts of the watcher's wakes later than each of `LATE_S` and the latest one (s), since
+        the start (cumulative, for plots)."""
+        return {**{f"late_{bound:g}s": n for bound, n in self._late.items()}, "max_s": round(self._late_max, 3)}
 
     def run(self, coro: Awaitable[T], timeout: float) -> T:
         """Run a coroutine on the swarm loop and wait for it, at most `timeout` seconds."""

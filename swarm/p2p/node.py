@@ -53,6 +53,11 @@ class SwarmNode:
         """Run a coroutine on the swarm loop and wait for it, at most `timeout` seconds."""
         return self._loop.run(coro, timeout)
 
+    def loop_lag(self) -> dict[str, float]:
+        """How late the swarm loop ran, cumulative (`SwarmLoop.lag`): a node whose loop is late
+        answers its peers late, and their calls to it may time out."""
+        return self._loop.lag()
+
     def maddrs(self) -> list[str]:
         return [str(m) for m in self.dht.get_visible_maddrs()]
 

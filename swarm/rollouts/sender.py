@@ -17,7 +17,7 @@ from ..delay import DelayConfig, sample_delay
 from ..envelope import seal
 from ..identity import short_id
 from ..outbox import OWN, Outbox
-from ..p2p import MAX_MESSAGE, SwarmNode
+from ..p2p import MAX_MESSAGE, NotAnswered, SwarmNode
 from .wire import MAX_BATCH, ROLLOUTS, RolloutReply, pack_batch
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,8 @@ class RolloutSender:
         self._rng = rng or random.Random(0)
         self.rpc_timeout = rpc_timeout
         self.stats: collections.Counter[str] = collections.Counter()
-        """The followed learner's counts: delivered, rejected, busy, send_failures, batch_errors."""
+        """The followed learner's counts: delivered, rejected, busy, send_failures, batch_errors, and
+        `retried` (calls made again at once because the learner's door never answered: not failures)."""
         self.partner_stats: dict[str, collections.Counter[str]] = {}
         """The same per partner, plus `given_up` (copies dropped past `max_partner_owed` or when it left)."""
         self.learner_backlog = 0
@@ -124,9 +125,16 @@ class RolloutSender:
             return 0
         # an empty batch is a cheap poll: it refreshes learner_backlog while we are paused
         self._last_reply[target] = time.monotonic()
-        reply = RolloutReply.decode(self.node.call_gated(learner, ROLLOUTS, pack_batch(due), self.rpc_timeout))
         stats = self.stats if target == OWN else self.partner_stats[target]
         who = "the learner" if target == OWN else f"partner learner {short_id(target)}"
+        payload = pack_batch(due)
+        try:
+            raw = self.node.call_gated(learner, ROLLOUTS, payload, self.rpc_timeout)
+        except NotAnswered as e:  # it read nothing of the batch: once more at once, then the backoff
+            stats["retried"] += 1
+            log.debug("%s did not answer (%s): sending again", who, e)
+            raw = self.node.call_gated(learner, ROLLOUTS, payload, self.rpc_timeout)
+        reply = RolloutReply.decode(raw)
         if reply.error:  # our batch itself was refused: a bug on one side, not a busy learner
             stats["batch_errors"] += 1
             log.warning("%s refused a batch of %d rollouts: %s (kept in the outbox)", who, len(due), reply.error)

@@ -5,7 +5,8 @@ envelope's signature, its signer = the calling peer (libp2p authenticates the ca
 record's `sampler`, the record's structure and bounds, then the learner's own checks
 (`Intake.check`: swarm, task, prompt, version and chain, sizes of the swarm's sampling settings,
 duplicates). Valid records are appended to the journal (fsynced) before the ack, so an
-acknowledged rollout survives a learner crash. A batch that is not a msgpack list of at most
+acknowledged rollout survives a learner crash; an id journaled for the same sampler before (its
+ack lost on the way, the batch sent again) is acknowledged again and not journaled twice. A batch that is not a msgpack list of at most
 `MAX_BATCH` items is refused whole, with a reason (`batch_undecodable`, `batch_schema`,
 `batch_too_many`), counted, charged to its sender and tarpitted. The budgets: admission.py.
 
@@ -34,6 +35,11 @@ from .wire import ROLLOUTS, BatchItem, RolloutReply, unpack_batch
 
 log = logging.getLogger(__name__)
 
+MAX_ACKED = 1 << 16
+"""Ids the receiver remembers having journaled (about 150 bytes each): a sampler whose ack was lost
+sends the batch again within its backoff (at most 30 s), when tens of batches of 64 have come in
+since, so the newest 65,536 hold every id a retry can still name."""
+
 
 @dataclass
 class _Settled:
@@ -43,7 +49,9 @@ class _Settled:
     rejected: dict[str, str] = field(default_factory=dict)
     busy: list[str] = field(default_factory=list)
     records: list[bytes] = field(default_factory=list)
-    """The records of `ok`, to journal."""
+    """The records of `ok` not journaled before, to journal."""
+    journaled: list[str] = field(default_factory=list)
+    """Their ids."""
     whys: collections.Counter[str] = field(default_factory=collections.Counter)
     """Busy items by the bound they met."""
 
@@ -59,6 +67,11 @@ class RolloutReceiver:
         self._intake: Intake | None = None
         self._backlog: Backlog | None = None
         self._admission: Admission | None = None
+        self._acked: collections.OrderedDict[str, str] = collections.OrderedDict()
+        """Id -> the sampler whose record it journaled, the newest `MAX_ACKED`: a batch sent again
+        after its ack was lost is acknowledged again, not journaled twice (the acks are idempotent)."""
+        self.acked_again = 0
+        """Items acknowledged again so."""
 
     def open(self, intake: Intake, cursor: int) -> None:
         """Start taking rollouts for the learner behind `intake`, which has read the journal up to
@@ -135,6 +148,10 @@ class RolloutReceiver:
             log.debug("%s: %d items busy (%s)", short_id(remote), len(done.busy), dict(done.whys))
         if done.records:
             self._backlog.append(remote, done.records)  # durable before we acknowledge
+            for rid in done.journaled:
+                self._acked[rid] = remote
+            while len(self._acked) > MAX_ACKED:
+                self._acked.popitem(last=False)
         if not done.ok and (done.busy or done.rejected):
             await self.tarpit.hold(remote, len(payload))
         return self._reply(remote, ok=done.ok, rejected=done.rejected, busy=done.busy,
@@ -144,6 +161,10 @@ class RolloutReceiver:
         """Check each item within the call's rooms and budgets."""
         done = _Settled()
         for item in items:
+            if self._acked.get(item.id) == visit.peer:  # ours already, its ack lost: the same answer
+                done.ok.append(item.id)
+                self.acked_again += 1
+                continue
             # the envelope's size bounds its record's: checked before anything is decoded
             why = self._admission.admit(visit, item.size)
             if why is not None:  # over a bound: nothing decoded or verified
@@ -166,6 +187,7 @@ class RolloutReceiver:
             for room in visit.rooms:
                 room.add(len(record))
             done.records.append(record)
+            done.journaled.append(item.id)
             done.ok.append(item.id)
         return done
 

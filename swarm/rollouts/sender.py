@@ -17,7 +17,7 @@ from ..delay import DelayConfig, sample_delay
 from ..envelope import seal
 from ..identity import short_id
 from ..outbox import OWN, Outbox
-from ..p2p import MAX_MESSAGE, NotAnswered, SwarmNode
+from ..p2p import MAX_MESSAGE, SwarmNode
 from .wire import MAX_BATCH, ROLLOUTS, RolloutReply, pack_batch
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class RolloutSender:
         self.rpc_timeout = rpc_timeout
         self.stats: collections.Counter[str] = collections.Counter()
         """The followed learner's counts: delivered, rejected, busy, send_failures, batch_errors, and
-        `retried` (calls made again at once because the learner's door never answered: not failures)."""
+        `retried` (calls made again at once because their stream ended: not failures)."""
         self.partner_stats: dict[str, collections.Counter[str]] = {}
         """The same per partner, plus `given_up` (copies dropped past `max_partner_owed` or when it left)."""
         self.learner_backlog = 0
@@ -130,9 +130,11 @@ class RolloutSender:
         payload = pack_batch(due)
         try:
             raw = self.node.call_gated(learner, ROLLOUTS, payload, self.rpc_timeout)
-        except NotAnswered as e:  # it read nothing of the batch: once more at once, then the backoff
+        except (ConnectionError, EOFError) as e:  # the stream ended (not a slow or failed learner):
+            # once more at once, then the backoff. Safe: unanswered (NotAnswered), the learner read
+            # none of it; answered but the reply lost, it acknowledges what it journaled again
             stats["retried"] += 1
-            log.debug("%s did not answer (%s): sending again", who, e)
+            log.debug("the stream to %s ended (%s: %s): sending again", who, type(e).__name__, e)
             raw = self.node.call_gated(learner, ROLLOUTS, payload, self.rpc_timeout)
         reply = RolloutReply.decode(raw)
         if reply.error:  # our batch itself was refused: a bug on one side, not a busy learner

@@ -111,7 +111,8 @@ def test_three_learners_each_learn_and_train_on_the_other_models_rollouts(tmp_pa
     # each sampler followed its own model's learner and fed the other two, acknowledged by each
     for k in MODELS:
         log = (s.logs / f"sampler-{k}.log").read_text()
-        fed = dict(re.findall(r"(\S+) took (\d+)", log.split("partner learners:")[-1]))
+        # (a long line wraps in the log: "took" and its count may be a line apart)
+        fed = dict(re.findall(r"(\S+) took\s+(\d+)", log.split("partner learners:")[-1]))
         assert len(fed) == 2 and all(int(n) > 0 for n in fed.values()), (k, fed)
 
 

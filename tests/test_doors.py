@@ -246,7 +246,9 @@ def test_fresh_keys_records_as_mates_and_holders_cost_the_honest_samplers_at_mos
               f"{stale(t0, t1):.1f} -> {stale(t1, t2):.1f}, worst {stale(t0, t1, max):.1f} -> {stale(t1, t2, max):.1f}")
         assert listed >= 0.9 * SYBIL_RECORDS  # the records are in the DHT, as valid as any
         assert during >= 0.8 * before
-        assert stale(t1, t2) <= stale(t0, t1) + 5  # a few versions at most
+        # a few versions at most: the attack did x6 (23 -> 149). The window before it is short, and its
+        # mean moved from 19 to 40 between runs of the same code here (the flood's 27 did not)
+        assert stale(t1, t2) <= 1.5 * stale(t0, t1) + 5
     finally:
         _kill_group(attack)
         s.stop_all()

@@ -22,7 +22,8 @@ _END = object()
 TICK_S = 0.25
 """How often the loop's watcher wakes: the resolution of `SwarmLoop.lag`."""
 LATE_S = (0.1, 0.5, 2.0)
-"""The lateness `SwarmLoop.lag` counts wakes past; past the last one a wake is also logged."""
+"""The lateness `SwarmLoop.lag` counts wakes past; past the last one a stall is also logged (the
+1st, 10th and 100th such, and any over 10 times it)."""
 
 
 class CallStopped(Exception):
@@ -38,7 +39,7 @@ class SwarmLoop:
         self._thread.start()
         self._late = dict.fromkeys(LATE_S, 0)
         self._late_max = 0.0
-        asyncio.run_coroutine_threadsafe(self._watch(), self._loop)
+        asyncio.run_coroutine_threadsafe(self._watch(), self._loop).add_done_callback(_said_if_failed)
 
     async def _watch(self) -> None:
         """How late the loop runs what is due. While it is blocked (a callback that does not yield,
@@ -103,6 +104,12 @@ class SwarmLoop:
             log.warning("cancelling calls at shutdown: %s", e)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout)
+
+
+def _said_if_failed(future: concurrent.futures.Future) -> None:
+    """The watcher ends only when cancelled (`close`): anything else is logged, its counts frozen."""
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("the swarm loop's watcher stopped: %r", future.exception())
 
 
 async def _cancel_others(timeout: float) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -40,7 +41,9 @@ MAX_ACKED = 1 << 16
 """Ids the receiver remembers having journaled, with their sampler (~160 bytes each, measured: 10 MB).
 A sampler whose ack was lost sends the batch again at once, then within its backoff (at most 30 s):
 65,536 groups are over half an hour of a learner taking 30 a second. An id sent again after it
-left (an outbox sent hours later) is checked as any record: a duplicate then."""
+left, or after a restart of the learner (this memory is not saved), is checked as any record: if
+the learner has read it already, a duplicate; if not, it is journaled again and dropped as a
+duplicate when read."""
 
 
 @dataclass
@@ -150,11 +153,12 @@ class RolloutReceiver:
             log.debug("%s: %d items busy (%s)", short_id(remote), len(done.busy), dict(done.whys))
         if done.records:
             self._backlog.append(remote, done.records)  # durable before we acknowledge
+            remote = sys.intern(remote)  # one string per peer, however many of its ids are kept
             for rid in done.journaled:
                 self._acked[rid] = remote
             while len(self._acked) > MAX_ACKED:
                 self._acked.popitem(last=False)
-        if not done.ok and (done.busy or done.rejected):
+        if not done.journaled and (done.busy or done.rejected):  # ids acked again do not spare it
             await self.tarpit.hold(remote, len(payload))
         return self._reply(remote, ok=done.ok, rejected=done.rejected, busy=done.busy,
                            why=next(iter(done.whys), None))

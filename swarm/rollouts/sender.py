@@ -22,6 +22,9 @@ from .wire import MAX_BATCH, ROLLOUTS, RolloutReply, pack_batch
 
 log = logging.getLogger(__name__)
 
+RETRY_WAIT_S = (0.1, 0.5)
+"""Before a call whose stream ended is made again: drawn uniformly from this range (s)."""
+
 
 class RolloutSender:
     """The sampler's side: an outbox on disk and one thread per learner that delivers what it is owed.
@@ -47,7 +50,7 @@ class RolloutSender:
         self.rpc_timeout = rpc_timeout
         self.stats: collections.Counter[str] = collections.Counter()
         """The followed learner's counts: delivered, rejected, busy, send_failures, batch_errors, and
-        `retried` (calls made again at once because their stream ended: not failures)."""
+        `retried` (calls made again because their stream ended; one that fails again is a send failure too)."""
         self.partner_stats: dict[str, collections.Counter[str]] = {}
         """The same per partner, plus `given_up` (copies dropped past `max_partner_owed` or when it left)."""
         self.learner_backlog = 0
@@ -131,8 +134,12 @@ class RolloutSender:
         try:
             raw = self.node.call_gated(learner, ROLLOUTS, payload, self.rpc_timeout)
         except (ConnectionError, EOFError) as e:  # the stream ended (not a slow or failed learner):
-            # once more at once, then the backoff. Safe: unanswered (NotAnswered), the learner read
-            # none of it; answered but the reply lost, it acknowledges what it journaled again
+            # once more after a moment, then the backoff. Safe: unanswered (NotAnswered), the learner
+            # read none of it; answered but the reply lost, it acknowledges what it journaled again.
+            # The moment, jittered: a learner shedding streams (its budget full closes them unread)
+            # does not get every sampler's second try at once
+            if self._stop.wait(self._rng.uniform(*RETRY_WAIT_S)):
+                raise
             stats["retried"] += 1
             log.debug("the stream to %s ended (%s: %s): sending again", who, type(e).__name__, e)
             raw = self.node.call_gated(learner, ROLLOUTS, payload, self.rpc_timeout)

@@ -25,10 +25,10 @@ record before acknowledging it.
 from __future__ import annotations
 
 import collections
-
 import logging
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -44,7 +44,6 @@ from ..engines.hf import HFEngine
 from ..evaluate import eval_problems, evaluate
 from ..metrics import MetricsWriter
 from ..tasks import Task
-from ..trainer import StepOptions
 from ..weights import untie
 from .auditor import Auditor
 from .behaviour import Recompute
@@ -117,7 +116,8 @@ class Learner:
                                    chains=self.chains, archive=archive, refusals=refusals)
         self.auditor = Auditor(cfg, self.model, aliases, sampling, tokenizer.pad_token_id, archive, refusals, peer_id)
         self.recompute = (Recompute(self.auditor.model_at, sampling.params.logprob_temperature, tokenizer.pad_token_id,
-                                    StepOptions(cfg.max_tokens_per_microbatch or None, compute_dtype),
+                                    # the trainer's micro-batches, in the compute dtype even with FSDP
+                                    replace(self.training.options, autocast_dtype=compute_dtype),
                                     cfg.max_logprob_gap)
                           if cfg.behaviour_logprobs == "learner" else None)
         """Puts the learner's own log-probs into own-model groups (`behaviour_logprobs`)."""

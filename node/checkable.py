@@ -60,6 +60,8 @@ import struct
 
 import torch
 
+from .logprobs import logprobs_from_logits
+
 SEED_BYTES = 16
 """Seeds and version nonces (node/weights.py, version_nonce) are this long."""
 
@@ -309,8 +311,12 @@ def chunk_scores(x: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """The race's first level: logsumexp of each chunk of x [N, V] plus its Gumbel noise ->
     float64 [N, chunks] (-inf for a chunk whose tokens are all filtered out)."""
     lse = _chunk_lse(x).double()
-    index = torch.arange(lse.shape[-1], device=x.device)
-    return lse + gumbel(keys[:, 0:1], keys[:, 1:2], index)
+    return lse + _chunk_noise(keys, lse.shape[-1])
+
+
+def _chunk_noise(keys: torch.Tensor, chunks: int) -> torch.Tensor:
+    """G(key_t, c) for c < chunks: the first level's noise, float64 [N, chunks]."""
+    return gumbel(keys[:, 0:1], keys[:, 1:2], torch.arange(chunks, device=keys.device))
 
 
 def token_scores(x: torch.Tensor, keys: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
@@ -335,7 +341,8 @@ such copies at once by a count of their temporaries, ~1 GB; not measured on a GP
 (~100: the hash, the two levels), which a GPU pays per kernel launch whatever the block's size:
 at 64 MiB of float64 a batch of 128 rows of a 151k vocabulary took three blocks, ~280 launches
 per token. GPUs only: on a CPU an operation costs microseconds, and blocks of 64 MiB were faster
-(examples/bench_picker.py: 140 against 240 ms per token for 128 rows of 151,936 on 2 cores)."""
+(examples/bench_picker.py: 140 against 240 ms per token for 128 rows of 151,936 on 2 cores,
+measured before the log-prob came from the race's sums)."""
 
 
 def _block_rows(vocab: int, budget: int | None = None, itemsize: int = 8) -> int:
@@ -346,16 +353,42 @@ def pick_tokens(logits: torch.Tensor, keys: torch.Tensor | None, temperature: fl
                 top_p: float = 1.0) -> torch.Tensor:
     """The token each row's race selects: logits [N, V], keys [N, KEY_WORDS] -> [N] long (greedy
     if T = 0). The sampler's side: scores in float32 (its logits' precision or better)."""
+    return _pick(logits, keys, temperature, top_k, top_p, False)[0]
+
+
+def pick_with_logprobs(logits: torch.Tensor, keys: torch.Tensor | None, temperature: float, top_k: int = 0,
+                       top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """`pick_tokens`, and each picked token's behaviour log-prob: log softmax(logits / T)[token],
+    unfiltered (T = 1 when greedy), float32 [N]; node.logprobs.logprobs_from_logits's value.
+
+    Without top-k / top-p the race has computed every chunk's logsumexp already, and the row's is
+    theirs: log p = x_token - logsumexp_c lse_c, with no second pass over the vocabulary. That
+    pass (a log_softmax writing a [N, V] copy) cost the HF sampler more than the race itself:
+    50 against 29 ms per token at 128 rows of 151,936 on a 2-core CPU. With filters the race's
+    sums are of the filtered row, so the log-prob takes its own pass."""
+    return _pick(logits, keys, temperature, top_k, top_p, True)
+
+
+def _pick(logits: torch.Tensor, keys: torch.Tensor | None, temperature: float, top_k: int, top_p: float,
+          logprobs: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     if temperature == 0:
-        return logits.argmax(-1)
+        tokens = logits.argmax(-1)
+        return tokens, logprobs_from_logits(logits, tokens, 1.0) if logprobs else None
     rows = _block_rows(logits.shape[-1], PICK_BLOCK_BYTES, 4) if logits.is_cuda else _block_rows(logits.shape[-1])
     if logits.shape[0] > rows:
-        return torch.cat([pick_tokens(logits[i : i + rows], keys[i : i + rows], temperature, top_k, top_p)
-                          for i in range(0, logits.shape[0], rows)])
+        blocks = [_pick(logits[i : i + rows], keys[i : i + rows], temperature, top_k, top_p, logprobs)
+                  for i in range(0, logits.shape[0], rows)]
+        return torch.cat([b[0] for b in blocks]), torch.cat([b[1] for b in blocks]) if logprobs else None
     x = tempered(logits, temperature, top_k, top_p, torch.float32)
     keys = keys.to(x.device)
-    chunk = chunk_scores(x, keys).argmax(-1)
-    return chunk * CHUNK + token_scores(x, keys, chunk).argmax(-1)
+    lse = _chunk_lse(x)
+    chunk = (lse.double() + _chunk_noise(keys, lse.shape[-1])).argmax(-1)
+    tokens = chunk * CHUNK + token_scores(x, keys, chunk).argmax(-1)
+    if not logprobs:
+        return tokens, None
+    if (top_k and top_k < logits.shape[-1]) or top_p < 1.0:
+        return tokens, logprobs_from_logits(logits, tokens, temperature)
+    return tokens, x.gather(-1, tokens[:, None]).squeeze(-1) - lse.logsumexp(-1)
 
 
 def race_margins(logits: torch.Tensor, tokens: torch.Tensor, keys: torch.Tensor, temperature: float,

@@ -12,7 +12,7 @@ import torch
 
 from node.audit import FLIP_MARGIN, FlipTest, flip_llr, judge_margins
 from node.checkable import (CHUNK, KEY_WORDS, admitted, audit_tokens, chunk_scores, completion_seed, hash_uniform, key_block, KEY_BLOCK, PositionKeys,
-                            keys_tensor, pick_tokens, position_keys, race_margins, sampling_probs, tempered)
+                            keys_tensor, pick_tokens, pick_with_logprobs, position_keys, race_margins, sampling_probs, tempered)
 
 
 def _lowbias32(x: int) -> int:
@@ -72,6 +72,37 @@ def test_blocks_of_rows_change_no_pick_and_no_margin(monkeypatch):
     monkeypatch.setattr(checkable, "BLOCK_BYTES", 5 * 8 * logits.shape[1])  # 5 rows a block (1 with filters)
     assert torch.equal(pick_tokens(logits, keys, *args), whole[0])
     assert torch.equal(race_margins(logits, torch.arange(37), keys, *args, slack=0.5), whole[1])
+
+
+@pytest.mark.parametrize("vocab, temperature, top_k, top_p, block_rows", [
+    (151_936, 1.0, 0, 1.0, 0),     # a real vocabulary: 149 chunks, the last one short
+    (3 * CHUNK + 5, 0.6, 0, 1.0, 5),  # blocks of 5 rows
+    (3 * CHUNK + 5, 0.6, 20, 0.9, 0),  # filters: the race's sums are of the filtered row
+    (50, 2.0, 0, 1.0, 0),          # one short chunk
+    (3 * CHUNK + 5, 0.0, 0, 1.0, 0),  # greedy: the log-prob at T = 1
+])
+def test_the_picked_tokens_log_prob_is_the_unfiltered_tempered_softmax_to_float32_rounding(
+        vocab, temperature, top_k, top_p, block_rows, monkeypatch):
+    """`pick_with_logprobs` picks what `pick_tokens` picks, and its log-prob (from the race's chunk
+    sums where no filter applies) is log softmax(logits / T)[token] of the whole row, within
+    float32's rounding of the values summed: eps32 x (max |x| + log V) per row, where x = z / T."""
+    import node.checkable as checkable
+
+    rows = 24
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(rows, vocab, generator=g) * 6
+    logits[0, : min(CHUNK, vocab) // 2] = -torch.inf  # tokens an engine's own processor masked
+    keys = _random_keys(rows, 5)
+    want_tokens = pick_tokens(logits, keys, temperature, top_k, top_p)
+    if block_rows:
+        monkeypatch.setattr(checkable, "BLOCK_BYTES", block_rows * 8 * vocab)
+    tokens, logprobs = pick_with_logprobs(logits, keys, temperature, top_k, top_p)
+    assert torch.equal(tokens, want_tokens) and logprobs.dtype == torch.float32
+    t = temperature or 1.0
+    want = torch.log_softmax(logits.double() / t, -1).gather(-1, tokens[:, None]).squeeze(-1)
+    x = logits.double().abs().nan_to_num(posinf=0.0) / t
+    tol = torch.finfo(torch.float32).eps * (x.amax(-1) + math.log(vocab))
+    assert ((logprobs.double() - want).abs() <= tol).all(), (logprobs.double() - want).abs().max()
 
 
 def _chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:

@@ -44,8 +44,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checkable import KEY_BLOCK, PositionKeys, pick_tokens
-from ..logprobs import logprobs_from_logits
+from ..checkable import KEY_BLOCK, PositionKeys, pick_with_logprobs
 from .base import Completion, PromptResult, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -157,8 +156,9 @@ def _checkable_sampling_class() -> type:
                     keys.append(key)
                 at = torch.tensor(indices, device=logits.device)
                 raw = logits[at]
-                tokens = pick_tokens(raw, torch.cat(keys).to(logits.device), temperature, top_k, top_p).to(logits.device)
-                _CHECKABLE_LOGPROBS.append((spots, logprobs_from_logits(raw, tokens, temperature)))
+                tokens, logprobs = pick_with_logprobs(raw, torch.cat(keys).to(logits.device), temperature, top_k, top_p)
+                tokens = tokens.to(logits.device)
+                _CHECKABLE_LOGPROBS.append((spots, logprobs))
                 logits[at] = torch.full_like(raw, -torch.inf).scatter_(-1, tokens[:, None], 0.0)
             return logits
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Every GPU figure of the audit across precisions (issue 40) and the learner's MFU in one run,
+# Every GPU figure of the audit across precisions (issue 40) and the learner's MFU, in one run
 # where CUDA is present (never needed by CI):
 #
 #     bash examples/gpu_figures.sh [OUT_DIR]          # about 9 minutes: one lent device call
-#     FULL=1 bash examples/gpu_figures.sh [OUT_DIR]   # also the whole table of bench_bf16_audit
+#     FULL=1 bash examples/gpu_figures.sh [OUT_DIR]   # also bench_bf16_audit's whole table and the learner
 #
 # Sized for a lent device session: 15 minutes of device time in all, starts included, and at most
 # 10 minutes a command. So the parts' limits add up to ~9 minutes by default, and the time goes
@@ -21,6 +21,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-gpu_figures}
+device=${DEVICE:-cuda}  # DEVICE=cpu with small limits: a rehearsal of the script itself
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 part() {  # part NAME SECONDS COMMAND...: run one part, its output to OUT/NAME.log
@@ -31,28 +32,30 @@ part() {  # part NAME SECONDS COMMAND...: run one part, its output to OUT/NAME.l
   timeout "$secs" "$@" 2>&1 | tee "$out/$name.log"
   echo "== $name: exit ${PIPESTATUS[0]} after $((SECONDS - t0)) s"
 }
-honest() {  # honest SHAPE DTYPE SECONDS: sample and audit groups until SECONDS less the start-up
-  part "honest-$1-$2" "$(($3 + 60))" python3 examples/bench_honest_groups.py run --device cuda --shape "$1" \
+honest() {  # honest SHAPE DTYPE SECONDS: sample and audit groups for SECONDS (its limit: a minute more, to build)
+  part "honest-$1-$2" "$(($3 + 60))" python3 examples/bench_honest_groups.py run --device "$device" --shape "$1" \
     --dtype "$2" --batch 128 --tokens 128 --seconds "$3" --out "$out/honest_groups.jsonl"
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$out/device.txt"
-honest mid bfloat16 "${MID_S:-120}"
-honest big bfloat16 "${BIG_S:-120}"
+has_vllm=0
+python3 -c "import vllm" 2>/dev/null && has_vllm=1
+honest mid bfloat16 "${MID_S:-$((has_vllm ? 100 : 200))}"  # vLLM's part takes the difference
+honest big bfloat16 "${BIG_S:-150}"
 # the race's cost at the 151k shape (the goal: <= 5% over multinomial sampling), on as few groups as
 # the script allows before it
-part cost "${COST_S:-90}" python3 examples/bench_bf16_audit.py --device cuda --preset gpu --models big \
+part cost "${COST_S:-90}" python3 examples/bench_bf16_audit.py --device "$device" --preset gpu --models big \
   --dtypes bfloat16 --batches 128 --big-lengths 128 --big-groups 2 --cost --out "$out/cost.md"
-part picker "${PICKER_S:-30}" python3 examples/bench_picker.py --device cuda --batch 32 128 --vocab 151936 32768
-part filters "${FILTERS_S:-30}" python3 examples/bench_filters.py --device cuda
-part learner "${LEARNER_S:-60}" python3 examples/bench_learner.py --shape qwen3-0.6b --device cuda --dtype bfloat16 \
-  --steps 2 --groups 8 --completion-len 512 --budget 8192 --sampler-prompts 16 --sampler-tokens 128
-if python3 -c "import vllm" 2>/dev/null; then
+part picker "${PICKER_S:-20}" python3 examples/bench_picker.py --device "$device" --batch 32 128 --vocab 151936 32768
+part filters "${FILTERS_S:-20}" python3 examples/bench_filters.py --device "$device"
+if [ "$has_vllm" = 1 ]; then
   part vllm "${VLLM_S:-120}" python3 examples/bench_vllm.py --dtype bfloat16
 else
   echo "vLLM is not installed here: its throughput is not measured" | tee "$out/vllm.log"
 fi
-if [ "${FULL:-0}" = 1 ]; then
-  part audit "${AUDIT_S:-420}" python3 examples/bench_bf16_audit.py --device cuda --preset gpu --cost --out "$out/audit.md"
+if [ "${FULL:-0}" = 1 ]; then  # measured on an H100 on 2026-11-26 (docs/BENCHMARKS.md)
+  part learner "${LEARNER_S:-60}" python3 examples/bench_learner.py --shape qwen3-0.6b --device "$device" --dtype bfloat16 \
+    --steps 2 --groups 8 --completion-len 512 --budget 8192 --sampler-prompts 16 --sampler-tokens 128
+  part audit "${AUDIT_S:-420}" python3 examples/bench_bf16_audit.py --device "$device" --preset gpu --cost --out "$out/audit.md"
 fi
 python3 examples/bench_honest_groups.py summary "$out/honest_groups.jsonl" | tee "$out/honest_groups.md"

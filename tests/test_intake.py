@@ -360,6 +360,17 @@ def test_a_batch_sent_again_after_its_ack_was_lost_is_acknowledged_again_not_jou
     assert intake.receiver.acked_again == 2
 
 
+def test_after_a_restart_the_unread_records_ids_are_acknowledged_again_not_journaled_twice(tmp_path, keys):
+    before = Intake(tmp_path, proven={keys[0].peer_id})
+    items = [make_item(keys[0]) for _ in range(2)]
+    assert before.send(keys[0], items)["ok"] == [i[0] for i in items]
+    before.receiver.journal.close()  # the learner stops before reading them; the acks were lost
+    after = Intake(tmp_path, proven={keys[0].peer_id})  # the same journal, read from cursor 0
+    assert after.send(keys[0], items)["ok"] == [i[0] for i in items]
+    assert len(after.receiver.journal.read(0, 10)) == 2 and after.receiver.acked_again == 2
+    assert after.send(keys[1], [items[0]])["rejected"] == {items[0][0]: "forged_sender"}
+
+
 def test_a_receiver_opens_once(tmp_path):
     node = Handlers()
     receiver = RolloutReceiver(node, Journal(tmp_path / "journal.bin"), IntakeConfig())

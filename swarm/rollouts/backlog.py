@@ -32,8 +32,14 @@ class Backlog:
         self._senders: set[str] = set()
         """Samplers that may have groups not yet trained on (pruned once they have none): the
         unproven pool's use is summed over them."""
+        self.restored: list[tuple[str, str]] = []
+        """(id, sampler) of each record after the cursor at start, oldest first: the receiver's
+        memory of what it acknowledged (receiver.MAX_ACKED), refilled after a restart."""
         for r in journal.read(self.cursor, len(journal)):
-            self._note(_sampler_of(r), len(r))
+            sampler, rid = _header_of(r)
+            self._note(sampler, len(r))
+            if rid is not None and sampler != "?":
+                self.restored.append((rid, sampler))
 
     def groups(self, sampler: str) -> int:
         """`sampler`'s groups received but not yet trained on: its share of the journal's unread
@@ -91,12 +97,15 @@ class Backlog:
         self._senders.add(sampler)
 
 
-def _sampler_of(record: bytes) -> str:
-    """The sampler a journaled record names, for its backlog after a restart ("?" if it names none:
-    records accepted under older rules are checked again, and counted, when the learner reads them)."""
+def _header_of(record: bytes) -> tuple[str, str | None]:
+    """The sampler and the id a journaled record names, for its backlog after a restart ("?" and
+    None where it names none: records accepted under older rules are checked again, and counted,
+    when the learner reads them)."""
     try:
         d = msgpack.unpackb(record, raw=False)
     except Exception:
-        return "?"
-    sampler = d.get("sampler") if isinstance(d, dict) else None
-    return sampler if isinstance(sampler, str) else "?"
+        return "?", None
+    if not isinstance(d, dict):
+        return "?", None
+    sampler, rid = d.get("sampler"), d.get("id")
+    return sampler if isinstance(sampler, str) else "?", rid if isinstance(rid, str) else None

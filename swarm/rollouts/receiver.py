@@ -40,10 +40,9 @@ log = logging.getLogger(__name__)
 MAX_ACKED = 1 << 16
 """Ids the receiver remembers having journaled, with their sampler (~160 bytes each, measured: 10 MB).
 A sampler whose ack was lost sends the batch again at once, then within its backoff (at most 30 s):
-65,536 groups are over half an hour of a learner taking 30 a second. An id sent again after it
-left, or after a restart of the learner (this memory is not saved), is checked as any record: if
-the learner has read it already, a duplicate; if not, it is journaled again and dropped as a
-duplicate when read."""
+65,536 groups are over half an hour of a learner taking 30 a second. After a restart it holds the
+journal's records the learner had not read. An id sent again after it left, or one read before a
+restart, is checked as any record: the learner's duplicate check refuses it."""
 
 
 @dataclass
@@ -85,6 +84,11 @@ class RolloutReceiver:
         if self._intake is not None:
             raise RuntimeError("the rollout receiver is already open")
         self._backlog = Backlog(self.journal, cursor, intake.untrained)
+        # what was acknowledged and not read yet when the learner stopped: a batch sent again
+        # after a restart (its ack lost in the crash) is acknowledged again, not journaled twice
+        for rid, sampler in self._backlog.restored[-MAX_ACKED:]:
+            self._acked[rid] = sys.intern(sampler)
+        self._backlog.restored = []
         self._admission = Admission(self.cfg, intake, self._backlog, clock=self._clock)
         self._intake = intake
         self.node.add_gated_handler(ROLLOUTS, self._on_call, self._on_rollouts)

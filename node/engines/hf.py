@@ -6,8 +6,9 @@ picks each row's next token with `node.checkable.pick_with_logprobs` (greedy at 
 the seeded race of checkable sampling, its keys from the completion's seed, or from torch's
 generator when no seeds are given), masks every other token, and records the token's behaviour
 log-prob of the raw logits row (the value of the learner's `logprobs_from_logits`, taken from the
-race's own sums where no filter applies); `generate` then runs greedy over the one token left. So no [rows, steps, V] logits are ever
-kept: completions of thousands of tokens cost one [rows] float per step beyond the KV cache.
+race's own sums where no filter applies); `generate` then runs greedy over the one token left. So
+no [rows, steps, V] logits are ever kept: completions of thousands of tokens cost one [rows] float
+per step beyond the KV cache.
 
 Completions stop on any of the model's EOS ids (`node.models.eos_token_ids`: the tokenizer's and
 those of the model's generation config).

@@ -135,6 +135,11 @@ def grid_pool(workers: int):
     return mp.get_context("spawn").Pool(workers, maxtasksperchild=1, initializer=end_with_parent)
 
 
+P2PD_LOGS = "HETERO_P2PD_LOGS"
+"""Set (to anything) in the environment of a process that starts nodes: each node's p2pd writes its
+own debug log (streams it reset or could not hand to the node) to log_dir/NAME.p2pd.log."""
+
+
 def start_node(name: str, args: list[str], log_dir: Path, threads: int = 1, module: str = "cli.main",
                nofile: int | None = None) -> NodeProcess:
     """`python -m module args` in its own session, logging to log_dir/name.log; `nofile`: its
@@ -143,6 +148,9 @@ def start_node(name: str, args: list[str], log_dir: Path, threads: int = 1, modu
     log_path = log_dir / f"{name}.log"
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HETERO_NODE_THREADS": str(threads),
            "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
+    if os.environ.get(P2PD_LOGS):  # p2pd's own log beside the node's (hivemind keeps only its errors)
+        env.setdefault("GOLOG_LOG_LEVEL", "error,p2pd=debug,basichost=debug")
+        env["GOLOG_FILE"] = str(log_dir / f"{name}.p2pd.log")
     with open(log_path, "ab") as log:
         popen = subprocess.Popen([sys.executable, "-m", module, *args], stdout=log, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, env=env, start_new_session=True,

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import json
 import os
+import warnings as pywarnings
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from cli.procs import P2PD_LOGS
 
 ROOT = Path(__file__).resolve().parents[1]
 FAILURES = ("short_streams", "bad_streams", "bad_chunks", "weight_fetch_failures", "forged_manifests",
@@ -22,6 +25,23 @@ that failed, a group or a sampler refused. (Hedges and stalls, a slow answer ask
 elsewhere, and a rollout call sent again at once because its stream ended unanswered (`retried`),
 can come from this 2-core machine's load alone: the full rehearsal reports them.)"""
 VERSIONS = 3
+
+
+P2PD_SIGNS = ("error dialing handler", "error accepting stream", "unexpected stream", "protocol mux failed",
+              "protocol EOF", '"level":"error"')
+"""What p2pd logs when it ends a stream itself: where a stream that ended unanswered (a sender's
+`retried`) came from, which our own logs never showed (docs/DESIGN.md, "unanswered stream").
+Not its "stream error: stream reset" (debug), ~140 of which every run logs: streams closed after
+their answer."""
+P2PD_ROUTINE = "use of closed network connection"
+"""The error p2pd logs for its listener as its node stops."""
+
+
+def p2pd_signs(logs: Path) -> list[str]:
+    """Lines of each node's p2pd log (cli/procs.P2PD_LOGS) that say it ended a stream itself."""
+    return [f"{log.name}: {line.strip()[:400]}" for log in sorted(logs.glob("*.p2pd.log"))
+            for line in log.read_text(errors="replace").splitlines()
+            if any(sign in line for sign in P2PD_SIGNS) and P2PD_ROUTINE not in line][-40:]
 
 
 def warnings(logs: Path) -> list[str]:
@@ -36,7 +56,8 @@ def test_rehearsal_at_a_real_vocabulary(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "examples" / "rehearsal.py"), "--shape", "wide-vocab-tiny", "--layers", "0",
          "--completion-len", "48", "--versions", str(VERSIONS), "--minutes", "20", "--run-dir", str(tmp_path)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, P2PD_LOGS: "1"})
     try:
         out, _ = proc.communicate(timeout=25 * 60)
     finally:
@@ -57,7 +78,11 @@ def test_rehearsal_at_a_real_vocabulary(tmp_path: Path) -> None:
         assert held[str(last["version"])] >= last["published_at"] - 1.0
     fired = {f"{who} {k}": v for who, counts in got["fired_total"].items() for k, v in counts.items()
              if k in FAILURES or k.split(".", 1)[-1] in FAILURES}
-    assert not fired, (fired, warnings(tmp_path / "logs"))
+    assert not fired, (fired, warnings(tmp_path / "logs"), p2pd_signs(tmp_path / "logs"))
+    retried = {f"{who} {k}": v for who, counts in got["fired_total"].items() for k, v in counts.items()
+               if k.endswith("retried")}
+    if retried:  # harmless (sent again), but its cause is open: CI's warnings summary says what p2pd saw
+        pywarnings.warn(f"rollout calls sent again {retried}; p2pd: {p2pd_signs(tmp_path / 'logs') or 'nothing'}")
     for log in (tmp_path / "logs").glob("s*.log"):
         assert "gone from the swarm" not in log.read_text(), log  # the learner's record lived through its steps
     assert len(got["tokens_per_s"]) == 2 and all(rates and min(rates) > 0 for rates in got["tokens_per_s"].values())

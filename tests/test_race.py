@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from node.audit import FLIP_MARGIN, FlipTest, flip_llr, judge_margins
-from node.checkable import (CHUNK, KEY_WORDS, admitted, audit_tokens, chunk_scores, completion_seed, hash_uniform, key_block, KEY_BLOCK, PositionKeys,
+from node.checkable import (CHUNK, KEY_WORDS, audit_tokens, chunk_scores, completion_seed, hash_uniform, key_block, KEY_BLOCK, PositionKeys,
                             keys_tensor, pick_tokens, pick_with_logprobs, position_keys, race_margins, sampling_probs, tempered)
+from node.filter_edges import admitted
 
 
 def _lowbias32(x: int) -> int:
@@ -205,7 +206,7 @@ def test_admitted_by_hand_and_with_no_slack_the_samplers_own_filters():
 def test_admitted_with_top_k_looks_at_the_band_near_the_kth_logit_only_and_decides_alike():
     """With top-k, `admitted` runs on the tokens within 2h of the k-th logit; the result is the
     whole-row computation's, ties (bfloat16-rounded logits) included."""
-    from node.checkable import _admitted
+    from node.filter_edges import _admitted
 
     g = torch.Generator().manual_seed(2)
     z = torch.randn(64, 3000, generator=g, dtype=torch.float64) * 3
@@ -221,7 +222,7 @@ def test_admitted_with_top_p_alone_looks_at_the_nucleus_band_only_and_decides_al
     no engine within h keeps a token past (`_top_p_band`), told the mass below; the result is the
     whole-row computation's, ties included. The edge's mass is what the test checks: at top_p
     itself (no e^h terms) the band misses tokens some engine keeps."""
-    from node.checkable import _admitted, _top_p_band
+    from node.filter_edges import _admitted, _top_p_band
 
     g = torch.Generator().manual_seed(3)
     used = 0

@@ -2,11 +2,11 @@
 # Every GPU figure of the audit across precisions (issue 40) and the learner's MFU, in one run
 # where CUDA is present (never needed by CI):
 #
-#     bash examples/gpu_figures.sh [OUT_DIR]          # about 9 minutes: one lent device call
+#     bash examples/gpu_figures.sh [OUT_DIR]          # under 10 minutes: one lent device call
 #     FULL=1 bash examples/gpu_figures.sh [OUT_DIR]   # also bench_bf16_audit's whole table and the learner
 #
 # Sized for a lent device session: 15 minutes of device time in all, starts included, and at most
-# 10 minutes a command. So the parts' limits add up to ~9 minutes by default, and the time goes
+# 10 minutes a command. So the parts' limits add up to 580 s by default, and the time goes
 # first to what no GPU has measured enough yet: honest groups at the tolerance on the 32k and 151k
 # shapes. Each needs 3,838 groups with none failed (Wilson): on an H100, ~8 minutes of HF sampling
 # for the 32k shape and ~30 for the 151k one (docs/BENCHMARKS.md), so
@@ -40,7 +40,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$out/device.txt"
 has_vllm=0
 python3 -c "import vllm" 2>/dev/null && has_vllm=1
-honest mid bfloat16 "${MID_S:-$((has_vllm ? 100 : 200))}"  # vLLM's part takes the difference
+honest mid bfloat16 "${MID_S:-$((has_vllm ? 60 : 180))}"  # vLLM's part takes the difference
 honest big bfloat16 "${BIG_S:-150}"
 # the race's cost at the 151k shape (the goal: <= 5% over multinomial sampling), on as few groups as
 # the script allows before it

@@ -32,14 +32,20 @@ class Backlog:
         self._senders: set[str] = set()
         """Samplers that may have groups not yet trained on (pruned once they have none): the
         unproven pool's use is summed over them."""
-        self.restored: list[tuple[str, str]] = []
-        """(id, sampler) of each record after the cursor at start, oldest first: the receiver's
-        memory of what it acknowledged (receiver.MAX_ACKED), refilled after a restart."""
+        self._restored: list[tuple[str, str]] = []
+        """(id, sampler) of each record after the cursor at start, until `take_restored`."""
         for r in journal.read(self.cursor, len(journal)):
             sampler, rid = _header_of(r)
             self._note(sampler, len(r))
             if rid is not None and sampler != "?":
-                self.restored.append((rid, sampler))
+                self._restored.append((rid, sampler))
+
+    def take_restored(self) -> list[tuple[str, str]]:
+        """(id, sampler) of the records that were after the cursor when this backlog was built,
+        oldest first, once: what the receiver had acknowledged and the learner not yet read before
+        a restart (receiver.MAX_ACKED)."""
+        out, self._restored = self._restored, []
+        return out
 
     def groups(self, sampler: str) -> int:
         """`sampler`'s groups received but not yet trained on: its share of the journal's unread

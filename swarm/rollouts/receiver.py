@@ -86,9 +86,8 @@ class RolloutReceiver:
         self._backlog = Backlog(self.journal, cursor, intake.untrained)
         # what was acknowledged and not read yet when the learner stopped: a batch sent again
         # after a restart (its ack lost in the crash) is acknowledged again, not journaled twice
-        for rid, sampler in self._backlog.restored[-MAX_ACKED:]:
+        for rid, sampler in self._backlog.take_restored()[-MAX_ACKED:]:
             self._acked[rid] = sys.intern(sampler)
-        self._backlog.restored = []
         self._admission = Admission(self.cfg, intake, self._backlog, clock=self._clock)
         self._intake = intake
         self.node.add_gated_handler(ROLLOUTS, self._on_call, self._on_rollouts)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+import zlib
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -49,10 +50,19 @@ class SimSamplerSpec:
     dtype: str = "float32"
     """The precision their engine computes in: "bfloat16" is a GPU volunteer's sampler (behaviour
     log-probs from another precision than the learner's)."""
+    logit_error: float = 0.0
+    """Standard deviation (logits) of Gaussian noise added to every logit their engine computes, at
+    every position: an emulated engine error. A small model in bfloat16 errs far less than a large
+    one (the behaviour log-probs' k3 against the learner's: ~1e-4 on the built-in model, ~5e-3 on a
+    151k-vocabulary model in bfloat16, docs/BENCHMARKS.md), so this gives a small model a large
+    one's gap, to ask on a CPU what that gap does to training. 0.3 on the built-in chain model at
+    T = 0.6: k3 ~3e-3 a token, 1.2% of tokens past GRPO's clip (docs/RESULTS.md, section 6)."""
 
     def __post_init__(self) -> None:
         if self.count < 1 or self.share <= 0:
             raise ValueError("samplers: need count >= 1 and share > 0")
+        if not 0 <= self.logit_error < 10:
+            raise ValueError(f"samplers: logit_error {self.logit_error} is not in [0, 10) logits")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"samplers: dtype {self.dtype!r} is not float32, bfloat16 or float16")
 
@@ -90,6 +100,37 @@ class SimulatorConfig:
             raise ValueError(f"max_delay_steps must be >= 0 (0 = online), not {self.max_delay_steps}")
 
 
+def add_logit_error(model: torch.nn.Module, std: float, seed: int) -> None:
+    """Make `model`'s every forward add N(0, std^2) to each logit it outputs (SimSamplerSpec.
+    logit_error), drawn from a generator of its own so that the run's other randomness (prompts,
+    delays, the learner) is the same as without it."""
+    head = model.get_output_embeddings()
+    gen = torch.Generator(device=head.weight.device).manual_seed(seed)
+
+    def noisy(_module, _inputs, logits: torch.Tensor) -> torch.Tensor:
+        noise = torch.randn(logits.shape, generator=gen, device=logits.device, dtype=torch.float32)
+        return (logits.float() + std * noise).to(logits.dtype)
+
+    head.register_forward_hook(noisy)
+
+
+def emulated_engine_audit(learner: LearnerConfig, logit_error: float, temperature: float) -> dict:
+    """What the learner's audit needs to pass an honest engine that errs by N(0, logit_error^2)
+    per logit (SimSamplerSpec.logit_error), as a learner's tolerances are derived from its engines'
+    measured error: a margin of 6 sigma (an honest margin is the difference of two errors, ~4.9 sigma
+    at most over 12 steps' audits at sigma 0.6); a claimed log-prob gap of 2 sigma / T per token (a
+    token's log-prob moves by e_token - E_q[e], whose mean |.| is at most 1.13 sigma / T); and the flip
+    rate measured across models, since node/audit.FlipRate measures this model's own bfloat16 rate,
+    not the emulated engine's."""
+    if not logit_error:
+        return {}
+    out = {"audit_margin": max(learner.audit_margin, 6 * logit_error),
+           "audit_logprob_gap": max(learner.audit_logprob_gap, 2 * logit_error / (temperature or 1.0)),
+           "audit_calibrate": False}
+    log.info("samplers emulate an engine error of %.3g logits: the learner's audit takes %s", logit_error, out)
+    return out
+
+
 class Simulator:
     def __init__(self, cfg: SimulatorConfig) -> None:
         self.cfg = cfg
@@ -103,7 +144,9 @@ class Simulator:
         self.metrics = MetricsWriter(cfg.metrics_path, cfg.tensorboard_dir)
         # the cohorts' other models are the operator's own: named, they are taken as foreign (F-TIS), not audited
         others = tuple(s.model for s in cfg.samplers if s.model and s.model != cfg.model)
-        lcfg = replace(cfg.learner, accept_models=(*cfg.learner.accept_models, *others))
+        lcfg = replace(cfg.learner, accept_models=(*cfg.learner.accept_models, *others),
+                       **emulated_engine_audit(cfg.learner, max(s.logit_error for s in cfg.samplers),
+                                               cfg.sampling.temperature))
         self.learner = Learner(lcfg, load_model(cfg.model, device=cfg.device), tok, self.task, model_id=cfg.model,
                                sampling=cfg.sampling, link=self.exchange, metrics=self.metrics, on_record=self._record,
                                chain=f"sim-seed-{cfg.seed}",  # sampling randomness hangs off the chain
@@ -118,7 +161,10 @@ class Simulator:
         peer = f"{spec.name}-{i}" if spec.count > 1 else spec.name
         model = spec.model or self.cfg.model
         tok = load_tokenizer(model)
-        engine = HFEngine(load_model(model, device=self.cfg.device).to(getattr(torch, spec.dtype)), tok, model)
+        net = load_model(model, device=self.cfg.device).to(getattr(torch, spec.dtype))
+        if spec.logit_error:
+            add_logit_error(net, spec.logit_error, seed=zlib.crc32(f"{self.cfg.seed}/{peer}".encode()))
+        engine = HFEngine(net, tok, model)
         link = self.exchange.sampler(peer, weight_delay=self._capped(spec.weight_delay), rollout_delay=spec.rollout_delay)
         sampler = Sampler(peer, self.task, engine, tokenizer_hash(tok), sampling=self.cfg.sampling,
                           swarm=self.learner.swarm, seed=self.cfg.seed)

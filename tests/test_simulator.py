@@ -2,6 +2,7 @@
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -141,3 +142,39 @@ def test_the_guards_scale_is_saved_with_the_learner():
     other = Simulator(small(None, steps=2))
     other.learner.load_state_dict(state)
     assert other.learner.training.lr_scale == 0.125
+
+
+def test_an_emulated_engine_error_adds_seeded_gaussian_noise_of_its_std_to_every_logit():
+    import torch
+
+    from cli.simulate import add_logit_error
+    from node.models import load_model
+
+    ids = torch.arange(2, 34).reshape(2, 16)
+    with torch.no_grad():
+        clean = load_model("builtin:tiny-arith")(ids).logits.double()
+        runs = []
+        for seed in (7, 7, 8):
+            noisy = load_model("builtin:tiny-arith")
+            add_logit_error(noisy, 0.3, seed)
+            runs.append(noisy(ids).logits.double() - clean)
+    e = runs[0].flatten()
+    # the sample's std within 5 of its standard errors (sd(s) ~ sigma / sqrt(2n)) of 0.3, mean ~0
+    assert abs(float(e.std()) - 0.3) < 5 * 0.3 / math.sqrt(2 * e.numel())
+    assert abs(float(e.mean())) < 5 * 0.3 / math.sqrt(e.numel())
+    assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])  # its seed, no one else's
+    with pytest.raises(ValueError, match="logit_error"):
+        SimSamplerSpec(logit_error=-0.1)
+
+
+def test_the_learner_audits_an_emulated_engine_with_a_tolerance_derived_from_its_error():
+    cfg = replace(small(0, steps=4), samplers=(SimSamplerSpec(count=2, logit_error=0.5),))
+    sim = Simulator(cfg)
+    lcfg = sim.learner.cfg
+    assert lcfg.audit_margin == pytest.approx(3.0) and lcfg.audit_logprob_gap == pytest.approx(1.0)
+    assert not lcfg.audit_calibrate
+    steps = [r for r in sim.run() if r["kind"] == "step"]  # the simulator stops if it refuses one of its samplers
+    audit = steps[-1]["audit"]
+    assert audit["audits"] > 0 and audit["failed"] == 0 and steps[-1]["refused_samplers"] == 0
+    assert 0.5 < audit["margin_max"] < 3.0  # the emulated error shows in the margins, inside the tolerance
+    assert Simulator(small(0, steps=1)).learner.cfg.audit_margin == LearnerConfig().audit_margin

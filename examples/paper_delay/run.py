@@ -130,7 +130,8 @@ def build_config(loss: str, delay: int, seed: int, args: argparse.Namespace, met
         sampling=SamplingConfig(group_size=args.group_size, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, max_new_tokens=args.max_new_tokens),
         learner=learner, samplers=(SimSamplerSpec(name="sampler", count=args.samplers, weight_delay=weights,
-                                                  rollout_delay=rollouts, dtype=args.sampler_dtype),),
+                                                  rollout_delay=rollouts, dtype=args.sampler_dtype,
+                                                  logit_error=args.sampler_logit_error),),
         steps=args.steps, seconds_per_step=sps, max_delay_steps=delay, seed=seed, threads=args.threads,
         device=args.device, metrics_path=metrics_path)
 
@@ -160,9 +161,9 @@ def summarise(history: list[dict]) -> dict:
 
 
 SETTINGS = ("steps", "task", "model", "lr", "groups", "group_size", "max_new_tokens", "samplers", "eval_every", "eval_size",
-            "sampler_dtype", "temperature", "top_p", "top_k", "lag", "behaviour_logprobs")
+            "sampler_dtype", "temperature", "top_p", "top_k", "lag", "behaviour_logprobs", "sampler_logit_error")
 OLDER_SETTINGS = {"sampler_dtype": "float32", "temperature": 1.0, "top_p": 1.0, "top_k": 0, "lag": False,
-                  "behaviour_logprobs": "sampler"}
+                  "behaviour_logprobs": "sampler", "sampler_logit_error": 0.0}
 """What grids run before a setting existed ran with."""
 
 
@@ -467,6 +468,9 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="where the samplers' engines and the learner run (cuda on a GPU)")
     ap.add_argument("--sampler-dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                     help="the samplers' engine precision (bfloat16: a GPU volunteer's; the learner stays float32)")
+    ap.add_argument("--sampler-logit-error", type=float, default=0.0,
+                    help="std (logits) of Gaussian noise the samplers' engines add to every logit: a larger model's "
+                         "low-precision error on this one (cli.simulate.SimSamplerSpec.logit_error)")
     ap.add_argument("--behaviour-logprobs", default="sampler", choices=["sampler", "learner"],
                     help="q of the losses' ratios: the samplers' claims, or the learner's own recomputation at each "
                          "group's version (learner.behaviour_logprobs)")

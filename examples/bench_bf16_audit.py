@@ -353,7 +353,7 @@ def run_model(name: str, model32, prompts, params, pad, eos, dtypes, batches, ar
         if dtype == "float32" and args.calibrate:  # the learner's own measure of an honest bfloat16 engine
             calib = FlipRate()
             for s in range(0, len(items), args.per_pass):
-                for margins, _, ref in audit_margins(model32, items[s : s + args.per_pass], params, pad, reference=True,
+                for margins, _, ref, _ in audit_margins(model32, items[s : s + args.per_pass], params, pad, reference=True,
                                                      slack=SLACK):
                     calib.add(ref, len(margins))
             args.rate_now = calib.rate(args.flip_rate)

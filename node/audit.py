@@ -26,6 +26,7 @@ from typing import Callable
 
 import torch
 
+from .algorithms.base import k3
 from .checkable import BASE_NONCE, keys_tensor, pick_tokens, position_keys, race_margins, within_tolerance
 from .engines.base import SamplingParams
 from .logprobs import completion_logits, logprobs_from_logits, pack
@@ -158,6 +159,9 @@ class AuditResult:
     max_margin: float = 0.0
     reference_flips: int | None = None
     """Positions at which the auditor's own REFERENCE_DTYPE engine flipped (None: not run)."""
+    claim_k3: float = 0.0
+    """k3 of log q/p summed over the positions: the claims against the recomputed log-probs, as
+    node/learner/behaviour.Mismatch takes it (node/learner/claim_gaps.py)."""
 
 
 @dataclass
@@ -176,13 +180,14 @@ samplers run by default, and the one that flips most (docs/BENCHMARKS.md)."""
 
 @torch.no_grad()
 def audit_margins(model: torch.nn.Module, items: list[AuditItem], params: SamplingParams, pad_id: int,
-                  reference: bool = False, slack: float = 0.0) -> list[tuple[torch.Tensor, float, int | None]]:
+                  reference: bool = False, slack: float = 0.0) -> list[tuple[torch.Tensor, float, int | None, float]]:
     """Per group: every completion position's race margin (node/checkable.race_margins: logits,
     float64 on the CPU, rows in order) under `model` (the weights of the version the groups
     claim), the mean |claimed - recomputed| behaviour log-prob per completion, and, with
     `reference`, the positions at which an honest engine in REFERENCE_DTYPE would flip: a second
     forward pass under autocast on the same prefixes, whose race pick is scored by the float32
-    margins (None without `reference`). One forward pass (two with `reference`) for all groups.
+    margins (None without `reference`), and the k3 of log q/p (claimed against recomputed) summed
+    over the group's positions. One forward pass (two with `reference`) for all groups.
     `slack`: the tolerance top-k / top-p are applied with (node/checkable.race_margins)."""
     rows = [(it.prompt_ids, toks, claimed, seed) for it in items for (toks, claimed), seed in zip(it.completions, it.seeds)]
     device = next(model.parameters()).device
@@ -209,22 +214,26 @@ def audit_margins(model: torch.nn.Module, items: list[AuditItem], params: Sampli
     lengths = torch.tensor(sizes, device=device)
     row_of = torch.repeat_interleave(torch.arange(len(rows), device=device), lengths)
     gap = torch.zeros(len(rows), device=device).index_add_(0, row_of, (mine - claimed).abs()) / lengths.clamp(min=1)
-    margins, gap, flipped = margins.cpu(), gap.tolist(), flipped.cpu()  # one transfer for the whole audit
+    claim_k3 = k3((claimed - mine).double())
+    margins, gap, flipped, claim_k3 = margins.cpu(), gap.tolist(), flipped.cpu(), claim_k3.cpu()  # one transfer each
     out, row, pos = [], 0, 0
     for it in items:
         n = len(it.completions)
         size = sum(sizes[row : row + n])  # host-side: no device sync per group
         ref = int(flipped[pos : pos + size].sum()) if low is not None else None
-        out.append((margins[pos : pos + size], sum(gap[row : row + n]) / max(n, 1), ref))
+        out.append((margins[pos : pos + size], sum(gap[row : row + n]) / max(n, 1), ref,
+                    float(claim_k3[pos : pos + size].sum())))
         row, pos = row + n, pos + size
     return out
 
 
-def judge_margins(margins: torch.Tensor, gap: float, tol: float, reference_flips: int | None = None) -> AuditResult:
+def judge_margins(margins: torch.Tensor, gap: float, tol: float, reference_flips: int | None = None,
+                  claim_k3: float = 0.0) -> AuditResult:
     """A group's result from its positions' margins: it passes if every margin is <= `tol`."""
     bad = int((~within_tolerance(margins, tol)).sum())
     top = float(margins.max()) if len(margins) else 0.0
-    return AuditResult(bad == 0, len(margins), bad, gap, int((margins > FLIP_MARGIN).sum()), top, reference_flips)
+    return AuditResult(bad == 0, len(margins), bad, gap, int((margins > FLIP_MARGIN).sum()), top, reference_flips,
+                       claim_k3)
 
 
 def audit_groups(model: torch.nn.Module, items: list[AuditItem], params: SamplingParams, pad_id: int,
@@ -232,8 +241,8 @@ def audit_groups(model: torch.nn.Module, items: list[AuditItem], params: Samplin
     """Check that each completion's tokens are those its seeded race selects under `model` (the
     weights of the version the groups claim), within `tol` logits: one forward pass over all the
     groups' rows (and one in REFERENCE_DTYPE with `reference`)."""
-    return [judge_margins(margins, gap, tol, ref)
-            for margins, gap, ref in audit_margins(model, items, params, pad_id, reference, slack=tol)]
+    return [judge_margins(margins, gap, tol, ref, k)
+            for margins, gap, ref, k in audit_margins(model, items, params, pad_id, reference, slack=tol)]
 
 
 def audit_group(model: torch.nn.Module, prompt_ids: list[int], completions: list[tuple[list[int], list[float]]],

@@ -139,7 +139,7 @@ def test_a_recomputation_that_fails_leaves_the_claims_and_the_step_goes_on(caplo
 
 
 def test_an_unknown_source_is_refused_with_the_choices():
-    with pytest.raises(ValueError, match="behaviour_logprobs sampler or learner"):
+    with pytest.raises(ValueError, match="behaviour_logprobs sampler, learner or auto"):
         LearnerConfig(behaviour_logprobs="engine")
 
 

@@ -191,8 +191,9 @@ def test_a_sampler_refused_in_a_step_earns_nothing_for_its_other_groups_of_that_
     assert "x" not in learner.tally.peers and learner.books.accepted_by_sampler["x"] == 0
 
 
-def test_forged_logprobs_are_dropped_from_the_step_counted_and_not_credited(task, tmp_path):
-    learner, sampler = _pair(task, tmp_path, audit_first=0, audit_rate=0.0)
+@pytest.mark.parametrize("source", ["sampler", "auto"])
+def test_forged_logprobs_are_dropped_from_the_step_counted_and_not_credited(task, tmp_path, source):
+    learner, sampler = _pair(task, tmp_path, audit_first=0, audit_rate=0.0, behaviour_logprobs=source)
     honest, liar = sampler("honest"), sampler("liar")
     forged = [g for g in liar.produce(12) if has_signal([c.reward for c in g.completions])][:2]  # trained on if honest
     assert len(forged) == 2
@@ -204,7 +205,10 @@ def test_forged_logprobs_are_dropped_from_the_step_counted_and_not_credited(task
     _trained_groups(learner, recs)
     assert learner.training.gap_drops["liar"] == 2 and learner.drops["logprob_gap"] == 2 and "honest" not in learner.training.gap_drops
     assert "liar" not in learner.tally.peers
-    assert recs[-1]["routes"]["own"]["logprob_gap_max"] > 12
+    if source == "sampler":  # the trainer's own check saw the claims...
+        assert recs[-1]["routes"]["own"]["logprob_gap_max"] > 12
+    else:  # ...or "auto" recomputed the unmeasured liar's groups first, and its check dropped them
+        assert recs[-1]["routes"]["own"]["logprob_gap_max"] < 1 and recs[0]["behaviour_recomputed"] >= 2
 
 
 # ---- issue 26: judged by what can be verified; foreign and unaudited groups within their shares --------

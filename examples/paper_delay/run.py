@@ -136,6 +136,14 @@ def build_config(loss: str, delay: int, seed: int, args: argparse.Namespace, met
         device=args.device, metrics_path=metrics_path)
 
 
+def recomputed_share(steps: list[dict]) -> float:
+    """Own-model groups whose behaviour log-probs the learner recomputed, over those it recomputed
+    or left with their claims (NaN with --behaviour-logprobs sampler)."""
+    done = sum(r.get("behaviour_recomputed", 0) for r in steps)
+    left = sum(r.get("behaviour_claims_close", 0) + r.get("behaviour_claims_kept", 0) for r in steps)
+    return done / (done + left) if done + left else float("nan")
+
+
 def summarise(history: list[dict]) -> dict:
     evals = [r for r in history if r["kind"] == "eval"]
     steps = [r for r in history if r["kind"] == "step"]
@@ -154,6 +162,10 @@ def summarise(history: list[dict]) -> dict:
         "drift": mean_of("drift_frac"), "w_pos": mean_of("weight_mean_pos"), "w_neg": mean_of("weight_mean_neg"),
         # --behaviour-logprobs learner: how far the samplers' claims sat from the learner's own
         "behaviour_k3": mean_of("behaviour_k3"), "behaviour_clip": mean_of("behaviour_clip_share"),
+        # --behaviour-logprobs auto: the share of own-model groups recomputed; the claims' k3 the audits
+        # (and recomputations) measured, the largest over samplers at the end
+        "recomputed_share": recomputed_share(steps),
+        "claims_k3": steps[-1].get("claim_gaps", {}).get("k3_max", float("nan")) if steps else float("nan"),
         "drops": steps[-1].get("drops", {}) if steps else {}, "gap_drops": steps[-1].get("logprob_gap_drops", {}) if steps else {},
         # per step, for the IS-variance / KL vs staleness plot
         "per_step": [(r.get("staleness_mean"), r.get("is_weight_var"), r.get("kl_k3")) for r in steps],
@@ -471,9 +483,10 @@ def main() -> None:
     ap.add_argument("--sampler-logit-error", type=float, default=0.0,
                     help="std (logits) of Gaussian noise the samplers' engines add to every logit: a larger model's "
                          "low-precision error on this one (cli.simulate.SimSamplerSpec.logit_error)")
-    ap.add_argument("--behaviour-logprobs", default="sampler", choices=["sampler", "learner"],
-                    help="q of the losses' ratios: the samplers' claims, or the learner's own recomputation at each "
-                         "group's version (learner.behaviour_logprobs)")
+    ap.add_argument("--behaviour-logprobs", default="sampler", choices=["sampler", "learner", "auto"],
+                    help="q of the losses' ratios: the samplers' claims, the learner's own recomputation at each "
+                         "group's version, or that for samplers whose claims sit far (learner.behaviour_logprobs; "
+                         "the grids' default stays the claims, as their older cells ran)")
     ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (the authors': 0.6)")
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (the authors': 0.95)")
     ap.add_argument("--top-k", type=int, default=0, help="top-k sampling, 0 = off (the authors': 20)")

@@ -24,6 +24,7 @@ from ..checkable import group_seeds
 from ..config import SamplingConfig
 from ..device import matmul_rates
 from ..weights import retie
+from .claim_gaps import ClaimGaps
 from .config import LearnerConfig
 from .groups import BufferedGroup, GroupKind, Verdict
 
@@ -49,6 +50,9 @@ class Auditor:
         """Each sampler's flips over all its audited positions (node/audit.FlipTest)..."""
         self.flip_rate = FlipRate()
         """...against the honest rate measured on this model (node/audit.FlipRate)."""
+        self.claim_gaps = ClaimGaps(cfg.behaviour_auto_k3)
+        """How far each sampler's claimed log-probs sit from ours, measured by every audit and every
+        recomputed group (node/learner/claim_gaps.py; what `behaviour_logprobs = "auto"` reads)."""
         self.stats: dict[str, Any] = dict(NEW_STATS)
         self._copy: torch.nn.Module | None = None
         self._rng = random.SystemRandom()  # the sampler must not predict which groups get audited
@@ -158,6 +162,7 @@ class Auditor:
         if result.reference_flips is not None:  # after: the rate is fixed before the group
             self.flip_rate.add(result.reference_flips, result.positions)
         st["flip_rate"] = rate
+        self.claim_gaps.add(b.sampler, result.claim_k3, result.positions)
         if result.passed and result.logprob_gap <= self.cfg.audit_logprob_gap and not alarmed:
             st["logprob_gap_max"] = max(st["logprob_gap_max"], result.logprob_gap)  # honest engines' numerics
             st["margin_max"] = max(st["margin_max"], result.max_margin)
@@ -175,10 +180,11 @@ class Auditor:
 
     def state_dict(self) -> dict[str, Any]:
         return {"audits": dict(self.audits), "stats": dict(self.stats), "flip_test": self.flip_test.state_dict(),
-                "flip_rate": self.flip_rate.state_dict()}
+                "flip_rate": self.flip_rate.state_dict(), "claim_gaps": self.claim_gaps.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.audits = collections.Counter(state["audits"])
         self.stats = {**NEW_STATS, **state["stats"]}
         self.flip_test.load_state_dict(state.get("flip_test", {}))
         self.flip_rate.load_state_dict(state.get("flip_rate", {}))
+        self.claim_gaps.load_state_dict(state.get("claim_gaps", {}))

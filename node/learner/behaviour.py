@@ -1,4 +1,5 @@
-"""Behaviour log-probs the learner computes itself (`behaviour_logprobs = "learner"`).
+"""Behaviour log-probs the learner computes itself (`behaviour_logprobs = "learner"`, or "auto"
+for the samplers whose claims sit far: node/learner/claim_gaps.py).
 
 Why: a sampler's engine computes in its own precision and kernels (bfloat16 on a GPU), so even
 on-policy its log q of a token differs from the learner's log p at the same weights, and every
@@ -29,6 +30,7 @@ import torch
 from ..algorithms.base import k3
 from ..logprobs import completion_logprobs, completion_span, pack
 from ..trainer import ScoredGroup, StepOptions, plan_microbatches
+from .claim_gaps import ClaimGaps
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +81,12 @@ class Mismatch:
         self.k3_sum += float(k3(d).sum())  # as the step's kl_k3 and the guard take it, clamped alike
         self.clipped += int(((-d).exp() - 1).abs().gt(0.2).sum())  # p/q against GRPO's clip
 
+    def merge(self, other: "Mismatch") -> None:
+        self.tokens += other.tokens
+        self.abs_sum += other.abs_sum
+        self.k3_sum += other.k3_sum
+        self.clipped += other.clipped
+
     def stats(self) -> dict[str, float]:
         n = max(self.tokens, 1)
         return {"behaviour_gap_mean": self.abs_sum / n, "behaviour_k3": self.k3_sum / n,
@@ -95,10 +103,15 @@ class Recompute:
     """The step's part that puts the learner's log-probs into its own-model groups; it owns the
     time it spends (`time_s`), for the step record."""
 
-    def __init__(self, model_at, temperature: float, pad_id: int, options: StepOptions, max_gap: float) -> None:
+    def __init__(self, model_at, temperature: float, pad_id: int, options: StepOptions, max_gap: float,
+                 gaps: ClaimGaps | None = None, only_far: bool = False) -> None:
         """`model_at((chain, version))`: the audit copy with that version's published weights
-        loaded, or None if they cannot be rebuilt (node/learner/auditor.Auditor.model_at)."""
+        loaded, or None if they cannot be rebuilt (node/learner/auditor.Auditor.model_at).
+        `gaps`: where each recomputed group's claim gap is counted, per sampler; with `only_far`
+        ("auto"), only the groups of samplers whose claims it finds far (or not measured) are
+        recomputed, the others keep their claims."""
         self.model_at, self.temperature, self.pad_id, self.options, self.max_gap = model_at, temperature, pad_id, options, max_gap
+        self.gaps, self.only_far = gaps, only_far
         self.time_s = 0.0
 
     def __call__(self, taken: list) -> tuple[list, list, dict[str, float]]:
@@ -106,9 +119,14 @@ class Recompute:
         the groups dropped because a claim was further than `max_gap` from ours, the step's figures)."""
         t0 = time.perf_counter()
         by_version: dict[tuple[str, int], list] = {}
+        close = 0
         for b in taken:
-            if b.own:
-                by_version.setdefault((b.chain, b.claimed_version), []).append(b)
+            if not b.own:
+                continue
+            if self.only_far and self.gaps is not None and not self.gaps.far(b.sampler):
+                close += 1  # measured close to ours: its claims are as good, and free
+                continue
+            by_version.setdefault((b.chain, b.claimed_version), []).append(b)
         mismatch, kept, dropped = Mismatch(), 0, set()
         for key, groups in sorted(by_version.items()):
             try:
@@ -128,10 +146,16 @@ class Recompute:
                 if any(not float(d.abs().mean()) <= self.max_gap for d in errors if d.numel()):
                     dropped.add(id(b))
                     continue
+                one = Mismatch()
                 for d in errors:
-                    mismatch.add(d)
+                    one.add(d)
+                mismatch.merge(one)
+                if self.gaps is not None:
+                    self.gaps.add(b.sampler, one.k3_sum, one.tokens)
                 b.group = with_logprobs(b.group, lps)
         self.time_s += time.perf_counter() - t0
         rec = {**mismatch.stats(), "behaviour_recomputed": sum(map(len, by_version.values())) - kept,
                "behaviour_claims_kept": kept, "behaviour_time_s": round(self.time_s, 3)}
+        if self.only_far:
+            rec["behaviour_claims_close"] = close
         return [b for b in taken if id(b) not in dropped], [b for b in taken if id(b) in dropped], rec

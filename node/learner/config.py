@@ -13,8 +13,9 @@ from ..algorithms import get_algorithm
 from ..guard import GuardConfig
 from ..weight_codec import PublishConfig
 
-BEHAVIOUR_SOURCES = ("sampler", "learner")
-"""`behaviour_logprobs`: the sampler's claims, or the learner's recomputation (node/learner/behaviour.py)."""
+BEHAVIOUR_SOURCES = ("sampler", "learner", "auto")
+"""`behaviour_logprobs`: the sampler's claims, the learner's recomputation (node/learner/behaviour.py),
+or the recomputation for the samplers whose claims sit far (node/learner/claim_gaps.py)."""
 
 DROP = "drop"
 """A route's loss that trains on nothing: its groups are refused at ingest (counted)."""
@@ -76,16 +77,23 @@ class LearnerConfig:
     sampler. Honest gaps come from staleness and engine numerics: at most 2.07 at 64 versions
     stale (examples/bench_logprob_gap.py); a claim of -18/token is >= 13 away. What passes is
     still bounded by the dual clip (node/algorithms/base.py)."""
-    behaviour_logprobs: str = "sampler"
+    behaviour_logprobs: str = "auto"
     """Where own-model groups' behaviour log-probs (q of every loss's ratio p/q) come from:
-    "sampler", as claimed (checked against ours within `max_logprob_gap`), or "learner": recomputed
+    "sampler", as claimed (checked against ours within `max_logprob_gap`); "learner": recomputed
     by the learner's own forward at the published weights of the version each group claims
     (node/learner/behaviour.py), so that a sampler computing in another precision (bfloat16 on a GPU)
-    or with other kernels makes no ratio differ from 1 on-policy. Costs a no-grad forward of each
-    own-model group and rebuilding each version a step's groups claim (34-54% of the training time
-    on the built-in model, docs/RESULTS.md section 6); a version no longer held keeps its sampler's
-    claims. Worth it where the claims sit far: at a gap of k3 3e-3 a token (emulated), GRPO on the
-    claims ended 4.3 points below float32 samplers and on ours at their level (RESULTS section 6)."""
+    or with other kernels makes no ratio differ from 1 on-policy; or "auto": recomputed for the
+    samplers whose claims, measured by the audits and the recomputations, sit further than
+    `behaviour_auto_k3` from ours, and for those not measured yet (node/learner/claim_gaps.py).
+    Recomputing costs a no-grad forward of each group and rebuilding each version a step's groups
+    claim (34-54% of the training time on the built-in model, docs/RESULTS.md section 6); a version
+    no longer held keeps its sampler's claims. It pays where the claims sit far: at k3 3e-3 a token
+    (emulated), GRPO on the claims ended 4.3 points below float32 samplers and on ours at their
+    level, where the built-in model's bfloat16 claims (k3 ~1e-4) cost nothing measurable."""
+    behaviour_auto_k3: float = 1e-3
+    """"auto" recomputes the groups of a sampler whose claims sit further than this k3 per token
+    (of log q/p) from the learner's own log-probs at the version they claim: between the built-in
+    model's bfloat16 engines (~1e-4) and a 32k/151k vocabulary's in bfloat16 (2e-3 / 5e-3)."""
     audit_first: int = 4
     """Own-model groups audited for checkable sampling (node/audit.py) from each new sampler..."""
     audit_rate: float = 0.1
@@ -172,7 +180,8 @@ def _rules(c: LearnerConfig) -> list[tuple[str, bool]]:
         ("max_tokens_per_microbatch >= 0 (0: the whole step at once)", c.max_tokens_per_microbatch >= 0),
         ("eval_every >= 0", c.eval_every >= 0), ("eval_size >= 1", c.eval_size >= 1),
         ("max_buffer_groups >= 1", c.max_buffer_groups >= 1),
-        ("behaviour_logprobs sampler or learner", c.behaviour_logprobs in BEHAVIOUR_SOURCES),
+        ("behaviour_logprobs sampler, learner or auto", c.behaviour_logprobs in BEHAVIOUR_SOURCES),
+        ("behaviour_auto_k3 > 0", c.behaviour_auto_k3 > 0),
         ("max_logprob_gap > 0", c.max_logprob_gap > 0), ("audit_logprob_gap > 0", c.audit_logprob_gap > 0),
         ("audit_first >= 0", c.audit_first >= 0), ("0 <= audit_rate <= 1", 0 <= c.audit_rate <= 1),
         ("0 <= audit_rate_trusted <= 1", 0 <= c.audit_rate_trusted <= 1),

@@ -16,8 +16,9 @@ Routing (docs/DESIGN.md, "The algorithms"): rollouts of the learner's own model 
 
 The parts, each owning its state and its `state_dict`: `RecordChecks` (and `Chains`), the
 `GroupBuffer`, the `Auditor`, `Training` (with the guard), `Publishing`, the `Books`; and, with
-`behaviour_logprobs = "learner"`, `Recompute` (stateless but for its time), which puts the learner's
-own log-probs into own-model groups on the audit copy between a step's audits and its training. The learner
+`behaviour_logprobs = "learner"` (or "auto"), `Recompute` (stateless but for its time), which puts the
+learner's own log-probs into own-model groups (in "auto", those of samplers whose claims the audits
+found far: node/learner/claim_gaps.py) on the audit copy between a step's audits and its training. The learner
 is the rollout receiver's `Intake` (swarm/exchange.py): the network thread asks it about each
 record before acknowledging it.
 """
@@ -118,8 +119,9 @@ class Learner:
         self.recompute = (Recompute(self.auditor.model_at, sampling.params.logprob_temperature, tokenizer.pad_token_id,
                                     # the trainer's micro-batches, in the compute dtype even with FSDP
                                     replace(self.training.options, autocast_dtype=compute_dtype),
-                                    cfg.max_logprob_gap)
-                          if cfg.behaviour_logprobs == "learner" else None)
+                                    cfg.max_logprob_gap, self.auditor.claim_gaps,
+                                    only_far=cfg.behaviour_logprobs == "auto")
+                          if cfg.behaviour_logprobs != "sampler" else None)
         """Puts the learner's own log-probs into own-model groups (`behaviour_logprobs`)."""
         self.buffer = GroupBuffer(cfg)
         self.books = Books()

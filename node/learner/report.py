@@ -28,7 +28,7 @@ def batch_stats(taken: list[BufferedGroup], version: int) -> dict[str, Any]:
 
 def counters(books: Books, auditor: Auditor, training: Training, buffered: int, t0: float) -> dict[str, Any]:
     """The learner's running counts, as each step record carries them."""
-    return {**books.counters(), "audit": dict(auditor.stats),
+    return {**books.counters(), "audit": dict(auditor.stats), "claim_gaps": auditor.claim_gaps.stats(),
             "logprob_gap_drops": dict(training.gap_drops), "train_time_s": round(training.time_s, 3),
             "credited": {p: c["groups"] for p, c in books.tally.peers.items()},
             "refused_samplers": len(auditor.refusals.refused),

@@ -1,0 +1,158 @@
+"""Each sampler's claim gap and `behaviour_logprobs = "auto"` (node/learner/claim_gaps.py): the
+estimate by hand, the audit's measure of it, and a learner that recomputes the groups of samplers
+whose claims sit far (or are not measured yet) and trains on the claims of those that sit close."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from helpers.inmemory import tiny_swarm
+from node.algorithms.base import k3
+from node.learner.claim_gaps import ClaimGaps, decayed
+
+
+def test_the_decayed_estimate_by_hand():
+    # 1,000 tokens of k3 sum 2 after (weights of) 3,000 of sum 3, half-life 1,000: the older weigh 1/2,
+    # the new ones 1/2 * 1000 / ln 2 = 721.35 tokens' worth (each by its own age)
+    fresh = 500 / math.log(2)
+    assert decayed(3.0, 3000.0, 2.0, 1000, 1000.0) == pytest.approx((1.5 + fresh * 2e-3, 1500 + fresh), rel=1e-12)
+    # a few tokens count about as many; without decay, exactly
+    assert decayed(0.0, 0.0, 1.0, 10, 1e6)[1] == pytest.approx(10, rel=1e-4)
+    assert decayed(3.0, 3000.0, 2.0, 1000, math.inf) == (5.0, 4000.0)
+    # the steady count: half_life / ln 2, however the tokens are batched
+    one, many = (0.0, 0.0), (0.0, 0.0)
+    one = decayed(*one, 1.0, 100_000, 1000.0)
+    for _ in range(1000):
+        many = decayed(*many, 0.001, 100, 1000.0)
+    assert one[1] == pytest.approx(1000 / math.log(2), rel=1e-6) and many[1] == pytest.approx(one[1], rel=1e-6)
+    g = ClaimGaps(threshold=1e-3, half_life=1000.0, min_tokens=100)
+    g.add("a", 3.0, 3000)
+    g.add("a", 2.0, 1000)
+    assert g.k3("a") == pytest.approx(decayed(*decayed(0, 0, 3.0, 3000, 1000.0), 2.0, 1000, 1000.0)[0]
+                                      / decayed(*decayed(0, 0, 3.0, 3000, 1000.0), 2.0, 1000, 1000.0)[1], rel=1e-12)
+
+
+def test_unmeasured_samplers_are_far_until_enough_tokens_then_the_threshold_decides():
+    g = ClaimGaps(threshold=1e-3, min_tokens=256, half_life=math.inf)  # (a count that does not decay)
+    assert g.k3("a") is None and g.far("a")
+    g.add("a", 255 * 1e-5, 255)
+    assert g.k3("a") is None and g.far("a")  # one token short of believing it
+    g.add("a", 1e-5, 1)
+    assert g.k3("a") == pytest.approx(1e-5, rel=1e-9) and not g.far("a")
+    g.add("b", 300 * 2e-3, 300)
+    assert g.far("b")
+    assert g.stats() == {"measured": 2, "far": 1, "k3_max": pytest.approx(2e-3, rel=1e-9)}
+
+
+def test_nothing_measured_or_nan_changes_nothing():
+    g = ClaimGaps(threshold=1e-3, min_tokens=1)
+    g.add("a", 0.0, 0)
+    g.add("a", float("nan"), 500)
+    assert g.k3("a") is None and g.far("a")
+
+
+def test_an_engine_that_changes_is_seen_within_a_half_life():
+    g = ClaimGaps(threshold=1e-3, half_life=1000.0, min_tokens=100)
+    g.add("a", 20_000 * 1e-5, 20_000)  # a long record in float32...
+    assert not g.far("a")
+    for _ in range(10):  # ...then 1,000 tokens in an engine 10x past the threshold
+        g.add("a", 100 * 1e-2, 100)
+    assert g.far("a")
+
+
+def test_forgetting_keeps_the_newest_samplers_and_errs_on_recomputing():
+    g = ClaimGaps(threshold=1e-3, min_tokens=1, max_samplers=3)
+    for s in "abcd":
+        g.add(s, 1e-6, 10)
+    assert g.k3("a") is None and g.far("a")  # forgotten: unmeasured again, so recomputed
+    assert all(not g.far(s) for s in "bcd")
+    g2 = ClaimGaps(threshold=1e-3, min_tokens=1, max_samplers=3)
+    g2.load_state_dict(g.state_dict())
+    assert [g2.k3(s) for s in "abcd"] == [g.k3(s) for s in "abcd"]
+
+
+def test_an_audit_measures_the_claims_k3_against_the_recomputed_log_probs():
+    from node.audit import AuditItem, audit_groups
+    from node.checkable import group_seeds
+    from node.engines.base import SamplingParams
+    from node.logprobs import completion_logprobs, completion_span, pack
+    from node.models import BUILTIN_MODEL, load_model, load_tokenizer
+
+    tok, model = load_tokenizer(BUILTIN_MODEL), load_model(BUILTIN_MODEL).eval()
+    params = SamplingParams(n=2, temperature=0.7, max_new_tokens=5)
+    prompt = tok("12+7=", add_special_tokens=False)["input_ids"]
+    comps = [([5, 6, 7], [-1.0, -2.0, -0.5]), ([8, 9], [-3.0, -0.1])]
+    r = audit_groups(model, [AuditItem(prompt, comps, group_seeds(bytes(16), "p", "s", 2))], params,
+                     tok.pad_token_id, tol=100.0)[0]
+    want = 0.0
+    for toks, claimed in comps:
+        with torch.no_grad():
+            mine = completion_logprobs(model, pack([prompt], [toks], tok.pad_token_id), 0.7)[0]
+        mine = mine[completion_span(len(prompt), len(toks))].double()
+        want += float(k3(torch.tensor(claimed, dtype=torch.float64) - mine).sum())
+    assert r.positions == 5 and r.claim_k3 == pytest.approx(want, rel=1e-5)
+
+
+# ---- a learner in "auto" ------------------------------------------------------------------------
+
+def _auto(sampler_dtype: torch.dtype, threshold: float, **overrides):
+    # 8 groups a step: the arithmetic task's answers are short (~15 tokens a group of 4), and an
+    # estimate is believed from MIN_TOKENS (64) on
+    s = tiny_swarm(groups_per_step=8, samplers=1, start=True, behaviour_logprobs="auto",
+                   behaviour_auto_k3=threshold, **{"audit_first": 8, **overrides})
+    s.samplers[0].engine.model.to(sampler_dtype)  # a GPU volunteer's engine; the learner stays float32
+    s.samplers[0].maybe_update(s.link("s0"))
+    return s
+
+
+def _feed(s, n: int = 8) -> None:
+    groups = s.samplers[0].produce(n)
+    assert sum(s.learner.ingest(g.encode()) is None for g in groups) == n
+
+
+def test_auto_trains_on_the_claims_of_a_sampler_its_audits_found_close():
+    s = _auto(torch.float32, 1e-3)  # audits on: a new sampler's first 8 groups
+    _feed(s)
+    rec = s.learner.step()
+    assert rec["audit"]["audits"] == 8
+    assert rec["claim_gaps"]["measured"] == 1 and rec["claim_gaps"]["far"] == 0
+    assert rec["claim_gaps"]["k3_max"] < 1e-8  # a float32 engine on the same weights: rounding
+    assert rec["behaviour_claims_close"] == 8 and rec["behaviour_recomputed"] == 0
+
+
+def test_auto_recomputes_a_sampler_whose_claims_sit_far_and_so_trains_at_a_ratio_of_one():
+    s = _auto(torch.bfloat16, 1e-7)  # a threshold under bfloat16's ~1e-4: this engine is "far"
+    _feed(s)
+    rec = s.learner.step()
+    assert rec["claim_gaps"]["far"] == 1 and rec["claim_gaps"]["k3_max"] > 1e-7
+    assert rec["behaviour_recomputed"] == 8 and rec["behaviour_claims_close"] == 0
+    if "own" in rec.get("routes", {}):  # (every group's rewards equal: nothing trained, nothing to compare)
+        assert rec["routes"]["own"]["kl_k3"] < 1e-9  # the learner's own log-probs: p = q on-policy
+
+
+def test_auto_recomputes_an_unmeasured_sampler_and_measures_it_so():
+    s = _auto(torch.float32, 1e-3, audit_first=0, audit_rate=0.0, audit_rate_trusted=0.0)  # never audited
+    _feed(s)
+    first = s.learner.step()
+    assert first["audit"]["audits"] == 0
+    assert first["behaviour_recomputed"] == 8  # not measured yet: recomputed, and measured by it
+    assert first["claim_gaps"]["measured"] == 1 and first["claim_gaps"]["far"] == 0
+    s.samplers[0].maybe_update(s.link("s0"))
+    _feed(s)
+    second = s.learner.step()
+    assert second["behaviour_claims_close"] == 8 and second["behaviour_recomputed"] == 0
+    assert math.isfinite(second["claim_gaps"]["k3_max"])
+
+
+def test_the_estimates_survive_a_checkpoint(tmp_path):
+    s = _auto(torch.float32, 1e-3)
+    _feed(s)
+    s.learner.step()
+    path = s.learner.save_checkpoint(tmp_path)
+    t = _auto(torch.float32, 1e-3)
+    t.learner.load_checkpoint(path)
+    sampler = next(iter(s.learner.auditor.audits))
+    assert t.learner.auditor.claim_gaps.k3(sampler) == s.learner.auditor.claim_gaps.k3(sampler) is not None

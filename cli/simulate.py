@@ -131,6 +131,10 @@ def emulated_engine_audit(learner: LearnerConfig, logit_error: float, temperatur
     return out
 
 
+MAKE_UP_ROUNDS = 3
+"""Tries, per tick, to make again the groups the learner refused (Simulator._ingest)."""
+
+
 class Simulator:
     def __init__(self, cfg: SimulatorConfig) -> None:
         self.cfg = cfg
@@ -186,6 +190,21 @@ class Simulator:
             counts[i] += 1
         return counts
 
+    def _ingest(self, shares: list[int]) -> None:
+        """Everything delivered by now, into the learner. A group it refuses (a duplicate of one it
+        took: a peaked model answers a problem drawn again as it did before) is made again, up to
+        MAKE_UP_ROUNDS times, by the samplers in turn: else the learner is one group short each tick
+        and trains one version behind from then on (4 of 30 cells of an on-policy grid did)."""
+        makers = [s for s, n in zip(self.samplers, shares) if n]
+        for round_ in range(MAKE_UP_ROUNDS + 1):
+            received = self.exchange.receive_rollouts(10_000)
+            refused = len(received) - self.learner.ingest_many(received)
+            if not refused or round_ == MAKE_UP_ROUNDS:
+                return
+            for i in range(refused):  # (with a rollout delay, they arrive as late as the first try would)
+                sampler, link, _ = makers[i % len(makers)]
+                sampler.run_once(link, 1)
+
     def _record(self, rec: dict) -> None:
         if self._on_record is not None:
             self._on_record(rec)
@@ -200,7 +219,7 @@ class Simulator:
             for (sampler, link, _), n in zip(self.samplers, shares):
                 if n:
                     sampler.run_once(link, n)
-            self.learner.ingest_many(self.exchange.receive_rollouts(10_000))
+            self._ingest(shares)
             self.learner.step()
             if self.learner.refusals.refused:
                 # every simulated sampler is honest: a refusal is the audit's error, and the run

@@ -178,3 +178,25 @@ def test_the_learner_audits_an_emulated_engine_with_a_tolerance_derived_from_its
     assert audit["audits"] > 0 and audit["failed"] == 0 and steps[-1]["refused_samplers"] == 0
     assert 0.5 < audit["margin_max"] < 3.0  # the emulated error shows in the margins, inside the tolerance
     assert Simulator(small(0, steps=1)).learner.cfg.audit_margin == LearnerConfig().audit_margin
+
+
+def test_a_group_refused_as_a_duplicate_is_made_again_so_the_learner_steps_every_tick():
+    # a peaked model that draws a problem again answers it as before: the learner refuses the
+    # group (duplicate_content), and without a replacement it was one group short each tick and
+    # trained a version behind from then on
+    sim = Simulator(small(0, steps=4))
+    sampler = sim.samplers[0][0]
+    produce, repeated = sampler.produce, []
+
+    def repeat_once(n=None):
+        groups = produce(n)
+        if not repeated:  # the first batch's last group is its first again, under a new id
+            repeated.append(replace(groups[0], id=groups[0].id[::-1]))
+            groups = groups[:-1] + repeated
+        return groups
+
+    sampler.produce = repeat_once
+    steps = [r for r in sim.run() if r["kind"] == "step"]
+    assert steps[-1]["drops"] == {"duplicate_content": 1}
+    assert [r["version"] for r in steps] == [1, 2, 3, 4]
+    assert [r["staleness_mean"] for r in steps] == [0.0] * 4

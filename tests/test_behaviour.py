@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from helpers.inmemory import tiny_swarm
+from node.algorithms import has_signal
 from node.learner import LearnerConfig
 from node.learner.behaviour import Mismatch, claim_error, learner_logprobs
 from node.learner.groups import BufferedGroup, Route
@@ -55,7 +56,9 @@ def _step(mode: str, sampler_dtype: torch.dtype, tamper=None) -> tuple[dict, obj
     s = tiny_swarm(groups_per_step=4, samplers=1, start=True, behaviour_logprobs=mode, audit_first=0, audit_rate=0.0)
     s.samplers[0].engine.model.to(sampler_dtype)  # a GPU volunteer's engine; the learner stays float32
     s.samplers[0].maybe_update(s.link("s0"))
-    groups = s.samplers[0].produce(4)
+    # groups with a reward signal: a step whose groups all score alike trains on nothing (no routes)
+    groups = [g for g in s.samplers[0].produce(16) if has_signal([c.reward for c in g.completions])][:4]
+    assert len(groups) == 4
     if tamper:
         tamper(groups)
     assert sum(s.learner.ingest(g.encode()) is None for g in groups) == 4

@@ -31,6 +31,7 @@ from node.sampler import Sampler
 from node.tasks import ArithmeticConfig, make_task
 from swarm.delay import DelayConfig
 from swarm.memory import MemoryExchange, VirtualClock
+from swarm.records import decode_rollout_group
 
 log = logging.getLogger(__name__)
 
@@ -190,19 +191,22 @@ class Simulator:
             counts[i] += 1
         return counts
 
-    def _ingest(self, shares: list[int]) -> None:
-        """Everything delivered by now, into the learner. A group it refuses (a duplicate of one it
-        took: a peaked model answers a problem drawn again as it did before) is made again, up to
-        MAKE_UP_ROUNDS times, by the samplers in turn: else the learner is one group short each tick
-        and trains one version behind from then on (4 of 30 cells of an on-policy grid did)."""
-        makers = [s for s, n in zip(self.samplers, shares) if n]
+    def _ingest(self) -> None:
+        """Everything delivered by now, into the learner. A group it refuses as a duplicate of one
+        it took (a peaked model answers a problem drawn again as it did before) is made again by its
+        sampler, up to MAKE_UP_ROUNDS times: else the learner is one group short each tick and
+        trains one version behind from then on (4 of 30 cells of an on-policy grid did). Other
+        refusals are what a run measures (a dropped route, a full buffer): not made up."""
+        by_peer = {s.peer_id: (s, link) for s, link, _ in self.samplers}
         for round_ in range(MAKE_UP_ROUNDS + 1):
-            received = self.exchange.receive_rollouts(10_000)
-            refused = len(received) - self.learner.ingest_many(received)
-            if not refused or round_ == MAKE_UP_ROUNDS:
+            again = []
+            for raw in self.exchange.receive_rollouts(10_000):
+                if self.learner.ingest(raw) == "duplicate_content":
+                    again.append(decode_rollout_group(raw).sampler)
+            if not again or round_ == MAKE_UP_ROUNDS:
                 return
-            for i in range(refused):  # (with a rollout delay, they arrive as late as the first try would)
-                sampler, link, _ = makers[i % len(makers)]
+            for peer in again:  # (with a rollout delay, they arrive as late as the first try would)
+                sampler, link = by_peer[peer]
                 sampler.run_once(link, 1)
 
     def _record(self, rec: dict) -> None:
@@ -219,7 +223,7 @@ class Simulator:
             for (sampler, link, _), n in zip(self.samplers, shares):
                 if n:
                     sampler.run_once(link, n)
-            self._ingest(shares)
+            self._ingest()
             self.learner.step()
             if self.learner.refusals.refused:
                 # every simulated sampler is honest: a refusal is the audit's error, and the run

@@ -200,7 +200,9 @@ def test_forged_logprobs_are_dropped_from_the_step_counted_and_not_credited(task
     for g in forged:
         for c in g.completions:
             c.logprobs = [-18.0] * len(c.token_ids)
-    learner.ingest_many([g.encode() for g in forged] + [g.encode() for g in honest.produce(2)])
+    kept = [g for g in honest.produce(12) if has_signal([c.reward for c in g.completions])][:2]  # so each step trains
+    assert len(kept) == 2
+    learner.ingest_many([g.encode() for g in forged] + [g.encode() for g in kept])
     recs = []
     _trained_groups(learner, recs)
     assert learner.training.gap_drops["liar"] == 2 and learner.drops["logprob_gap"] == 2 and "honest" not in learner.training.gap_drops

@@ -156,3 +156,38 @@ def test_the_estimates_survive_a_checkpoint(tmp_path):
     t.learner.load_checkpoint(path)
     sampler = next(iter(s.learner.auditor.audits))
     assert t.learner.auditor.claim_gaps.k3(sampler) == s.learner.auditor.claim_gaps.k3(sampler) is not None
+
+
+def test_a_groups_claims_dropped_past_the_gap_count_toward_its_samplers_estimate():
+    s = _auto(torch.float32, 1e-3, audit_first=0, audit_rate=0.0, audit_rate_trusted=0.0)
+    groups = s.samplers[0].produce(8)
+    for c in groups[0].completions:
+        c.logprobs = [-18.0] * len(c.token_ids)  # forged: dropped by the recomputation's check
+    assert sum(s.learner.ingest(g.encode()) is None for g in groups) == 8
+    rec = s.learner.step()
+    assert rec["drops"]["logprob_gap"] == 1
+    assert rec["claim_gaps"]["far"] == 1  # the forged group's gap is in the estimate: far, recomputed
+    assert rec["behaviour_k3"] < 1e-8  # and not in the step's figures of the claims it kept
+
+
+def test_a_learner_in_bfloat16_measures_the_gap_against_its_own_compute_not_the_audits_float32():
+    from node.config import SamplingConfig
+    from node.learner import Learner, LearnerConfig
+    from node.models import BUILTIN_MODEL, load_model, load_tokenizer
+    from node.tasks import ArithmeticConfig, make_task
+
+    tok = load_tokenizer(BUILTIN_MODEL)
+
+    def learner(dtype):
+        return Learner(LearnerConfig(eval_every=0, eval_size=20), load_model(BUILTIN_MODEL), tok,
+                       make_task(ArithmeticConfig(), tok), model_id=BUILTIN_MODEL, sampling=SamplingConfig(),
+                       compute_dtype=dtype)
+
+    f32, bf16 = learner(None), learner(torch.bfloat16)
+    assert f32.auditor.measures_claims and f32.recompute.resample is None
+    # p is bfloat16 here: the float32 audit would call a float32 sampler close where its ratio is not
+    assert not bf16.auditor.measures_claims and bf16.recompute.resample == bf16.auditor.draw
+    bf16.auditor.claim_gaps.add("close", 1e-6 * 100, 100)
+    bf16.auditor.audits["close"] = 1  # short record: audit_rate (0.1)
+    share = sum(bf16.recompute._wanted("close") for _ in range(4000)) / 4000
+    assert abs(share - 0.1) < 0.03  # a close sampler's groups still recomputed at its audit rate

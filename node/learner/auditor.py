@@ -41,9 +41,13 @@ NEW_STATS = {"audits": 0, "failed": 0, "unauditable": 0, "positions": 0, "flips"
 
 class Auditor:
     def __init__(self, cfg: LearnerConfig, model: torch.nn.Module, aliases: dict[str, str], sampling: SamplingConfig,
-                 pad_id: int, archive: VersionArchive, refusals: RefusalList, peer_id: str) -> None:
+                 pad_id: int, archive: VersionArchive, refusals: RefusalList, peer_id: str,
+                 measures_claims: bool = True) -> None:
+        """`measures_claims`: audits count each sampler's claim gap (`claim_gaps`). Only where the
+        learner computes in float32, as the audit's forward does: a learner in bfloat16 computes p
+        in bfloat16, and measures the gap against that by recomputing (node/learner/behaviour.py)."""
         self.cfg, self.model, self._aliases, self.sampling, self.pad_id = cfg, model, aliases, sampling, pad_id
-        self.archive, self.refusals, self.peer_id = archive, refusals, peer_id
+        self.archive, self.refusals, self.peer_id, self.measures_claims = archive, refusals, peer_id, measures_claims
         self.audits: collections.Counter[str] = collections.Counter()
         """Audits done per sampler (the first `audit_first` of each are always done)."""
         self.flip_test = FlipTest(cfg.audit_flip_rate, cfg.audit_alarm)
@@ -98,12 +102,16 @@ class Auditor:
         trusted = self.audits[sampler] >= self.cfg.audit_trusted_after
         return self.cfg.audit_rate_trusted if trusted else self.cfg.audit_rate
 
+    def draw(self, sampler: str) -> bool:
+        """True with probability `rate(sampler)`, unpredictably to the sampler."""
+        return self._rng.random() < self.rate(sampler)
+
     def audit(self, taken: list[BufferedGroup]) -> dict[str, str]:
         """Audit a chosen share of `taken` (each chosen group's `verdict` is set); returns the
         samplers that failed, each with the reason of its first failure. The caller `release`s the
         audit copy once the step needs it no more."""
         chosen = [b for b in taken if b.own and b.sampler != self.peer_id  # (made in this process)
-                  and (self.audits[b.sampler] < self.cfg.audit_first or self._rng.random() < self.rate(b.sampler))]
+                  and (self.audits[b.sampler] < self.cfg.audit_first or self.draw(b.sampler))]
         # one forward pass per claimed version: its weights are rebuilt and loaded once
         by_version: dict[tuple[str, int], list[BufferedGroup]] = {}
         for b in chosen:
@@ -162,7 +170,8 @@ class Auditor:
         if result.reference_flips is not None:  # after: the rate is fixed before the group
             self.flip_rate.add(result.reference_flips, result.positions)
         st["flip_rate"] = rate
-        self.claim_gaps.add(b.sampler, result.claim_k3, result.positions)
+        if self.measures_claims:
+            self.claim_gaps.add(b.sampler, result.claim_k3, result.positions)
         if result.passed and result.logprob_gap <= self.cfg.audit_logprob_gap and not alarmed:
             st["logprob_gap_max"] = max(st["logprob_gap_max"], result.logprob_gap)  # honest engines' numerics
             st["margin_max"] = max(st["margin_max"], result.max_margin)

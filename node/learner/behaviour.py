@@ -24,6 +24,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -88,7 +89,10 @@ class Mismatch:
         self.clipped += other.clipped
 
     def stats(self) -> dict[str, float]:
-        n = max(self.tokens, 1)
+        """The step's figures; none when no claim was compared (nothing recomputed)."""
+        if not self.tokens:
+            return {}
+        n = self.tokens
         return {"behaviour_gap_mean": self.abs_sum / n, "behaviour_k3": self.k3_sum / n,
                 "behaviour_clip_share": self.clipped / n}
 
@@ -104,15 +108,22 @@ class Recompute:
     time it spends (`time_s`), for the step record."""
 
     def __init__(self, model_at, temperature: float, pad_id: int, options: StepOptions, max_gap: float,
-                 gaps: ClaimGaps | None = None, only_far: bool = False) -> None:
+                 gaps: ClaimGaps | None = None, only_far: bool = False,
+                 resample: Callable[[str], bool] | None = None) -> None:
         """`model_at((chain, version))`: the audit copy with that version's published weights
         loaded, or None if they cannot be rebuilt (node/learner/auditor.Auditor.model_at).
         `gaps`: where each recomputed group's claim gap is counted, per sampler; with `only_far`
         ("auto"), only the groups of samplers whose claims it finds far (or not measured) are
-        recomputed, the others keep their claims."""
+        recomputed, the others keep their claims, but for those `resample(sampler)` picks (at
+        random: what keeps a close sampler's estimate fresh where audits do not measure it)."""
         self.model_at, self.temperature, self.pad_id, self.options, self.max_gap = model_at, temperature, pad_id, options, max_gap
-        self.gaps, self.only_far = gaps, only_far
+        self.gaps, self.only_far, self.resample = gaps, only_far, resample
         self.time_s = 0.0
+
+    def _wanted(self, sampler: str) -> bool:
+        if not self.only_far or self.gaps is None or self.gaps.far(sampler):
+            return True
+        return self.resample is not None and self.resample(sampler)
 
     def __call__(self, taken: list) -> tuple[list, list, dict[str, float]]:
         """`taken` (BufferedGroups) with own-model groups' log-probs recomputed: (what to train on,
@@ -123,7 +134,7 @@ class Recompute:
         for b in taken:
             if not b.own:
                 continue
-            if self.only_far and self.gaps is not None and not self.gaps.far(b.sampler):
+            if not self._wanted(b.sampler):
                 close += 1  # measured close to ours: its claims are as good, and free
                 continue
             by_version.setdefault((b.chain, b.claimed_version), []).append(b)
@@ -142,16 +153,16 @@ class Recompute:
                 continue
             for b, lps in zip(groups, ours):
                 errors = [claim_error(c.logprobs, lp) for c, lp in zip(b.group.completions, lps)]
+                one = Mismatch()
+                for d in errors:
+                    one.add(d)
+                if self.gaps is not None:  # dropped or not: the furthest claims are evidence too
+                    self.gaps.add(b.sampler, one.k3_sum, one.tokens)
                 # the trainer's check (node/trainer.logprob_gap: mean |gap| per token), at the claimed version
                 if any(not float(d.abs().mean()) <= self.max_gap for d in errors if d.numel()):
                     dropped.add(id(b))
                     continue
-                one = Mismatch()
-                for d in errors:
-                    one.add(d)
                 mismatch.merge(one)
-                if self.gaps is not None:
-                    self.gaps.add(b.sampler, one.k3_sum, one.tokens)
                 b.group = with_logprobs(b.group, lps)
         self.time_s += time.perf_counter() - t0
         rec = {**mismatch.stats(), "behaviour_recomputed": sum(map(len, by_version.values())) - kept,

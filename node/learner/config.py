@@ -93,7 +93,9 @@ class LearnerConfig:
     behaviour_auto_k3: float = 1e-3
     """"auto" recomputes the groups of a sampler whose claims sit further than this k3 per token
     (of log q/p) from the learner's own log-probs at the version they claim: between the built-in
-    model's bfloat16 engines (~1e-4) and a 32k/151k vocabulary's in bfloat16 (2e-3 / 5e-3)."""
+    model's bfloat16 engines (~1e-4) and a 32k/151k vocabulary's in bfloat16 (2e-3 / 5e-3). An
+    emulated gap of 1.1e-3 cost GRPO 1.2 ± 2.3 points (not significant), 2.9e-3 cost 4.3 ± 2.7
+    (docs/RESULTS.md section 6, "Where the gap starts to cost")."""
     audit_first: int = 4
     """Own-model groups audited for checkable sampling (node/audit.py) from each new sampler..."""
     audit_rate: float = 0.1

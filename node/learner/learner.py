@@ -115,12 +115,16 @@ class Learner:
         self.publishing = Publishing(cfg.weights, self.model, model_id, self.chains.this, archive, link)
         self.checks = RecordChecks(cfg, tokenizer, task, sampling, model_id=model_id, swarm=swarm,
                                    chains=self.chains, archive=archive, refusals=refusals)
-        self.auditor = Auditor(cfg, self.model, aliases, sampling, tokenizer.pad_token_id, archive, refusals, peer_id)
+        # the audit's float32 forward measures the claims' gap only where p is float32 too
+        in_float32 = compute_dtype in (None, torch.float32)
+        self.auditor = Auditor(cfg, self.model, aliases, sampling, tokenizer.pad_token_id, archive, refusals, peer_id,
+                               measures_claims=in_float32)
         self.recompute = (Recompute(self.auditor.model_at, sampling.params.logprob_temperature, tokenizer.pad_token_id,
                                     # the trainer's micro-batches, in the compute dtype even with FSDP
                                     replace(self.training.options, autocast_dtype=compute_dtype),
                                     cfg.max_logprob_gap, self.auditor.claim_gaps,
-                                    only_far=cfg.behaviour_logprobs == "auto")
+                                    only_far=cfg.behaviour_logprobs == "auto",
+                                    resample=None if in_float32 else self.auditor.draw)
                           if cfg.behaviour_logprobs != "sampler" else None)
         """Puts the learner's own log-probs into own-model groups (`behaviour_logprobs`)."""
         self.buffer = GroupBuffer(cfg)

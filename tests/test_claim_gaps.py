@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from helpers.inmemory import tiny_swarm
+from node.algorithms import has_signal
 from node.algorithms.base import k3
 from node.learner.claim_gaps import ClaimGaps, decayed
 
@@ -109,7 +110,9 @@ def _auto(sampler_dtype: torch.dtype, threshold: float, **overrides):
 
 
 def _feed(s, n: int = 8) -> None:
-    groups = s.samplers[0].produce(n)
+    # groups with a reward signal, so that every step trains and its record has routes to compare
+    groups = [g for g in s.samplers[0].produce(4 * n) if has_signal([c.reward for c in g.completions])][:n]
+    assert len(groups) == n
     assert sum(s.learner.ingest(g.encode()) is None for g in groups) == n
 
 
@@ -129,8 +132,7 @@ def test_auto_recomputes_a_sampler_whose_claims_sit_far_and_so_trains_at_a_ratio
     rec = s.learner.step()
     assert rec["claim_gaps"]["far"] == 1 and rec["claim_gaps"]["k3_max"] > 1e-7
     assert rec["behaviour_recomputed"] == 8 and rec["behaviour_claims_close"] == 0
-    if "own" in rec.get("routes", {}):  # (every group's rewards equal: nothing trained, nothing to compare)
-        assert rec["routes"]["own"]["kl_k3"] < 1e-9  # the learner's own log-probs: p = q on-policy
+    assert rec["routes"]["own"]["kl_k3"] < 1e-9  # the learner's own log-probs: p = q on-policy
 
 
 def test_auto_recomputes_an_unmeasured_sampler_and_measures_it_so():

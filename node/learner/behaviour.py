@@ -108,8 +108,7 @@ class Recompute:
     time it spends (`time_s`), for the step record."""
 
     def __init__(self, model_at, temperature: float, pad_id: int, options: StepOptions, max_gap: float,
-                 gaps: ClaimGaps | None = None, only_far: bool = False,
-                 resample: Callable[[str], bool] | None = None) -> None:
+                 gaps: ClaimGaps, only_far: bool = False, resample: Callable[[str], bool] | None = None) -> None:
         """`model_at((chain, version))`: the audit copy with that version's published weights
         loaded, or None if they cannot be rebuilt (node/learner/auditor.Auditor.model_at).
         `gaps`: where each recomputed group's claim gap is counted, per sampler; with `only_far`
@@ -121,7 +120,7 @@ class Recompute:
         self.time_s = 0.0
 
     def _wanted(self, sampler: str) -> bool:
-        if not self.only_far or self.gaps is None or self.gaps.far(sampler):
+        if not self.only_far or self.gaps.far(sampler):
             return True
         return self.resample is not None and self.resample(sampler)
 
@@ -156,8 +155,7 @@ class Recompute:
                 one = Mismatch()
                 for d in errors:
                     one.add(d)
-                if self.gaps is not None:  # dropped or not: the furthest claims are evidence too
-                    self.gaps.add(b.sampler, one.k3_sum, one.tokens)
+                self.gaps.add(b.sampler, one.k3_sum, one.tokens)  # dropped or not: the furthest claims count too
                 # the trainer's check (node/trainer.logprob_gap: mean |gap| per token), at the claimed version
                 if any(not float(d.abs().mean()) <= self.max_gap for d in errors if d.numel()):
                     dropped.add(id(b))

@@ -60,7 +60,7 @@ class ClaimGaps:
 
     def add(self, sampler: str, k3_sum: float, tokens: int) -> None:
         """Count `tokens` of `sampler`'s claims whose k3 against ours sums to `k3_sum`."""
-        if tokens <= 0 or not k3_sum == k3_sum:  # nothing measured, or NaN (never believed as "close")
+        if tokens <= 0 or math.isnan(k3_sum):  # nothing measured, or NaN (never believed as "close")
             return
         self._est[sampler] = decayed(*self._est.pop(sampler, (0.0, 0.0)), k3_sum, tokens, self.half_life)
         while len(self._est) > self.max_samplers:

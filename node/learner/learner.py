@@ -17,8 +17,8 @@ Routing (docs/DESIGN.md, "The algorithms"): rollouts of the learner's own model 
 The parts, each owning its state and its `state_dict`: `RecordChecks` (and `Chains`), the
 `GroupBuffer`, the `Auditor`, `Training` (with the guard), `Publishing`, the `Books`; and, with
 `behaviour_logprobs = "learner"` (or "auto"), `Recompute` (stateless but for its time), which puts the
-learner's own log-probs into own-model groups (in "auto", those of samplers whose claims the audits
-found far: node/learner/claim_gaps.py) on the audit copy between a step's audits and its training. The learner
+learner's own log-probs into own-model groups (in "auto", those of samplers whose claims were
+measured far, or not yet: node/learner/claim_gaps.py) on the audit copy between a step's audits and its training. The learner
 is the rollout receiver's `Intake` (swarm/exchange.py): the network thread asks it about each
 record before acknowledging it.
 """

@@ -17,6 +17,7 @@ zero reward variance carry no signal and are skipped and counted, not trained on
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
@@ -46,6 +47,10 @@ class ScoredGroup:
     behaviour_seq_logp: list[float] | None = None
     """Foreign tokenizer only: the generator's log-prob of each completion (the sum over its own
     tokens); `completions` then hold the learner's re-tokenization (and no per-token log-probs)."""
+    claimed_logprobs: list[list[float]] | None = None
+    """Where the learner recomputed the completions' behaviour log-probs (node/learner/behaviour.py):
+    the sampler's claims they replaced, [completion][token], which the rollout correction weighs
+    the engine's sampling by (TrainPart.rollout_cap)."""
 
 
 @dataclass
@@ -60,6 +65,9 @@ class TrainBatch:
     groups_used: int
     groups_skipped: int
     """Groups dropped for zero reward variance."""
+    rollout_log_weight: torch.Tensor | None = None
+    """[B, L-1] log(p_old / q_engine) of each token: the behaviour log-probs less the claims they
+    replaced (ScoredGroup.claimed_logprobs), 0 where nothing was replaced; None if no group was."""
 
 
 def build_batch(groups: Sequence[ScoredGroup], normalize_std: bool, pad_id: int,
@@ -85,15 +93,20 @@ def build_batch(groups: Sequence[ScoredGroup], normalize_std: bool, pad_id: int,
     seq_level = groups[0].behaviour_seq_logp is not None
     if any((g.behaviour_seq_logp is not None) != seq_level for g in groups):
         raise ValueError("build_batch: do not mix token-level and sequence-level groups in one batch")
+    claims = [None if g.claimed_logprobs is None else g.claimed_logprobs[j]
+              for g in groups for j in range(len(g.completions))]
+    log_w = torch.zeros_like(old) if any(claims[i] is not None for i in keep) else None
     for row, i in enumerate(keep):
         if not seq_level:
             span = completion_span(len(prompts[row]), len(completions[row]))
             old[row, span] = torch.tensor(flat[i][1].logprobs, dtype=torch.float32, device="cpu")
+            if log_w is not None and claims[i] is not None:
+                log_w[row, span] = old[row, span] - torch.tensor(claims[i], dtype=torch.float32, device="cpu")
     seq_logp = None
     if seq_level:
         per_completion = [m for g in groups for m in g.behaviour_seq_logp]
         seq_logp = torch.tensor([per_completion[i] for i in keep], dtype=torch.float32, device="cpu")
-    return TrainBatch(packed, old, adv[keep], gids[keep], seq_logp, len(groups) - skipped, skipped)
+    return TrainBatch(packed, old, adv[keep], gids[keep], seq_logp, len(groups) - skipped, skipped, log_w)
 
 
 @dataclass
@@ -107,6 +120,10 @@ class TrainPart:
     max_logprob_gap: float | None = None
     """Sequences whose claimed behaviour log-probs are further than this from the learner's own
     (mean |l^p - l^q| per token, nats) are dropped from the step (None: no check; see logprob_gap)."""
+    rollout_cap: float | None = None
+    """Truncated importance sampling of the rollout engine (Yao et al. 2025; decoupled PPO): each token
+    of a recomputed group weighs min(p_old / q_engine, cap) in the loss (LossInputs.rollout_weight).
+    None: no weight (the claims' engine is taken to be the learner's)."""
 
 
 def logprob_gap(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -121,6 +138,7 @@ def logprob_gap(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) 
 
 
 WEIGHTED_METRICS = ("is_weight_mean", "is_weight_var", "clip_frac", "kl_k3", "filtered_frac", "truncated_frac", "drift_frac",
+                    "rollout_weight_mean", "rollout_truncated_frac",
                     "weight_mean_pos", "weight_mean_neg")
 
 
@@ -285,9 +303,13 @@ def _microbatch(model, parts, contexts, work: _Work | None, temperature: float, 
     k = keep.nonzero().squeeze(-1)
     kc = k.cpu()
     seq = b.old_seq_logp[sel][kc].to(device) if b.old_seq_logp is not None else None
+    weight = rollout_weight(b, sel, kc, width, part.rollout_cap, device)
     out = part.algo.loss(LossInputs(logp[k], old[k], b.advantages[sel][kc].to(device), packed.completion_mask[k],
                                     b.group_ids[sel][kc].to(device), seq, whole=whole,
-                                    log_e_hat=log_e_hat[sel][kc].to(device)), part.cfg)
+                                    log_e_hat=log_e_hat[sel][kc].to(device), rollout_weight=weight), part.cfg)
+    if weight is not None:
+        out.metrics.update(rollout_stats(b.rollout_log_weight[sel, :width][kc], packed.completion_mask[k].cpu(),
+                                         part.rollout_cap))
     if part.max_logprob_gap is not None:  # our model's rollouts: another model's q is far from p by design
         out.metrics.update(drift_stats(logp[k], old[k], packed.completion_mask[k], b.advantages[sel][kc].to(device)))
     share = whole.sequences / total
@@ -295,6 +317,26 @@ def _microbatch(model, parts, contexts, work: _Work | None, temperature: float, 
     finite = bool(torch.isfinite(loss))
     acc.add(work.part, out, len(kc), finite)
     return loss if finite else logp.sum() * 0.0
+
+
+def rollout_weight(b: TrainBatch, sel: torch.Tensor, kc: torch.Tensor, width: int, cap: float | None,
+                   device: torch.device) -> torch.Tensor | None:
+    """The kept rows' truncated rollout weights min(p_old / q_engine, cap), [k, width] (None: off or
+    nothing recomputed). Truncated from above only: a token the engine over-sampled weighs less, one
+    it under-sampled at most `cap`, so claims a sampler forges move a token's weight by at most cap."""
+    if cap is None or b.rollout_log_weight is None:
+        return None
+    return b.rollout_log_weight[sel, :width][kc].clamp(max=math.log(cap)).exp().to(device)
+
+
+def rollout_stats(log_w: torch.Tensor, mask: torch.Tensor, cap: float) -> dict[str, float]:
+    """Per sequence, its tokens' mean truncated rollout weight and share truncated at the cap; each
+    a mean over the sequences (so the step's figure is the same however it is cut into micro-batches)."""
+    if not mask.any():
+        return {}
+    lw, m = log_w.double(), mask.bool()
+    return {"rollout_weight_mean": seq_mean(lw.clamp(max=math.log(cap)).exp(), m).mean().item(),
+            "rollout_truncated_frac": seq_mean((lw > math.log(cap)).double(), m).mean().item()}
 
 
 class _Accumulator:

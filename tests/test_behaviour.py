@@ -52,8 +52,9 @@ def test_the_mismatch_figures_by_hand():
     assert s["behaviour_clip_share"] == 0.5  # p/q: |e^0.5 - 1| = 0.65 > 0.2; |e^-0.1 - 1| = 0.095 is not
 
 
-def _step(mode: str, sampler_dtype: torch.dtype, tamper=None) -> tuple[dict, object]:
-    s = tiny_swarm(groups_per_step=4, samplers=1, start=True, behaviour_logprobs=mode, audit_first=0, audit_rate=0.0)
+def _step(mode: str, sampler_dtype: torch.dtype, tamper=None, **overrides) -> tuple[dict, object]:
+    s = tiny_swarm(groups_per_step=4, samplers=1, start=True, behaviour_logprobs=mode, audit_first=0, audit_rate=0.0,
+                   **overrides)
     s.samplers[0].engine.model.to(sampler_dtype)  # a GPU volunteer's engine; the learner stays float32
     s.samplers[0].maybe_update(s.link("s0"))
     # groups with a reward signal: a step whose groups all score alike trains on nothing (no routes)
@@ -88,6 +89,26 @@ def test_a_group_whose_claims_are_forged_is_dropped_from_the_step_and_counted():
     assert rec["groups_own"] == 3 and rec["behaviour_recomputed"] == 4
     # the forged claims are not in the figures of the honest ones (float32 engine and learner: ~1e-6)
     assert rec["behaviour_gap_mean"] < 1e-4
+
+
+def test_the_rollout_correction_weighs_the_claims_engine_and_bounds_a_lowered_claim_at_the_cap():
+    honest, _ = _step("learner", torch.bfloat16, rollout_is_cap=2.0)
+    own = honest["routes"]["own"]
+    # a bfloat16 engine on the built-in model: weights within rounding of 1, none at the cap
+    assert own["rollout_weight_mean"] == pytest.approx(1.0, abs=0.05) and own["rollout_truncated_frac"] == 0
+
+    def lower(groups):  # claims 1 nat a token below the truth: weight e > 2, under the log-prob check's 4
+        for c in groups[0].completions:
+            c.logprobs = [lp - 1.0 for lp in c.logprobs]
+
+    rec, _ = _step("learner", torch.float32, lower, rollout_is_cap=2.0)
+    own = rec["routes"]["own"]
+    assert rec["drops"].get("logprob_gap", 0) == 0 and rec["groups_own"] == 4
+    # the lowered group's tokens weigh 2 (the cap), not e: a quarter of the sequences, all truncated
+    assert own["rollout_truncated_frac"] == pytest.approx(0.25, abs=1e-9)
+    assert own["rollout_weight_mean"] == pytest.approx(0.25 * 2.0 + 0.75 * 1.0, abs=1e-4)
+    off, _ = _step("learner", torch.float32, lower)
+    assert "rollout_weight_mean" not in off["routes"]["own"]  # rollout_is_cap = 0: no weights
 
 
 def test_the_audit_copy_is_let_go_before_the_training_step():

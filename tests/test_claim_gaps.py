@@ -12,6 +12,7 @@ import torch
 from helpers.inmemory import tiny_swarm
 from node.algorithms import has_signal
 from node.algorithms.base import k3
+from node.learner import LearnerConfig
 from node.learner.claim_gaps import ClaimGaps, decayed
 
 
@@ -135,6 +136,17 @@ def test_auto_recomputes_a_sampler_whose_claims_sit_far_and_so_trains_at_a_ratio
     assert rec["routes"]["own"]["kl_k3"] < 1e-9  # the learner's own log-probs: p = q on-policy
 
 
+@pytest.mark.parametrize("dtype,far", [(torch.float32, 0), (torch.bfloat16, 1), (torch.float16, 1)])
+def test_the_default_threshold_keeps_a_float32_engines_claims_and_recomputes_any_other_precisions(dtype, far):
+    s = _auto(dtype, LearnerConfig().behaviour_auto_k3)
+    _feed(s)
+    rec = s.learner.step()
+    assert rec["claim_gaps"]["measured"] == 1 and rec["claim_gaps"]["far"] == far
+    # each engine's gap sits 10x or more from the threshold, on its side (float32: rounding)
+    k3_, threshold = rec["claim_gaps"]["k3_max"], LearnerConfig().behaviour_auto_k3
+    assert (k3_ > 10 * threshold) if far else (k3_ < threshold / 10)
+
+
 def test_auto_recomputes_an_unmeasured_sampler_and_measures_it_so():
     s = _auto(torch.float32, 1e-3, audit_first=0, audit_rate=0.0, audit_rate_trusted=0.0)  # never audited
     _feed(s)
@@ -189,7 +201,7 @@ def test_a_learner_in_bfloat16_measures_the_gap_against_its_own_compute_not_the_
     assert f32.auditor.measures_claims and f32.recompute.resample is None
     # p is bfloat16 here: the float32 audit would call a float32 sampler close where its ratio is not
     assert not bf16.auditor.measures_claims and bf16.recompute.resample == bf16.auditor.draw
-    bf16.auditor.claim_gaps.add("close", 1e-6 * 100, 100)
+    bf16.auditor.claim_gaps.add("close", 1e-12 * 100, 100)
     bf16.auditor.audits["close"] = 1  # short record: audit_rate (0.1)
     share = sum(bf16.recompute._wanted("close") for _ in range(4000)) / 4000
     assert abs(share - 0.1) < 0.03  # a close sampler's groups still recomputed at its audit rate

@@ -166,6 +166,34 @@ def test_micro_batches_give_the_full_batch_gradient_for_every_loss(model_and_tok
         assert 1 in m_full["routes"][name]["dropped_groups"]
 
 
+@pytest.mark.parametrize("name", ["grpo", "gspo", "gepo", "m2po", "pg"])
+def test_micro_batches_give_the_full_batch_gradient_with_the_rollout_correction(model_and_tok, name):
+    from node.learner.behaviour import with_logprobs
+    from node.trainer import StepOptions
+
+    model, tok = model_and_tok
+    algo = get_algorithm(name)
+    cfg = algo.make_config()
+    groups = _groups(tok)
+    g = torch.Generator().manual_seed(1)
+    # groups 0 and 2 recomputed: "ours" within +-1.2 nats of the claims, so some weights pass the cap of 2
+    for k in (0, 2):
+        ours = [(torch.tensor(c.logprobs) + 2.4 * torch.rand(len(c.logprobs), generator=g) - 1.2).tolist()
+                for c in groups[k].completions]
+        groups[k] = with_logprobs(groups[k], ours)
+    batch = build_batch(groups, cfg.normalize_std, tok.pad_token_id)
+    parts = [TrainPart(name, batch, algo, cfg, 4.0, 2.0)]
+    full, m_full = _grads_after(model, parts, StepOptions())
+    budget = 2 * max(batch.packed.attention_mask.sum(-1).tolist())
+    micro, m_micro = _grads_after(model, parts, StepOptions(max_tokens_per_microbatch=budget))
+    _assert_same_grads(micro, full)
+    unweighted, _ = _grads_after(model, [TrainPart(name, batch, algo, cfg, 4.0)], StepOptions())
+    assert any(not torch.allclose(unweighted[n], full[n], rtol=1e-3, atol=0) for n in full)  # the weights act
+    route = m_full["routes"][name]
+    assert 0 < route["rollout_truncated_frac"] < 1 and route["rollout_weight_mean"] <= 2.0
+    assert route["rollout_weight_mean"] == pytest.approx(m_micro["routes"][name]["rollout_weight_mean"], abs=1e-12)
+
+
 def test_the_guard_reads_the_median_sequence_so_a_few_forged_claims_do_not_move_it(model_and_tok):
     from node.algorithms.base import k3, seq_mean
     from node.logprobs import completion_logprobs

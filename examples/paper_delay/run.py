@@ -124,7 +124,8 @@ def build_config(loss: str, delay: int, seed: int, args: argparse.Namespace, met
     learner = LearnerConfig(stale_loss=base, stale_options=options, lr=args.lr, groups_per_step=args.groups,
                             eval_every=args.eval_every, eval_size=args.eval_size,
                             max_staleness=max(64, 2 * delay),  # never drop an honest rollout for its age here
-                            behaviour_logprobs=args.behaviour_logprobs, **learner_options)
+                            behaviour_logprobs=args.behaviour_logprobs, rollout_is_cap=args.rollout_is_cap,
+                            **learner_options)
     return SimulatorConfig(
         model=args.model, task=ChainConfig() if args.task == "chain" else ArithmeticConfig(),
         sampling=SamplingConfig(group_size=args.group_size, temperature=args.temperature, top_p=args.top_p,
@@ -173,9 +174,10 @@ def summarise(history: list[dict]) -> dict:
 
 
 SETTINGS = ("steps", "task", "model", "lr", "groups", "group_size", "max_new_tokens", "samplers", "eval_every", "eval_size",
-            "sampler_dtype", "temperature", "top_p", "top_k", "lag", "behaviour_logprobs", "sampler_logit_error")
+            "sampler_dtype", "temperature", "top_p", "top_k", "lag", "behaviour_logprobs", "sampler_logit_error",
+            "rollout_is_cap")
 OLDER_SETTINGS = {"sampler_dtype": "float32", "temperature": 1.0, "top_p": 1.0, "top_k": 0, "lag": False,
-                  "behaviour_logprobs": "sampler", "sampler_logit_error": 0.0}
+                  "behaviour_logprobs": "sampler", "sampler_logit_error": 0.0, "rollout_is_cap": 0.0}
 """What grids run before a setting existed ran with."""
 
 
@@ -487,6 +489,9 @@ def main() -> None:
                     help="q of the losses' ratios: the samplers' claims, the learner's own recomputation at each "
                          "group's version, or that for samplers whose claims sit far (learner.behaviour_logprobs; "
                          "the grids' default stays the claims, as their older cells ran)")
+    ap.add_argument("--rollout-is-cap", type=float, default=0.0,
+                    help="with --behaviour-logprobs learner or auto: weigh each recomputed token by min(ours / claimed, "
+                         "cap), the rollout correction (learner.rollout_is_cap; 0: off, as the older cells ran)")
     ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (the authors': 0.6)")
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (the authors': 0.95)")
     ap.add_argument("--top-k", type=int, default=0, help="top-k sampling, 0 = off (the authors': 20)")

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 import torch
 
 from .base import (DUAL_CLIP, LOG_RATIO_MAX, LossInputs, LossOutput, batch_mean, clipped_surrogate, frac, group_log_e_hat,
-                   k3, k3_bounded, seq_mean, weight_stats)
+                   k3, k3_bounded, seq_mean, seq_rollout, weight_stats)
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,7 @@ def gepo_loss(inp: LossInputs, cfg: GEPOConfig) -> LossOutput:
         per_seq, clipped = clipped_surrogate(w, inp.advantages, 1 - lo, hi - 1, cfg.dual_clip, cfg.dual_truncate)
     else:
         per_seq, clipped = clipped_surrogate(w, inp.advantages, cfg.eps, cfg.eps, cfg.dual_clip, cfg.dual_truncate)
+    per_seq = seq_rollout(per_seq, inp)
     if cfg.beta:  # the KL term: log(q/p) capped at log c, so its gradient stays bounded; grad via l^p
         per_seq = per_seq + cfg.beta * seq_mean(k3_bounded(inp.old_logp.detach() - inp.logp, cfg.dual_clip), inp.mask)
     loss = batch_mean(per_seq, inp.whole)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from .base import (DUAL_CLIP, LOG_RATIO_MAX, LossInputs, LossOutput, aggregate, clipped_surrogate, frac, k3, k3_bounded,
-                   seq_mean, weight_stats)
+                   seq_mean, token_rollout, weight_stats)
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,7 @@ def grpo_loss(inp: LossInputs, cfg: GRPOConfig) -> LossOutput:
     ratio = torch.exp(log_ratio)  # [B, T]
     per_token, clipped = clipped_surrogate(ratio, inp.advantages[:, None], cfg.eps_low, cfg.eps_high, cfg.dual_clip,
                                            cfg.dual_truncate)
+    per_token = token_rollout(per_token, inp)
     if cfg.beta:  # gradient through l^p only; capped so a claimed q cannot make it unbounded
         per_token = per_token + cfg.beta * k3_bounded(inp.old_logp.detach() - inp.logp, cfg.dual_clip)
     loss = aggregate(per_token, inp.mask, cfg.aggregation, inp.whole, cfg.dr_grpo_max_tokens)

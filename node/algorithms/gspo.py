@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import DUAL_CLIP, batch_mean, LOG_RATIO_MAX, LossInputs, LossOutput, clipped_surrogate, frac, k3, seq_mean, weight_stats
+from .base import DUAL_CLIP, batch_mean, LOG_RATIO_MAX, LossInputs, LossOutput, clipped_surrogate, frac, k3, seq_mean, seq_rollout, weight_stats
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ def gspo_loss(inp: LossInputs, cfg: GSPOConfig) -> LossOutput:
     log_s = seq_mean(inp.logp - inp.old_logp.detach(), inp.mask).clamp(-LOG_RATIO_MAX, LOG_RATIO_MAX)
     s = torch.exp(log_s)  # [B]
     per_seq, clipped = clipped_surrogate(s, inp.advantages, cfg.eps_low, cfg.eps_high, cfg.dual_clip, cfg.dual_truncate)
-    return LossOutput(batch_mean(per_seq, inp.whole), {
+    return LossOutput(batch_mean(seq_rollout(per_seq, inp), inp.whole), {
         **weight_stats(s),
         "clip_frac": frac(clipped),
         "kl_k3": seq_mean(k3(inp.old_logp.detach() - inp.logp).detach(), inp.mask).mean().item(),

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import DUAL_CLIP, LOG_RATIO_MAX, LossInputs, LossOutput, clipped_surrogate, frac, k3, seq_mean, weight_stats
+from .base import DUAL_CLIP, LOG_RATIO_MAX, LossInputs, LossOutput, clipped_surrogate, frac, k3, seq_mean, token_rollout, weight_stats
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,7 @@ def m2po_loss(inp: LossInputs, cfg: M2POConfig) -> LossOutput:
         eps_low, eps_high = (math.inf, math.inf) if math.isinf(cap) else (1 - math.exp(-cap), math.expm1(cap))
         per_token, bounded = clipped_surrogate(ratio, inp.advantages[:, None], eps_low, eps_high, cfg.dual_clip, cfg.dual_truncate)
         keep = m
+    per_token = token_rollout(per_token, inp)
     whole_tokens = inp.whole.tokens if inp.whole is not None else int(m.sum())
     loss = torch.where(keep, per_token, 0.0).sum() / max(whole_tokens, 1)  # keep is within m
     return LossOutput(loss, {

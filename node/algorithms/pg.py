@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import LossInputs, LossOutput, aggregate, k3, seq_mean
+from .base import LossInputs, LossOutput, aggregate, k3, seq_mean, token_rollout
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class PGConfig:
 
 def pg_loss(inp: LossInputs, cfg: PGConfig) -> LossOutput:
     ratio = torch.exp(inp.logp - inp.logp.detach())
-    per_token = -ratio * inp.advantages[:, None]
+    per_token = token_rollout(-ratio * inp.advantages[:, None], inp)
     loss = aggregate(per_token, inp.mask, cfg.aggregation, inp.whole, cfg.dr_grpo_max_tokens)
     return LossOutput(loss, {
         "is_weight_mean": 1.0, "is_weight_var": 0.0, "clip_frac": 0.0,

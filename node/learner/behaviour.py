@@ -98,9 +98,10 @@ class Mismatch:
 
 
 def with_logprobs(group: ScoredGroup, logprobs: list[list[float]]) -> ScoredGroup:
-    """`group` with its completions' behaviour log-probs replaced."""
+    """`group` with its completions' behaviour log-probs replaced, the claims kept beside them
+    (`claimed_logprobs`: what the rollout correction weighs the sampler's engine by)."""
     comps = [dataclasses.replace(c, logprobs=lp) for c, lp in zip(group.completions, logprobs)]
-    return dataclasses.replace(group, completions=comps)
+    return dataclasses.replace(group, completions=comps, claimed_logprobs=[c.logprobs for c in group.completions])
 
 
 class Recompute:

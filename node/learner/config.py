@@ -89,13 +89,23 @@ class LearnerConfig:
     claim (34-54% of the training time on the built-in model, docs/RESULTS.md section 6); a version
     no longer held keeps its sampler's claims. It pays where the claims sit far: at k3 3e-3 a token
     (emulated), GRPO on the claims ended 4.3 points below float32 samplers and on ours at their
-    level, where the built-in model's bfloat16 claims (k3 ~1e-4) cost nothing measurable."""
-    behaviour_auto_k3: float = 1e-3
+    level. "auto" keeps the claims of samplers that compute as the learner does (float32) for free."""
+    behaviour_auto_k3: float = 1e-8
     """"auto" recomputes the groups of a sampler whose claims sit further than this k3 per token
-    (of log q/p) from the learner's own log-probs at the version they claim: between the built-in
-    model's bfloat16 engines (~1e-4) and a 32k/151k vocabulary's in bfloat16 (2e-3 / 5e-3). An
-    emulated gap of 1.1e-3 cost GRPO 1.2 ± 2.3 points (not significant), 2.9e-3 cost 4.3 ± 2.7
-    (docs/RESULTS.md section 6, "Where the gap starts to cost")."""
+    (of log q/p) from the learner's own log-probs at the version they claim. It sits in the gap
+    between rounding (a float32 engine on the same weights: 1e-13 to 1e-10) and the nearest
+    low-precision engine (float16 on the built-in model, ~1e-6; bfloat16 3e-5 to 2e-4; a 151k
+    vocabulary's 5e-3), so that no engine's estimate crosses it as training moves its entropy:
+    where one did (a 1e-3 threshold at an emulated gap of ~1e-3), switching between claims and
+    recomputation cost GRPO 2.9 +- 1.8 points against either alone, and recomputing never cost
+    accuracy (docs/RESULTS.md section 6, "Where the gap starts to cost")."""
+    rollout_is_cap: float = 0.0
+    """Where the learner recomputed a group's behaviour log-probs ("learner", or "auto" for a far
+    sampler), weigh each token by min(p_ours / q_claimed, cap): truncated importance sampling from
+    the sampler's engine, which drew the token, to the learner's policy, which the loss's ratio is
+    taken against (decoupled PPO; verl's and slime's rollout correction). Without it the recomputed
+    ratio treats the engine's draws as ours. A forged claim moves a token's weight by at most cap
+    (and past `max_logprob_gap` drops its group). 0: off."""
     audit_first: int = 4
     """Own-model groups audited for checkable sampling (node/audit.py) from each new sampler..."""
     audit_rate: float = 0.1
@@ -184,6 +194,7 @@ def _rules(c: LearnerConfig) -> list[tuple[str, bool]]:
         ("max_buffer_groups >= 1", c.max_buffer_groups >= 1),
         ("behaviour_logprobs sampler, learner or auto", c.behaviour_logprobs in BEHAVIOUR_SOURCES),
         ("behaviour_auto_k3 > 0", c.behaviour_auto_k3 > 0),
+        ("rollout_is_cap >= 1 (0: off)", c.rollout_is_cap == 0 or c.rollout_is_cap >= 1),
         ("max_logprob_gap > 0", c.max_logprob_gap > 0), ("audit_logprob_gap > 0", c.audit_logprob_gap > 0),
         ("audit_first >= 0", c.audit_first >= 0), ("0 <= audit_rate <= 1", 0 <= c.audit_rate <= 1),
         ("0 <= audit_rate_trusted <= 1", 0 <= c.audit_rate_trusted <= 1),

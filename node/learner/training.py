@@ -64,7 +64,8 @@ class Training:
                 # claimed log-probs are checkable only for our own model (another model's differ by
                 # design; F-TIS caps their weight instead)
                 gap = self.cfg.max_logprob_gap if route is Route.OWN else None
-                parts.append(TrainPart(route.value, batch, algo, cfg, gap))
+                cap = self.cfg.rollout_is_cap if route is Route.OWN and self.cfg.rollout_is_cap else None
+                parts.append(TrainPart(route.value, batch, algo, cfg, gap, cap))
         return parts, skipped
 
     def train(self, parts: list[TrainPart], rec: dict[str, Any]) -> None:

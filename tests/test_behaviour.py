@@ -107,7 +107,7 @@ def test_the_rollout_correction_weighs_the_claims_engine_and_bounds_a_lowered_cl
     # the lowered group's tokens weigh 2 (the cap), not e: a quarter of the sequences, all truncated
     assert own["rollout_truncated_frac"] == pytest.approx(0.25, abs=1e-9)
     assert own["rollout_weight_mean"] == pytest.approx(0.25 * 2.0 + 0.75 * 1.0, abs=1e-4)
-    off, _ = _step("learner", torch.float32, lower)
+    off, _ = _step("learner", torch.float32, lower, rollout_is_cap=0.0)
     assert "rollout_weight_mean" not in off["routes"]["own"]  # rollout_is_cap = 0: no weights
 
 
@@ -209,5 +209,8 @@ def test_over_the_wire_forged_claims_are_dropped_and_counted_and_a_bfloat16_samp
         # the recomputation, not the trainer's own check, stopped the forged claims: the trainer
         # never saw one (its gap would be >= 13/token), only the learner's own log-probs
         assert max(r["routes"]["own"]["logprob_gap_max"] for r in steps if "own" in r.get("routes", {})) < 1
+        # the rollout correction (on by default) weighs the honest bfloat16 engine's tokens near 1
+        weights = [r["routes"]["own"]["rollout_weight_mean"] for r in steps if "own" in r.get("routes", {})]
+        assert weights and all(0.9 < w < 1.1 for w in weights)
     finally:
         s.stop_all()

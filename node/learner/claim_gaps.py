@@ -2,12 +2,15 @@
 the groups the learner checks anyway, and what `behaviour_logprobs = "auto"` decides from it.
 
 Why per sampler: the gap is the sampler's engine's (its precision, kernels, batch shapes), not
-the model's. On the built-in model a bfloat16 engine's claims sit k3 ~1e-4 a token from the
-learner's float32 log-probs, and training on them costs nothing measurable; on a 151k-vocabulary
-shape they sit ~5e-3 (6% of tokens past GRPO's clip), and an emulated gap of 3e-3 cost GRPO 4.3
-points (docs/RESULTS.md section 6). Recomputing every group costs a no-grad forward each
-(34-54% of the training time on the built-in model), so "auto" pays it only for the samplers
-whose claims sit far, and for those not measured yet.
+the model's. A float32 engine on the learner's weights claims what the learner computes, to
+rounding (k3 1e-13 to 1e-10 a token): recomputing its groups would cost a no-grad forward each
+(34-54% of the training time on the built-in model) and change nothing. Any lower precision sits
+orders of magnitude further (float16 ~1e-6 on the built-in model, bfloat16 3e-5 to 2e-4, a
+151k-vocabulary shape in bfloat16 ~5e-3), and recomputing its groups never cost accuracy where
+training on its claims did (docs/RESULTS.md section 6). So "auto" recomputes for every sampler
+above a threshold in that gap, and for those not measured yet. A threshold among the engines
+themselves (1e-3 once) let a sampler's estimate cross it as training lowered the policy's entropy,
+and the switch from recomputed to claimed log-probs mid-run cost GRPO more than either alone.
 
 Where the figures come from: every audit recomputes the claimed version's log-probs anyway
 (node/audit.audit_margins), and so does every recomputed group (node/learner/behaviour.py). Both
@@ -31,9 +34,9 @@ task, ~16 of 1,024-token completions, ~1,000 of the arithmetic task's short answ
 
 MIN_TOKENS = 64
 """Tokens measured before an estimate is believed. A Gaussian gap's k3 per token has a relative
-std of sqrt(2), so 64 tokens put the mean within +-18% (1 sigma): enough to tell an engine at a
-tenth of the threshold from one at it (the built-in model's bfloat16 ~1e-4 from 1e-3), and one
-group's worth on most tasks (the built-in arithmetic task's 4 short answers are fewer)."""
+std of sqrt(2), so 64 tokens put the mean within +-18% (1 sigma): far more than it takes to tell
+rounding from any low-precision engine (4 orders of magnitude apart), and one group's worth on
+most tasks (the built-in arithmetic task's 4 short answers are fewer)."""
 
 MAX_SAMPLERS = 4096
 """Samplers whose estimates are kept; the least recently measured is forgotten past it."""

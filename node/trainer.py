@@ -122,7 +122,8 @@ class TrainPart:
     (mean |l^p - l^q| per token, nats) are dropped from the step (None: no check; see logprob_gap)."""
     rollout_cap: float | None = None
     """Truncated importance sampling of the rollout engine (Yao et al. 2025; decoupled PPO): each token
-    of a recomputed group weighs min(p_old / q_engine, cap) in the loss (LossInputs.rollout_weight).
+    of a recomputed group weighs p_old / q_engine, kept within [1 / cap, cap], in the loss
+    (LossInputs.rollout_weight).
     None: no weight (the claims' engine is taken to be the learner's)."""
 
 
@@ -138,7 +139,6 @@ def logprob_gap(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) 
 
 
 WEIGHTED_METRICS = ("is_weight_mean", "is_weight_var", "clip_frac", "kl_k3", "filtered_frac", "truncated_frac", "drift_frac",
-                    "rollout_weight_mean", "rollout_truncated_frac",
                     "weight_mean_pos", "weight_mean_neg")
 
 
@@ -321,22 +321,24 @@ def _microbatch(model, parts, contexts, work: _Work | None, temperature: float, 
 
 def rollout_weight(b: TrainBatch, sel: torch.Tensor, kc: torch.Tensor, width: int, cap: float | None,
                    device: torch.device) -> torch.Tensor | None:
-    """The kept rows' truncated rollout weights min(p_old / q_engine, cap), [k, width] (None: off or
-    nothing recomputed). Truncated from above only: a token the engine over-sampled weighs less, one
-    it under-sampled at most `cap`, so claims a sampler forges move a token's weight by at most cap."""
+    """The kept rows' truncated rollout weights p_old / q_engine within [1 / cap, cap], [k, width]
+    (None: off or nothing recomputed). Truncated from both sides (verl's lower bound, 1 / upper):
+    claims a sampler forges can raise a token's weight to cap, and lower it no further than 1 / cap
+    (a sampler muting its own negative-advantage tokens)."""
     if cap is None or b.rollout_log_weight is None:
         return None
-    return b.rollout_log_weight[sel, :width][kc].clamp(max=math.log(cap)).exp().to(device)
+    return b.rollout_log_weight[sel, :width][kc].clamp(-math.log(cap), math.log(cap)).exp().to(device)
 
 
 def rollout_stats(log_w: torch.Tensor, mask: torch.Tensor, cap: float) -> dict[str, float]:
-    """Per sequence, its tokens' mean truncated rollout weight and share truncated at the cap; each
-    a mean over the sequences (so the step's figure is the same however it is cut into micro-batches)."""
+    """Per sequence, its tokens' mean truncated rollout weight and share truncated (at cap or 1 / cap);
+    each a mean over the sequences (so the figure is the same however the step is cut into
+    micro-batches). Per route only: a step-level mean would count the routes without weights as 0."""
     if not mask.any():
         return {}
-    lw, m = log_w.double(), mask.bool()
-    return {"rollout_weight_mean": seq_mean(lw.clamp(max=math.log(cap)).exp(), m).mean().item(),
-            "rollout_truncated_frac": seq_mean((lw > math.log(cap)).double(), m).mean().item()}
+    lw, m, bound = log_w.double(), mask.bool(), math.log(cap)
+    return {"rollout_weight_mean": seq_mean(lw.clamp(-bound, bound).exp(), m).mean().item(),
+            "rollout_truncated_frac": seq_mean((lw.abs() > bound).double(), m).mean().item()}
 
 
 class _Accumulator:

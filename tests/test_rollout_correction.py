@@ -61,7 +61,7 @@ def test_sequence_level_losses_weigh_each_sequence_by_its_tokens_geometric_mean(
     assert grad == pytest.approx([-1.5, -1.5], abs=1e-12)
 
 
-@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "gspo", "gepo", "m2po", "pg"])
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "gspo", "gepo", "m2po", "pg", "ftis"])
 def test_no_weight_and_a_weight_of_one_are_the_same_loss_and_gradient(name):
     g = torch.Generator().manual_seed(3)
     logp = (-1 - torch.rand(4, 5, generator=g, dtype=F64)).tolist()
@@ -117,22 +117,23 @@ def test_build_batch_puts_log_ours_over_claimed_at_each_token_and_zero_where_not
     assert b.rollout_log_weight[~m].abs().sum() == 0
 
 
-def test_the_weight_is_truncated_at_the_cap_from_above_only():
+def test_the_weight_is_truncated_to_within_a_factor_of_the_cap_either_way():
     b = build_batch([with_logprobs(ScoredGroup("a", [5], [_comp([7, 8, 9], [-2.0, -1.0, -1.0]), _comp([7], [-1.0])],
-                                               [1.0, 0.0], "m", 0), [[-2.0 + math.log(3), -1.0 + math.log(0.5), -1.0],
+                                               [1.0, 0.0], "m", 0), [[-2.0 + math.log(3), -1.0 + math.log(0.25), -1.0],
                                                                       [-1.0]])], True, 0)
     rows = torch.tensor([0, 1])
     w = rollout_weight(b, rows, rows, b.old_logp.shape[1], 2.0, torch.device("cpu"))
     m = b.packed.completion_mask
-    assert w[0][m[0]].tolist() == pytest.approx([2.0, 0.5, 1.0])  # 3 truncated to 2; 0.5 kept
+    assert w[0][m[0]].tolist() == pytest.approx([2.0, 0.5, 1.0])  # 3 truncated to 2, 0.25 to 1/2
     assert rollout_weight(b, rows, rows, b.old_logp.shape[1], None, torch.device("cpu")) is None  # off
     stats = rollout_stats(b.rollout_log_weight, m, 2.0)
-    # per sequence, then over sequences: (2 + 0.5 + 1) / 3 and 1; 1/3 and 0
+    # per sequence, then over sequences: (2 + 0.5 + 1) / 3 and 1; 2/3 and 0
     assert stats["rollout_weight_mean"] == pytest.approx((3.5 / 3 + 1.0) / 2)
-    assert stats["rollout_truncated_frac"] == pytest.approx((1 / 3 + 0) / 2)
+    assert stats["rollout_truncated_frac"] == pytest.approx((2 / 3 + 0) / 2)
 
 
-def test_a_cap_below_one_is_refused():
-    with pytest.raises(ValueError, match="rollout_is_cap >= 1"):
-        LearnerConfig(rollout_is_cap=0.5)
+def test_a_cap_below_one_or_infinite_is_refused():
+    for bad in (0.5, math.inf):  # inf: exp of a long sequence's gap could overflow
+        with pytest.raises(ValueError, match="1 <= rollout_is_cap < inf"):
+            LearnerConfig(rollout_is_cap=bad)
     assert LearnerConfig(rollout_is_cap=0).rollout_is_cap == 0  # off

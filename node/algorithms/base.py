@@ -69,11 +69,11 @@ class LossInputs:
     """[B] log E_hat of each row's group (group_log_e_hat) over the whole batch; None: computed
     from these rows, which must then hold whole groups."""
     rollout_weight: torch.Tensor | None = None
-    """[B, T] optional, no gradient: each token's truncated importance weight min(p_old / q_engine, C)
+    """[B, T] optional, no gradient: each token's truncated importance weight p_old / q_engine in [1/C, C]
     from the policy whose log-probs are `old_logp` (the learner's own, recomputed) to the engine
     that sampled the token (the sampler's claims): the rollout correction of decoupled PPO
     (node/learner/behaviour.py). Token-level losses multiply each token's term by it, sequence-level
-    ones each sequence's term by its geometric mean (`seq_rollout_weight`). None: 1."""
+    ones each sequence's term by its geometric mean (`seq_rollout`). None: 1."""
 
     def __post_init__(self) -> None:
         B, T = self.logp.shape

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import LOG_RATIO_MAX, LossInputs, LossOutput, aggregate, clipped_surrogate, frac, k3, seq_mean, weight_stats
+from .base import LOG_RATIO_MAX, LossInputs, LossOutput, aggregate, clipped_surrogate, frac, k3, seq_mean, token_rollout, weight_stats
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def ftis_loss(inp: LossInputs, cfg: FTISConfig) -> LossOutput:
     adv = torch.where(filtered, torch.zeros_like(inp.advantages), inp.advantages)
     ratio = torch.exp(inp.logp - inp.logp.detach())  # value 1, gradient d l^p
     per_token, clipped = clipped_surrogate(ratio, adv[:, None], cfg.eps, cfg.eps)
-    loss = aggregate(w * per_token, inp.mask, cfg.aggregation, inp.whole, cfg.dr_grpo_max_tokens)
+    loss = aggregate(token_rollout(w * per_token, inp), inp.mask, cfg.aggregation, inp.whole, cfg.dr_grpo_max_tokens)
     m = inp.mask
     return LossOutput(loss, {
         **weight_stats(w[m]),

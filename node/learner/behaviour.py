@@ -9,9 +9,11 @@ clip (docs/BENCHMARKS.md, "The audit across precisions"). Recomputed by the lear
 (its compute dtype, its kernels) at the published weights of the version the group claims, an
 on-policy ratio is 1 to rounding and a stale group's ratio measures policy change alone.
 
-What a sampler claims is then only checked, never trained on: a sequence whose claims are further
-than `max_logprob_gap` from the recomputed ones (the same version, so honest claims differ by
-engine rounding only) drops its group from the step, as the trainer's own check does.
+What a sampler claims is then checked, and enters the loss only as the rollout correction's weight
+p_ours / q_claimed kept within a factor of `rollout_is_cap` (node/trainer.rollout_weight): a
+sequence whose claims are further than `max_logprob_gap` from the recomputed ones (the same
+version, so honest claims differ by engine rounding only) drops its group from the step, as the
+trainer's own check does.
 
 Cost: a no-grad forward of each own-model group on the audit copy of the model, and rebuilding
 each version the step's groups claim (node/audit.VersionArchive: a patch from the one before).

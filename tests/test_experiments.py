@@ -99,7 +99,7 @@ def test_t_quantiles_without_scipy(monkeypatch):
 def _args(**kw) -> Namespace:
     base = dict(lr=3e-5, groups=8, eval_every=20, eval_size=200, model="builtin:tiny-chain", task="chain",
                 group_size=8, max_new_tokens=128, samplers=2, steps=60, threads=1, device="cpu", sampler_dtype="float32",
-                temperature=1.0, top_p=1.0, top_k=0, lag=False, behaviour_logprobs="sampler",
+                temperature=1.0, top_p=1.0, top_k=0, lag=False, behaviour_logprobs="sampler", rollout_is_cap=0.0,
                 sampler_logit_error=0.0)
     return Namespace(**{**base, **kw})
 
@@ -125,7 +125,7 @@ def test_a_lag_pins_every_rollout_at_the_delay_and_the_sampling_flags_reach_the_
     assert (cfg.sampling.temperature, cfg.sampling.top_p, cfg.sampling.top_k) == (0.6, 0.95, 20)
     online = build_config("grpo-paper", 0, 0, _args(lag=True), "/dev/null").samplers[0]
     assert online.rollout_delay.kind == "none" and online.weight_delay.kind == "none"
-    assert cfg.learner.behaviour_logprobs == "sampler"
+    assert cfg.learner.behaviour_logprobs == "sampler" and cfg.learner.rollout_is_cap == 0  # as the older cells ran
     assert build_config("grpo", 32, 0, _args(behaviour_logprobs="learner"), "/dev/null").learner.behaviour_logprobs == "learner"
     assert build_config("grpo", 0, 0, _args(sampler_logit_error=0.3), "/dev/null").samplers[0].logit_error == 0.3
 

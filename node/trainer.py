@@ -123,7 +123,7 @@ class TrainPart:
     rollout_cap: float | None = None
     """Truncated importance sampling of the rollout engine (Yao et al. 2025; decoupled PPO): each token
     of a recomputed group weighs p_old / q_engine, kept within [1 / cap, cap], in the loss
-    (LossInputs.rollout_weight).
+    (LossInputs.rollout_log_weight).
     None: no weight (the claims' engine is taken to be the learner's)."""
 
 
@@ -303,13 +303,11 @@ def _microbatch(model, parts, contexts, work: _Work | None, temperature: float, 
     k = keep.nonzero().squeeze(-1)
     kc = k.cpu()
     seq = b.old_seq_logp[sel][kc].to(device) if b.old_seq_logp is not None else None
-    weight = rollout_weight(b, sel, kc, width, part.rollout_cap, device)
+    log_w, rollout_figures = rollout_weight(b, sel, kc, width, part.rollout_cap, packed.completion_mask[k])
     out = part.algo.loss(LossInputs(logp[k], old[k], b.advantages[sel][kc].to(device), packed.completion_mask[k],
                                     b.group_ids[sel][kc].to(device), seq, whole=whole,
-                                    log_e_hat=log_e_hat[sel][kc].to(device), rollout_weight=weight), part.cfg)
-    if weight is not None:
-        out.metrics.update(rollout_stats(b.rollout_log_weight[sel, :width][kc], packed.completion_mask[k].cpu(),
-                                         part.rollout_cap))
+                                    log_e_hat=log_e_hat[sel][kc].to(device), rollout_log_weight=log_w), part.cfg)
+    out.metrics.update(rollout_figures)
     if part.max_logprob_gap is not None:  # our model's rollouts: another model's q is far from p by design
         out.metrics.update(drift_stats(logp[k], old[k], packed.completion_mask[k], b.advantages[sel][kc].to(device)))
     share = whole.sequences / total
@@ -320,14 +318,16 @@ def _microbatch(model, parts, contexts, work: _Work | None, temperature: float, 
 
 
 def rollout_weight(b: TrainBatch, sel: torch.Tensor, kc: torch.Tensor, width: int, cap: float | None,
-                   device: torch.device) -> torch.Tensor | None:
-    """The kept rows' truncated rollout weights p_old / q_engine within [1 / cap, cap], [k, width]
-    (None: off or nothing recomputed). Truncated from both sides (verl's lower bound, 1 / upper):
-    claims a sampler forges can raise a token's weight to cap, and lower it no further than 1 / cap
-    (a sampler muting its own negative-advantage tokens)."""
+                   mask: torch.Tensor) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """The kept rows' log rollout weights log(p_old / q_engine) truncated to within [1 / cap, cap],
+    [k, width] on `mask`'s device, and their figures (None and none: off or nothing recomputed).
+    Truncated from both sides (verl's lower bound, 1 / upper): claims a sampler forges can raise a
+    token's weight to cap, and lower it no further than 1 / cap (muting its own negative-advantage
+    tokens)."""
     if cap is None or b.rollout_log_weight is None:
-        return None
-    return b.rollout_log_weight[sel, :width][kc].clamp(-math.log(cap), math.log(cap)).exp().to(device)
+        return None, {}
+    raw = b.rollout_log_weight[sel, :width][kc].to(mask.device)
+    return raw.clamp(-math.log(cap), math.log(cap)), rollout_stats(raw, mask, cap)
 
 
 def rollout_stats(log_w: torch.Tensor, mask: torch.Tensor, cap: float) -> dict[str, float]:

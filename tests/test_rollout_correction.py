@@ -23,7 +23,8 @@ def _inputs(logp, old, adv, groups, weight=None, mask=None) -> LossInputs:
     logp = torch.tensor(logp, dtype=F64, requires_grad=True)
     return LossInputs(logp, torch.tensor(old, dtype=F64), torch.tensor(adv, dtype=F64),
                       torch.ones_like(logp, dtype=torch.bool) if mask is None else torch.tensor(mask),
-                      torch.tensor(groups), rollout_weight=None if weight is None else torch.tensor(weight, dtype=F64))
+                      torch.tensor(groups),
+                      rollout_log_weight=None if weight is None else torch.tensor(weight, dtype=F64).log())
 
 
 def _loss_and_grad(name: str, inp: LossInputs, **options) -> tuple[float, list]:
@@ -79,13 +80,13 @@ def test_no_weight_and_a_weight_of_one_are_the_same_loss_and_gradient(name):
 
 def test_the_weight_is_data_no_gradient_reaches_it():
     inp = _inputs([[-1.0, -2.0]], [[-1.1, -2.2]], [1.0], [0])
-    inp.rollout_weight = torch.tensor([[0.5, 2.0]], dtype=F64, requires_grad=True)
+    inp.rollout_log_weight = torch.tensor([[0.5, 2.0]], dtype=F64).log().requires_grad_()
     get_algorithm("grpo").loss(inp, get_algorithm("grpo").make_config()).loss.backward()
-    assert inp.rollout_weight.grad is None and inp.logp.grad is not None
+    assert inp.rollout_log_weight.grad is None and inp.logp.grad is not None
 
 
 def test_a_weight_of_the_wrong_shape_is_refused():
-    with pytest.raises(ValueError, match="rollout_weight"):
+    with pytest.raises(ValueError, match="rollout_log_weight"):
         _inputs([[-1.0, -2.0]], [[-1.0, -2.0]], [1.0], [0], [[1.0]])
 
 
@@ -121,12 +122,11 @@ def test_the_weight_is_truncated_to_within_a_factor_of_the_cap_either_way():
     b = build_batch([with_logprobs(ScoredGroup("a", [5], [_comp([7, 8, 9], [-2.0, -1.0, -1.0]), _comp([7], [-1.0])],
                                                [1.0, 0.0], "m", 0), [[-2.0 + math.log(3), -1.0 + math.log(0.25), -1.0],
                                                                       [-1.0]])], True, 0)
-    rows = torch.tensor([0, 1])
-    w = rollout_weight(b, rows, rows, b.old_logp.shape[1], 2.0, torch.device("cpu"))
-    m = b.packed.completion_mask
-    assert w[0][m[0]].tolist() == pytest.approx([2.0, 0.5, 1.0])  # 3 truncated to 2, 0.25 to 1/2
-    assert rollout_weight(b, rows, rows, b.old_logp.shape[1], None, torch.device("cpu")) is None  # off
-    stats = rollout_stats(b.rollout_log_weight, m, 2.0)
+    rows, m = torch.tensor([0, 1]), b.packed.completion_mask
+    log_w, stats = rollout_weight(b, rows, rows, b.old_logp.shape[1], 2.0, m)
+    assert log_w[0][m[0]].exp().tolist() == pytest.approx([2.0, 0.5, 1.0])  # 3 truncated to 2, 0.25 to 1/2
+    assert rollout_weight(b, rows, rows, b.old_logp.shape[1], None, m) == (None, {})  # off
+    assert stats == rollout_stats(b.rollout_log_weight, m, 2.0)
     # per sequence, then over sequences: (2 + 0.5 + 1) / 3 and 1; 2/3 and 0
     assert stats["rollout_weight_mean"] == pytest.approx((3.5 / 3 + 1.0) / 2)
     assert stats["rollout_truncated_frac"] == pytest.approx((2 / 3 + 0) / 2)

@@ -490,8 +490,8 @@ def main() -> None:
                          "group's version, or that for samplers whose claims sit far (learner.behaviour_logprobs; "
                          "the grids' default stays the claims, as their older cells ran)")
     ap.add_argument("--rollout-is-cap", type=float, default=0.0,
-                    help="with --behaviour-logprobs learner or auto: weigh each recomputed token by min(ours / claimed, "
-                         "cap), the rollout correction (learner.rollout_is_cap; 0: off, as the older cells ran)")
+                    help="with --behaviour-logprobs learner or auto: weigh each recomputed token by ours / claimed "
+                         "within [1/cap, cap], the rollout correction (learner.rollout_is_cap; 0: off, as the older cells ran)")
     ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (the authors': 0.6)")
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (the authors': 0.95)")
     ap.add_argument("--top-k", type=int, default=0, help="top-k sampling, 0 = off (the authors': 20)")

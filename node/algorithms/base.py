@@ -68,12 +68,13 @@ class LossInputs:
     log_e_hat: torch.Tensor | None = None
     """[B] log E_hat of each row's group (group_log_e_hat) over the whole batch; None: computed
     from these rows, which must then hold whole groups."""
-    rollout_weight: torch.Tensor | None = None
-    """[B, T] optional, no gradient: each token's truncated importance weight p_old / q_engine in [1/C, C]
-    from the policy whose log-probs are `old_logp` (the learner's own, recomputed) to the engine
-    that sampled the token (the sampler's claims): the rollout correction of decoupled PPO
-    (node/learner/behaviour.py). Token-level losses multiply each token's term by it, sequence-level
-    ones each sequence's term by its geometric mean (`seq_rollout`). None: 1."""
+    rollout_log_weight: torch.Tensor | None = None
+    """[B, T] optional, no gradient: the log of each token's truncated importance weight
+    p_old / q_engine (within [1/C, C]) from the policy whose log-probs are `old_logp` (the
+    learner's own, recomputed) to the engine that sampled the token (the sampler's claims): the
+    rollout correction of decoupled PPO (node/trainer.rollout_weight). Token-level losses multiply
+    each token's term by the weight, sequence-level ones each sequence's term by its geometric mean
+    (`seq_rollout`). None: weight 1."""
 
     def __post_init__(self) -> None:
         B, T = self.logp.shape
@@ -82,8 +83,8 @@ class LossInputs:
                              f"and mask {tuple(self.mask.shape)} must all be [B, T]")
         if self.advantages.shape != (B,) or self.group_ids.shape != (B,):
             raise ValueError("advantages and group_ids must be [B]")
-        if self.rollout_weight is not None and self.rollout_weight.shape != (B, T):
-            raise ValueError(f"rollout_weight {tuple(self.rollout_weight.shape)} must be [B, T] like logp")
+        if self.rollout_log_weight is not None and self.rollout_log_weight.shape != (B, T):
+            raise ValueError(f"rollout_log_weight {tuple(self.rollout_log_weight.shape)} must be [B, T] like logp")
         self.mask = self.mask.bool()
         if self.whole is None:
             self.whole = BatchShape.of(self.mask)
@@ -103,17 +104,16 @@ def seq_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def token_rollout(per_token: torch.Tensor, inp: LossInputs) -> torch.Tensor:
-    """A token-level loss's [B, T] terms, each times its rollout weight (`LossInputs.rollout_weight`)."""
-    return per_token if inp.rollout_weight is None else per_token * inp.rollout_weight.detach()
+    """A token-level loss's [B, T] terms, each times its rollout weight (`LossInputs.rollout_log_weight`)."""
+    return per_token if inp.rollout_log_weight is None else per_token * inp.rollout_log_weight.detach().exp()
 
 
 def seq_rollout(per_seq: torch.Tensor, inp: LossInputs) -> torch.Tensor:
     """A sequence-level loss's [B] terms, each times the geometric mean of its tokens' rollout
     weights: the weight at the scale of a length-normalised sequence ratio (GSPO's, GEPO's)."""
-    if inp.rollout_weight is None:
+    if inp.rollout_log_weight is None:
         return per_seq
-    log_w = seq_mean(inp.rollout_weight.detach().clamp(min=1e-30).log(), inp.mask)
-    return per_seq * torch.exp(log_w)
+    return per_seq * seq_mean(inp.rollout_log_weight.detach(), inp.mask).exp()
 
 
 def k3(log_ratio: torch.Tensor) -> torch.Tensor:

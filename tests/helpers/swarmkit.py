@@ -1,5 +1,5 @@
 """A swarm of real node processes on 127.0.0.1 for integration tests (test_swarm, test_adversary,
-test_leaderboard, test_vllm) and examples/bench_flood.py; and an attacker's forger of rollouts."""
+test_leaderboard_browser, test_vllm) and examples/bench_flood.py; and an attacker's forger of rollouts."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Many fresh keys at once, as an attacker would run them: for tests/test_intake.py and
+"""Many fresh keys at once, as an attacker would run them: for tests/test_intake_wire.py and
 examples/bench_flood.py.
 
 Each key is a bare libp2p host (hivemind's `P2P`, one p2pd each) dialled straight to the learner,

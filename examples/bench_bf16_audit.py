@@ -44,26 +44,22 @@ import math
 import random
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from examples.audit_parts import DTYPES, Measured, generate, measure, random_model  # noqa: E402
 from node.audit import FLIP_MARGIN, AuditItem, FlipRate, FlipTest, audit_margins, flip_llr, wilson  # noqa: E402
 from node.checkable import group_seeds, keys_tensor, pick_tokens, position_keys, race_margins  # noqa: E402
 from node.engines.base import SamplingParams  # noqa: E402
-from node.engines.hf import PickTokens, _bare_generation_defaults  # noqa: E402
+from node.engines.hf import PickTokens  # noqa: E402
 from node.learner.config import LearnerConfig  # noqa: E402
 from node.logprobs import completion_logits, logprobs_from_logits, pack  # noqa: E402
 
-log = logging.getLogger("bench_bf16_audit")
 WRITE = None
 """Writes the tables so far (set by main when --out is given)."""
-SLACK = LearnerConfig.audit_margin
-"""Logits of slack the audit applies top-k / top-p with (set by main from --filter-slack)."""
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def share(k: int, n: int) -> str:
@@ -71,51 +67,16 @@ def share(k: int, n: int) -> str:
     return f"{k}/{n} = {k / max(n, 1):.2%} [{lo:.2%}, {hi:.2%}]"
 
 
-# ---- models ------------------------------------------------------------------------------------
-
-def scale_head(model: torch.nn.Module, vocab: int, device, target: float = 3.0) -> float:
-    """Scale a random model's output head until its next-token entropy is < `target` nats."""
-    ids = torch.randint(1, vocab, (4, 64), device=device)
-    entropy = float("inf")
-    with torch.no_grad():
-        for _ in range(30):
-            logp = model(input_ids=ids).logits.float().log_softmax(-1)
-            entropy = -(logp.exp() * logp).sum(-1).mean().item()
-            if entropy < target:
-                break
-            model.lm_head.weight.mul_(1.5)
-    return entropy
-
-
-def random_model(kind: str, layers: int, device) -> torch.nn.Module:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    if kind == "mid":
-        shape = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
-                     num_key_value_heads=4, head_dim=64, vocab_size=32768)
-    else:  # Qwen3-0.6B's shape, untied so that scaling the head leaves the embeddings alone
-        shape = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=layers, num_attention_heads=16,
-                     num_key_value_heads=8, head_dim=128, vocab_size=151936)
-    cfg = Qwen3Config(**shape, tie_word_embeddings=False, max_position_embeddings=4096, pad_token_id=0,
-                      eos_token_id=None, bos_token_id=None)
-    torch.manual_seed(0)
-    model = Qwen3ForCausalLM(cfg).eval().to(device)
-    entropy = scale_head(model, cfg.vocab_size, device)
-    log.info("%s model (%d layers, vocabulary %d): next-token entropy %.2f nats", kind, shape["num_hidden_layers"],
-             cfg.vocab_size, entropy)
-    return model
-
-
-# ---- sampling ----------------------------------------------------------------------------------
+# ---- the attacker (c) -----------------------------------------------------------------------------
 
 class AnswerSeeker(PickTokens):
     """The attacker (c): draws in float32 like an honest sampler, but wherever the next token of
     its row's target (the right answer, then EOS) is within `tol` of the race's best on its own
     logits, it takes that token instead."""
 
-    def __init__(self, params, prompt_len, seeds, targets: list[list[int]], tol: float) -> None:
+    def __init__(self, params, prompt_len, seeds, targets: list[list[int]], tol: float, slack: float) -> None:
         super().__init__(params, prompt_len, seeds)
-        self.targets, self.tol = targets, tol
+        self.targets, self.tol, self.slack = targets, tol, slack
 
     def __call__(self, input_ids, scores):
         p, t = self.params, input_ids.shape[1] - self.prompt_len
@@ -123,94 +84,13 @@ class AnswerSeeker(PickTokens):
         honest = pick_tokens(scores, keys, p.temperature, p.top_k, p.top_p)
         target = torch.tensor([tg[t] if t < len(tg) else -1 for tg in self.targets], device=scores.device)
         ok = target >= 0
-        margin = race_margins(scores, target.clamp(min=0), keys, p.temperature, p.top_k, p.top_p, SLACK)
+        margin = race_margins(scores, target.clamp(min=0), keys, p.temperature, p.top_k, p.top_p, self.slack)
         # on track: every earlier token was the target's (else the answer is lost anyway)
         track = torch.tensor([list(input_ids[r, self.prompt_len:].tolist()) == tg[:t]
                               for r, tg in enumerate(self.targets)], device=scores.device)
         chosen = torch.where(ok & track & (margin <= 0.9 * self.tol), target.clamp(min=0), honest)
         self.steps.append(logprobs_from_logits(scores, chosen, p.logprob_temperature))
         return torch.full_like(scores, -torch.inf).scatter_(-1, chosen[:, None], 0.0)
-
-
-def generate(model, prompts: list[list[int]], params: SamplingParams, seeds: list[list[bytes]], batch: int,
-             eos: list[int] | None, pad: int, picker=None, plain: bool = False) -> tuple[list, float]:
-    """Completions of each prompt, `batch` rows per generate call, and the seconds it took: the HF
-    engine's picker (or `picker(rows, width)`, or transformers' own multinomial when `plain`)."""
-    from transformers import GenerationConfig
-
-    device = next(model.parameters()).device
-    rows = [(i, j) for i in range(len(prompts)) for j in range(params.n)]
-    out: list[list] = [[None] * params.n for _ in prompts]
-    elapsed = 0.0
-    for s in range(0, len(rows), batch):
-        chunk = rows[s : s + batch]
-        width = max(len(prompts[i]) for i, _ in chunk)  # left-padded, as the engine does
-        ids = torch.tensor([[pad] * (width - len(prompts[i])) + prompts[i] for i, _ in chunk], device=device)
-        mask = torch.tensor([[0] * (width - len(prompts[i])) + [1] * len(prompts[i]) for i, _ in chunk], device=device)
-        proc = None if plain else (picker(chunk, width) if picker else PickTokens(params, width, [seeds[i][j] for i, j in chunk]))
-        cfg = GenerationConfig(do_sample=plain, temperature=params.temperature if plain else None, top_k=None,
-                               top_p=None, max_new_tokens=params.max_new_tokens, min_new_tokens=0 if eos else params.max_new_tokens,
-                               pad_token_id=pad, eos_token_id=eos, return_dict_in_generate=True)
-        _sync(device)
-        t0 = time.perf_counter()
-        with torch.no_grad(), _bare_generation_defaults(model):
-            seq = model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg,
-                                 logits_processor=[proc] if proc else None).sequences[:, width:]
-        _sync(device)
-        elapsed += time.perf_counter() - t0
-        logps = proc.logprobs(seq.shape).cpu() if proc else torch.zeros(seq.shape)
-        seq = seq.cpu()
-        for r, (i, j) in enumerate(chunk):
-            toks = seq[r].tolist()
-            stop = next((k + 1 for k, tk in enumerate(toks) if eos and tk in eos), len(toks))
-            out[i][j] = (toks[:stop], logps[r, :stop].tolist())
-    return out, elapsed
-
-
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
-# ---- the audit's view ----------------------------------------------------------------------------
-
-@dataclass
-class Measured:
-    """Per group: every position's margin, and the learner's and the sampler's log-probs."""
-
-    margins: list[torch.Tensor] = field(default_factory=list)
-    mine: list[torch.Tensor] = field(default_factory=list)
-    claimed: list[torch.Tensor] = field(default_factory=list)
-
-
-@torch.no_grad()
-def measure(model32, items: list[AuditItem], params: SamplingParams, pad: int, per_pass: int) -> Measured:
-    """The float32 auditor's margins and log-probs for every group (`per_pass` groups per forward),
-    top-k / top-p applied with the slack `--filter-slack` sets (node/checkable.race_margins)."""
-    device = next(model32.parameters()).device
-    out = Measured()
-    for s in range(0, len(items), per_pass):
-        part = items[s : s + per_pass]
-        rows = [(it.prompt_ids, toks, lps, seed) for it in part for (toks, lps), seed in zip(it.completions, it.seeds)]
-        batch = pack([r[0] for r in rows], [r[1] for r in rows], pad).to(device)
-        tokens = torch.tensor([t for r in rows for t in r[1]], device=device)
-        keys = keys_tensor([k for r in rows for k in position_keys(r[3], len(r[1]))], device)
-        margins = torch.zeros(len(tokens), dtype=torch.float64, device=device)
-        mine = torch.zeros(len(tokens), device=device)
-        for sl, logits in completion_logits(model32, batch):
-            margins[sl] = race_margins(logits, tokens[sl], keys[sl], params.temperature, params.top_k, params.top_p,
-                                       SLACK)
-            mine[sl] = logprobs_from_logits(logits, tokens[sl], params.logprob_temperature)
-        margins, mine = margins.cpu(), mine.cpu()
-        claimed = torch.tensor([c for r in rows for c in r[2]])
-        pos = 0
-        for it in part:
-            size = sum(len(toks) for toks, _ in it.completions)
-            out.margins.append(margins[pos : pos + size])
-            out.mine.append(mine[pos : pos + size])
-            out.claimed.append(claimed[pos : pos + size])
-            pos += size
-    return out
 
 
 def alarm_chance(flips: list[int], positions: list[int], rate: float, alarm: float, groups: int = 10_000,
@@ -255,14 +135,14 @@ def report(name: str, label: str, m: Measured, tol: float, rate: float, alarm: f
           f"p99.9 {row['p999']:.3g}, max {row['max']:.3g} logits")
     print(f"  honest groups failed at margin <= {tol:g}: {share(failed, len(m.margins))}; flip test (rate {rate:g}, "
           f"alarm {alarm:g}) refuses such a sampler within 10,000 groups: {chance:.2%} of 1,000 resampled runs")
-    print(f"  honest groups failed at margin " + ", ".join(f"{t:g}: {v}" for t, v in row["failed_at"].items()))
+    print("  honest groups failed at margin " + ", ".join(f"{t:g}: {v}" for t, v in row["failed_at"].items()))
     print(f"  training side: k3 {k3:.2e} per token, |p_learner/p_sampler - 1| > 0.2 on {clip:.3%} of tokens")
     if WRITE is not None:
         WRITE()
 
 
 def attacks(name: str, model32, items: list[AuditItem], params, pad, tol: float, rate: float, alarm: float,
-            rng: random.Random, answers: list[list[int]] | None, attack_rows: dict) -> None:
+            rng: random.Random, answers: list[list[int]] | None, attack_rows: dict, slack: float) -> None:
     """(a) swap for the answer, (b) one token edited to the most likely other: groups caught."""
     lines = []
     for how in (["answer", "likely"] if answers else ["likely"]):
@@ -277,7 +157,7 @@ def attacks(name: str, model32, items: list[AuditItem], params, pad, tol: float,
             else:
                 comps[j] = one_edit(model32, it.prompt_ids, comps[j], pad, rng)
             chosen.append(AuditItem(it.prompt_ids, comps, it.seeds))
-        m = measure(model32, chosen, params, pad, per_pass=8)
+        m = measure(model32, chosen, params, pad, per_pass=8, slack=slack)
         caught = sum(int((x > tol).any()) for x in m.margins)
         # a sampler that does this in every group: how many audited groups until the flip test
         # refuses it (the groups in the order measured; those a margin fails count too)
@@ -343,18 +223,18 @@ def run_model(name: str, model32, prompts, params, pad, eos, dtypes, batches, ar
         if dtype.startswith("vllm:"):
             groups, elapsed = vllm_generate(dtype.removeprefix("vllm:"), prompts[:n_prompts], params, seeds[:n_prompts])
             items = [AuditItem(prompts[i], groups[i], seeds[i]) for i in range(n_prompts)]
-            m = measure(model32, items, params, pad, per_pass=args.per_pass)
+            m = measure(model32, items, params, pad, per_pass=args.per_pass, slack=args.slack)
             report(name, f"vLLM {dtype.removeprefix('vllm:')}", m, args.margin, args.rate_now, args.alarm, elapsed, table)
             continue
         sampler = model32 if dtype == "float32" else copy.deepcopy(model32).to(DTYPES[dtype])
         groups, elapsed = generate(sampler, prompts[:n_prompts], params, seeds[:n_prompts], batch, eos, pad)
         items = [AuditItem(prompts[i], groups[i], seeds[i]) for i in range(n_prompts)]
-        m = measure(model32, items, params, pad, per_pass=args.per_pass)
+        m = measure(model32, items, params, pad, per_pass=args.per_pass, slack=args.slack)
         if dtype == "float32" and args.calibrate:  # the learner's own measure of an honest bfloat16 engine
             calib = FlipRate()
             for s in range(0, len(items), args.per_pass):
                 for margins, _, ref, _ in audit_margins(model32, items[s : s + args.per_pass], params, pad, reference=True,
-                                                     slack=SLACK):
+                                                     slack=args.slack):
                     calib.add(ref, len(margins))
             args.rate_now = calib.rate(args.flip_rate)
             print(f"  calibrated: the auditor's bfloat16 reference flips at {calib.flips}/{calib.positions} positions: "
@@ -362,7 +242,8 @@ def run_model(name: str, model32, prompts, params, pad, eos, dtypes, batches, ar
         report(name, f"HF {dtype} batch {batch}", m, args.margin, args.rate_now, args.alarm, elapsed, table)
         if dtype != "float32" and first_low:
             first_low = False
-            attacks(name, model32, items, params, pad, args.margin, args.rate_now, args.alarm, rng, answers, attack_rows)
+            attacks(name, model32, items, params, pad, args.margin, args.rate_now, args.alarm, rng, answers, attack_rows,
+                    args.slack)
             if answers is not None:
                 seeker_attack(name, model32, prompts, params, pad, eos, seeds, answers, task, problems, args, attack_rows)
         del sampler
@@ -394,7 +275,8 @@ def seeker_attack(name, model32, prompts, params, pad, eos, seeds, answers, task
     batch = 128
 
     def seeker(chunk, width):
-        return AnswerSeeker(params, width, [seeds[i][j] for i, j in chunk], [answers[i] for i, _ in chunk], args.margin)
+        return AnswerSeeker(params, width, [seeds[i][j] for i, j in chunk], [answers[i] for i, _ in chunk], args.margin,
+                            args.slack)
 
     honest, _ = generate(model32, prompts, params, seeds, batch, eos, pad)
     cheat, _ = generate(model32, prompts, params, seeds, batch, eos, pad, picker=seeker)
@@ -405,7 +287,7 @@ def seeker_attack(name, model32, prompts, params, pad, eos, seeds, answers, task
         return sum(rewards) / len(rewards)
 
     items = [AuditItem(prompts[i], cheat[i], seeds[i]) for i in range(len(prompts))]
-    m = measure(model32, items, params, pad, per_pass=args.per_pass)
+    m = measure(model32, items, params, pad, per_pass=args.per_pass, slack=args.slack)
     failed = sum(int((x > args.margin).any()) for x in m.margins)
     test, refused_after = FlipTest(args.rate_now, args.alarm), None
     for n, x in enumerate(m.margins, 1):
@@ -538,8 +420,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
-    global SLACK
-    SLACK = args.margin if args.filter_slack is None else args.filter_slack
+    args.slack = args.margin if args.filter_slack is None else args.filter_slack  # the learner's: its margin
     device = torch.device(args.device)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
     rng = random.Random(0)

@@ -17,7 +17,8 @@ the flips. Kernels differ between GPUs, so the device is part of the setting.
 
 Sampling is the HF engine's own picker (node/engines/hf.PickTokens) in the sampler's dtype; the
 audit is the float32 copy of the same model on the same device (node/checkable.race_margins, as
-the learner's audit computes it), like examples/bench_bf16_audit.py, whose pieces this reuses.
+the learner's audit computes it), like examples/bench_bf16_audit.py, with the pieces both share
+(examples/audit_parts.py).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from examples.bench_bf16_audit import DTYPES, generate, measure, random_model  # noqa: E402
+from examples.audit_parts import DTYPES, generate, measure, random_model  # noqa: E402
 from node.audit import FLIP_MARGIN, AuditItem, wilson  # noqa: E402
 from node.checkable import group_seeds  # noqa: E402
 from node.engines.base import SamplingParams  # noqa: E402

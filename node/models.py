@@ -148,4 +148,32 @@ def load_model(model_id: str, dtype: "torch.dtype | None" = None, device: str = 
     with _hub_errors(model_id):
         model = AutoModelForCausalLM.from_pretrained(resolve_model_path(model_id), dtype=dtype or torch.float32)
     log.info("loaded %s: %.2fM parameters", model_id, sum(p.numel() for p in model.parameters()) / 1e6)
-    return model.to(device).eval()
+    return without_dropout(model).to(device).eval()
+
+
+def without_dropout(model: "torch.nn.Module") -> "torch.nn.Module":
+    """`model` with every dropout rate 0 (in place): its modules', its attention's and its config's.
+
+    Why: a learner trains in train mode (gradient checkpointing needs it), and with dropout on its
+    forward is a random function, not the policy the samplers ran: an on-policy ratio p/q would not
+    be 1, the clips and M2PO's mask would fire on noise, the guard's k3 would rise. TRL disables it
+    the same way (`disable_dropout`). Qwen3 and most RL models ship with rates 0; GPT-2, OPT and
+    Phi do not. Attention implementations read a float attribute (`attention_dropout`,
+    `attn_pdrop`...), not an nn.Dropout, so those floats are zeroed too."""
+    import torch
+
+    def rate(name: str, value: object) -> bool:
+        return isinstance(value, float) and not isinstance(value, bool) and (
+            name.endswith("dropout") or name.endswith("pdrop") or name.endswith("dropout_prob"))
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for name, value in list(vars(module).items()):
+            if rate(name, value):
+                setattr(module, name, 0.0)
+    config = getattr(model, "config", None)
+    for name, value in (config.to_dict() if config is not None else {}).items():
+        if rate(name, value):
+            setattr(config, name, 0.0)
+    return model

@@ -68,6 +68,9 @@ class TrainBatch:
     rollout_log_weight: torch.Tensor | None = None
     """[B, L-1] log(p_old / q_engine) of each token: the behaviour log-probs less the claims they
     replaced (ScoredGroup.claimed_logprobs), 0 where nothing was replaced; None if no group was."""
+    recomputed: torch.Tensor | None = None
+    """[B] bool: the rows whose behaviour log-probs were recomputed (their weights are measured; the
+    others' are 1 by construction and stay out of the weights' figures); None with no weights."""
 
 
 def build_batch(groups: Sequence[ScoredGroup], normalize_std: bool, pad_id: int,
@@ -96,6 +99,7 @@ def build_batch(groups: Sequence[ScoredGroup], normalize_std: bool, pad_id: int,
     claims = [None if g.claimed_logprobs is None else g.claimed_logprobs[j]
               for g in groups for j in range(len(g.completions))]
     log_w = torch.zeros_like(old) if any(claims[i] is not None for i in keep) else None
+    recomputed = None if log_w is None else torch.tensor([claims[i] is not None for i in keep], dtype=torch.bool)
     for row, i in enumerate(keep):
         if not seq_level:
             span = completion_span(len(prompts[row]), len(completions[row]))
@@ -106,7 +110,7 @@ def build_batch(groups: Sequence[ScoredGroup], normalize_std: bool, pad_id: int,
     if seq_level:
         per_completion = [m for g in groups for m in g.behaviour_seq_logp]
         seq_logp = torch.tensor([per_completion[i] for i in keep], dtype=torch.float32, device="cpu")
-    return TrainBatch(packed, old, adv[keep], gids[keep], seq_logp, len(groups) - skipped, skipped, log_w)
+    return TrainBatch(packed, old, adv[keep], gids[keep], seq_logp, len(groups) - skipped, skipped, log_w, recomputed)
 
 
 @dataclass
@@ -153,7 +157,9 @@ class Collective(Protocol):
 
 @dataclass(frozen=True)
 class StepOptions:
-    """How a step is computed; none of it changes the result beyond float rounding."""
+    """How a step is computed; none of it changes the gradient beyond float rounding, except M2PO's
+    (its mask is per micro-batch, as in its released code). The token-level figures (clip_frac,
+    is_weight_mean...) are micro-batch means weighted by sequences, so they may move with the cut."""
 
     max_tokens_per_microbatch: int | None = None
     """Padded tokens (rows x longest row) per forward/backward; None: the whole step at once."""
@@ -245,8 +251,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, parts: 
     finally:
         model.eval()
     routes, ok, kept = acc.result(parts, dist)
-    metrics: dict[str, Any] = {k: sum(r[k] * r["share"] for r in routes.values() if k in r and r.get("share"))
-                               for k in WEIGHTED_METRICS if any(k in r for r in routes.values())}
+    metrics: dict[str, Any] = {k: share_weighted(routes, k) for k in WEIGHTED_METRICS
+                               if any(k in r and r.get("share") for r in routes.values())}
     metrics["routes"] = routes
     if not kept:
         log.warning("every sequence of the step failed the log-prob check; optimizer step skipped")
@@ -270,6 +276,14 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, parts: 
             group["lr"] = lr
     optimizer.step()
     return {**metrics, "loss": loss_value, "grad_norm": grad_norm.item(), "step_skipped": 0.0}
+
+
+def share_weighted(routes: dict[str, dict[str, Any]], key: str) -> float:
+    """`key` over the routes that report it, each weighted by its share of the step's sequences
+    (renormalised over those routes: a figure only the own route has, like `drift_frac`, is that
+    route's own figure, not diluted by the foreign route's share)."""
+    having = [r for r in routes.values() if key in r and r.get("share")]
+    return sum(r[key] * r["share"] for r in having) / sum(r["share"] for r in having)
 
 
 def _microbatch(model, parts, contexts, work: _Work | None, temperature: float, total: int,
@@ -327,18 +341,26 @@ def rollout_weight(b: TrainBatch, sel: torch.Tensor, kc: torch.Tensor, width: in
     if cap is None or b.rollout_log_weight is None:
         return None, {}
     raw = b.rollout_log_weight[sel, :width][kc].to(mask.device)
-    return raw.clamp(-math.log(cap), math.log(cap)), rollout_stats(raw, mask, cap)
+    rows = (b.recomputed[sel][kc] if b.recomputed is not None else torch.ones(len(kc), dtype=torch.bool)).to(mask.device)
+    return raw.clamp(-math.log(cap), math.log(cap)), rollout_stats(raw[rows], mask[rows], cap)
+
+
+ROLLOUT_FIGURES = ("rollout_weight_mean", "rollout_truncated_frac")
+"""Means over the recomputed sequences alone (`rollout_sequences` of them), not over the route's."""
 
 
 def rollout_stats(log_w: torch.Tensor, mask: torch.Tensor, cap: float) -> dict[str, float]:
-    """Per sequence, its tokens' mean truncated rollout weight and share truncated (at cap or 1 / cap);
-    each a mean over the sequences (so the figure is the same however the step is cut into
-    micro-batches). Per route only: a step-level mean would count the routes without weights as 0."""
-    if not mask.any():
+    """Over the recomputed sequences given: per sequence, its tokens' mean truncated rollout weight
+    and share truncated (at cap or 1 / cap); each a mean over the sequences, with their count
+    (`rollout_sequences`) to weigh it by, so the figure is the same however the step is cut into
+    micro-batches. Per route only: a step-level mean would count the routes without weights as 0."""
+    m = mask.bool()
+    if not m.any():
         return {}
-    lw, m, bound = log_w.double(), mask.bool(), math.log(cap)
+    lw, bound = log_w.double(), math.log(cap)
     return {"rollout_weight_mean": seq_mean(lw.clamp(-bound, bound).exp(), m).mean().item(),
-            "rollout_truncated_frac": seq_mean((lw.abs() > bound).double(), m).mean().item()}
+            "rollout_truncated_frac": seq_mean((lw.abs() > bound).double(), m).mean().item(),
+            "rollout_sequences": float(len(m))}
 
 
 class _Accumulator:
@@ -366,7 +388,9 @@ class _Accumulator:
         self.loss[p] += out.loss.item() if finite else 0.0
         self.seqs[p] += n
         for k, v in out.metrics.items():
-            self.metric_sums[p][k] = self.metric_sums[p].get(k, 0.0) + v * n
+            # a count is summed; the rollout figures weigh by their own sequences; the rest by the micro-batch's
+            w = 1 if k == "rollout_sequences" else out.metrics["rollout_sequences"] if k in ROLLOUT_FIGURES else n
+            self.metric_sums[p][k] = self.metric_sums[p].get(k, 0.0) + v * w
 
     def result(self, parts: Sequence[TrainPart], dist: Collective | None) -> tuple[dict[str, dict], bool, int]:
         mine = [self.loss, self.seqs, self.metric_sums, self.gap_sum, self.gap_n, self.gap_max, self.dropped, self.finite,
@@ -392,8 +416,9 @@ class _Accumulator:
                         sums[k] = sums.get(k, 0.0) + v
                 share = int(part.batch.advantages.numel()) / total
                 # the part's loss on its own scale (per its whole batch), as a single-batch step reports it
-                r.update({k: v / seqs for k, v in sums.items()}, loss=sum(e[0][i] for e in everyone),
-                         sequences=seqs, share=share)
+                per = {k: v if k == "rollout_sequences" else v / sums["rollout_sequences"] if k in ROLLOUT_FIGURES
+                       else v / seqs for k, v in sums.items()}
+                r.update(per, loss=sum(e[0][i] for e in everyone), sequences=seqs, share=share)
             if r:
                 routes[part.name] = r
         return routes, all(e[7] for e in everyone), sum(sum(e[1]) for e in everyone)

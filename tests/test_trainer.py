@@ -192,6 +192,28 @@ def test_micro_batches_give_the_full_batch_gradient_with_the_rollout_correction(
     route = m_full["routes"][name]
     assert 0 < route["rollout_truncated_frac"] < 1 and route["rollout_weight_mean"] <= 2.0
     assert route["rollout_weight_mean"] == pytest.approx(m_micro["routes"][name]["rollout_weight_mean"], abs=1e-12)
+    # over the recomputed groups' sequences alone: group 1 kept its claims (weight 1 by construction,
+    # which would pull the mean toward 1 and the truncated share toward 0)
+    # (every sequence kept: no log-prob check, which drops some of these made-up log-probs)
+    _, m_all = _grads_after(model, [TrainPart(name, batch, algo, cfg, None, 2.0)], StepOptions(max_tokens_per_microbatch=budget))
+    route = m_all["routes"][name]
+    rows = [i for i, gid in enumerate(batch.group_ids.tolist()) if gid in (0, 2)]
+    mask, bound = batch.packed.completion_mask, math.log(2.0)
+    per_seq = [batch.rollout_log_weight[i][mask[i]].double() for i in rows]
+    assert route["rollout_sequences"] == len(rows) < len(batch.group_ids)
+    assert route["rollout_weight_mean"] == pytest.approx(
+        sum(float(w.clamp(-bound, bound).exp().mean()) for w in per_seq) / len(rows), abs=1e-12)
+    assert route["rollout_truncated_frac"] == pytest.approx(
+        sum(float((w.abs() > bound).double().mean()) for w in per_seq) / len(rows), abs=1e-12)
+
+
+def test_a_step_figure_only_some_routes_report_is_weighted_over_those_routes_alone():
+    from node.trainer import share_weighted
+
+    routes = {"own": {"share": 0.75, "drift_frac": 0.2, "clip_frac": 0.1},
+              "foreign": {"share": 0.25, "clip_frac": 0.5}, "empty": {"dropped_groups": [3]}}
+    assert share_weighted(routes, "drift_frac") == pytest.approx(0.2)  # not 0.75 * 0.2: own's figure
+    assert share_weighted(routes, "clip_frac") == pytest.approx(0.75 * 0.1 + 0.25 * 0.5)
 
 
 def test_the_guard_reads_the_median_sequence_so_a_few_forged_claims_do_not_move_it(model_and_tok):
@@ -281,3 +303,34 @@ def test_no_tensor_is_made_off_its_inputs_device(model_and_tok):
     finally:
         torch.set_default_device(None)
         model.load_state_dict(state)
+
+
+def test_a_model_with_dropout_trains_on_the_policy_the_samplers_ran(tmp_path):
+    """GPT-2's config has dropout 0.1 (embeddings, residuals, attention): in train mode, which the
+    learner's step uses, its log-probs were a random function of the policy's (0.04 nats a token
+    off); a model loaded for any role, or handed to a Learner, has every rate zeroed."""
+    from transformers import GPT2Config, GPT2LMHeadModel, Qwen3Config, Qwen3ForCausalLM
+
+    from node.logprobs import completion_logprobs, pack
+    from node.models import without_dropout
+
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=64)).save_pretrained(tmp_path)
+    batch = pack([[1, 2, 3], [4, 5]], [[6, 7, 8, 9], [10, 11]], 0)
+    m = batch.completion_mask
+
+    def logp(model, train: bool) -> torch.Tensor:
+        with torch.no_grad():
+            return completion_logprobs(model.train(train), batch, 1.0)[m]
+
+    raw = GPT2LMHeadModel.from_pretrained(tmp_path)
+    assert not torch.equal(logp(raw, True), logp(raw, False))  # what the learner trained on before
+    model = load_model(str(tmp_path))
+    assert torch.equal(logp(model, True), logp(model, False))
+    assert model.config.resid_pdrop == model.config.attn_pdrop == model.config.embd_pdrop == 0.0
+    # attention that reads a float rate, not an nn.Dropout (Qwen3, Llama): zeroed too
+    qwen = Qwen3ForCausalLM(Qwen3Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                        num_key_value_heads=1, head_dim=16, vocab_size=64, attention_dropout=0.3))
+    assert qwen.model.layers[0].self_attn.attention_dropout == 0.3
+    without_dropout(qwen)
+    assert qwen.model.layers[0].self_attn.attention_dropout == 0.0 and qwen.config.attention_dropout == 0.0

@@ -60,7 +60,8 @@ class LearnerConfig:
     max_tokens_per_microbatch: int = 16384
     """Padded tokens per forward/backward (node/trainer.py): bounds the learner's activation
     memory whatever groups_per_step and the completion lengths are; the step is the same (the
-    gradients accumulate to the full batch's). 0: the whole step in one pass."""
+    gradients accumulate to the full batch's), except M2PO's, whose mask is computed per
+    micro-batch as its released code does (node/algorithms/m2po.py). 0: the whole step in one pass."""
     gradient_checkpointing: bool = False
     """Recompute each layer's activations in backward (transformers' gradient checkpointing):
     about a third more compute for far less activation memory on long completions."""

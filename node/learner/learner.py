@@ -44,6 +44,7 @@ from ..config import SamplingConfig
 from ..engines.hf import HFEngine
 from ..evaluate import eval_problems, evaluate
 from ..metrics import MetricsWriter
+from ..models import without_dropout
 from ..tasks import Task
 from ..weights import untie
 from .auditor import Auditor
@@ -93,7 +94,8 @@ class Learner:
         `keep_records`: step and eval records kept in `history` (None: all, for a finite run).
         `base_weights()`: loads `model`'s starting weights again (from its folder), for audits of
         samplers that hold no version yet; None: the archive keeps a float32 copy of them."""
-        self.cfg, self.model, self.tok, self.task = cfg, model.eval(), tokenizer, task
+        # (no dropout: the training forward must be the policy the samplers ran; node/models.without_dropout)
+        self.cfg, self.model, self.tok, self.task = cfg, without_dropout(model).eval(), tokenizer, task
         self.model_id, self.sampling, self.swarm, self.peer_id, self.leader = model_id, sampling, swarm, peer_id, leader
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.metrics, self.quarantine, self.checkpoint_extra, self.on_record = metrics, quarantine, checkpoint_extra, on_record

@@ -175,6 +175,35 @@ def test_foreign_tokenizer_is_retokenized_and_corrected_at_sequence_level(task, 
     assert learner.ingest(g.encode()) == "unknown_tokenizer"
 
 
+def test_a_foreign_completion_that_re_tokenizes_far_past_the_swarms_length_is_refused(task, tmp_path):
+    """Its tokens are within max_new_tokens and its text within 64 characters a token, but in our
+    tokenizer, where the learner trains on it, it is 8 tokens for each of its own: refused before
+    the ack, as our own too-long completions are, not trained on at 8x a step's length."""
+    from node.learner.checks import MAX_RETOKENIZED
+
+    other = build_char_tokenizer()
+    other.add_tokens(["0" * 8])  # one token of theirs spells 8 of ours
+    other.save_pretrained(tmp_path / "other")
+    other = load_tokenizer_folder(tmp_path / "other")
+    long_id = len(other) - 1
+    assert other.decode([long_id]) == "0" * 8
+    clock, ex, learner, sampler = make_pair(task, foreign_tokenizers={"other-family/model": str(tmp_path / "other")})
+    most = learner.checks.sampling.max_new_tokens
+
+    def group(gid: str, n: int):
+        g = copy.deepcopy(sampler.produce(1)[0])
+        g.id, g.model_id, g.tokenizer = gid, "other-family/model", tokenizer_hash(other)
+        for c in g.completions:
+            c.token_ids, c.text, c.logprobs, c.finish_reason = [long_id] * n, "0" * 8 * n, [-1.0] * n, "length"
+        return g
+
+    fits = MAX_RETOKENIZED * most // 8  # within the bound in our tokens
+    assert learner.ingest(group("fits", fits).encode()) is None
+    assert len(learner.buffer[-1].group.completions[0].token_ids) == 8 * fits
+    assert 8 * most > MAX_RETOKENIZED * most  # the sender's own count is within max_new_tokens; ours is not
+    assert learner.ingest(group("long", most).encode()) == "too_long"
+
+
 def test_resume_from_checkpoint_continues_the_same_versions_and_metrics(task, tmp_path):
     records = []
     clock, ex, learner, sampler = make_pair(task)

@@ -25,6 +25,12 @@ from .config import LearnerConfig
 
 MAX_CHARS_PER_TOKEN = 64
 """Bound on a completion's text per token (the longest tokens of real vocabularies are far shorter)."""
+MAX_RETOKENIZED = 4
+"""A foreign completion, re-tokenized in ours (node/learner/scoring.py), may be at most this many
+times the swarm's `max_new_tokens`: what a learner's step is sized for. Honest text re-tokenizes
+within ~1-3x between real tokenizers (English ~1-1.3x; Chinese text of a Qwen-like vocabulary in a
+Llama-2-like one ~2-3x); crafted text, one foreign token of 64 characters per token of ours each,
+would be 64x: a step's activations sized for max_new_tokens, times 64."""
 MAX_CHAINS = 16
 """Earlier runs' chains remembered (their rollouts may still arrive from samplers' outboxes)."""
 MAX_SEEN = 200_000
@@ -148,6 +154,10 @@ class RecordChecks:
             return "token_out_of_vocab"
         if any(tok.decode(c.token_ids, skip_special_tokens=True) != c.text for c in g.completions):
             return "text_mismatch"
+        if tok is not self.tok:  # trained on as our tokens: their count, not the sender's, is what a step costs
+            most = MAX_RETOKENIZED * self.sampling.max_new_tokens
+            if any(len(self.tok(c.text, add_special_tokens=False)["input_ids"]) > most for c in g.completions):
+                return "too_long"
         return None
 
     def remember(self, g: RolloutGroup) -> None:

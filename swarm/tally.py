@@ -2,7 +2,8 @@
 
 Only learners credit work, and only work they trained on (the record passed every check, its
 reward was recomputed, it was not dropped as too stale). A learner publishes its cumulative
-per-sampler tally at its own key `hetero_<swarm>_tally/<its peer id>`, subkey = its own
+per-sampler tally (the peers it credited most and last, by name; the rest as one aggregate,
+`others`) at its own key `hetero_<swarm>_tally/<its peer id>`, subkey = its own
 `[owner:<public key>]`, so:
   - hivemind's RSASignatureValidator refuses a tally not signed by the subkey's key (a forged or
     edited tally, or one written under another learner's subkey);
@@ -47,6 +48,16 @@ class ContributionModel(pydantic.BaseModel):
     models: List[pydantic.StrictStr]
 
 
+class OthersModel(pydantic.BaseModel):
+    """The peers a tally does not name, together (node/accounting.py: a tally names at most 2,048, so
+    it fits the DHT's 1 MiB bound whatever the number of keys credited)."""
+    count: pydantic.conint(ge=0, strict=True)
+    """How many peers."""
+    groups: pydantic.conint(ge=0, strict=True)
+    rollouts: pydantic.conint(ge=0, strict=True)
+    tokens: pydantic.conint(ge=0, strict=True)
+
+
 class TallyModel(pydantic.BaseModel):
     learner: pydantic.StrictStr
     seq: pydantic.conint(ge=0, strict=True)
@@ -60,6 +71,8 @@ class TallyModel(pydantic.BaseModel):
     """Its latest held-out eval accuracy, a fraction (NaN fails both bounds)."""
     eval_version: Optional[pydantic.conint(ge=0, strict=True)] = None
     """The version that eval measured."""
+    others: Optional[OthersModel] = None
+    """What it credited the peers it does not name with, together (absent: it names them all)."""
 
     @pydantic.root_validator(skip_on_failure=True)
     def _eval_is_whole(cls, values: Dict[str, Any]) -> Dict[str, Any]:
@@ -79,5 +92,5 @@ class TallyModel(pydantic.BaseModel):
         return out
 
 
-_OPTIONAL = ("version", "eval_acc", "eval_version")
+_OPTIONAL = ("version", "eval_acc", "eval_version", "others")
 

@@ -24,7 +24,7 @@ from helpers.leaderboard import tally
 from node.accounting import Tally
 from swarm.dht import NetworkConfig, SwarmSchema, own_key
 from swarm.identity import Identity
-from swarm.leaderboard import LeaderboardStore
+from swarm.leaderboard import LeaderboardStore, render_rows
 from swarm.ownership import MAX_TTL, OwnerValidator, owner_peer_id
 
 
@@ -189,6 +189,42 @@ def test_a_record_larger_or_longer_lived_than_its_kind_allows_is_refused(tmp_pat
     assert not reader.validate(_record(peer, peer, big, own_key("t", "peer", peer.peer_id)))
     assert reader.validate(_record(peer, peer, _info(peer.peer_id), "hetero_t_peers", ttl=MAX_TTL - 60))
     assert not reader.validate(_record(peer, peer, _info(peer.peer_id), "hetero_t_peers", ttl=MAX_TTL + 60))
+
+
+def test_a_tally_crediting_10000_keys_fits_validates_and_the_board_counts_the_unnamed(tmp_path):
+    """Keys are free: past ~6,700 credited keys a tally naming each was over the DHT's 1 MiB and
+    refused everywhere. Now it names the most credited and the latest, and sums the rest."""
+    from node.accounting import MAX_PUBLISHED, PUBLISHED_RECENT
+    from swarm.discovery import most_recent
+    from swarm.ownership import MAX_BYTES
+    learner = Identity.load_or_create(tmp_path / "l.key")
+    reader = _chain(Identity.load_or_create(tmp_path / "r.key"))
+    model = "an-organisation/a-rather-long-model-name-Instruct-v0.3-GPTQ-Int4"
+    t = Tally()
+    keys = [f"QmSybil{i:039d}" for i in range(10_000)]  # as long as a real peer id (46 characters)
+    for i, k in enumerate(keys):
+        t.credit(k, 8 + i % 97, 10**9 + i, model, now=1e9 + i)  # large token counts: 9 bytes each
+    t.credit(keys[0], 8, 40, model, now=2e9)  # long ago the least credited, now the newest
+    value = t.record(learner.peer_id, model, 5, [])
+    assert len(MSGPackSerializer.dumps(value)) <= MAX_BYTES["tally"]
+    assert len(value["peers"]) == MAX_PUBLISHED and value["others"]["count"] == 10_000 - MAX_PUBLISHED
+    assert keys[0] in value["peers"] and most_recent(value, 128)[0] == keys[0]  # a newcomer is read for mates
+    assert set(keys[-(PUBLISHED_RECENT - 1):]) <= set(value["peers"])
+    everyone = {k: sum(c[k] for c in t.peers.values()) for k in ("groups", "rollouts", "tokens")}
+    named = {k: sum(c[k] for c in value["peers"].values()) for k in ("groups", "rollouts", "tokens")}
+    assert {k: named[k] + value["others"][k] for k in named} == everyone  # nothing lost, nothing twice
+    assert reader.validate(_record(learner, learner, value))
+    assert not reader.validate(_record(learner, learner, {**value, "others": {**value["others"], "count": -1}}))
+    assert reader.validate(_record(learner, learner, {k: v for k, v in value.items() if k != "others"}))  # as before
+    store = LeaderboardStore(tmp_path / "lb.db")
+    assert store.ingest(value) == "new"
+    board = store.board()
+    assert board["total_rollouts"] == everyone["rollouts"] and len(board["peers"]) == MAX_PUBLISHED
+    assert board["others"] == {"count": 10_000 - MAX_PUBLISHED, **{k: value["others"][k] for k in named}}
+    assert board["learner_progress"][0]["rollouts"] == everyone["rollouts"]
+    assert board["learner_progress"][0]["contributors"] == 10_000
+    assert f"from {10_000 - MAX_PUBLISHED} more peer(s)" in render_rows(board)
+    assert sum(p["share"] for p in board["peers"]) < 1.0
 
 
 # ---- real DHT peers ------------------------------------------------------------------------------------

@@ -155,8 +155,8 @@ class _FakeSwarm:
     def tally_of(self, learner: str) -> dict | None:
         return {"L1": tally("L1", 1, {"A": (8, 40)}), "L2": tally("L2", 1, {"A": (99, 99)})}.get(learner)
 
-    def peers(self) -> list[dict]:
-        return [{"peer_id": "A", "name": "alice"}]
+    def peer_records(self, peer_ids: list[str]) -> dict[str, dict]:
+        return {p: r for p, r in {"A": {"peer_id": "A", "name": "alice"}}.items() if p in peer_ids}
 
 
 def test_serve_collects_from_its_source_until_stopped_and_frees_the_port(tmp_path):
@@ -261,3 +261,45 @@ def test_a_history_only_page_says_it_shows_stored_history_and_a_live_one_that_it
             assert want in page, f"{source!r}: {page}"
             chart = http_get(url + "learning.svg")[0]  # one tally: the eval's dot and the version's square
             assert chart.count("<circle") == 1 and chart.count('<rect x="') == 1, chart
+
+
+class _Crowd(_FakeSwarm):
+    """L1's tally credits A and B; 5,000 fresh keys named themselves in the peers index. Says which
+    peers' records the collector read, per poll."""
+
+    def __init__(self) -> None:
+        self.asked: list[list[str]] = []
+        self.records = {f"fresh{i:04d}": {"peer_id": f"fresh{i:04d}", "name": f"spam {i}"} for i in range(5000)}
+        self.records.update({p: {"peer_id": p, "name": n} for p, n in (("A", "alice"), ("B", "bob"), ("L1", "one"))})
+
+    def tally_of(self, learner: str) -> dict | None:
+        return tally("L1", 1, {"A": (8, 40), "B": (4, 4)}) if learner == "L1" else None
+
+    def peer_records(self, peer_ids: list[str]) -> dict[str, dict]:
+        self.asked.append(list(peer_ids))
+        return {p: self.records[p] for p in peer_ids if p in self.records}
+
+    def peers(self) -> list[dict]:  # the whole index: the collector must not read it
+        raise AssertionError("the collector read the whole peers index")
+
+
+def test_names_are_kept_only_for_credited_peers_and_learners_and_go_when_their_credit_does(tmp_path, monkeypatch):
+    store = LeaderboardStore(tmp_path / "lb.db")
+    crowd = _Crowd()
+    # the whole index handed to the collector: 5,000 fresh keys' names, of which none is kept
+    collect_once(store, lambda: [crowd.tally_of("L1")], lambda: list(crowd.records.values()))
+    assert store.named() == {"A", "B", "L1"}
+    assert dict(store._db.execute("SELECT peer, name FROM names")) == {"A": "alice", "B": "bob", "L1": "one"}
+    assert not store.set_name("fresh0001", "spam") and store.board()["peers"][0]["name"] == "alice"
+    # the service asks the DHT only for the wanted names, at most MAX_NAME_LOOKUPS a poll, in turn
+    import swarm.leaderboard.service as service
+    monkeypatch.setattr(service, "MAX_NAME_LOOKUPS", 2)
+    fresh = LeaderboardStore(tmp_path / "fresh.db")
+    for _ in range(3):
+        service._collect(fresh, crowd, None)
+    assert crowd.asked == [["A", "B"], ["L1", "A"], ["B", "L1"]], crowd.asked
+    assert fresh._db.execute("SELECT COUNT(*) FROM names").fetchone()[0] == 3
+    assert {p["peer_id"]: p["name"] for p in fresh.board()["peers"]} == {"A": "alice", "B": "bob"}
+    # B's credit gone from L1's newest tally (revoked): its name goes too
+    assert store.ingest(tally("L1", 2, {"A": (16, 80)})) == "new"
+    assert dict(store._db.execute("SELECT peer, name FROM names")) == {"A": "alice", "L1": "one"}

@@ -30,7 +30,6 @@ def counters(books: Books, auditor: Auditor, training: Training, buffered: int, 
     """The learner's running counts, as each step record carries them."""
     return {**books.counters(), "audit": dict(auditor.stats), "claim_gaps": auditor.claim_gaps.stats(),
             "logprob_gap_drops": dict(training.gap_drops), "train_time_s": round(training.time_s, 3),
-            "credited": {p: c["groups"] for p, c in books.tally.peers.items()},
             "refused_samplers": len(auditor.refusals.refused),
             "reward_claim_mismatch": books.reward_claim_mismatch, "buffered": buffered,
             "version_clamped": books.version_clamped, "time_s": round(time.time() - t0, 2)}

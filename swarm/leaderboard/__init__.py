@@ -2,8 +2,9 @@
 
 A coordinator runs `hetero-node leaderboard --serve HOST:PORT --initial-peers ADDR`. A collector
 reads every learner's tally from the DHT (the DHT's validators have already refused forged,
-edited and self-crediting tallies) and the samplers' display names from their PeerInfo (signed by
-the peer it names, so nobody can rename someone else); the store keeps, per learner, only its
+edited and self-crediting tallies) and the display names of the peers they credit (and of the
+learners) from their own PeerInfo records, at most 256 a poll (signed by the peer it names, so
+nobody can rename someone else; a key nobody credited costs the board nothing); the store keeps, per learner, only its
 newest tally (a lower sequence number is a replay and is refused and counted) plus a history of
 every change, so the board survives restarts and DHT expiry.
 
@@ -14,7 +15,8 @@ HTTP (read-only; aiohttp, with a budget on every connection: `ServerLimits` in s
                      seen, models. It refreshes itself while open if the service follows a swarm;
                      without --initial-peers it serves the stored history and says so
   /rows              the table body alone, as the page shows it (what the page's refresh swaps in)
-  /api/leaderboard   the table as JSON (`peers`), each learner's latest version and eval
+  /api/leaderboard   the table as JSON (`peers`; `others`: what tallies credit the peers they do
+                     not name with, summed), each learner's latest version and eval
                      (`learner_progress`), and how many tallies were accepted or refused, by reason
   /api/history       contributions over time: {peer: [[time, cumulative accepted rollouts], ...]}
   /api/learners      learning over time: [{learner, name, model_id, updated, version, eval_acc,

@@ -33,6 +33,9 @@ def _when(ts: float | None) -> str:
 def render_summary(board: dict[str, Any]) -> str:
     """One line under the title (plain text; escape it where it goes into HTML)."""
     out = f"{len(board['peers'])} peer(s), {board['total_rollouts']} credited rollouts, {board['learners']} learner(s)."
+    others = board.get("others") or {}
+    if others.get("count"):  # a tally names its most credited and latest peers, and sums the rest
+        out += f" {others['rollouts']} of the rollouts are from {others['count']} more peer(s) the tallies do not name."
     several = len(board.get("learner_progress", [])) > 1
     for x in board.get("learner_progress", []):
         if x["version"] is None:

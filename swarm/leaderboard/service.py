@@ -14,7 +14,7 @@ import threading
 from typing import Callable, Protocol
 
 from .server import LeaderboardServer, ServerLimits
-from .store import LeaderboardStore
+from .store import MAX_NAME_LOOKUPS, LeaderboardStore
 
 log = logging.getLogger(__name__)
 
@@ -29,32 +29,41 @@ class Source(Protocol):
 
     def tally_of(self, learner: str) -> dict | None: ...
 
-    def peers(self) -> list[dict]: ...
+    def peer_records(self, peer_ids: list[str]) -> dict[str, dict]:
+        """peer id -> its own PeerInfo record, one DHT key each (never the whole peers index, which
+        any key can grow)."""
+        ...
 
 
 def collect_once(store: LeaderboardStore, tallies: Callable[[], list[dict]], peers: Callable[[], list[dict]],
                  trusted: set[str] | None = None) -> dict[str, int]:
-    """One pass of the collector: every tally and every display name the DHT holds now.
+    """One pass of the collector: the tallies, then the display names `peers()` gives (called after
+    the tallies are in, so it can ask for the names the store wants: `store.name_lookups()`); a name
+    is kept only for a peer a tally names, or a learner (`LeaderboardStore.set_name`).
     Returns how many tallies ended how ('new', 'unchanged', 'replay', ...)."""
     outcome: dict[str, int] = {}
     for t in tallies():
         r = store.ingest(t, trusted)
         outcome[r] = outcome.get(r, 0) + 1
+    named = store.named()
     for p in peers():
         # a PeerInfo is signed by the peer it names (the DHT's validators check peer_id against
         # the record's owner), so a name is only ever taken for the peer that published it
-        if p.get("name"):
+        if p.get("name") and p.get("peer_id") in named:
             store.set_name(p["peer_id"], p["name"])
     return outcome
 
 
 def _collect(store: LeaderboardStore, source: Source, trusted: set[str] | None) -> None:
     """One pass: the tallies of the `trusted` learners, or else of those the coordinators' swarm
-    records name, one DHT key each (a tally of a key nobody named is never read, issue 39)."""
+    records name, one DHT key each (a tally of a key nobody named is never read, issue 39), and the
+    display names of at most `MAX_NAME_LOOKUPS` of the peers they credit and the learners, in turn,
+    each at its own key (a name of a key nobody credited is never read)."""
     try:
         learners = sorted(trusted if trusted is not None else source.trusted_learners(source.coordinators))
         tallies = lambda: [t for t in map(source.tally_of, learners) if t is not None]  # noqa: E731
-        outcome = collect_once(store, tallies, source.peers, set(learners))
+        names = lambda: list(source.peer_records(store.name_lookups(MAX_NAME_LOOKUPS)).values())  # noqa: E731
+        outcome = collect_once(store, tallies, names, set(learners))
     except Exception as e:  # the DHT is slow or empty: keep serving what we have
         log.warning("could not read tallies from the swarm: %s", e)
         return

@@ -198,7 +198,7 @@ def test_a_made_up_model_in_our_tokenizer_is_checked_as_ours_refused_and_never_c
     drops0 = _steps(swarm)[-1]["drops"].get("unknown_chain", 0)
     procs = [swarm.join_attacker("forger", "foreign"), swarm.join_attacker("labeller", "foreign_ourchain")]
     forger, labeller = peer_of(swarm, "forger"), peer_of(swarm, "labeller")
-    refused = swarm.base / "learner" / "checkpoints" / "refused.json"
+    refused = swarm.base / "learner" / "checkpoints" / "refused.jsonl"
     trained = lambda peer: _steps(swarm)[-1]["accepted_by_sampler"].get(peer, 0) > 0  # noqa: E731
     try:  # until each is refused, or (the attack working) trained on
         _wait_for(lambda: (refused.exists() and labeller in refused.read_text()) or trained(labeller), 300,

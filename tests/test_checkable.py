@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -70,12 +71,38 @@ def test_an_archive_given_a_loader_holds_no_base_copy_and_rebuilds_it_exactly_wh
     assert len(loads) == 2
 
 
-def test_refusals_survive_a_restart_and_a_damaged_file(tmp_path):
-    path = tmp_path / "refused.json"
+def test_refusals_survive_a_restart_a_cut_line_and_a_damaged_file(tmp_path):
+    path = tmp_path / "refused.jsonl"
     RefusalList(path).add("peerA", "audit failed")
     assert "peerA" in RefusalList(path)
+    with open(path, "a") as f:
+        f.write('["peerB", "audit fa')  # a kill -9 mid-line
+    again = RefusalList(path)
+    assert "peerA" in again and "peerB" not in again  # the line lost, nothing else
+    again.add("peerC", "x")
+    assert list(RefusalList(path).refused) == ["peerA", "peerC"]
     path.write_text("{not json")
     assert "peerA" not in RefusalList(path)  # logged, not fatal
+
+
+def test_a_refusal_appends_a_line_and_the_list_keeps_the_newest_keys_within_its_bound(tmp_path):
+    path = tmp_path / "refused.jsonl"
+    refusals = RefusalList(path, max_keys=8)
+    for i in range(5):
+        refusals.add(f"k{i}", "audit failed")
+    assert len(path.read_text().splitlines()) == 5  # appended, not rewritten
+    for i in range(5, 40):
+        refusals.add(f"k{i}", "audit failed")
+        assert len(path.read_text().splitlines()) <= 2 * 8  # rewritten to the 8 kept past twice that
+    assert list(refusals.refused) == [f"k{i}" for i in range(32, 40)] == list(RefusalList(path, max_keys=8).refused)
+    assert "k0" not in refusals  # forgotten: unproven again, it must pass its audits
+
+
+def test_an_older_learners_refusal_file_is_carried_over(tmp_path):
+    (tmp_path / "refused.json").write_text(json.dumps({"peerA": "audit failed", "peerB": "flips"}, indent=1))
+    refusals = RefusalList(tmp_path / "refused.jsonl")
+    assert refusals.refused == {"peerA": "audit failed", "peerB": "flips"}
+    assert not (tmp_path / "refused.json").exists() and "peerB" in RefusalList(tmp_path / "refused.jsonl")
 
 
 # ---- bounded influence -----------------------------------------------------------------------------

@@ -91,7 +91,7 @@ def test_the_learner_checkpoints_by_versions_and_by_time_keeps_a_bounded_disk_an
         return path.name if path else None
 
     def on_disk() -> list[str]:
-        return sorted(p.name for p in folder.iterdir() if p.name != "refused.json")
+        return sorted(p.name for p in folder.iterdir() if p.name != "refused.jsonl")
 
     # by versions, the clock standing still: v3 and v6
     assert [step() for _ in range(7)] == [None, None, "v00000003", None, None, "v00000006", None]

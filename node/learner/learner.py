@@ -113,7 +113,7 @@ class Learner:
         archive = VersionArchive(cfg.max_staleness + 1)
         """Our published versions, rebuilt for audits (node/audit.py); the base model as ("", 0)."""
         archive.put_base(weights, load=base_weights)
-        refusals = RefusalList(self.checkpoint_dir / "refused.json" if self.checkpoint_dir else None)
+        refusals = RefusalList(self.checkpoint_dir / "refused.jsonl" if self.checkpoint_dir else None)
         self.publishing = Publishing(cfg.weights, self.model, model_id, self.chains.this, archive, link)
         self.checks = RecordChecks(cfg, tokenizer, task, sampling, model_id=model_id, swarm=swarm,
                                    chains=self.chains, archive=archive, refusals=refusals)

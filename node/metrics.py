@@ -45,8 +45,9 @@ NOT_LOGGED = frozenset({"kind", "version", "step", "at", "held_at", "weights_pub
 """Keys that identify a record rather than measure something (wall-clock times among them: they
 line records of several processes up); never TensorBoard scalars."""
 NOT_LOGGED_BY_KIND = {"eval": frozenset({"time_s"})}
-PER_PEER = frozenset({"accepted_by_sampler"})
-"""Dicts keyed by peer id: unbounded tag count, so JSONL only."""
+PER_PEER = frozenset({"accepted_by_sampler", "credited"})
+"""Dicts keyed by peer id (the top 32 of each step, node/learner/books.py): a tag per peer id that
+ever appeared would pile up in TensorBoard, so JSONL only."""
 HISTOGRAMS = frozenset({"staleness_hist"})
 """Dicts {integer value: count} written as one TensorBoard histogram each."""
 

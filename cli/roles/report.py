@@ -34,7 +34,7 @@ class LearnerReport:
         parts = [f"learner v{lr.version}",
                  f"reward {steps[-1]['reward']:.2f}" if steps else "reward -",
                  f"eval {evals[-1]:.1%}" if evals else "eval -",
-                 f"samplers {len(lr.books.accepted_by_sampler)}",
+                 f"samplers {lr.books.samplers()}",
                  f"{self.rate() * lr.sampling.group_size:.1f} rollouts/s",
                  f"buffer {len(lr.buffer)}", f"dropped {sum(lr.drops.values())}"]
         if idle_s > 30:
@@ -47,7 +47,7 @@ class LearnerReport:
         drops = ", ".join(f"{k} {v}" for k, v in sorted(lr.drops.items())) or "none"
         return (f"learner stopped at version {lr.version} ({lr.version - self.v0} this session, "
                 f"{time.monotonic() - self.t0:.0f} s): {lr.books.trained() - self.trained0} groups trained on from "
-                f"{len(lr.books.accepted_by_sampler)} samplers; {acc}; dropped: {drops}; checkpoint in "
+                f"{lr.books.samplers()} samplers; {acc}; dropped: {drops}; checkpoint in "
                 f"{lr.checkpoint_dir}")
 
 

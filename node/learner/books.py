@@ -79,6 +79,10 @@ class Books:
             self.accepted_others["samplers"] += 1
             self.accepted_others["groups"] += self.accepted_by_sampler.pop(next(iter(self.accepted_by_sampler)))
 
+    def samplers(self) -> int:
+        """Samplers ever trained on, those forgotten past `MAX_KEPT` included."""
+        return len(self.accepted_by_sampler) + self.accepted_others["samplers"]
+
     def trained(self) -> int:
         """Groups trained on, all samplers."""
         return sum(self.accepted_by_sampler.values()) + self.accepted_others["groups"]

@@ -150,8 +150,8 @@ def distribution(args, lx: WeightServer, samplers: list[WeightFetcher], mates: l
             copies = (lx.store.served_bytes - before) / len(wv.blob)
             print(f"{n:>3} {schedule:>13} {secs:14.2f} {copies:13.2f}x")
     stats = sum((x.stats for x in samplers), collections.Counter())
-    print(f"fetch failures {stats['weight_fetch_failures']}, streams that ended early and were asked again "
-          f"{stats['short_streams']}, bad chunks {stats['bad_chunks']}")
+    print(f"fetch failures {stats['weight_fetch_failures']}, chunks a source did not hold (asked of the next) "
+          f"{stats['chunks_not_held']}, bad chunks {stats['bad_chunks']}")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import pytest
 from cli.procs import P2PD_LOGS
 
 ROOT = Path(__file__).resolve().parents[1]
-FAILURES = ("short_streams", "bad_streams", "bad_chunks", "weight_fetch_failures", "forged_manifests",
+FAILURES = ("bad_streams", "bad_chunks", "weight_fetch_failures", "forged_manifests",
             "send_failures", "batch_errors", "rejected", "audit.failed", "refused_samplers")
 """What must never happen to honest traffic: a stream or chunk taken for a lie, a fetch or a send
 that failed, a group or a sampler refused. (Hedges and stalls, a slow answer asked again

@@ -39,6 +39,11 @@ class ScriptedNode:
         if how == "stall":  # accepts, then nothing: abandoned at its stall bound (here: the test's end)
             self.released.wait(10)
             raise StreamStalled("nothing for a while")
+        if how in ("first", "ends"):  # holds the first chunk it is asked (or none): its stream ends there
+            served = indices[:1] if how == "first" else []
+            for i in served:
+                on_item(BLOB[i * CHUNK_SIZE : (i + 1) * CHUNK_SIZE])
+            return len(served)
         for i in indices:
             chunk = BLOB[i * CHUNK_SIZE : (i + 1) * CHUNK_SIZE]
             on_item({"good": chunk, "lie": b"x" * len(chunk), "none": b""}[how])
@@ -76,6 +81,23 @@ def test_a_stalling_holder_is_hedged_after_hedge_s_and_demoted():
     assert 0.3 <= time.monotonic() - t0 < 5.0  # one hedge, not the stall bound
     assert fetcher.stats["hedged_streams"] >= 1 and fetcher.demoted["h"] == 1
     assert {peer for peer, _, _ in node.asked} == {"h", LEARNER}
+
+
+@pytest.mark.parametrize("how", ["first", "ends"])
+def test_a_stream_that_ends_short_hands_the_rest_to_their_next_source_at_once(how):
+    # hetero.chunks.v1 ends a stream at the first chunk not held (a holder past its door, or that
+    # lacks it, sends no chunk at all): what the stream did not deliver is asked of the next source
+    # as soon as it ends, not after a hedge, and is no failure
+    fetcher, node, g = gather({"h": how, LEARNER: "good"}, holders=["h"], cfg=FetchConfig(hedge_s=30.0))
+    t0 = time.monotonic()
+    assert run(fetcher, node, g) == BLOB
+    assert time.monotonic() - t0 < 5.0  # no hedge (30 s) was waited for
+    served = {"first": 2, "ends": 0}[how]  # two streams to the holder (`_split`): each ends after its first, or at once
+    assert fetcher.stats["bytes_from_holders"] == served * CHUNK_SIZE
+    assert fetcher.stats["chunks_not_held"] == 4 - served and fetcher.stats["hedged_streams"] == 0
+    asked_learner = [i for peer, indices, _ in node.asked if peer == LEARNER for i in indices]
+    assert len(asked_learner) == 4 - served  # the rest, once each
+    assert fetcher.demoted["h"] == (how == "ends")  # one that served none of what it announced: demoted, as before
 
 
 def test_a_chunk_no_source_delivers_fails_the_download_once_the_learner_was_asked_twice():

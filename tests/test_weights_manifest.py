@@ -8,7 +8,11 @@ import pytest
 
 from swarm.identity import Identity
 from swarm.records import RecordError
+from swarm.p2p import MAX_MESSAGE
+from swarm.records import MAX_ID
 from swarm.weights import CHUNK_SIZE, MAX_REQUEST_WAIT, ChunkRequest, FetchConfig, Manifest, ManifestRequest, VersionEntry
+from swarm.weights.chunks import (CHUNKS_BUDGET, INDEX_COST, MAX_INDICES, MAX_REQUEST_BYTES, ChunkRequestError,
+                                  chunk_digest)
 
 KEYFRAME = bytes(range(256)) * 5000  # two chunks, the second short
 # What swarm/weight_rpc.py's WeightServer.publish packed (before sealing) after publishing
@@ -77,8 +81,30 @@ def test_requests_encode_as_the_old_lists_and_decode_back():
     request = ChunkRequest("c", 4, [0, 2, 4], 5.0)
     assert request.encode() == msgpack.packb(["c", 4, [0, 2, 4], 5.0])
     assert ChunkRequest.decode(request.encode()) == request
-    with pytest.raises(ValueError, match="more than"):
-        ChunkRequest.decode(msgpack.packb(["c", 4, list(range((1 << 16) + 1)), 0.0]))
+    # the largest request that follows the protocol decodes; past any of its bounds, refused with a reason
+    largest = ChunkRequest("\U0010ffff" * MAX_ID, -(1 << 63), [MAX_INDICES - 1] * MAX_INDICES, MAX_REQUEST_WAIT)
+    assert len(largest.encode()) == MAX_REQUEST_BYTES and ChunkRequest.decode(largest.encode()) == largest
+    for bad, reason in ((msgpack.packb(["c", 4, list(range(1 << 16)), 0.0]), "oversize"),  # the review's 196 KB
+                        (msgpack.packb(["c", 4, [0] * (MAX_INDICES + 1), 0.0]), "too_many"),
+                        (b"\xc1", "undecodable"), (request.encode() + b"\x00", "undecodable"),
+                        (msgpack.packb(["c" * 300, 4, [0], 0.0]), "undecodable"),  # a str longer than any chain
+                        (msgpack.packb(["c", 4, {0: 1}, 0.0]), "undecodable"),
+                        (msgpack.packb(["c" * (MAX_ID + 1), 4, [0], 0.0]), "schema"),
+                        (msgpack.packb(["c", "4", [0], 0.0]), "schema"), (msgpack.packb(["c", 4, [0], -1.0]), "schema"),
+                        (msgpack.packb(["c", 4, [0], float("nan")]), "schema"),
+                        (msgpack.packb(["c", 4, [MAX_INDICES], 0.0]), "schema"),
+                        (msgpack.packb(["c", 4, [-1], 0.0]), "schema"), (msgpack.packb(["c", 4, [0]]), "schema")):
+        with pytest.raises(ChunkRequestError) as e:
+            ChunkRequest.decode(bad)
+        assert e.value.reason == reason, (bad[:40], e.value)
+
+
+def test_the_chunk_requests_bounds_follow_the_largest_manifest_a_fetcher_reads():
+    # a version has at most as many chunks as one manifest reply (under MAX_MESSAGE) can list
+    hashes = len(msgpack.packb([chunk_digest(b"x")] * MAX_INDICES)) - 3  # less the list's header
+    assert hashes <= MAX_MESSAGE < hashes + len(msgpack.packb(chunk_digest(b"x")))
+    assert MAX_INDICES * CHUNK_SIZE > 15 * 10 ** 9  # a 7B keyframe in bf16 fits, 3 times over
+    assert INDEX_COST * MAX_INDICES < CHUNKS_BUDGET.byte_burst  # the largest request within one burst
 
 
 def test_one_bound_on_how_long_a_request_may_be_held():

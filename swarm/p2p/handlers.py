@@ -59,28 +59,57 @@ def unary(handler: Handler):
     return _wrapped
 
 
+@dataclass(frozen=True)
+class BoundedStream:
+    """A streaming handler whose door bounds the request itself (the chunk door, swarm/weights/chunks.py):
+    a request frame over `max_request` bytes is refused from its header, its payload left unread, and
+    it (or a frame that is not a BytesValue) goes to `refused(remote, why)`, which charges, counts and
+    tarpits it as the door does a call past its budget; no item is sent. Passed where a
+    `StreamHandler` is (`SwarmNode.add_stream_handler`): it is one."""
+    handler: StreamHandler
+    max_request: int
+    """The largest request payload a caller that follows the protocol sends."""
+    refused: Callable[[str, str], Awaitable[None]]
+
+    def __call__(self, payload: bytes, remote: str) -> AsyncIterator[bytes | memoryview]:
+        return self.handler(payload, remote)
+
+
 def streaming(name: str, handler: StreamHandler, request_timeout: float, send_timeout: float, budget: StreamBudget):
     """hivemind's binary stream handler for a server-streaming `handler`: one request frame, then
     each item `handler` yields, written after a hand-made frame header (swarm/p2p/framing.py). The
-    stream is counted against `budget` before a byte is read, and closed unread past it."""
+    stream is counted against `budget` before a byte is read, and closed unread past it. The request
+    is read up to MAX_MESSAGE, or a `BoundedStream`'s own bound."""
+    bounded = handler if isinstance(handler, BoundedStream) else None
+    max_request = bounded.max_request if bounded is not None else MAX_MESSAGE
+
     @quiet_on_shutdown
     async def _handle(info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with closing(writer), budget.hold(info.peer_id.to_base58(), name) as admitted:
+        remote = info.peer_id.to_base58()
+        with closing(writer), budget.hold(remote, name) as admitted:
             if not admitted:
                 return
-            try:
-                marker, data = await asyncio.wait_for(read_frame(reader, MAX_MESSAGE), request_timeout)
-                request = BytesValue.FromString(data)
-            except Exception as e:  # nothing in time, a closed stream, an oversized or broken frame
-                log.debug("%s: no request from %s (%s)", name, short_id(info.peer_id.to_base58()), e)
+            try:  # the bound (+ the BytesValue header) is checked on the frame's header, before its payload is read
+                marker, data = await asyncio.wait_for(read_frame(reader, max_request + 16), request_timeout)
+                request = BytesValue.FromString(data) if marker == P2P.MESSAGE_MARKER else None
+            except (RemoteError, DecodeError) as e:  # a frame over the bound (unread), not a frame, not a BytesValue
+                log.debug("%s: a broken request from %s (%s)", name, short_id(remote), e)
+                if bounded is not None:
+                    try:
+                        await bounded.refused(remote, f"{type(e).__name__}: {e}")
+                    except Exception as bug:  # a bug of ours: the call ends, the node goes on
+                        log.warning("%s door failed: %s", name, bug, exc_info=True)
                 return
-            if marker != P2P.MESSAGE_MARKER:  # the caller sent its end of stream (or an error) and nothing else
+            except Exception as e:  # nothing in time, a closed stream
+                log.debug("%s: no request from %s (%s)", name, short_id(remote), e)
+                return
+            if request is None:  # the caller sent its end of stream (or an error) and nothing else
                 return
             try:
-                async for item in handler(request.value, info.peer_id.to_base58()):
+                async for item in handler(request.value, remote):
                     await send_item(writer, item, send_timeout)
             except (ConnectionError, asyncio.TimeoutError) as e:  # the caller left or stopped reading
-                log.debug("%s: stream to %s ended: %s", name, short_id(info.peer_id.to_base58()), e)
+                log.debug("%s: stream to %s ended: %s", name, short_id(remote), e)
             except Exception as e:  # as hivemind does: the caller gets the error, not a silent end
                 log.warning("%s handler failed: %s", name, e, exc_info=True)
                 await send_error(writer, e)

@@ -6,10 +6,11 @@ Learner side (`WeightServer`, server.py) serves two RPCs:
                       -> the manifest of the learner's current chain segment (its last keyframe
                       and the deltas after it), sealed by the learner: chain id, model, and per
                       version its base, size and per-chunk sha256 (manifest.py: `Manifest`).
-  hetero.chunks.v1    [chain, version, [index, ...], wait] -> a stream of those chunks (b"" for
-                      one not held). Served by the learner *and* by every sampler for the versions
-                      it holds (announced in the DHT) or is downloading, so the learner's upload
-                      need not grow with the number of samplers (chunks.py: `ChunkStore`, `chunk_owner`).
+  hetero.chunks.v1    [chain, version, [index, ...], wait] -> a stream of those chunks, ending at
+                      the first one not held. Served by the learner *and* by every sampler for
+                      the versions it holds (announced in the DHT) or is downloading, so the
+                      learner's upload need not grow with the number of samplers (chunks.py:
+                      `ChunkStore`, `chunk_owner`).
 Sampler side (`WeightFetcher`, fetcher.py): reads the manifest of the learner it follows (refusing
 one that learner did not seal), plans which versions to fetch (`exchange.plan_fetch`), gathers
 chunks from holders, mates and the learner (gather.py: `Gather`), and checks every chunk and the

@@ -1,8 +1,9 @@
 """Weight blobs served chunk by chunk: the chunk request, the holder's store, and who owns which chunk.
 
-hetero.chunks.v1: [chain, version, [index, ...], wait] -> a stream of those chunks, in order, b"" for
-each one not held. Served by the learner *and* by every sampler for the versions it holds (announced
-in the DHT) or is downloading, so the learner's upload need not grow with the number of samplers.
+hetero.chunks.v1: [chain, version, [index, ...], wait] -> a stream of those chunks, in order, ending
+at the first one not held (the fetcher asks the rest of their next source). Served by the learner
+*and* by every sampler for the versions it holds (announced in the DHT) or is downloading, so the
+learner's upload need not grow with the number of samplers.
 """
 
 from __future__ import annotations
@@ -17,13 +18,22 @@ from dataclasses import dataclass
 import msgpack
 
 from ..identity import short_id
-from ..p2p import DoorBudget, SwarmNode
+from ..p2p import MAX_MESSAGE, DoorBudget, SwarmNode
+from ..p2p.handlers import BoundedStream
+from ..records import MAX_ID
 
 log = logging.getLogger(__name__)
 
 CHUNKS = "hetero.chunks.v1"
 CHUNK_SIZE = 1024 * 1024
-MAX_INDICES = 1 << 16
+MANIFEST_BYTES_A_CHUNK = len(msgpack.packb("0" * 64))
+"""66: what one chunk costs the manifest that lists it (its sha256 in hex, a msgpack str8)."""
+MAX_INDICES = MAX_MESSAGE // MANIFEST_BYTES_A_CHUNK
+"""47,662: the most chunks a version can have, so the most indices a request may name, and one past
+the largest index. A fetcher learns a version's chunks from its learner's manifest, one reply, which
+our replies keep under MAX_MESSAGE (3 MiB; hivemind carries 4 MiB at most): no manifest lists more
+chunks, so no version the code accepts is larger than 47,662 x 1 MiB = 46.5 GiB (a 7B keyframe in
+bf16: 14,306 chunks). An honest request names at most every chunk of one version (`Gather._split`)."""
 MAX_REQUEST_WAIT = 10.0
 """The longest a peer may ask us to hold one request open, waiting for something to answer with (a
 chunk still coming, a manifest newer than the one it holds): what any peer can make us keep waiting."""
@@ -89,7 +99,7 @@ class ChunkRequest:
     `wait` s (capped at MAX_REQUEST_WAIT) if the holder is downloading it (`ChunkStore`)."""
 
     chain: str
-    """Not checked: a chain the holder does not follow is simply not held (b"" for every chunk)."""
+    """Not checked: a chain the holder does not follow is simply not held (a stream of no chunk)."""
     version: int
     indices: list[int]
     wait: float
@@ -99,21 +109,58 @@ class ChunkRequest:
 
     @classmethod
     def decode(cls, payload: bytes) -> ChunkRequest:
-        """Raises (a ValueError, TypeError or msgpack error saying why) on a malformed request."""
-        chain, version, indices, wait = msgpack.unpackb(payload)
-        request = cls(chain, int(version), [int(i) for i in indices], float(wait))
-        if len(request.indices) > MAX_INDICES:
-            raise ValueError(f"more than {MAX_INDICES} chunks in one request")
-        return request
+        """The request in `payload`, or ChunkRequestError saying why not: `oversize` (over
+        MAX_REQUEST_BYTES, before anything is unpacked), `too_many` (more than MAX_INDICES indices,
+        told by msgpack from the list's header, before its items are unpacked), `undecodable`
+        (not msgpack, trailing bytes, a string, list or map longer than a request has), `schema`."""
+        if len(payload) > MAX_REQUEST_BYTES:
+            raise ChunkRequestError("oversize", f"{len(payload)} bytes (at most {MAX_REQUEST_BYTES})")
+        try:  # no string, list or map in a request is longer than these: msgpack checks before it allocates
+            d = msgpack.unpackb(payload, raw=False, max_str_len=4 * MAX_ID, max_bin_len=0, max_array_len=MAX_INDICES,
+                                max_map_len=0, max_ext_len=0)
+        except Exception as e:  # msgpack raises several types for garbage
+            reason = "too_many" if "max_array_len" in str(e) else "undecodable"
+            raise ChunkRequestError(reason, f"{type(e).__name__}: {e}") from None
+        if not (isinstance(d, list) and len(d) == 4):
+            raise ChunkRequestError("schema", "not [chain, version, [index, ...], wait]")
+        chain, version, indices, wait = d
+        if not (isinstance(chain, str) and len(chain) <= MAX_ID and type(version) is int and isinstance(indices, list)
+                and type(wait) in (int, float) and 0 <= wait):  # (a NaN is not >= 0)
+            raise ChunkRequestError("schema", "not [chain, version, [index, ...], wait]")
+        if not all(type(i) is int and 0 <= i < MAX_INDICES for i in indices):
+            raise ChunkRequestError("schema", f"an index that is not an int in [0, {MAX_INDICES})")
+        return cls(chain, version, indices, float(wait))
+
+
+class ChunkRequestError(ValueError):
+    """A chunk request no honest fetcher sends; `reason` is what it is counted as."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+MAX_REQUEST_BYTES = len(ChunkRequest("\U0010ffff" * MAX_ID, -(1 << 63), [MAX_INDICES - 1] * MAX_INDICES,
+                                     MAX_REQUEST_WAIT).encode())
+"""143,267: the largest request that follows the protocol (a chain of MAX_ID 4-byte characters, a
+9-byte version, MAX_INDICES indices of 3 bytes each, a float wait). The request frame is bounded by
+it before a byte of its payload is read (`BoundedStream`); the transport's own bound is MAX_MESSAGE."""
+INDEX_COST = CHUNK_SIZE // 1024
+"""Bytes of its door's byte budget (per peer, and the pool's) that each index a request names costs,
+charged before any is looked up: decoding and looking up an index is work whatever the answer, and
+one request may name MAX_INDICES. 1 KiB, 1/1024 of the chunk it names: an honest fetch, which names
+each chunk once (a few times after a failure), pays ~0.1% more than its chunks; a request naming
+MAX_INDICES costs 46.5 MiB, most of a fresh peer's 64 MiB burst, so one key gets ~2.6 such requests
+a second (its 125 MB/s), all keys the node does not know together ~1.4 (the pool's 64 MiB/s)."""
 
 
 class ChunkStore:
     """The weight blobs of one chain that this peer holds, served chunk by chunk to any peer.
 
-    A request (`ChunkRequest`) is answered with a stream of those chunks, in order, b"" for each one
-    not held. A version still being downloaded is served chunk by chunk as its verified chunks
+    A request (`ChunkRequest`) is answered with a stream of those chunks, in order, ending at the
+    first one not held. A version still being downloaded is served chunk by chunk as its verified chunks
     arrive, and a request with `wait` > 0 for such a version waits (at most `wait`, capped at
-    MAX_REQUEST_WAIT) for the chunk instead of answering b"" at once. That is what lets samplers
+    MAX_REQUEST_WAIT) for the chunk instead of ending the stream at once. That is what lets samplers
     fetching the same version at the same time share it (see `chunk_owner`). Every byte a fetcher
     receives is checked against the learner-signed manifest, so a holder cannot serve wrong
     weights, only fail to help.
@@ -133,11 +180,14 @@ class ChunkStore:
         self.served_bytes = 0
         self.malformed = 0
         """Chunk requests refused as malformed (logged with the reason)."""
+        self.malformed_why: collections.Counter[str] = collections.Counter()
+        """Of them, by reason: `frame` (a request frame over MAX_REQUEST_BYTES, left unread, or not a
+        frame), and `ChunkRequest.decode`'s (`oversize`, `too_many`, `undecodable`, `schema`)."""
         self.repeats_refused = 0
         """Chunks answered "not held" because this peer was served them MAX_REPEATS times already."""
         self._repeats = Repeats()
         self._door = node.doors.open(CHUNKS, CHUNKS_BUDGET)
-        node.add_stream_handler(CHUNKS, self._on_chunks)
+        node.add_stream_handler(CHUNKS, BoundedStream(self._on_chunks, MAX_REQUEST_BYTES, self._on_broken_frame))
 
     def put(self, chain: str, version: int, blob: bytes) -> None:
         if chain != self.chain:
@@ -204,18 +254,21 @@ class ChunkStore:
         return True
 
     async def _on_chunks(self, payload: bytes, remote: str):
-        try:
-            request = ChunkRequest.decode(payload)
-        except Exception as e:
-            self.malformed += 1
-            log.warning("malformed chunk request from %s: %s", short_id(remote), e)
-            return
+        """The door (a call, before a byte is decoded), the request decoded within its bounds, each
+        index it names charged (INDEX_COST), then its chunks in order, up to the first one not held
+        (not here, past the bytes or repeats bound): the stream ends there and the fetcher asks the
+        rest of their next source. Past the door, or malformed: tarpitted, no chunk at all."""
         past = self._door.enter(remote)
         if past is not None:  # past its budget: "not held" (it asks another source)
             await self._door.tarpit(remote, past)
-            for _ in request.indices:
-                yield b""
             return
+        try:
+            request = ChunkRequest.decode(payload)
+        except ChunkRequestError as e:
+            # what it could have named: at most an index a byte (decoding it was that much work)
+            await self._malformed(remote, e.reason, str(e), INDEX_COST * min(len(payload), MAX_INDICES))
+            return
+        self._door.charge(remote, INDEX_COST * len(request.indices))  # before any is looked up
         chain, version, wait = request.chain, request.version, min(request.wait, MAX_REQUEST_WAIT)
         if self._waiting[remote] >= self.MAX_WAITING:
             wait = 0.0  # this peer has enough requests waiting already: answer what is here now
@@ -228,9 +281,8 @@ class ChunkStore:
                 while chunk is None and self._coming(chain, version) and time.monotonic() < deadline:
                     await asyncio.sleep(0.01)
                     chunk = self._lookup(chain, version, index)
-                if chunk and not self._may_serve(remote, chain, version, index, len(chunk)):
-                    chunk = None
-                chunk = chunk or b""
+                if not chunk or not self._may_serve(remote, chain, version, index, len(chunk)):
+                    return  # not held from here on: one lookup, not one empty frame per index named
                 self.served_bytes += len(chunk)
                 self._door.charge(remote, len(chunk))
                 yield chunk
@@ -238,6 +290,23 @@ class ChunkStore:
             self._waiting[remote] -= 1
             if not self._waiting[remote]:
                 del self._waiting[remote]
+
+    async def _on_broken_frame(self, remote: str, detail: str) -> None:
+        """A request frame over MAX_REQUEST_BYTES (its payload left unread) or not a frame: a call
+        at the door, counted as malformed, tarpitted; no chunk."""
+        past = self._door.enter(remote)
+        await self._malformed(remote, "frame", detail, 0, past)
+
+    async def _malformed(self, remote: str, why: str, detail: str, nbytes: int, past: str | None = None) -> None:
+        """A request no honest fetcher sends (its call already taken at the door): `nbytes` charged,
+        counted by `why`, logged at the 1st, 10th, 100th... of each reason, and tarpitted."""
+        self.malformed += 1
+        self.malformed_why[why] += 1
+        n = self.malformed_why[why]
+        if n in (1, 10, 100, 1000) or n % 10_000 == 0:
+            log.warning("%s: a malformed request from %s (%s; %d %s so far)", CHUNKS, short_id(remote), detail, n, why)
+        self._door.charge(remote, nbytes)
+        await self._door.tarpit(remote, past or "calls")
 
 
 def chunk_owner(mates: list[str], version: int, index: int) -> str | None:

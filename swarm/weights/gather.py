@@ -177,9 +177,11 @@ class Gather:
             request = ChunkRequest(self.chain, version, indices, wait).encode()
             n = host.node.call_stream(source, CHUNKS, request, host.rpc_timeout + wait + 5.0 * len(indices), on_chunk,
                                       max_item=CHUNK_SIZE, stall=host.cfg.stall(wait))
-            if n < len(indices):
-                host.count("short_streams")
-                log.info("%s sent %d of %d chunks of version %d; asking again", short_id(source), n, len(indices), version)
+            if n < len(indices):  # it holds no more of them (a stream ends at the first chunk not held):
+                # `_step` asks the rest of their next source. Not a failure: the protocol's "not held"
+                host.count("chunks_not_held", len(indices) - n)
+                log.debug("%s sent %d of %d chunks of version %d; the rest go to their next source", short_id(source),
+                          n, len(indices), version)
             if wait == 0.0 and not stream.delivered:  # a holder with nothing of what it announced
                 host.demote(source, f"announced version {version} and served none of it")
         except StreamStalled as e:  # it accepted, then sent nothing or a trickle: abandoned mid-stream

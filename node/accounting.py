@@ -20,10 +20,7 @@ from typing import Any, Sequence
 
 from hivemind.utils import MSGPackSerializer
 
-from swarm.ownership import MAX_BYTES
-
-TALLY_BYTES = MAX_BYTES["tally"]
-"""What every DHT peer's validator accepts of a tally (1 MiB): a bigger one is refused everywhere."""
+from swarm.exchange import TALLY_BYTES
 ENTRY_BYTES = 256
 """A published peer entry at most, in msgpack, budgeted: ~141 bytes measured (a 46-character peer
 id, six fields with large counts, one 26-character model id), ~250 with a 110-character model id."""

@@ -18,6 +18,9 @@ from typing import Protocol
 from .records import RolloutGroup
 
 MiB = 1 << 20
+TALLY_BYTES = 1 * MiB
+"""The most a learner's published tally may be (swarm/ownership.py MAX_BYTES["tally"]: every DHT
+peer's validator refuses a bigger one): node/accounting.py keeps its record under it."""
 
 
 @dataclass(frozen=True)

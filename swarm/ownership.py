@@ -32,6 +32,7 @@ from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.utils import MSGPackSerializer, get_dht_time
 
+from .exchange import TALLY_BYTES
 from .identity import peer_id_of
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ INDEXES = ("peers",)
 display names)."""
 OWN_KINDS = ("peer", "holds", "tally", "swarm")
 """Keys of one owner each (`hetero_<swarm>_<kind>/<peer id>`): what readers who know the owner read."""
-MAX_BYTES = {"peers": 4096, "peer": 4096, "holds": 8192, "tally": 1 << 20, "swarm": 65536}
+MAX_BYTES = {"peers": 4096, "peer": 4096, "holds": 8192, "tally": TALLY_BYTES, "swarm": 65536}
 """A record's serialized value at most, by kind: a peer record is ~500 bytes (16 addresses of 200
 characters fit), a holder record lists at most 512 versions (`dht.MAX_HELD`), a tally credits
 ~6,700 peers in 1 MiB (~157 bytes each), a swarm record names a few dozen learners. A record past

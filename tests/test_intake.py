@@ -80,6 +80,10 @@ def test_the_pool_bound_lets_a_key_below_its_fair_share_in_and_no_further():
     assert pool_bound(cap=4, used=4, mine=0, keys=5) == 4  # more keys than the cap: shares round down to 0
 
 
+NESTED_ID = b"\x91\x92" + b"\x91" * 1000 + b"\xc0\xc4\x00"
+"""A batch of one item whose id is nested 1,000 lists deep."""
+
+
 @pytest.mark.parametrize("payload,reason", [
     (b"", "batch_undecodable"),
     (b"\xc1", "batch_undecodable"),
@@ -89,6 +93,10 @@ def test_the_pool_bound_lets_a_key_below_its_fair_share_in_and_no_further():
     (msgpack.packb(7), "batch_schema"),
     (b"\xdd\xff\xff\xff\xff", "batch_too_many"),  # told by the header: nothing after it is read
     (msgpack.packb([["i", b""]] * (MAX_BATCH + 1)), "batch_too_many"),
+    (NESTED_ID, "batch_schema"),  # str() of its id raised RecursionError, which escaped the refusal
+    (msgpack.packb([[7, b"e"]]), "batch_schema"),  # ids are str, of 1..MAX_ID characters
+    (msgpack.packb([["x" * 65, b"e"]]), "batch_schema"),
+    (msgpack.packb([["", b"e"]]), "batch_schema"),
 ])
 def test_batch_level_errors_have_a_reason(payload, reason):
     from swarm.records import RecordError
@@ -133,7 +141,7 @@ def test_a_batch_item_is_id_and_envelope_or_it_has_no_envelope():
     assert BatchItem.of(["id", b"env"]) == BatchItem("id", b"env") and BatchItem.of(["id", b"env"]).size == 3
     assert BatchItem.of(["id", "not bytes"]) == BatchItem("id", None)
     assert BatchItem.of(["id", b"e", "extra"]).envelope is None
-    assert BatchItem.of(["x" * 100, b"e"]).id == "x" * 64  # ids cut to MAX_ID
+    assert BatchItem.of(["x" * 64, b"e"]) == BatchItem("x" * 64, b"e")  # an id of MAX_ID characters
     assert BatchItem.of({"id": 1}) == BatchItem("?", None) and BatchItem.of([]).id == "?"
     assert unpack_batch(msgpack.packb([["a", b"e"], 5])) == [BatchItem("a", b"e"), BatchItem("?", None)]
 
@@ -238,6 +246,17 @@ def test_a_bad_batch_gets_a_reason_is_counted_costs_a_check_and_is_tarpitted(tmp
     reply = intake.send(keys[0], [make_item(keys[0])])  # its 3 checks were spent on the bad batches
     assert reply == {"ok": [], "rejected": {}, "busy": [], "backlog": 0, "why": "rate"}, reply
     assert intake.throttled["rate"] == 1 and intake.receiver.tarpitted == 4
+
+
+def test_a_batch_whose_id_is_not_a_short_str_is_refused_whole_counted_charged_and_tarpitted(tmp_path, keys):
+    intake = Intake(tmp_path, quota=2, rate=1.0)  # 2 checks saved up, none back on a frozen clock
+    for payload in (NESTED_ID, msgpack.packb([make_item(keys[0]), ["x" * 65, b"e"]])):
+        reply = intake.send(keys[0], payload)
+        assert reply == {"ok": [], "rejected": {}, "busy": [], "backlog": 0, "error": "batch_schema"}, reply
+    assert intake.rejected == {"batch_schema": 2} and intake.receiver.tarpitted == 2
+    assert len(intake.receiver.journal.read(0, 10)) == 0  # the valid item beside the bad id was not taken
+    reply = intake.send(keys[0], [make_item(keys[0])])  # its 2 checks went on the bad batches
+    assert reply["why"] == "rate" and intake.throttled["rate"] == 1
 
 
 def test_undecodable_bytes_are_charged_before_decoding_and_block_the_sender_until_paid(tmp_path, keys):

@@ -95,7 +95,8 @@ def test_padded_records_are_refused_over_the_wire(swarm, sybils):
 @pytest.mark.integration
 def test_bad_batches_get_a_reason_and_are_counted(swarm, sybils):
     cases = [(msgpack.packb(forged(sybils, 1, 2))[:-100], "batch_undecodable"),  # truncated
-             (msgpack.packb({"not": "a list"}), "batch_schema"), (b"\xdc\x01\x01", "batch_too_many")]
+             (msgpack.packb({"not": "a list"}), "batch_schema"), (b"\xdc\x01\x01", "batch_too_many"),
+             (b"\x91\x92" + b"\x91" * 1000 + b"\xc0\xc4\x00", "batch_schema")]  # an id nested 1,000 lists deep
     for payload, reason in cases:
         reply = sybils.call(1, sybils.learner, payload)
         assert reply.get("error") == reason and reply["ok"] == [] and reply["rejected"] == {}, (reason, reply)

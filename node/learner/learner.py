@@ -46,6 +46,7 @@ from ..evaluate import eval_problems, evaluate
 from ..metrics import MetricsWriter
 from ..models import without_dropout
 from ..tasks import Task
+from ..tasks.bounded import group_budget_s
 from ..weights import untie
 from .auditor import Auditor
 from .behaviour import Recompute
@@ -57,7 +58,8 @@ from .groups import BufferedGroup, Route
 from .persist import load_learner_state, rng_state
 from .publishing import Publishing
 from .report import batch_stats, counters
-from .scoring import score_group
+from .scoring import REWARD_BUDGET, OverBudget, score_group
+from .scoring_time import BURST_GROUPS, SCORING_TIME, ScoringTime
 from .training import Training
 
 log = logging.getLogger(__name__)
@@ -131,6 +133,8 @@ class Learner:
         """Puts the learner's own log-probs into own-model groups (`behaviour_logprobs`)."""
         self.buffer = GroupBuffer(cfg)
         self.books = Books()
+        self.scoring_time = ScoringTime(BURST_GROUPS * group_budget_s(sampling.group_size))
+        """Seconds of scoring per proven key and for all unproven keys (node/learner/scoring_time.py)."""
         self.eval_set = eval_problems(task, cfg.eval_size)
         self.history: collections.deque[dict] = collections.deque(maxlen=keep_records)
         """The newest step and eval records (all of them are in metrics.jsonl)."""
@@ -225,7 +229,17 @@ class Learner:
             return "own_dropped" if own else "foreign_dropped"
         if count and self.buffer.full:
             return "buffer_full"
-        scored = score_group(g, route, self.task, self.tok, self.version)
+        proven = self.auditor.is_proven(g.sampler)
+        if count and not self.scoring_time.allows(g.sampler, proven):
+            return SCORING_TIME  # its key's (or the unproven keys') share of the thread is spent
+        t0 = time.monotonic()
+        try:
+            scored = score_group(g, route, self.task, self.tok, self.version)
+        except OverBudget as e:  # its text would cost more to score than honest answers ever do
+            log.warning("group %s from %s: %s", g.id[:8], g.sampler, e)
+            return REWARD_BUDGET
+        finally:
+            self.scoring_time.charge(g.sampler, proven, time.monotonic() - t0)
         self.buffer.append(BufferedGroup(scored.group, route, g.sampler, raw, g.chain, g.version))
         self.checks.remember(g)
         if count:
@@ -362,8 +376,10 @@ class Learner:
                     raise
                 older += 1  # sampled under another protocol's rule: its audit would refuse an honest sampler
                 continue
-            if group.sampler not in self.auditor.refusals:
-                self._accept(group, raw, count=False)
+            if group.sampler in self.auditor.refusals:
+                continue
+            if self._accept(group, raw, count=False) == REWARD_BUDGET:  # in time before the save, not now
+                self.books.drop(REWARD_BUDGET)
         if older:
             log.warning("checkpoint: %d buffered groups of an older protocol dropped (not auditable now)", older)
         for sampler in self.auditor.refusals.refused:

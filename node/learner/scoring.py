@@ -1,5 +1,10 @@
 """A checked record made trainable: rewards recomputed by the task's verifier (the sampler's claim
-is only compared), the prompt tokenized, and a foreign tokenizer's completions re-tokenized."""
+is only compared), the prompt tokenized, and a foreign tokenizer's completions re-tokenized.
+
+The verifier runs on a peer's text, so its time is bounded: a dataset task's reward (math-verify, or
+a user's `package.module:function`) runs in a worker process within the group's budget
+(node/tasks/bounded.py); past it, or refused by the reward's pre-check, `score_group` raises
+`OverBudget` and the learner drops the group (`REWARD_BUDGET`)."""
 
 from __future__ import annotations
 
@@ -9,8 +14,14 @@ from swarm.records import RolloutGroup
 
 from ..engines.base import Completion
 from ..tasks import Task
+from ..tasks.bounded import OverBudget, rewards as bounded_rewards
 from ..trainer import ScoredGroup
 from .groups import Route
+
+__all__ = ["OverBudget", "REWARD_BUDGET", "Scored", "score_group"]
+
+REWARD_BUDGET = "reward_budget"
+"""The drop reason of a group whose rewards would cost more than its budget (node/tasks/bounded.py)."""
 
 
 @dataclass(frozen=True)
@@ -23,9 +34,10 @@ class Scored:
 
 
 def score_group(g: RolloutGroup, route: Route, task: Task, tok, version: int) -> Scored:
-    """`g`, checked and routed, at the learner's `version`."""
+    """`g`, checked and routed, at the learner's `version`; OverBudget if its rewards would cost more
+    than its budget (nothing else is done then)."""
     problem = task.get(g.prompt_id)
-    rewards = [task.reward(c.text, problem.answer) for c in g.completions]
+    rewards = bounded_rewards(task, [c.text for c in g.completions], problem.answer)
     prompt_ids = tok(g.prompt, add_special_tokens=False)["input_ids"]
     if route is Route.FOREIGN_SEQ:
         # the same event on both sides: the text, plus its end only where the generator ended it

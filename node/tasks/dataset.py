@@ -90,6 +90,9 @@ class DatasetTask(SplitTask):
         self.cfg = cfg
         self.name = cfg.name or Path(cfg.train_files[0]).stem
         self._reward = load_reward(cfg.reward)
+        self.reward_name = cfg.reward
+        """What a learner's reward worker loads: its rewards of a peer's text are bounded in time
+        (node/tasks/bounded.py), whatever the reward (math-verify's or a user's)."""
         has_template = tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
         if cfg.chat_template == "on" and not has_template:
             raise ValueError("dataset task: chat_template = 'on' but " + (

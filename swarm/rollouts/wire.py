@@ -26,14 +26,24 @@ class BatchItem:
     """One item of a batch as the learner sees it before opening anything."""
 
     id: str
-    """The id the sender gave it, cut to MAX_ID characters ("?" if it gave none): replies name it so."""
+    """The id the sender gave it ("?" if the item is not a list): replies name it so."""
     envelope: bytes | None
     """The signed envelope; None if the item is not shaped [id, envelope] (refused as `schema`)."""
 
     @classmethod
     def of(cls, item) -> BatchItem:
-        shaped = isinstance(item, list) and len(item) == 2 and isinstance(item[1], bytes)
-        rid = str(item[0])[:MAX_ID] if isinstance(item, list) and item else "?"
+        """The item as the learner sees it; RecordError `batch_schema` (the whole batch refused) if
+        it is a list whose id is not a str of 1..MAX_ID characters, a name the reply cannot give
+        back (honest samplers send a uuid4's 32 hex digits; a record's id is at most MAX_ID). Only a
+        str is ever taken as an id: an id nested 1,000 lists deep was rendered with str(), whose
+        RecursionError escaped the receiver's refusal."""
+        if not (isinstance(item, list) and item):
+            return cls("?", None)
+        rid = item[0]
+        if not (isinstance(rid, str) and 0 < len(rid) <= MAX_ID):
+            what = f"a str of {len(rid)} characters" if isinstance(rid, str) else type(rid).__name__
+            raise RecordError("batch_schema", f"an item's id is {what}, not a str of 1..{MAX_ID} characters")
+        shaped = len(item) == 2 and isinstance(item[1], bytes)
         return cls(rid, item[1] if shaped else None)
 
     @property
@@ -50,7 +60,8 @@ def pack_batch(items: list[tuple[str, bytes]]) -> bytes:
 def unpack_batch(payload: bytes) -> list[BatchItem]:
     """A rollout batch's items, or RecordError: `batch_too_many` (told by the list's header, before
     anything is unpacked), `batch_undecodable` (not msgpack, truncated, trailing bytes) or
-    `batch_schema` (msgpack, but not a list)."""
+    `batch_schema` (msgpack, but not a list, or an item whose id is not a short str, or one that
+    could not be read: never another exception, which would escape the receiver's refusal)."""
     n = _array_len(payload)
     if n is not None and n > MAX_BATCH:
         raise RecordError("batch_too_many", f"{n} items (at most {MAX_BATCH})")
@@ -60,7 +71,12 @@ def unpack_batch(payload: bytes) -> list[BatchItem]:
         raise RecordError("batch_undecodable", f"{type(e).__name__}: {e}") from None
     if not isinstance(items, list):
         raise RecordError("batch_schema", f"a batch is a list of [id, envelope] pairs, not {type(items).__name__}")
-    return [BatchItem.of(item) for item in items]
+    try:
+        return [BatchItem.of(item) for item in items]
+    except RecordError:
+        raise
+    except Exception as e:  # nothing else is known to raise here; whatever may, the batch is refused with a reason
+        raise RecordError("batch_schema", f"an item could not be read: {type(e).__name__}") from None
 
 
 def _array_len(data: bytes) -> int | None:

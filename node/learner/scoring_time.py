@@ -1,0 +1,62 @@
+"""How much of the training thread each peer's text may take to score.
+
+`node/tasks/bounded.py` bounds one group's scoring (1 s for a group of 8, at least 0.5 s), but a
+pathology no pre-check knows (`\\boxed{(x+1)^{1000}}`) still costs that budget every time, and the
+pool of unproven keys lets in ~8 groups a second: 8 such groups a second would hold the thread that
+trains for good. So scoring time is a budget too, charged after each group with the seconds it took:
+one bucket per proven key, and one for all unproven keys together (keys are free), each refilling at
+`RATE_S` seconds a second. A group that arrives while its bucket is empty is not scored: dropped as
+`scoring_time`, counted, never trained on.
+
+Honest groups cost ~21 ms on average (math-verify on MATH/GSM8K-style answers, p99 128 ms a group
+of 8: examples/bench_reward_budget.py), so a sampler sending 10 groups a second uses 0.21 s a second of
+its 0.5; the unproven pool's 8 groups a second, 0.17 s of its 0.5. An attacker whose every group
+runs to its deadline gets 0.5 s a second of the thread whatever its number of keys (the pool), and
+proven keys, which passed audits with honest work, 0.5 s each, within their own quotas.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Callable
+
+RATE_S = 0.5
+"""Seconds of scoring a second, per proven key and for all unproven keys together."""
+BURST_GROUPS = 4
+"""A bucket holds this many of the largest group's budgets: a sampler's burst of slow honest groups."""
+MAX_KEYS = 4096
+"""Proven keys with a bucket; the least recently charged is forgotten past it (full again: a key
+that only a flood of keys could push out did honest work to be proven)."""
+SCORING_TIME = "scoring_time"
+"""The drop reason of a group whose key's bucket (or the unproven keys') was empty."""
+POOL = "\x00unproven"
+"""The one bucket of every unproven key."""
+
+
+class ScoringTime:
+    """Seconds of scoring left per key (and for the unproven ones together); charged after the fact."""
+
+    def __init__(self, burst_s: float, rate_s: float = RATE_S, max_keys: int = MAX_KEYS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.burst_s, self.rate_s, self.max_keys, self.clock = burst_s, rate_s, max_keys, clock
+        self._left: collections.OrderedDict[str, tuple[float, float]] = collections.OrderedDict()
+
+    def _level(self, bucket: str) -> float:
+        left, at = self._left.get(bucket, (self.burst_s, self.clock()))
+        return min(self.burst_s, left + (self.clock() - at) * self.rate_s)
+
+    def allows(self, sampler: str, proven: bool) -> bool:
+        """Whether `sampler`'s next group may be scored: its bucket (the pool's, if unproven) is not empty."""
+        return self._level(sampler if proven else POOL) > 0
+
+    def charge(self, sampler: str, proven: bool, seconds: float) -> None:
+        """`seconds` of scoring spent on one of `sampler`'s groups (the bucket may go below 0: paid back
+        at the rate before its next group)."""
+        bucket = sampler if proven else POOL
+        level = self._level(bucket) - seconds
+        self._left.pop(bucket, None)
+        self._left[bucket] = (level, self.clock())
+        while len(self._left) > self.max_keys + 1:  # + the pool
+            oldest = next(k for k in self._left if k != POOL)
+            del self._left[oldest]

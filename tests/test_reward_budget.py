@@ -244,7 +244,7 @@ def test_scoring_time_buckets_by_hand():
     assert st.allows("a", proven=False)
     clock.t += 100.0
     st.charge("a", False, 0.0)
-    assert st._level("\x00unproven") == 2.0  # capped at the burst
+    assert st._pool.available("") == 2.0  # capped at the burst
     for k in ("p1", "p2", "p3"):  # past max_keys proven buckets, the least recently charged is forgotten
         st.charge(k, True, 5.0)
     assert st.allows("p1", proven=True) and not st.allows("p3", proven=True) and st.allows("fresh", proven=False)

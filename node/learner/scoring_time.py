@@ -17,9 +17,10 @@ proven keys, which passed audits with honest work, 0.5 s each, within their own 
 
 from __future__ import annotations
 
-import collections
 import time
 from typing import Callable
+
+from swarm.exchange import TokenBuckets
 
 RATE_S = 0.5
 """Seconds of scoring a second, per proven key and for all unproven keys together."""
@@ -30,33 +31,24 @@ MAX_KEYS = 4096
 that only a flood of keys could push out did honest work to be proven)."""
 SCORING_TIME = "scoring_time"
 """The drop reason of a group whose key's bucket (or the unproven keys') was empty."""
-POOL = "\x00unproven"
-"""The one bucket of every unproven key."""
 
 
 class ScoringTime:
-    """Seconds of scoring left per key (and for the unproven ones together); charged after the fact."""
+    """Seconds of scoring left per proven key, and for the unproven ones together (the doors' token
+    buckets, swarm/p2p/doors.py, in seconds); charged after the fact, so a bucket may go into debt."""
 
     def __init__(self, burst_s: float, rate_s: float = RATE_S, max_keys: int = MAX_KEYS,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.burst_s, self.rate_s, self.max_keys, self.clock = burst_s, rate_s, max_keys, clock
-        self._left: collections.OrderedDict[str, tuple[float, float]] = collections.OrderedDict()
-
-    def _level(self, bucket: str) -> float:
-        left, at = self._left.get(bucket, (self.burst_s, self.clock()))
-        return min(self.burst_s, left + (self.clock() - at) * self.rate_s)
+        self._proven = TokenBuckets(rate_s, burst_s, max_keys, clock)
+        self._pool = TokenBuckets(rate_s, burst_s, 1, clock)
 
     def allows(self, sampler: str, proven: bool) -> bool:
         """Whether `sampler`'s next group may be scored: its bucket (the pool's, if unproven) is not empty."""
-        return self._level(sampler if proven else POOL) > 0
+        return (self._proven.available(sampler) if proven else self._pool.available("")) > 0
 
     def charge(self, sampler: str, proven: bool, seconds: float) -> None:
-        """`seconds` of scoring spent on one of `sampler`'s groups (the bucket may go below 0: paid back
-        at the rate before its next group)."""
-        bucket = sampler if proven else POOL
-        level = self._level(bucket) - seconds
-        self._left.pop(bucket, None)
-        self._left[bucket] = (level, self.clock())
-        while len(self._left) > self.max_keys + 1:  # + the pool
-            oldest = next(k for k in self._left if k != POOL)
-            del self._left[oldest]
+        """`seconds` of scoring spent on one of `sampler`'s groups (paid back at the rate before its next)."""
+        if proven:
+            self._proven.charge(sampler, seconds)
+        else:
+            self._pool.charge("", seconds)

@@ -25,47 +25,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from ..buckets import TokenBuckets
+
 log = logging.getLogger(__package__)
 
 INF = math.inf
-
-
-class TokenBuckets:
-    """Per-peer token buckets: `rate` tokens a second, at most `burst` saved up; an LRU of peers.
-
-    `take` grants whole tokens from what is there; `charge` takes what a peer already used, and may
-    leave its bucket in debt (a call larger than the burst), which it then pays back at `rate`."""
-
-    def __init__(self, rate: float, burst: float, max_peers: int = 10_000,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.rate, self.burst, self.max_peers, self.clock = rate, burst, max_peers, clock
-        self._buckets: collections.OrderedDict[str, tuple[float, float]] = collections.OrderedDict()
-
-    def available(self, peer: str) -> float:
-        tokens, last = self._buckets.get(peer, (self.burst, self.clock()))
-        return min(self.burst, tokens + (self.clock() - last) * self.rate)
-
-    def take(self, peer: str, want: int) -> int:
-        """How many of `want` items `peer` may have checked now (each costs one token)."""
-        tokens, now = self._refill(peer)
-        grant = max(0, min(want, int(tokens)))
-        self._store(peer, tokens - grant, now)
-        return grant
-
-    def charge(self, peer: str, amount: float) -> None:
-        """Take `amount` tokens from `peer`, into debt if need be."""
-        tokens, now = self._refill(peer)
-        self._store(peer, tokens - amount, now)
-
-    def _refill(self, peer: str) -> tuple[float, float]:
-        now = self.clock()
-        tokens, last = self._buckets.pop(peer, (self.burst, now))
-        return min(self.burst, tokens + (now - last) * self.rate), now
-
-    def _store(self, peer: str, tokens: float, now: float) -> None:
-        self._buckets[peer] = (tokens, now)
-        if len(self._buckets) > self.max_peers:
-            self._buckets.popitem(last=False)
 
 
 @dataclass(frozen=True)

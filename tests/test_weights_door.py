@@ -83,6 +83,20 @@ def test_a_stream_ends_at_the_first_chunk_not_held_and_each_index_named_is_charg
     assert tarpitted == ["calls"] and store.malformed == 0
 
 
+def test_a_download_in_progress_answers_its_gaps_with_empty_frames_up_to_a_bound():
+    from swarm.weights.chunks import MAX_GAPS
+
+    store, node, _ = _store()
+    store.begin("c", 3)
+    for i in (0, 2, MAX_GAPS + 3):
+        store.add_chunk("c", 3, i, bytes([i]))
+    # a mate mid-download: the chunk after a gap is still worth taking from it
+    assert _ask(node, ChunkRequest("c", 3, [0, 1, 2], 0.0).encode()) == [b"\x00", b"", b"\x02"]
+    # but no more than MAX_GAPS empty frames a call: chunk MAX_GAPS + 3 sits past MAX_GAPS + 1 gaps
+    got = _ask(node, ChunkRequest("c", 3, list(range(1, MAX_GAPS + 4)), 0.0).encode(), "other")
+    assert got == [b""] + [b"\x02"] + [b""] * (MAX_GAPS - 1)
+
+
 @pytest.mark.parametrize("payload, why", [pytest.param(p, why, id=why) for p, why in [
     (b"\xc1", "undecodable"), (msgpack.packb(["c", "zero", [0], 0.0]), "schema"),
     (msgpack.packb(["c", 0, [0] * (1 << 16), 0.0]), "too_many"),

@@ -44,3 +44,9 @@ class TokenBuckets:
         self._buckets[peer] = (tokens, now)
         if len(self._buckets) > self.max_peers:
             self._buckets.popitem(last=False)
+
+
+def worth_logging(n: int) -> bool:
+    """Whether the n-th refusal of a kind gets a log line: the 1st, 10th, 100th, 1000th and every
+    10,000th, so that a flood of them is seen without one line each."""
+    return n in (1, 10, 100, 1000) or n % 10_000 == 0

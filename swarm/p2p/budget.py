@@ -28,6 +28,8 @@ import resource
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
+from ..buckets import worth_logging
+
 log = logging.getLogger(__package__)
 
 PER_PEER = 16
@@ -103,7 +105,7 @@ class StreamBudget:
         why = self._refusal(peer, protocol, pooled)
         if why is not None:
             self.refused[why] += 1
-            if self.refused[why] in (1, 10, 100, 1000) or self.refused[why] % 10_000 == 0:
+            if worth_logging(self.refused[why]):
                 log.warning("%s: refused a stream of %s past the %s bound (%d refused so far)", protocol,
                             peer[-8:], why, self.refused[why])
             yield False

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from ..buckets import TokenBuckets
+from ..buckets import TokenBuckets, worth_logging
 
 log = logging.getLogger(__package__)
 
@@ -164,7 +164,7 @@ class Door:
     def _refuse(self, peer: str, why: str) -> str:
         self.refused[why] += 1
         n = self.refused[why]
-        if n in (1, 10, 100, 1000) or n % 10_000 == 0:
+        if worth_logging(n):
             log.warning("%s: a call of %s past its %s budget (%d so far)", self.name, peer[-8:], why, n)
         return why
 

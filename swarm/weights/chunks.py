@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import msgpack
 
+from ..buckets import worth_logging
 from ..identity import short_id
 from ..p2p import MAX_MESSAGE, DoorBudget, SwarmNode
 from ..p2p.handlers import BoundedStream
@@ -187,10 +188,8 @@ class ChunkStore:
         self.partial: dict[int, dict[int, bytes | memoryview]] = {}
         """version -> verified chunks of a download in progress."""
         self.served_bytes = 0
-        self.malformed = 0
-        """Chunk requests refused as malformed (logged with the reason)."""
         self.malformed_why: collections.Counter[str] = collections.Counter()
-        """Of them, by reason: `frame` (a request frame over MAX_REQUEST_BYTES, left unread, or not a
+        """Chunk requests refused as malformed (logged with the reason), by reason: `frame` (a request frame over MAX_REQUEST_BYTES, left unread, or not a
         frame), and `ChunkRequest.decode`'s (`oversize`, `too_many`, `undecodable`, `schema`)."""
         self.repeats_refused = 0
         """Chunks answered "not held" because this peer was served them MAX_REPEATS times already."""
@@ -231,6 +230,11 @@ class ChunkStore:
 
     def abandon(self, version: int) -> None:
         self.partial.pop(version, None)
+
+    @property
+    def malformed(self) -> int:
+        """Chunk requests refused as malformed, all reasons."""
+        return sum(self.malformed_why.values())
 
     def _coming(self, chain: str, version: int) -> bool:
         """Whether `version` is being downloaded here, or is the one after all this peer holds or
@@ -316,10 +320,9 @@ class ChunkStore:
     async def _malformed(self, remote: str, why: str, detail: str, nbytes: int, past: str | None = None) -> None:
         """A request no honest fetcher sends (its call already taken at the door): `nbytes` charged,
         counted by `why`, logged at the 1st, 10th, 100th... of each reason, and tarpitted."""
-        self.malformed += 1
         self.malformed_why[why] += 1
         n = self.malformed_why[why]
-        if n in (1, 10, 100, 1000) or n % 10_000 == 0:
+        if worth_logging(n):
             log.warning("%s: a malformed request from %s (%s; %d %s so far)", CHUNKS, short_id(remote), detail, n, why)
         self._door.charge(remote, nbytes)
         await self._door.tarpit(remote, past or "calls")

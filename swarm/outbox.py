@@ -94,6 +94,11 @@ class Outbox:
         with self._lock:
             return self._db.execute("SELECT COUNT(*) FROM pending WHERE learner = ?", (learner,)).fetchone()[0]
 
+    def owed_ids(self, learner: str = OWN) -> set[str]:
+        """The ids of the records `learner` has not acknowledged yet, delayed ones included."""
+        with self._lock:
+            return {r[0] for r in self._db.execute("SELECT id FROM pending WHERE learner = ?", (learner,))}
+
     def learners(self) -> list[str]:
         """Every learner something is owed to (OWN included when it is)."""
         with self._lock:

@@ -154,6 +154,7 @@ def test_delayed_records_are_not_due_and_due_respects_the_byte_bound(tmp_path):
     box.put("b", b"x" * 10, to=(OWN,))
     assert [r for r, _ in box.due(15)] == ["a"]  # at least one, then only what fits
     assert [r for r, _ in box.due(25)] == ["a", "b"] and box.due(1 << 20, learner="LA") == []
+    assert box.owed_ids() == {"late", "a", "b"} and box.owed_ids("LA") == {"late"}  # delayed ones are owed too
 
 
 def test_an_outbox_from_before_several_learners_keeps_its_records_for_the_followed_learner(tmp_path):

@@ -127,6 +127,33 @@ def check_books(learner_dir: Path) -> dict:
     return state
 
 
+def undelivered(outbox_db: Path, waiting: set[str], timeout: float = 60.0) -> set[str]:
+    """Which of the records `waiting` in a sampler's outbox are still owed after up to `timeout` s.
+
+    Nothing-stuck is tested this way, not by the outbox's level: the samplers go on generating, so
+    the level settles wherever this machine's generation and delivery rates meet."""
+    from swarm.outbox import Outbox
+
+    outbox = Outbox(outbox_db)
+    try:
+        deadline = time.monotonic() + timeout
+        while (left := waiting & outbox.owed_ids()) and time.monotonic() < deadline:
+            time.sleep(1)
+        return left
+    finally:
+        outbox.close()
+
+
+def owed_now(outbox_db: Path) -> set[str]:
+    from swarm.outbox import Outbox
+
+    outbox = Outbox(outbox_db)
+    try:
+        return outbox.owed_ids()
+    finally:
+        outbox.close()
+
+
 def peer_of(s: Swarm, name: str) -> str:
     wait_for_file(s.base / name / "identity.key", 60)
     return Identity.load_or_create(s.base / name / "identity.key").peer_id

@@ -163,6 +163,22 @@ def _pair(task, tmp_path, **kw):
     return s.learner, s.add_sampler
 
 
+def _forge(learner, g, i: int) -> None:
+    """Completion `i` of `g` keeps its first token; each later one becomes the token the learner's
+    model finds least likely there, claimed with its honest log-prob. The race picks such a token
+    with a margin of about the logits' range (4-10 here), far past audit_margin at each position:
+    one changed digit (the digits' logits span 1.4-1.7 here) could pass the audit by luck."""
+    c = g.completions[i]
+    ids = learner.tok(g.prompt, add_special_tokens=False)["input_ids"] + c.token_ids[:1]
+    tokens, logprobs = c.token_ids[:1], c.logprobs[:1]
+    with torch.no_grad():
+        for _ in range(max(len(c.token_ids) - 1, 2)):
+            logp = torch.log_softmax(learner.model(torch.tensor([ids])).logits[0, -1].double(), -1)
+            t = int(logp.argmin())
+            ids, tokens, logprobs = ids + [t], tokens + [t], logprobs + [float(logp[t])]
+    c.token_ids, c.logprobs, c.text = tokens, logprobs, learner.tok.decode(tokens, skip_special_tokens=True)
+
+
 def _trained_groups(learner, recs):
     while learner.ready():
         recs.append(learner.step())
@@ -177,13 +193,11 @@ def test_chosen_completions_fail_the_audit_and_cost_the_sampler_its_place_and_cr
     _trained_groups(learner, [])
     assert learner.auditor.stats["failed"] == 0 and learner.auditor.stats["audits"] >= 4
     chosen = cheat.produce(2)
-    for g in chosen:  # the answer plus one digit, tokens and honest-looking log-probs of a real completion
+    for g in chosen:  # one real completion copied, and tokens its race would not pick, with honest log-probs
         c0 = g.completions[0]
         for c in g.completions:
             c.token_ids, c.logprobs, c.text = list(c0.token_ids), list(c0.logprobs), c0.text
-        g.completions[1].token_ids = g.completions[1].token_ids[:1] + [learner.tok.convert_tokens_to_ids("7")]
-        g.completions[1].logprobs = g.completions[1].logprobs[:1] + [-2.0]
-        g.completions[1].text = learner.tok.decode(g.completions[1].token_ids, skip_special_tokens=True)
+        _forge(learner, g, 1)
     for g in chosen:
         assert learner.ingest(g.encode()) in (None, "duplicate_content")
     _trained_groups(learner, [])
@@ -201,11 +215,9 @@ def test_a_sampler_refused_in_a_step_earns_nothing_for_its_other_groups_of_that_
     learner, sampler = _pair(task, tmp_path, audit_first=0, audit_rate=0.5)
     x = sampler("x")
     good, bad = [g for g in x.produce(16) if has_signal([c.reward for c in g.completions])][:2]
-    c0 = bad.completions[0]  # a chosen completion: another's tokens with one digit changed
+    c0 = bad.completions[0]  # chosen completions: another's tokens, and tokens its race would not pick
     bad.completions[1].token_ids, bad.completions[1].logprobs, bad.completions[1].text = list(c0.token_ids), list(c0.logprobs), c0.text
-    bad.completions[2].token_ids = bad.completions[2].token_ids[:1] + [learner.tok.convert_tokens_to_ids("7")]
-    bad.completions[2].logprobs = bad.completions[2].logprobs[:1] + [-2.0]
-    bad.completions[2].text = learner.tok.decode(bad.completions[2].token_ids, skip_special_tokens=True)
+    _forge(learner, bad, 2)
     assert [learner.ingest(g.encode()) for g in (good, bad)] == [None, None]
     draws = iter([0.9, 0.0])  # the learner's audit draws: the good group is not audited, the bad one is
 

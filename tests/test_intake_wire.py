@@ -23,6 +23,9 @@ eval_every = 0
 max_staleness = 100000
 groups_per_step = 4
 
+[learner.foreign_tokenizers]
+"other-family/model" = "{other}"
+
 [learner.intake]
 byte_rate = 262144.0
 journal_bytes = 8192
@@ -32,16 +35,32 @@ unproven_byte_rate = 4194304.0
 unproven_journal_bytes = 65536
 """
 POOL_QUOTA, POOL_RATE = 16, 4.0
+OTHER_MODEL = "other-family/model"
+"""A foreign model the learner holds the tokenizer of: the built-in characters, plus one token that
+spells 8 of ours."""
 STARTUP_S = 30
 """What a sampler process takes here to start (load the model, join the DHT, find the learner)
 before it can send anything: not the door's doing."""
 
 
 @pytest.fixture(scope="module")
-def swarm(tmp_path_factory):
+def other_tokenizer(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from node.models import build_char_tokenizer
+
+    path = tmp_path_factory.mktemp("other-tokenizer")
+    other = build_char_tokenizer()
+    other.add_tokens(["0" * 8])
+    other.save_pretrained(path)
+    return path, AutoTokenizer.from_pretrained(path)
+
+
+@pytest.fixture(scope="module")
+def swarm(tmp_path_factory, other_tokenizer):
     from helpers.swarmkit import honest_swarm
 
-    with honest_swarm(tmp_path_factory.mktemp("intake"), LEARNER_TOML) as s:
+    with honest_swarm(tmp_path_factory.mktemp("intake"), LEARNER_TOML.format(other=other_tokenizer[0])) as s:
         yield s
 
 
@@ -51,7 +70,7 @@ def sybils(swarm, tmp_path_factory):
     from helpers.sybils import Sybils, learner_maddrs
 
     learner = peer_of(swarm, "learner")
-    keys = Sybils(22, learner_maddrs(swarm.status(), learner), tmp_path_factory.mktemp("sybils"))
+    keys = Sybils(23, learner_maddrs(swarm.status(), learner), tmp_path_factory.mktemp("sybils"))
     keys.learner, keys.forgers = learner, {}
     yield keys
     keys.shutdown()
@@ -102,6 +121,32 @@ def test_bad_batches_get_a_reason_and_are_counted(swarm, sybils):
         assert reply.get("error") == reason and reply["ok"] == [] and reply["rejected"] == {}, (reason, reply)
     drops = next_step(swarm)["drops"]
     assert all(drops.get(reason, 0) >= 1 for _, reason in cases), drops
+
+
+@pytest.mark.integration
+def test_a_foreign_completion_far_longer_in_our_tokens_is_refused_over_the_wire(swarm, sybils, other_tokenizer):
+    """Within max_new_tokens in the sender's tokenizer, 8x that in ours (where it would be trained
+    on): refused before the ack as too_long, and counted; one within MAX_RETOKENIZED x is taken."""
+    from swarm.records import CompletionRecord
+
+    from helpers.swarmkit import Forger
+    from node.learner.checks import MAX_RETOKENIZED
+    from node.models import tokenizer_hash
+    from node.config import SamplingConfig
+
+    other = other_tokenizer[1]
+    eight = len(other) - 1
+    assert other.decode([eight]) == "0" * 8
+    most, forger = SamplingConfig().max_new_tokens, Forger(sybils.identities[22])
+
+    def item(j: int, n: int) -> list:
+        comps = [CompletionRecord("0" * 8 * n, [eight] * n, [-1.0] * n, "length", 0.0) for _ in range(8)]
+        return forger.item(forger.group(j, model_id=OTHER_MODEL, tokenizer=tokenizer_hash(other), completions=comps))
+
+    fits, long = item(0, MAX_RETOKENIZED * most // 8), item(1, most)
+    reply = sybils.call(22, sybils.learner, msgpack.packb([fits, long]))
+    assert reply["ok"] == [fits[0]] and reply["rejected"] == {long[0]: "too_long"}, reply
+    assert next_step(swarm)["drops"].get("too_long", 0) >= 1
 
 
 @pytest.mark.integration

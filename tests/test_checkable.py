@@ -225,7 +225,8 @@ def test_a_sampler_refused_in_a_step_earns_nothing_for_its_other_groups_of_that_
         def random(self):
             return next(draws)
     learner.auditor._rng = Scripted()
-    assert learner.step() is None  # nothing of a sampler refused in this step is trained on
+    rec = learner.step()  # nothing of a sampler refused in this step is trained on:
+    assert rec is None, (learner.auditor.stats, dict(learner.books.drops), [(b.chain, b.version) for b in (good, bad)])
     assert "x" in learner.refusals and learner.auditor.stats["failed"] == 1
     assert "x" not in learner.tally.peers and learner.books.accepted_by_sampler["x"] == 0
 

@@ -194,7 +194,6 @@ def test_kill9_learner_restart_redelivers_outbox_nothing_lost_or_counted_twice(s
     time.sleep(3)  # samplers notice, keep generating into their outboxes
     waiting = owed_now(swarm.base / "sampler-a" / "outbox.db")  # made while no learner was there
     assert waiting
-    assert waiting
     ckpts = sorted((swarm.base / "learner" / "checkpoints").glob("v*"))
     resumed_from = int(ckpts[-1].name[1:])
     swarm.join("learner", "learner", "--config", str(swarm.base / "learner.toml"))

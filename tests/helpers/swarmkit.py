@@ -145,6 +145,7 @@ def undelivered(outbox_db: Path, waiting: set[str], timeout: float = 60.0) -> se
 
 
 def owed_now(outbox_db: Path) -> set[str]:
+    """The ids a sampler's outbox owes its learner now (what `undelivered` then follows)."""
     from swarm.outbox import Outbox
 
     outbox = Outbox(outbox_db)

@@ -56,6 +56,11 @@ CHUNKS_BUDGET = DoorBudget(
         "than most volunteers' downlinks), so any number of fresh keys cost the uplink at most that. Repeats "
         "are bounded apart (MAX_REPEATS): one key asking the newest keyframe again and again drew 178 MB/s "
         "from the learner (issue 39)")
+NEWCOMERS_AT_ONCE = 2
+"""Fresh keys whose first fetches of the largest version the pool serves whole at once; more wait on
+its rate. With the pool at one version (or 64 MiB), two fresh samplers joining together (the
+39M-parameter rehearsal: a ~54 MiB version) had their last chunks refused, and a failed first fetch
+to retry."""
 MAX_REPEATS = 3
 """Times one peer is served one chunk of one version: an honest fetcher asks it once, again after a
 failed stream or a bad source; beyond that it is answered "not held" (its mates hold it too)."""
@@ -202,8 +207,12 @@ class ChunkStore:
             self.reset(chain)
         self.blobs[version] = blob
         self.partial.pop(version, None)
-        if len(blob) > self._door.budget.byte_burst:  # one peer, and the pool, may take this version whole
-            self._door.resize(byte_burst=len(blob), pool_byte_burst=len(blob))
+        # one peer may take this version whole, and the pool NEWCOMERS_AT_ONCE such peers: a fresh
+        # sampler has no mates yet, so its first fetch is the newest version whole, from here
+        budget = self._door.budget
+        peer, pool = max(budget.byte_burst, len(blob)), max(budget.pool_byte_burst, NEWCOMERS_AT_ONCE * len(blob))
+        if (peer, pool) != (budget.byte_burst, budget.pool_byte_burst):
+            self._door.resize(byte_burst=peer, pool_byte_burst=pool)
 
     def reset(self, chain: str) -> None:
         self.chain, self.blobs, self.partial = chain, {}, {}

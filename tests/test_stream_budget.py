@@ -12,7 +12,7 @@ import sys
 
 from swarm.p2p.budget import MIN_TOTAL, RESERVED_FDS, StreamBudget, total_for
 from swarm.p2p.doors import TARPIT_MAX_S, TARPIT_S, Door, DoorBudget, Doors
-from swarm.weights.chunks import CHUNK_SIZE, CHUNKS, CHUNKS_BUDGET, NEWCOMERS_AT_ONCE, MiB, ChunkStore
+from swarm.weights.chunks import CHUNK_SIZE, CHUNKS, CHUNKS_BUDGET, MiB, ChunkStore
 from helpers.clock import Clock
 
 
@@ -104,16 +104,17 @@ def test_a_chunk_doors_byte_bursts_grow_to_the_largest_version_it_holds():
 
 
 def test_a_chunk_store_sizes_its_door_by_what_it_holds():
-    node = type("Node", (), {"doors": Doors(), "add_stream_handler": lambda *a, **k: None})()
+    node = type("Node", (), {"doors": Doors(clock=Clock()), "add_stream_handler": lambda *a, **k: None})()
     store = ChunkStore(node)
     door = node.doors._doors[CHUNKS]
     assert door.budget.byte_burst == CHUNKS_BUDGET.byte_burst == 64 * MiB
     store.put("c", 0, bytes(100 * MiB))
     assert door.budget.byte_burst == 100 * MiB and door.budget.pool_byte_burst == 2 * 100 * MiB  # NEWCOMERS_AT_ONCE
-    for newcomer in range(NEWCOMERS_AT_ONCE):  # fresh keys joining together each take it whole at once
-        assert door.allows(f"fresh{newcomer}", 100 * MiB) is None
-        door.charge(f"fresh{newcomer}", 100 * MiB)
-    door.charge("a third", 100 * MiB)  # (a peer with budget left gets one more item: this is it)
-    assert door.allows("a fourth", CHUNK_SIZE) == "pool_bytes"  # past them, the pool's rate
+    # fresh keys joining together (the clock stopped: no refill) each take it whole, chunk by chunk
+    for newcomer in ("fresh0", "fresh1"):
+        for _ in range(100 * MiB // CHUNK_SIZE):
+            assert door.allows(newcomer, CHUNK_SIZE) is None, newcomer
+            door.charge(newcomer, CHUNK_SIZE)
+    assert door.allows("a third", CHUNK_SIZE) == "pool_bytes"  # past them, the pool's rate
     store.put("c", 1, bytes(MiB))  # a patch does not shrink it: the keyframe may still be asked
     assert door.budget.byte_burst == 100 * MiB

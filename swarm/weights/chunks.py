@@ -194,8 +194,9 @@ class ChunkStore:
         """version -> verified chunks of a download in progress."""
         self.served_bytes = 0
         self.malformed_why: collections.Counter[str] = collections.Counter()
-        """Chunk requests refused as malformed (logged with the reason), by reason: `frame` (a request frame over MAX_REQUEST_BYTES, left unread, or not a
-        frame), and `ChunkRequest.decode`'s (`oversize`, `too_many`, `undecodable`, `schema`)."""
+        """Chunk requests refused as malformed (logged with the reason), by reason: `frame` (a request
+        frame over MAX_REQUEST_BYTES, left unread, or not a frame), and `ChunkRequest.decode`'s
+        (`oversize`, `too_many`, `undecodable`, `schema`)."""
         self.repeats_refused = 0
         """Chunks answered "not held" because this peer was served them MAX_REPEATS times already."""
         self._repeats = Repeats()

@@ -127,23 +127,6 @@ def check_books(learner_dir: Path) -> dict:
     return state
 
 
-def undelivered(outbox_db: Path, waiting: set[str], timeout: float = 60.0) -> set[str]:
-    """Which of the records `waiting` in a sampler's outbox are still owed after up to `timeout` s.
-
-    Nothing-stuck is tested this way, not by the outbox's level: the samplers go on generating, so
-    the level settles wherever this machine's generation and delivery rates meet."""
-    from swarm.outbox import Outbox
-
-    outbox = Outbox(outbox_db)
-    try:
-        deadline = time.monotonic() + timeout
-        while (left := waiting & outbox.owed_ids()) and time.monotonic() < deadline:
-            time.sleep(1)
-        return left
-    finally:
-        outbox.close()
-
-
 def owed_now(outbox_db: Path) -> set[str]:
     """The ids a sampler's outbox owes its learner now (what `undelivered` then follows)."""
     from swarm.outbox import Outbox
@@ -153,6 +136,17 @@ def owed_now(outbox_db: Path) -> set[str]:
         return outbox.owed_ids()
     finally:
         outbox.close()
+
+
+def undelivered(outbox_db: Path, waiting: set[str], timeout: float = 60.0) -> set[str]:
+    """Which of the records `waiting` in a sampler's outbox are still owed after up to `timeout` s.
+
+    Nothing-stuck is tested this way, not by the outbox's level: the samplers go on generating, so
+    the level settles wherever this machine's generation and delivery rates meet."""
+    deadline = time.monotonic() + timeout
+    while (left := waiting & owed_now(outbox_db)) and time.monotonic() < deadline:
+        time.sleep(1)
+    return left
 
 
 def peer_of(s: Swarm, name: str) -> str:

@@ -14,7 +14,7 @@ from typing import Annotated, Optional
 import typer
 from typer.core import TyperGroup
 
-from .errors import UserError
+from cli.errors import UserError
 
 
 def _flags_take_no_value(params: list) -> list:

@@ -9,11 +9,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from .app import app, as_str, load, setup_logging
-from .options import (ConfigOpt, DeviceOpt, DtypeOpt, Loss, MetricsOpt, RouteLoss, SeedOpt, TensorboardOpt,
+from cli.app import app, as_str, load, setup_logging
+from cli.options import (ConfigOpt, DeviceOpt, DtypeOpt, Loss, MetricsOpt, RouteLoss, SeedOpt, TensorboardOpt,
                       VerboseOpt)
-from .paths import claim_dir, writable_dir, writable_file
-from .progress import run_with_progress
+from cli.paths import claim_dir, writable_dir, writable_file
+from cli.progress import run_with_progress
 
 
 @app.command()
@@ -34,7 +34,7 @@ def demo(
     # "GRPO": the learner's default stale_loss (node.learner.LearnerConfig; a test keeps the two equal)
     claim = claim_dir(workdir, "--workdir", "demo") if workdir else None  # held until the demo ends
     setup_logging(verbose)
-    from .demo import run_demo
+    from cli.demo import run_demo
 
     raise typer.Exit(run_demo(steps, samplers, workdir, timeout))
 
@@ -91,7 +91,7 @@ def simulate(
     virtual clock. Deterministic under --seed. Prints eval accuracy and staleness as it goes.
     """
     setup_logging(verbose)
-    from .simulate import Simulator, SimulatorConfig
+    from cli.simulate import Simulator, SimulatorConfig
 
     cfg = load(SimulatorConfig, config, {
         "steps": steps, "max_delay_steps": max_delay, "seed": seed, "learner.stale_loss": stale_loss,

@@ -13,12 +13,12 @@ from typing import Annotated, Literal, Optional
 
 import typer
 
-from .app import app, as_str, load, setup_logging
-from .errors import UserError
-from .network import nat_default, network_overrides
-from .options import (AnnounceOpt, ConfigOpt, DeviceOpt, DtypeOpt, HostOpt, NatOpt, PeersOpt, PortOpt, PublicIpOpt,
+from cli.app import app, as_str, load, setup_logging
+from cli.errors import UserError
+from cli.network import nat_default, network_overrides
+from cli.options import (AnnounceOpt, ConfigOpt, DeviceOpt, DtypeOpt, HostOpt, NatOpt, PeersOpt, PortOpt, PublicIpOpt,
                       SwarmOpt, VerboseOpt)
-from .paths import claim_dir, claim_file, writable_file
+from cli.paths import claim_dir, claim_file, writable_file
 
 
 @app.command()
@@ -50,8 +50,8 @@ def bootstrap(
     setup_logging(verbose)
     from swarm.dht import NetworkConfig
 
-    from .procs import stop_on_signals
-    from .roles import parse_learners, reachability_check, read_learners_file, run_bootstrap, tcp_port, volunteer_command
+    from cli.procs import stop_on_signals
+    from cli.roles import parse_learners, reachability_check, read_learners_file, run_bootstrap, tcp_port, volunteer_command
 
     net = load(NetworkConfig, None, {k.split(".", 1)[1]: v for k, v in
                                      network_overrides(host, port, public_ip, initial_peers, False, nat, True,
@@ -122,8 +122,8 @@ def join(
     from node.device import resolve
     from node.models import resolve_model_path
 
-    from .procs import stop_on_signals
-    from .roles import JoinConfig, run_both, run_learner, run_sampler
+    from cli.procs import stop_on_signals
+    from cli.roles import JoinConfig, run_both, run_learner, run_sampler
 
     if public_ip and host and host.startswith("127."):
         host = "0.0.0.0"
@@ -166,7 +166,7 @@ def _toml_keys(path: Path) -> set[str]:
 def _torchrun(nproc: int) -> int:
     """This same command under torchrun, one process per rank; SIGINT/SIGTERM are passed on (each
     rank stops gracefully: rank 0 checkpoints, then releases the others)."""
-    from .procs import die_with_parent
+    from cli.procs import die_with_parent
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", "cli.main", *sys.argv[1:]]
@@ -230,7 +230,7 @@ def leaderboard(
     from swarm.leaderboard import serve as serve_board
     from swarm.p2p import SwarmNode
 
-    from .procs import stop_on_signals
+    from cli.procs import stop_on_signals
 
     net = load(NetworkConfig, None, {"initial_peers": list(initial_peers)}) if initial_peers else None
     _check_port_free(host, port)  # before joining the swarm: a busy port is the user's to fix
@@ -277,6 +277,6 @@ def status(
 ) -> None:
     """Show the swarm as a table: peers, roles, models, versions, throughput, last seen."""
     setup_logging(verbose)
-    from .status import show_status
+    from cli.status import show_status
 
     show_status(list(initial_peers), swarm, as_json)

@@ -8,9 +8,9 @@ from typing import Annotated, Literal, Optional
 
 import typer
 
-from .app import app
-from .errors import UserError
-from .paths import writable_dir, writable_file
+from cli.app import app
+from cli.errors import UserError
+from cli.paths import writable_dir, writable_file
 
 
 @app.command()
@@ -19,7 +19,7 @@ def plot(
     out: Annotated[Path, typer.Option(help="Folder for the PNGs.")] = Path("plots"),
 ) -> None:
     """Plot runs' metrics (reward, eval accuracy, staleness, importance weights, ...) to PNG files."""
-    from .plot import plot_runs
+    from cli.plot import plot_runs
 
     writable_dir(out, "--out")
     try:

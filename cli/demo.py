@@ -14,7 +14,7 @@ from rich.table import Table
 
 from swarm.identity import short_id
 
-from .procs import NodeProcess, start_node, stop, wait_for_file
+from cli.procs import NodeProcess, start_node, stop, wait_for_file
 
 LEARNER_TOML = """\
 tally_every_s = 5.0
@@ -185,7 +185,7 @@ def _force_on_signals() -> None:
     """While the swarm is being stopped, another Ctrl-C or signal kills it at once."""
     import signal
 
-    from .procs import STOP_SIGNALS, force_exit
+    from cli.procs import STOP_SIGNALS, force_exit
 
     for sig in STOP_SIGNALS:
         signal.signal(sig, force_exit)

@@ -18,11 +18,11 @@ from typing import Optional
 
 import typer
 
-from . import commands_run, commands_swarm, commands_tools  # noqa: F401  (registers the commands, in this order)
-from .app import app
-from .errors import is_user_error, report
-from .network import network_overrides as _network  # noqa: F401  (tests/test_cli_paths.py)
-from .options import LOSSES  # noqa: F401  (tests/test_config_cli.py)
+from cli import commands_run, commands_swarm, commands_tools  # noqa: F401  (registers the commands, in this order)
+from cli.app import app
+from cli.errors import is_user_error, report
+from cli.network import network_overrides as _network  # noqa: F401  (tests/test_cli_paths.py)
+from cli.options import LOSSES  # noqa: F401  (tests/test_config_cli.py)
 
 __all__ = ["LOSSES", "app", "main"]
 

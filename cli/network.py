@@ -6,7 +6,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Optional
 
-from .errors import UserError
+from cli.errors import UserError
 
 
 def network_overrides(host: str, port: int, public_ip: Optional[str], initial_peers: list[str], client_mode: bool,

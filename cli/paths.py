@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import IO
 
-from .errors import UserError
+from cli.errors import UserError
 
 
 def writable_dir(path: str | Path, flag: str) -> Path:

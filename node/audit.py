@@ -26,11 +26,11 @@ from typing import Callable
 
 import torch
 
-from .algorithms.base import k3
-from .checkable import BASE_NONCE, keys_tensor, pick_tokens, position_keys, race_margins, within_tolerance
-from .engines.base import SamplingParams
-from .logprobs import completion_logits, logprobs_from_logits, pack
-from .weight_codec import EncodedVersion, Layout, apply_version, make_view
+from node.algorithms.base import k3
+from node.checkable import BASE_NONCE, keys_tensor, pick_tokens, position_keys, race_margins, within_tolerance
+from node.engines.base import SamplingParams
+from node.logprobs import completion_logits, logprobs_from_logits, pack
+from node.weight_codec import EncodedVersion, Layout, apply_version, make_view
 
 log = logging.getLogger(__name__)
 

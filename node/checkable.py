@@ -59,8 +59,8 @@ import struct
 
 import torch
 
-from .filter_edges import admitted
-from .logprobs import logprobs_from_logits
+from node.filter_edges import admitted
+from node.logprobs import logprobs_from_logits
 
 SEED_BYTES = 16
 """Seeds and version nonces (node/weights.py, version_nonce) are this long."""

@@ -24,7 +24,7 @@ import msgpack
 import torch
 from safetensors.torch import load_file, save_file
 
-from .weights import retie, untie
+from node.weights import retie, untie
 
 
 def save_checkpoint(directory: Path, version: int, state: dict[str, Any], keep: int = 3) -> Path:

@@ -28,8 +28,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from .engines.base import SamplingParams
-from .tasks import ArithmeticConfig, ChainConfig, DatasetTaskConfig
+from node.engines.base import SamplingParams
+from node.tasks import ArithmeticConfig, ChainConfig, DatasetTaskConfig
 
 T = TypeVar("T")
 TaskConfig = ArithmeticConfig | ChainConfig | DatasetTaskConfig

@@ -32,8 +32,8 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-from .logprobs import CompletionLogprobs
-from .trainer import StepOptions, TrainPart, train_step
+from node.logprobs import CompletionLogprobs
+from node.trainer import StepOptions, TrainPart, train_step
 
 log = logging.getLogger(__name__)
 

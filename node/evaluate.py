@@ -8,8 +8,8 @@ from __future__ import annotations
 import random
 from typing import Sequence
 
-from .engines.base import Engine, SamplingParams
-from .tasks.base import Problem, Task
+from node.engines.base import Engine, SamplingParams
+from node.tasks.base import Problem, Task
 
 
 def evaluate(engine: Engine, task: Task, problems: Sequence[Problem], max_new_tokens: int,

@@ -17,16 +17,16 @@ from typing import Callable
 
 import torch
 
-from .algorithms import get_algorithm
-from .config import SamplingConfig, TaskConfig
-from .device import check_spec, resolve
-from .engines.hf import HFEngine
-from .evaluate import eval_problems, evaluate
-from .learner import DROP, LearnerConfig
-from .metrics import MetricsWriter
-from .models import BUILTIN_MODEL, load_model, load_tokenizer
-from .tasks import ArithmeticConfig, PromptStream, make_task
-from .trainer import ScoredGroup, StepOptions, TrainPart, build_batch, train_step
+from node.algorithms import get_algorithm
+from node.config import SamplingConfig, TaskConfig
+from node.device import check_spec, resolve
+from node.engines.hf import HFEngine
+from node.evaluate import eval_problems, evaluate
+from node.learner import DROP, LearnerConfig
+from node.metrics import MetricsWriter
+from node.models import BUILTIN_MODEL, load_model, load_tokenizer
+from node.tasks import ArithmeticConfig, PromptStream, make_task
+from node.trainer import ScoredGroup, StepOptions, TrainPart, build_batch, train_step
 
 log = logging.getLogger(__name__)
 

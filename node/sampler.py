@@ -15,12 +15,12 @@ import uuid
 from swarm.exchange import SamplerLink
 from swarm.records import CompletionRecord, RolloutGroup
 
-from .checkable import BASE_NONCE, group_seeds
-from .config import SamplingConfig
-from .engines.base import Engine
-from .tasks import PromptStream, Task
-from .weight_codec import apply_version
-from .weights import decode_version, retie, version_nonce
+from node.checkable import BASE_NONCE, group_seeds
+from node.config import SamplingConfig
+from node.engines.base import Engine
+from node.tasks import PromptStream, Task
+from node.weight_codec import apply_version
+from node.weights import decode_version, retie, version_nonce
 
 log = logging.getLogger(__name__)
 

@@ -25,10 +25,10 @@ from typing import Any, Protocol, Sequence
 import torch
 import xxhash
 
-from .algorithms import Algorithm, LossInputs, group_advantages
-from .algorithms.base import BatchShape, drift_stats, group_log_e_hat, k3, seq_mean
-from .engines.base import Completion
-from .logprobs import PackedBatch, completion_logprobs, completion_span, pack
+from node.algorithms import Algorithm, LossInputs, group_advantages
+from node.algorithms.base import BatchShape, drift_stats, group_log_e_hat, k3, seq_mean
+from node.engines.base import Completion
+from node.logprobs import PackedBatch, completion_logprobs, completion_span, pack
 
 log = logging.getLogger(__name__)
 

@@ -37,8 +37,8 @@ import numpy as np
 import torch
 import xxhash
 
-from . import entropy
-from .entropy import GAP_ESCAPE, STEP_ESCAPE, pack_planes, unpack_planes
+from node import entropy
+from node.entropy import GAP_ESCAPE, STEP_ESCAPE, pack_planes, unpack_planes
 
 VIEWS = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 _INT_OF = {torch.bfloat16: torch.int16, torch.float32: torch.int32}

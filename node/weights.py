@@ -16,8 +16,8 @@ import struct
 import torch
 from safetensors.torch import save as st_save
 
-from .checkable import SEED_BYTES
-from .weight_codec import VIEWS, EncodedVersion, Layout
+from node.checkable import SEED_BYTES
+from node.weight_codec import VIEWS, EncodedVersion, Layout
 
 
 def untie(state_dict: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

@@ -27,10 +27,10 @@ from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.schema import SchemaValidator, conbytes
 from hivemind.utils import get_dht_time
 
-from .identity import Identity
-from .lifetime import end_with_parent
-from .ownership import OwnerValidator, own_key
-from .tally import TallyModel
+from swarm.identity import Identity
+from swarm.lifetime import end_with_parent
+from swarm.ownership import OwnerValidator, own_key
+from swarm.tally import TallyModel
 
 log = logging.getLogger(__name__)
 

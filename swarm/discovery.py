@@ -18,8 +18,8 @@ import logging
 import time
 from dataclasses import dataclass
 
-from .identity import short_id
-from .p2p import SwarmNode
+from swarm.identity import short_id
+from swarm.p2p import SwarmNode
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import msgpack
 
-from .identity import Identity, peer_id_of, verify
-from .records import MAX_RECORD_BYTES, RecordError
+from swarm.identity import Identity, peer_id_of, verify
+from swarm.records import MAX_RECORD_BYTES, RecordError
 
 _MAX_KEY = 1024
 MAX_ENVELOPE_BYTES = MAX_RECORD_BYTES + 4096

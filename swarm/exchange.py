@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from .buckets import TokenBuckets  # noqa: F401  (re-exported: a node's own budgets (node/learner/scoring_time.py) are the doors')
-from .records import RolloutGroup
+from swarm.buckets import TokenBuckets  # noqa: F401  (re-exported: a node's own budgets (node/learner/scoring_time.py) are the doors')
+from swarm.records import RolloutGroup
 
 MiB = 1 << 20
 TALLY_BYTES = 1 * MiB

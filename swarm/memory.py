@@ -14,8 +14,8 @@ import heapq
 import itertools
 import random
 
-from .delay import DelayConfig, ReloadTimer, sample_delay
-from .exchange import WeightVersion, plan_fetch
+from swarm.delay import DelayConfig, ReloadTimer, sample_delay
+from swarm.exchange import WeightVersion, plan_fetch
 
 
 class VirtualClock:

@@ -32,8 +32,8 @@ from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.utils import MSGPackSerializer, get_dht_time
 
-from .exchange import TALLY_BYTES
-from .identity import peer_id_of
+from swarm.exchange import TALLY_BYTES
+from swarm.identity import peer_id_of
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class OwnerValidator(RecordValidatorBase):
         """`models`: the pydantic model each own kind's value must parse to exactly (swarm/dht.py's
         `OWN_MODELS`; hivemind's SchemaValidator knows only fixed keys, so the own keys are checked here)."""
         if models is None:
-            from .dht import OWN_MODELS  # dht.py builds this validator: imported when first used
+            from swarm.dht import OWN_MODELS  # dht.py builds this validator: imported when first used
             models = OWN_MODELS
         self.swarm, self._models = swarm, models
         self._indexes = {DHTID.generate(source=f"hetero_{swarm}_{name}").to_bytes(): name for name in INDEXES}

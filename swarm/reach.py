@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 import msgpack
 
-from .identity import short_id
-from .p2p import DoorBudget
+from swarm.identity import short_id
+from swarm.p2p import DoorBudget
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ async def _call(p2p, bootstrap, port: int) -> bytes:
 
 def all_loopback(maddrs: list[str]) -> bool:
     """Whether every one of `maddrs` is on this machine (no NAT between: nothing to probe)."""
-    from .dht import is_loopback
+    from swarm.dht import is_loopback
 
     return bool(maddrs) and all(is_loopback(m) for m in maddrs)
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import random
 from typing import Callable
 
-from .delay import DelayConfig
-from .exchange import Intake, IntakeConfig, WeightVersion
-from .journal import Journal
-from .outbox import Outbox
-from .p2p import SwarmNode
-from .rollouts import RolloutReceiver, RolloutSender
-from .weights import FetchConfig, WeightFetcher, WeightPrefetcher, WeightServer
+from swarm.delay import DelayConfig
+from swarm.exchange import Intake, IntakeConfig, WeightVersion
+from swarm.journal import Journal
+from swarm.outbox import Outbox
+from swarm.p2p import SwarmNode
+from swarm.rollouts import RolloutReceiver, RolloutSender
+from swarm.weights import FetchConfig, WeightFetcher, WeightPrefetcher, WeightServer
 
 
 class SwarmLearnerLink:

@@ -19,12 +19,12 @@ Importing it loads torch, transformers and hivemind: the CLI imports it only ins
 that run a role.
 """
 
-from .bootstrap import LearnersFile, parse_learners, read_learners_file, run_bootstrap
-from .both import LocalSampler, run_both
-from .common import Every, reachability_check, start_node, tcp_port, volunteer_command
-from .config import ROLES, JoinConfig, SamplerRoleConfig
-from .learner import LearnerRun, accepted_models, make_learner, run_learner
-from .sampler import run_sampler
+from cli.roles.bootstrap import LearnersFile, parse_learners, read_learners_file, run_bootstrap
+from cli.roles.both import LocalSampler, run_both
+from cli.roles.common import Every, reachability_check, start_node, tcp_port, volunteer_command
+from cli.roles.config import ROLES, JoinConfig, SamplerRoleConfig
+from cli.roles.learner import LearnerRun, accepted_models, make_learner, run_learner
+from cli.roles.sampler import run_sampler
 
 __all__ = ["ROLES", "Every", "JoinConfig", "LearnerRun", "LearnersFile", "LocalSampler", "SamplerRoleConfig",
            "accepted_models", "make_learner", "parse_learners", "reachability_check", "read_learners_file",

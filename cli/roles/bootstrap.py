@@ -13,7 +13,7 @@ from swarm.identity import Identity, short_id
 from swarm.p2p import SwarmNode
 from swarm.reach import serve_reachability
 
-from .common import open_file_limit
+from cli.roles.common import open_file_limit
 
 log = logging.getLogger("hetero-node")
 

@@ -22,9 +22,9 @@ from swarm.outbox import Outbox
 from swarm.p2p import SwarmNode
 from swarm.rollouts import RolloutSender
 
-from .common import start_node
-from .config import JoinConfig
-from .learner import LearnerRun
+from cli.roles.common import start_node
+from cli.roles.config import JoinConfig
+from cli.roles.learner import LearnerRun
 
 log = logging.getLogger("hetero-node")
 

@@ -15,7 +15,7 @@ from swarm.identity import Identity
 from swarm.p2p import SwarmNode, raise_nofile_limit
 from swarm.reach import settle
 
-from .config import JoinConfig
+from cli.roles.config import JoinConfig
 
 log = logging.getLogger("hetero-node")
 T = TypeVar("T")

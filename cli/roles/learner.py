@@ -32,9 +32,9 @@ from swarm.p2p import SwarmNode
 from swarm.records import MAX_RECORD_BYTES
 from swarm.swarm_exchange import SwarmLearnerLink
 
-from .common import Every, Heartbeat, start_node, survive, volunteer_command
-from .config import JoinConfig
-from .report import LearnerReport
+from cli.roles.common import Every, Heartbeat, start_node, survive, volunteer_command
+from cli.roles.config import JoinConfig
+from cli.roles.report import LearnerReport
 
 log = logging.getLogger("hetero-node")
 

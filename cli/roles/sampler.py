@@ -20,9 +20,9 @@ from swarm.outbox import Outbox
 from swarm.p2p import SwarmNode
 from swarm.swarm_exchange import SwarmSamplerLink
 
-from .common import Every, Heartbeat, start_node
-from .config import JoinConfig
-from .report import SamplerReport
+from cli.roles.common import Every, Heartbeat, start_node
+from cli.roles.config import JoinConfig
+from cli.roles.report import SamplerReport
 
 log = logging.getLogger("hetero-node")
 

@@ -14,14 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Callable
 
-from .advantages import group_advantages, has_signal
-from .base import AGGREGATIONS, LossInputs, LossOutput
-from .ftis import FTISConfig, ftis_loss
-from .gepo import GEPOConfig, gepo_loss
-from .grpo import DrGRPOConfig, GRPOConfig, grpo_loss
-from .gspo import GSPOConfig, gspo_loss
-from .m2po import M2POConfig, m2po_loss
-from .pg import PGConfig, pg_loss
+from node.algorithms.advantages import group_advantages, has_signal
+from node.algorithms.base import AGGREGATIONS, LossInputs, LossOutput
+from node.algorithms.ftis import FTISConfig, ftis_loss
+from node.algorithms.gepo import GEPOConfig, gepo_loss
+from node.algorithms.grpo import DrGRPOConfig, GRPOConfig, grpo_loss
+from node.algorithms.gspo import GSPOConfig, gspo_loss
+from node.algorithms.m2po import M2POConfig, m2po_loss
+from node.algorithms.pg import PGConfig, pg_loss
 
 
 @dataclass(frozen=True)

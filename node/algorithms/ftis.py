@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import LOG_RATIO_MAX, LossInputs, LossOutput, aggregate, clipped_surrogate, frac, k3, seq_mean, token_rollout, weight_stats
+from node.algorithms.base import LOG_RATIO_MAX, LossInputs, LossOutput, aggregate, clipped_surrogate, frac, k3, seq_mean, token_rollout, weight_stats
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import (DUAL_CLIP, LOG_RATIO_MAX, LossInputs, LossOutput, batch_mean, clipped_surrogate, frac, group_log_e_hat,
+from node.algorithms.base import (DUAL_CLIP, LOG_RATIO_MAX, LossInputs, LossOutput, batch_mean, clipped_surrogate, frac, group_log_e_hat,
                    k3, k3_bounded, seq_mean, seq_rollout, weight_stats)
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import (DUAL_CLIP, LOG_RATIO_MAX, LossInputs, LossOutput, aggregate, clipped_surrogate, frac, k3, k3_bounded,
+from node.algorithms.base import (DUAL_CLIP, LOG_RATIO_MAX, LossInputs, LossOutput, aggregate, clipped_surrogate, frac, k3, k3_bounded,
                    seq_mean, token_rollout, weight_stats)
 
 

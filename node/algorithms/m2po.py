@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import DUAL_CLIP, LOG_RATIO_MAX, LossInputs, LossOutput, clipped_surrogate, frac, k3, seq_mean, token_rollout, weight_stats
+from node.algorithms.base import DUAL_CLIP, LOG_RATIO_MAX, LossInputs, LossOutput, clipped_surrogate, frac, k3, seq_mean, token_rollout, weight_stats
 
 
 @dataclass(frozen=True)

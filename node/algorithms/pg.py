@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import LossInputs, LossOutput, aggregate, k3, seq_mean, token_rollout
+from node.algorithms.base import LossInputs, LossOutput, aggregate, k3, seq_mean, token_rollout
 
 
 @dataclass(frozen=True)

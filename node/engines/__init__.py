@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import Completion, Engine, PromptResult, SamplingParams
+from node.engines.base import Completion, Engine, PromptResult, SamplingParams
 
 ENGINES = ("hf", "vllm")
 
@@ -12,16 +12,16 @@ def make_engine(kind: str, model_id: str, tokenizer, vllm=None, placement=None) 
 
     `placement` (node.device.Placement; default CPU float32) is where the HF engine's weights live
     and their dtype; vLLM places itself (its own [vllm] settings)."""
-    from ..config import ConfigError
+    from node.config import ConfigError
 
     if kind == "hf":
-        from ..models import load_model
-        from .hf import HFEngine
+        from node.models import load_model
+        from node.engines.hf import HFEngine
 
         where = {} if placement is None else {"dtype": placement.dtype, "device": placement.device}
         return HFEngine(load_model(model_id, **where), tokenizer, model_id)
     if kind == "vllm":
-        from .vllm import VLLMConfig, VLLMEngine, vllm_available
+        from node.engines.vllm import VLLMConfig, VLLMEngine, vllm_available
 
         if not vllm_available():
             raise ConfigError("--engine vllm: vLLM is not installed in this environment",

@@ -21,8 +21,8 @@ import logging
 
 import torch
 
-from ..checkable import KEY_WORDS, PositionKeys, pick_with_logprobs
-from .base import Completion, PromptResult, SamplingParams
+from node.checkable import KEY_WORDS, PositionKeys, pick_with_logprobs
+from node.engines.base import Completion, PromptResult, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 class HFEngine:
     def __init__(self, model, tokenizer, model_id: str, version: int = 0, max_batch: int = 256,
                  eos_ids: list[int] | None = None) -> None:
-        from ..models import eos_token_ids
+        from node.models import eos_token_ids
 
         self.model = model.eval()
         self.tokenizer = tokenizer

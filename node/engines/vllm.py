@@ -44,8 +44,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checkable import KEY_BLOCK, PositionKeys, pick_with_logprobs
-from .base import Completion, PromptResult, SamplingParams
+from node.checkable import KEY_BLOCK, PositionKeys, pick_with_logprobs
+from node.engines.base import Completion, PromptResult, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +200,7 @@ def vllm_available() -> bool:
 class VLLMEngine:
     def __init__(self, model_id: str, tokenizer, cfg: VLLMConfig = VLLMConfig(), version: int = 0,
                  eos_ids: list[int] | None = None) -> None:
-        from ..models import eos_token_ids, resolve_model_path
+        from node.models import eos_token_ids, resolve_model_path
 
         self.model_id = model_id
         self.tokenizer = tokenizer
@@ -216,7 +216,7 @@ class VLLMEngine:
         # checkable sampling is a logits processor of the V1 model runner's interface; vLLM with
         # Triton (every GPU install) defaults to model runner V2, which refuses such processors
         if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0").lower() not in ("0", "false"):
-            from ..config import ConfigError
+            from node.config import ConfigError
 
             raise ConfigError("VLLM_USE_V2_MODEL_RUNNER is set, and the vLLM engine's checkable sampling runs on "
                               "vLLM's V1 model runner only", fix="unset VLLM_USE_V2_MODEL_RUNNER (or set it to 0)")
@@ -236,7 +236,7 @@ class VLLMEngine:
     def set_logprobs_mode(self, mode: str) -> None:
         """'vllm' or 'recompute' (see the module docstring); switchable while running."""
         if mode == "recompute" and self._hf is None:
-            from ..models import load_model
+            from node.models import load_model
 
             self._hf = load_model(self.model_id).eval()
             if self._state is not None:
@@ -318,7 +318,7 @@ class VLLMEngine:
 
     @torch.no_grad()
     def _recompute(self, results: list[PromptResult], params: SamplingParams) -> None:
-        from ..logprobs import completion_logprobs, completion_span, pack
+        from node.logprobs import completion_logprobs, completion_span, pack
 
         rows = [(r.prompt_token_ids, c) for r in results for c in r.completions]
         batch = pack([p for p, _ in rows], [c.token_ids for _, c in rows], self.tokenizer.pad_token_id)

@@ -13,10 +13,10 @@
     persist.py     checkpoint metadata: RNG states, older formats
 """
 
-from .buffer import GroupBuffer, pick_groups
-from .config import DROP, LearnerConfig
-from .groups import BufferedGroup, GroupKind, Route, Verdict
-from .learner import Learner
+from node.learner.buffer import GroupBuffer, pick_groups
+from node.learner.config import DROP, LearnerConfig
+from node.learner.groups import BufferedGroup, GroupKind, Route, Verdict
+from node.learner.learner import Learner
 
 __all__ = ["DROP", "BufferedGroup", "GroupBuffer", "GroupKind", "Learner", "LearnerConfig", "Route", "Verdict",
            "pick_groups"]

@@ -19,14 +19,14 @@ from typing import Any
 
 import torch
 
-from ..audit import AuditItem, AuditResult, FlipRate, FlipTest, RefusalList, VersionArchive, audit_groups
-from ..checkable import group_seeds
-from ..config import SamplingConfig
-from ..device import matmul_rates
-from ..weights import retie
-from .claim_gaps import ClaimGaps
-from .config import LearnerConfig
-from .groups import BufferedGroup, GroupKind, Verdict
+from node.audit import AuditItem, AuditResult, FlipRate, FlipTest, RefusalList, VersionArchive, audit_groups
+from node.checkable import group_seeds
+from node.config import SamplingConfig
+from node.device import matmul_rates
+from node.weights import retie
+from node.learner.claim_gaps import ClaimGaps
+from node.learner.config import LearnerConfig
+from node.learner.groups import BufferedGroup, GroupKind, Verdict
 
 log = logging.getLogger(__name__)
 

@@ -30,10 +30,10 @@ from typing import Callable
 
 import torch
 
-from ..algorithms.base import k3
-from ..logprobs import completion_logprobs, completion_span, pack
-from ..trainer import ScoredGroup, StepOptions, plan_microbatches
-from .claim_gaps import ClaimGaps
+from node.algorithms.base import k3
+from node.logprobs import completion_logprobs, completion_span, pack
+from node.trainer import ScoredGroup, StepOptions, plan_microbatches
+from node.learner.claim_gaps import ClaimGaps
 
 log = logging.getLogger(__name__)
 

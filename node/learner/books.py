@@ -8,9 +8,9 @@ import collections
 import threading
 from typing import Any, Callable
 
-from ..accounting import MAX_KEPT, Tally
-from ..algorithms import has_signal
-from .groups import BufferedGroup, Verdict
+from node.accounting import MAX_KEPT, Tally
+from node.algorithms import has_signal
+from node.learner.groups import BufferedGroup, Verdict
 
 
 METRICS_PEERS = 32

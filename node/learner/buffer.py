@@ -11,8 +11,8 @@ import collections
 import math
 from typing import Callable, Iterator
 
-from .config import LearnerConfig
-from .groups import BufferedGroup, GroupKind
+from node.learner.config import LearnerConfig
+from node.learner.groups import BufferedGroup, GroupKind
 
 
 class GroupBuffer:

@@ -17,11 +17,11 @@ from typing import Any
 
 from swarm.records import RolloutGroup
 
-from ..audit import RefusalList, VersionArchive
-from ..config import ConfigError, SamplingConfig
-from ..models import tokenizer_hash
-from ..tasks import Task
-from .config import LearnerConfig
+from node.audit import RefusalList, VersionArchive
+from node.config import ConfigError, SamplingConfig
+from node.models import tokenizer_hash
+from node.tasks import Task
+from node.learner.config import LearnerConfig
 
 MAX_CHARS_PER_TOKEN = 64
 """Bound on a completion's text per token (the longest tokens of real vocabularies are far shorter)."""

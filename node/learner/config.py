@@ -11,9 +11,9 @@ from typing import Any
 
 from swarm.exchange import IntakeConfig
 
-from ..algorithms import get_algorithm
-from ..guard import GuardConfig
-from ..weight_codec import PublishConfig
+from node.algorithms import get_algorithm
+from node.guard import GuardConfig
+from node.weight_codec import PublishConfig
 
 BEHAVIOUR_SOURCES = ("sampler", "learner", "auto")
 """`behaviour_logprobs`: the sampler's claims, the learner's recomputation (node/learner/behaviour.py),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from ..trainer import ScoredGroup
+from node.trainer import ScoredGroup
 
 
 class Route(str, enum.Enum):

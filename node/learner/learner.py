@@ -38,29 +38,29 @@ import torch
 from swarm.exchange import LearnerLink
 from swarm.records import RecordError, RolloutGroup, decode_rollout_group
 
-from ..audit import RefusalList, VersionArchive
-from ..checkpoint import load_checkpoint, save_checkpoint
-from ..config import SamplingConfig
-from ..engines.hf import HFEngine
-from ..evaluate import eval_problems, evaluate
-from ..metrics import MetricsWriter
-from ..models import without_dropout
-from ..tasks import Task
-from ..tasks.bounded import group_budget_s
-from ..weights import untie
-from .auditor import Auditor
-from .behaviour import Recompute
-from .books import Books
-from .buffer import GroupBuffer
-from .checks import Chains, RecordChecks
-from .config import DROP, LearnerConfig
-from .groups import BufferedGroup, Route
-from .persist import load_learner_state, rng_state
-from .publishing import Publishing
-from .report import batch_stats, counters
-from .scoring import REWARD_BUDGET, OverBudget, score_group
-from .scoring_time import BURST_GROUPS, SCORING_TIME, ScoringTime
-from .training import Training
+from node.audit import RefusalList, VersionArchive
+from node.checkpoint import load_checkpoint, save_checkpoint
+from node.config import SamplingConfig
+from node.engines.hf import HFEngine
+from node.evaluate import eval_problems, evaluate
+from node.metrics import MetricsWriter
+from node.models import without_dropout
+from node.tasks import Task
+from node.tasks.bounded import group_budget_s
+from node.weights import untie
+from node.learner.auditor import Auditor
+from node.learner.behaviour import Recompute
+from node.learner.books import Books
+from node.learner.buffer import GroupBuffer
+from node.learner.checks import Chains, RecordChecks
+from node.learner.config import DROP, LearnerConfig
+from node.learner.groups import BufferedGroup, Route
+from node.learner.persist import load_learner_state, rng_state
+from node.learner.publishing import Publishing
+from node.learner.report import batch_stats, counters
+from node.learner.scoring import REWARD_BUDGET, OverBudget, score_group
+from node.learner.scoring_time import BURST_GROUPS, SCORING_TIME, ScoringTime
+from node.learner.training import Training
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ import torch
 
 from swarm.exchange import LearnerLink, WeightVersion
 
-from ..audit import VersionArchive
-from ..weight_codec import PublishConfig, Publisher, publish_due
-from ..weights import decode_version, encode_version, untie, version_nonce
+from node.audit import VersionArchive
+from node.weight_codec import PublishConfig, Publisher, publish_due
+from node.weights import decode_version, encode_version, untie, version_nonce
 
 log = logging.getLogger(__name__)
 

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 from swarm.records import RolloutGroup
 
-from ..engines.base import Completion
-from ..tasks import Task
-from ..tasks.bounded import OverBudget, rewards as bounded_rewards
-from ..trainer import ScoredGroup
-from .groups import Route
+from node.engines.base import Completion
+from node.tasks import Task
+from node.tasks.bounded import OverBudget, rewards as bounded_rewards
+from node.trainer import ScoredGroup
+from node.learner.groups import Route
 
 __all__ = ["OverBudget", "REWARD_BUDGET", "Scored", "score_group"]
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
-from ..algorithms import get_algorithm
-from ..guard import guard_scale
-from ..trainer import StepOptions, TrainPart, build_batch, train_step
-from .config import LearnerConfig
-from .groups import BufferedGroup, Route
+from node.algorithms import get_algorithm
+from node.guard import guard_scale
+from node.trainer import StepOptions, TrainPart, build_batch, train_step
+from node.learner.config import LearnerConfig
+from node.learner.groups import BufferedGroup, Route
 
 log = logging.getLogger(__name__)
 

@@ -1,11 +1,11 @@
 """Tasks and verifiable rewards. `make_task` builds one from its typed config."""
 
-from .arithmetic import ArithmeticConfig, ArithmeticTask
-from .chain import ChainConfig, ChainTask, final_answer_match
-from .base import Problem, RewardFn, Task
-from .dataset import DatasetTask, DatasetTaskConfig
-from .rewards import exact_int_match, load_reward, math_verify_reward
-from .stream import PromptStream
+from node.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
+from node.tasks.chain import ChainConfig, ChainTask, final_answer_match
+from node.tasks.base import Problem, RewardFn, Task
+from node.tasks.dataset import DatasetTask, DatasetTaskConfig
+from node.tasks.rewards import exact_int_match, load_reward, math_verify_reward
+from node.tasks.stream import PromptStream
 
 
 def make_task(cfg: ArithmeticConfig | ChainConfig | DatasetTaskConfig, tokenizer=None) -> Task:

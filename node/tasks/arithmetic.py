@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator
 
-from .base import Problem, SplitTask, in_eval_split
-from .rewards import exact_int_match
+from node.tasks.base import Problem, SplitTask, in_eval_split
+from node.tasks.rewards import exact_int_match
 
 
 @dataclass(frozen=True)

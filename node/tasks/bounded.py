@@ -58,7 +58,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Callable, Sequence
 
-from .rewards import PRECHECKS, load_reward
+from node.tasks.rewards import PRECHECKS, load_reward
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +236,7 @@ def _on_timer(signum, frame):
 
 
 def _serve(name: str, rfd: int, wfd: int) -> None:
-    from . import rewards as rewards_mod
+    from node.tasks import rewards as rewards_mod
 
     recv, send = Connection(rfd, writable=False), Connection(wfd, readable=False)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C in the terminal is the learner's to handle

@@ -23,7 +23,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from .base import Problem, SplitTask, in_eval_split
+from node.tasks.base import Problem, SplitTask, in_eval_split
 
 _ANSWER_RE = re.compile(r"#(-?\d+)\s*$")
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from .base import Problem, SplitTask
-from .rewards import load_reward
+from node.tasks.base import Problem, SplitTask
+from node.tasks.rewards import load_reward
 
 DEFAULT_TEMPLATE = "{question}\nPut the final answer in \\boxed{{}}.\n"
 CHAT_TEMPLATE_MODES = ("auto", "on", "off")

@@ -15,7 +15,7 @@ import threading
 from contextlib import contextmanager
 from typing import Callable
 
-from .base import RewardFn
+from node.tasks.base import RewardFn
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Sequence
 
-from .base import Problem
+from node.tasks.base import Problem
 
 
 class PromptStream:

@@ -33,10 +33,10 @@ Modules: `store` (SQLite), `page` (pure rendering), `server` (the HTTP server an
 `service` (the server and the collector loop together).
 """
 
-from .page import render_chart, render_learning_chart, render_page, render_rows
-from .server import LeaderboardServer, ServerLimits
-from .service import collect_once, serve
-from .store import LeaderboardStore, clean_name
+from swarm.leaderboard.page import render_chart, render_learning_chart, render_page, render_rows
+from swarm.leaderboard.server import LeaderboardServer, ServerLimits
+from swarm.leaderboard.service import collect_once, serve
+from swarm.leaderboard.store import LeaderboardStore, clean_name
 
 __all__ = ["LeaderboardStore", "clean_name", "render_page", "render_rows", "render_chart", "render_learning_chart",
            "LeaderboardServer", "ServerLimits", "collect_once", "serve"]

@@ -18,7 +18,7 @@ import html
 import time
 from typing import Any
 
-from ..identity import short_id
+from swarm.identity import short_id
 
 # ---- the table ----------------------------------------------------------------------------------
 

@@ -40,8 +40,8 @@ from urllib.parse import urlparse
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from .page import CONTENT_SECURITY_POLICY, render_chart, render_learning_chart, render_page, render_rows
-from .store import LeaderboardStore
+from swarm.leaderboard.page import CONTENT_SECURITY_POLICY, render_chart, render_learning_chart, render_page, render_rows
+from swarm.leaderboard.store import LeaderboardStore
 
 log = logging.getLogger(__name__)
 

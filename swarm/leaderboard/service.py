@@ -13,8 +13,8 @@ import logging
 import threading
 from typing import Callable, Protocol
 
-from .server import LeaderboardServer, ServerLimits
-from .store import MAX_NAME_LOOKUPS, LeaderboardStore
+from swarm.leaderboard.server import LeaderboardServer, ServerLimits
+from swarm.leaderboard.store import MAX_NAME_LOOKUPS, LeaderboardStore
 
 log = logging.getLogger(__name__)
 

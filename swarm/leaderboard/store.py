@@ -32,8 +32,8 @@ from typing import Any
 
 import pydantic.v1 as pydantic
 
-from ..identity import short_id
-from ..tally import TallyModel
+from swarm.identity import short_id
+from swarm.tally import TallyModel
 
 log = logging.getLogger(__name__)
 

@@ -14,13 +14,13 @@ at 4 MiB by hivemind, so callers keep messages under `MAX_MESSAGE`.
   calls.py     calling: unary, streamed and gated calls, routed to peers we have no route to yet
 """
 
-from .budget import StreamBudget, raise_nofile_limit
-from .calls import call_gated
-from .doors import INF, Door, DoorBudget, Doors, TokenBuckets
-from .framing import MAX_MESSAGE, NotAnswered, RemoteError, Stall, StreamStalled
-from .handlers import Gate, Handler, StreamHandler, decrement
-from .loop import CallStopped
-from .node import SwarmNode
+from swarm.p2p.budget import StreamBudget, raise_nofile_limit
+from swarm.p2p.calls import call_gated
+from swarm.p2p.doors import INF, Door, DoorBudget, Doors, TokenBuckets
+from swarm.p2p.framing import MAX_MESSAGE, NotAnswered, RemoteError, Stall, StreamStalled
+from swarm.p2p.handlers import Gate, Handler, StreamHandler, decrement
+from swarm.p2p.loop import CallStopped
+from swarm.p2p.node import SwarmNode
 
 __all__ = ["INF", "MAX_MESSAGE", "CallStopped", "Door", "DoorBudget", "Gate", "Doors", "Handler", "NotAnswered", "TokenBuckets", "RemoteError", "Stall", "StreamHandler", "StreamStalled",
            "StreamBudget", "SwarmNode", "call_gated", "decrement", "raise_nofile_limit"]

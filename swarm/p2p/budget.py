@@ -28,7 +28,7 @@ import resource
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-from ..buckets import worth_logging
+from swarm.buckets import worth_logging
 
 log = logging.getLogger(__package__)
 

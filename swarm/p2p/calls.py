@@ -16,10 +16,10 @@ from hivemind.p2p import P2P, PeerID
 from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
 from hivemind.utils.multiaddr import Multiaddr
 
-from ..identity import short_id
-from .framing import (MAX_MESSAGE, NotAnswered, Stall, bytes_value_view, read_frame, read_reply, remote_error,
+from swarm.identity import short_id
+from swarm.p2p.framing import (MAX_MESSAGE, NotAnswered, Stall, bytes_value_view, read_frame, read_reply, remote_error,
                       send_ask, send_value)
-from .loop import SwarmLoop
+from swarm.p2p.loop import SwarmLoop
 
 log = logging.getLogger(__package__)  # the package's one logger: its lines read as before the split
 

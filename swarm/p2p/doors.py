@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from ..buckets import TokenBuckets, worth_logging
+from swarm.buckets import TokenBuckets, worth_logging
 
 log = logging.getLogger(__package__)
 

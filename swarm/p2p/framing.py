@@ -20,7 +20,7 @@ from google.protobuf.wrappers_pb2 import BytesValue
 from hivemind.p2p import P2P
 from hivemind.proto.p2pd_pb2 import RPCError
 
-from ..identity import short_id
+from swarm.identity import short_id
 
 MAX_MESSAGE = 3 * 1024 * 1024
 """One RPC reply is capped at 4 MiB by hivemind, so callers keep messages under this."""

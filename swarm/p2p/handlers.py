@@ -18,9 +18,9 @@ from google.protobuf.message import DecodeError
 from google.protobuf.wrappers_pb2 import BytesValue
 from hivemind.p2p import P2P, P2PContext
 
-from ..identity import short_id
-from .budget import StreamBudget
-from .framing import MAX_MESSAGE, RemoteError, Stall, declared_size, read_frame, send_error, send_item
+from swarm.identity import short_id
+from swarm.p2p.budget import StreamBudget
+from swarm.p2p.framing import MAX_MESSAGE, RemoteError, Stall, declared_size, read_frame, send_error, send_item
 
 log = logging.getLogger(__package__)  # the package's one logger: its lines read as before the split
 

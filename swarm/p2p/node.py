@@ -13,15 +13,15 @@ from typing import Awaitable, Callable, TypeVar
 
 from google.protobuf.wrappers_pb2 import BytesValue
 
-from ..dht import (NetworkConfig, announce, announce_holdings, create_dht, holdings_of, list_peers,
+from swarm.dht import (NetworkConfig, announce, announce_holdings, create_dht, holdings_of, list_peers,
                    peer_id_of_maddr, peer_records, publish_swarm_record, publish_tally, tally_of, trusted_learners)
-from ..identity import Identity
-from .budget import StreamBudget
-from .doors import Doors
-from .calls import Calls
-from .framing import MAX_MESSAGE, Stall
-from .handlers import Gate, GatedHandler, Handler, StreamHandler, streaming, unary
-from .loop import SwarmLoop
+from swarm.identity import Identity
+from swarm.p2p.budget import StreamBudget
+from swarm.p2p.doors import Doors
+from swarm.p2p.calls import Calls
+from swarm.p2p.framing import MAX_MESSAGE, Stall
+from swarm.p2p.handlers import Gate, GatedHandler, Handler, StreamHandler, streaming, unary
+from swarm.p2p.loop import SwarmLoop
 
 log = logging.getLogger(__package__)  # the package's one logger: its lines read as before the split
 

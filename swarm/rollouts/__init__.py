@@ -8,11 +8,11 @@
     backlog.py    what each sampler holds at the learner not yet trained on (journal past the cursor)
 """
 
-from .admission import MAX_OPEN_CALLS, Admission, Room, Standing, Tarpit, TokenBuckets, pool_bound
-from .backlog import Backlog
-from .receiver import RolloutReceiver
-from .sender import RolloutSender
-from .wire import MAX_BATCH, ROLLOUTS, BatchItem, RolloutReply, pack_batch, unpack_batch
+from swarm.rollouts.admission import MAX_OPEN_CALLS, Admission, Room, Standing, Tarpit, TokenBuckets, pool_bound
+from swarm.rollouts.backlog import Backlog
+from swarm.rollouts.receiver import RolloutReceiver
+from swarm.rollouts.sender import RolloutSender
+from swarm.rollouts.wire import MAX_BATCH, ROLLOUTS, BatchItem, RolloutReply, pack_batch, unpack_batch
 
 __all__ = ["MAX_BATCH", "MAX_OPEN_CALLS", "ROLLOUTS", "Admission", "Backlog", "BatchItem", "Room",
            "RolloutReceiver", "RolloutReply", "RolloutSender", "Standing", "Tarpit", "TokenBuckets",

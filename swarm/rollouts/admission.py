@@ -31,8 +31,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from ..exchange import Intake, IntakeConfig
-from ..p2p import TokenBuckets, decrement
+from swarm.exchange import Intake, IntakeConfig
+from swarm.p2p import TokenBuckets, decrement
 
 MAX_OPEN_CALLS = 2
 """Calls of one peer past the door at once (a sender makes one at a time): more are busy."""

@@ -11,8 +11,8 @@ from typing import Callable
 
 import msgpack
 
-from ..journal import Journal
-from ..p2p import decrement
+from swarm.journal import Journal
+from swarm.p2p import decrement
 
 
 class Backlog:

@@ -13,12 +13,12 @@ import threading
 import time
 from typing import Callable
 
-from ..delay import DelayConfig, sample_delay
-from ..envelope import seal
-from ..identity import short_id
-from ..outbox import OWN, Outbox
-from ..p2p import MAX_MESSAGE, SwarmNode
-from .wire import MAX_BATCH, ROLLOUTS, RolloutReply, pack_batch
+from swarm.delay import DelayConfig, sample_delay
+from swarm.envelope import seal
+from swarm.identity import short_id
+from swarm.outbox import OWN, Outbox
+from swarm.p2p import MAX_MESSAGE, SwarmNode
+from swarm.rollouts.wire import MAX_BATCH, ROLLOUTS, RolloutReply, pack_batch
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 
 import msgpack
 
-from ..records import MAX_ID, RecordError
+from swarm.records import MAX_ID, RecordError
 
 ROLLOUTS = "hetero.rollouts.v2"
 MAX_BATCH = 256

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 import msgpack
 
-from ..buckets import worth_logging
-from ..identity import short_id
-from ..p2p import MAX_MESSAGE, DoorBudget, SwarmNode
-from ..p2p.handlers import BoundedStream
-from ..records import MAX_ID
+from swarm.buckets import worth_logging
+from swarm.identity import short_id
+from swarm.p2p import MAX_MESSAGE, DoorBudget, SwarmNode
+from swarm.p2p.handlers import BoundedStream
+from swarm.records import MAX_ID
 
 log = logging.getLogger(__name__)
 

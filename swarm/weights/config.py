@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..p2p import Stall
-from .chunks import MAX_REQUEST_WAIT
+from swarm.p2p import Stall
+from swarm.weights.chunks import MAX_REQUEST_WAIT
 
 
 @dataclass(frozen=True)

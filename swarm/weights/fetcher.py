@@ -11,16 +11,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from ..delay import DelayConfig, ReloadTimer
-from ..exchange import WeightVersion, plan_fetch
-from ..identity import short_id
-from ..p2p import CallStopped, SwarmNode
-from ..records import RecordError
-from .chunks import ChunkStore, chunk_owner
-from .config import FetchConfig
-from .gather import Gather
-from .manifest import MANIFEST, Manifest, ManifestRequest, VersionEntry
-from .strikes import PeerStrikes
+from swarm.delay import DelayConfig, ReloadTimer
+from swarm.exchange import WeightVersion, plan_fetch
+from swarm.identity import short_id
+from swarm.p2p import CallStopped, SwarmNode
+from swarm.records import RecordError
+from swarm.weights.chunks import ChunkStore, chunk_owner
+from swarm.weights.config import FetchConfig
+from swarm.weights.gather import Gather
+from swarm.weights.manifest import MANIFEST, Manifest, ManifestRequest, VersionEntry
+from swarm.weights.strikes import PeerStrikes
 
 log = logging.getLogger(__name__)
 

@@ -15,12 +15,12 @@ from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait as wait_f
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Protocol
 
-from ..identity import short_id
-from ..p2p import RemoteError, StreamStalled, SwarmNode
-from ..records import RecordError
-from .chunks import CHUNK_SIZE, CHUNKS, ChunkRequest, ChunkStore, chunk_digest
-from .config import FetchConfig
-from .manifest import VersionEntry
+from swarm.identity import short_id
+from swarm.p2p import RemoteError, StreamStalled, SwarmNode
+from swarm.records import RecordError
+from swarm.weights.chunks import CHUNK_SIZE, CHUNKS, ChunkRequest, ChunkStore, chunk_digest
+from swarm.weights.config import FetchConfig
+from swarm.weights.manifest import VersionEntry
 
 log = logging.getLogger(__name__)
 

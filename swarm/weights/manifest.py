@@ -13,10 +13,10 @@ from typing import Callable, ClassVar
 
 import msgpack
 
-from ..envelope import open_envelope, seal
-from ..identity import Identity, short_id
-from ..records import RecordError
-from .chunks import chunk_digest, split_blob
+from swarm.envelope import open_envelope, seal
+from swarm.identity import Identity, short_id
+from swarm.records import RecordError
+from swarm.weights.chunks import chunk_digest, split_blob
 
 MANIFEST = "hetero.manifest.v1"
 KEYFRAME_BASE = -1

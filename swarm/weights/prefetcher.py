@@ -6,8 +6,8 @@ import logging
 import threading
 import time
 
-from ..exchange import WeightVersion
-from .fetcher import WeightFetcher
+from swarm.exchange import WeightVersion
+from swarm.weights.fetcher import WeightFetcher
 
 log = logging.getLogger(__name__)
 

@@ -7,11 +7,11 @@ import collections
 import logging
 import time
 
-from ..exchange import WeightVersion
-from ..identity import short_id
-from ..p2p import DoorBudget, SwarmNode
-from .chunks import CHUNK_SIZE, MAX_REQUEST_WAIT, ChunkStore
-from .manifest import MANIFEST, Manifest, ManifestRequest, VersionEntry
+from swarm.exchange import WeightVersion
+from swarm.identity import short_id
+from swarm.p2p import DoorBudget, SwarmNode
+from swarm.weights.chunks import CHUNK_SIZE, MAX_REQUEST_WAIT, ChunkStore
+from swarm.weights.manifest import MANIFEST, Manifest, ManifestRequest, VersionEntry
 
 log = logging.getLogger(__name__)
 

@@ -48,7 +48,7 @@ def bootstrap(
     Samplers trust the record of the bootstrap peers they were given, and no other.
     """
     setup_logging(verbose)
-    from swarm.dht import NetworkConfig
+    from swarm.dht.network import NetworkConfig
 
     from cli.procs import stop_on_signals
     from cli.roles import parse_learners, reachability_check, read_learners_file, run_bootstrap, tcp_port, volunteer_command
@@ -224,7 +224,7 @@ def leaderboard(
         if path is not None:
             writable_file(path, flag)
     claim = claim_dir(db.parent, "--db", "leaderboard")  # one server per history; held until exit
-    from swarm.dht import NetworkConfig
+    from swarm.dht.network import NetworkConfig
     from swarm.identity import Identity
     from swarm.leaderboard import LeaderboardStore
     from swarm.leaderboard import serve as serve_board

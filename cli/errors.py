@@ -1,7 +1,7 @@
 """A user's mistake gets one line: `error: <what> fix: <what to do>`, exit code 2.
 
 Library code raises its own exception types that carry a `fix` (node.config.ConfigError,
-node.models.ModelNotFoundError, swarm.dht.SwarmConnectError, `UserError` here); the CLI's entry
+node.models.ModelNotFoundError, swarm.dht.network.SwarmConnectError, `UserError` here); the CLI's entry
 point turns those, and click's usage errors (bad flags), into that line. The traceback is shown
 only with -v/--verbose. Anything else is a bug and keeps its traceback.
 """

@@ -1,4 +1,4 @@
-"""The network flags of `bootstrap` and `join` as [network] overrides (swarm.dht.NetworkConfig checks
+"""The network flags of `bootstrap` and `join` as [network] overrides (swarm.dht.network.NetworkConfig checks
 them with the rest of the config), and the defaults that depend on where this machine listens."""
 
 from __future__ import annotations

@@ -27,11 +27,11 @@ from node.engines.hf import HFEngine
 from node.learner import Learner, LearnerConfig
 from node.metrics import MetricsWriter
 from node.models import BUILTIN_MODEL, load_model, load_tokenizer, tokenizer_hash
-from node.sampler import Sampler
+from node.sampling.sampler import Sampler
 from node.tasks import ArithmeticConfig, make_task
 from swarm.delay import DelayConfig
 from swarm.memory import MemoryExchange, VirtualClock
-from swarm.records import decode_rollout_group
+from swarm.wire.rollout import decode_rollout_group
 
 log = logging.getLogger(__name__)
 

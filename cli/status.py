@@ -11,7 +11,9 @@ import typer
 
 def show_status(initial_peers: list[str], swarm: str, as_json: bool) -> None:
     from node.config import load_config
-    from swarm.dht import NetworkConfig, create_dht, list_peers
+    from swarm.dht.network import NetworkConfig
+    from swarm.dht.process import create_dht
+    from swarm.dht.records import list_peers
     from swarm.identity import Identity
 
     net = load_config(NetworkConfig, None, {"initial_peers": initial_peers, "client_mode": True})

@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from node.audit import AuditItem
-from node.checkable import keys_tensor, position_keys, race_margins
+from node.audit.margins import AuditItem
+from node.sampling.race import keys_tensor, position_keys, race_margins
 from node.engines.base import SamplingParams
 from node.engines.hf import PickTokens, _bare_generation_defaults
 from node.learner.config import LearnerConfig
-from node.logprobs import completion_logits, logprobs_from_logits, pack
+from node.training.logprobs import completion_logits, logprobs_from_logits, pack
 
 log = logging.getLogger("audit_parts")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -22,8 +22,8 @@ import logging
 import random
 
 from cli.simulate import SimSamplerSpec, Simulator, SimulatorConfig
-from node.audit import audit_group
-from node.checkable import group_seeds
+from node.audit.margins import audit_group
+from node.sampling.race import group_seeds
 from node.config import SamplingConfig
 from node.learner import LearnerConfig
 from node.models import BUILTIN_MODEL, load_model, load_tokenizer

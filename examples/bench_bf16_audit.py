@@ -6,7 +6,7 @@ float32 audit by margin, what a tolerance lets an attacker do, and what the race
     .venv-vllm/bin/python examples/bench_bf16_audit.py --models builtin --vllm      # and vLLM's kernels
 
 A volunteer's GPU samples in bfloat16 or float16 with its own kernels and batch sizes; the learner
-audits in float32 (node/audit.py): at every position, how far (in logits) the claimed token's race
+audits in float32 (node/audit/margins.py): at every position, how far (in logits) the claimed token's race
 score is below the best (node/checkable.race_margins). Per sampler setting this prints:
   - flips: the share of tokens whose margin exceeds node/audit.FLIP_MARGIN (the sampler's token is
     not the float32 race's choice), with its 95% interval, and the margins' p99, p99.9 and max;
@@ -51,12 +51,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from examples.audit_parts import DTYPES, Measured, generate, measure, random_model  # noqa: E402
-from node.audit import FLIP_MARGIN, AuditItem, FlipRate, FlipTest, audit_margins, flip_llr, wilson  # noqa: E402
-from node.checkable import group_seeds, keys_tensor, pick_tokens, position_keys, race_margins  # noqa: E402
+from node.audit.margins import FLIP_MARGIN, AuditItem, audit_margins
+from node.audit.flips import FlipRate, FlipTest, flip_llr, wilson  # noqa: E402
+from node.sampling.race import group_seeds, keys_tensor, pick_tokens, position_keys, race_margins  # noqa: E402
 from node.engines.base import SamplingParams  # noqa: E402
 from node.engines.hf import PickTokens  # noqa: E402
 from node.learner.config import LearnerConfig  # noqa: E402
-from node.logprobs import completion_logits, logprobs_from_logits, pack  # noqa: E402
+from node.training.logprobs import completion_logits, logprobs_from_logits, pack  # noqa: E402
 
 WRITE = None
 """Writes the tables so far (set by main when --out is given)."""

@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from swarm.dht import NetworkConfig  # noqa: E402
+from swarm.dht.network import NetworkConfig  # noqa: E402
 from swarm.exchange import WeightVersion  # noqa: E402
 from swarm.identity import Identity  # noqa: E402
 from swarm.p2p import SwarmNode  # noqa: E402

@@ -20,8 +20,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from node import checkable, filter_edges  # noqa: E402
-from node.checkable import KEY_WORDS, race_margins  # noqa: E402
+from node.sampling import filter_edges, race as checkable  # noqa: E402
+from node.sampling.race import KEY_WORDS, race_margins  # noqa: E402
 
 SETTINGS = [  # (label, top_k, top_p, slack, whole rows)
     ("no filter", 0, 1.0, 0.0, False),

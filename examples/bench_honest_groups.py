@@ -37,8 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from examples.audit_parts import DTYPES, generate, measure, random_model  # noqa: E402
-from node.audit import FLIP_MARGIN, AuditItem, wilson  # noqa: E402
-from node.checkable import group_seeds  # noqa: E402
+from node.audit.margins import FLIP_MARGIN, AuditItem
+from node.audit.flips import wilson  # noqa: E402
+from node.sampling.race import group_seeds  # noqa: E402
 from node.engines.base import SamplingParams  # noqa: E402
 from node.learner.config import LearnerConfig  # noqa: E402
 

@@ -7,7 +7,7 @@
 For one model shape (the built-in model, or a Qwen3-0.6B/1.7B-shaped model with random weights
 built from a config: examples/model_shapes.py), device, dtype and token budget, on the same
 packed batch of synthetic groups:
-  learner   `node.trainer.train_step` (GEPO, micro-batches under the budget, chunked completion
+  learner   `node.training.step.train_step` (GEPO, micro-batches under the budget, chunked completion
             log-probs, float32 master weights, autocast in --dtype, AdamW): tokens/s, peak memory
   bare      the same micro-batches through `model(input_ids, labels=...)` + backward, nothing else:
             the hardware's limit for this batch (HF computes logits over every position)
@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples.model_shapes import SHAPES, build, synthetic_groups, tokenizer  # noqa: E402
 from node.algorithms import get_algorithm  # noqa: E402
 from node.device import resolve  # noqa: E402
-from node.trainer import StepOptions, TrainPart, build_batch, plan_microbatches, train_step  # noqa: E402
+from node.training.step import StepOptions, plan_microbatches, train_step
+from node.training.batch import TrainPart, build_batch  # noqa: E402
 
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "RTX 4090": 165.0, "A10": 125.0}
 """Dense bf16 tensor-core peaks from the vendors' data sheets (no sparsity)."""

@@ -6,7 +6,7 @@ Trains the built-in model as the demo does (simulator, one fresh sampler, GEPO, 
 lr and batch), keeps the learner's weights at every version, then samples groups (checkable, as
 samplers do) with the weights of version v and measures, for staleness s, the per-sequence gap
 
-    gap_i = mean_t |l^{v+s}_{i,t} - l^v_{i,t}|        (node/trainer.py, logprob_gap)
+    gap_i = mean_t |l^{v+s}_{i,t} - l^v_{i,t}|        (node/training/step.py, logprob_gap)
 
 that the learner sees when it trains at version v+s on rollouts of version v. Prints mean, p99
 and max beside the default bound, and the gap a liar claiming -18/token produces. Engine
@@ -22,13 +22,13 @@ import logging
 import torch
 
 from cli.simulate import SimSamplerSpec, Simulator, SimulatorConfig
-from node.checkable import BASE_NONCE, completion_seed
+from node.sampling.race import BASE_NONCE, completion_seed
 from node.config import SamplingConfig
 from node.engines.hf import HFEngine
 from node.learner import LearnerConfig
-from node.logprobs import completion_logprobs, completion_span, pack
+from node.training.logprobs import completion_logprobs, completion_span, pack
 from node.models import BUILTIN_MODEL, load_model, load_tokenizer
-from node.trainer import logprob_gap
+from node.training.batch import logprob_gap
 
 
 def honest_groups(weights, tok, problems, sampling):

@@ -25,10 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from node.algorithms import ALGORITHMS, LossInputs  # noqa: E402
 from node.engines.base import SamplingParams  # noqa: E402
 from node.engines.hf import HFEngine  # noqa: E402
-from node.logprobs import completion_logprobs  # noqa: E402
+from node.training.logprobs import completion_logprobs  # noqa: E402
 from node.models import BUILTIN_MODEL, load_model, load_tokenizer  # noqa: E402
 from node.tasks import ArithmeticTask  # noqa: E402
-from node.trainer import ScoredGroup, build_batch  # noqa: E402
+from node.training.batch import ScoredGroup, build_batch  # noqa: E402
 
 
 def timed(fn, reps: int) -> float:

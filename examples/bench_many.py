@@ -6,7 +6,7 @@ each peer and the bootstrap, and what grows with the swarm.
 For each swarm size N, on 127.0.0.1: the coordinator's real bootstrap process (`hetero-node
 bootstrap`, naming the learner), and N + 1 DHT-only peers in this process, each a hivemind DHTNode
 on a p2pd of its own with the swarm's validators, running the project's own discovery code
-(`swarm/dht.py`'s signed records, `LearnerTracker`) as a node does: one announces itself as the
+(`swarm/dht/records.py`'s signed records, `LearnerTracker`) as a node does: one announces itself as the
 learner every 10 s, N announce themselves as samplers following it every 10 s
 (`announce_every_s`), refresh their tracker every 10 s and their holder record every 30 s. (Full
 samplers would not fit: each is a model, a DHT process and a p2pd, ~0.4 GB.) After all are up,
@@ -41,7 +41,7 @@ from cli.procs import start_node, stop, wait_for_file  # noqa: E402
 from swarm import dht as swarm_dht  # noqa: E402
 from swarm.discovery import LearnerTracker  # noqa: E402
 from swarm.identity import Identity  # noqa: E402
-from node.accounting import Tally  # noqa: E402
+from node.learner.credit import Tally  # noqa: E402
 
 SWARM, MODEL = "many", "builtin:tiny-arith"
 GOAL_FIND_S, GOAL_MATES = 5.0, 8
@@ -74,7 +74,7 @@ class Loop:
 
 
 class DHTFacade:
-    """What swarm/dht.py asks of hivemind's `DHT` (store and get, with futures; visible addresses),
+    """What swarm/dht/records.py asks of hivemind's `DHT` (store and get, with futures; visible addresses),
     over a DHTNode that runs in this process."""
 
     def __init__(self, loop: Loop, node, p2p) -> None:

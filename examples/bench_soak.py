@@ -136,7 +136,7 @@ async def attacker(key: Path, maddrs: list[str]) -> dict:
 
     from swarm.p2p.budget import raise_nofile_limit
     from swarm.rollouts import ROLLOUTS
-    from swarm.weights.manifest import MANIFEST
+    from swarm.wire.manifest import MANIFEST
 
     raise_nofile_limit()  # each stream costs the attacker a descriptor too
     Identity.load_or_create(key)

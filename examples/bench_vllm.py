@@ -51,7 +51,7 @@ def main() -> None:
     from node.engines.hf import HFEngine
     from node.engines.vllm import VLLMConfig, VLLMEngine
     from node.models import load_model, load_tokenizer, tokenizer_hash
-    from node.sampler import Sampler
+    from node.sampling.sampler import Sampler
     from node.tasks import ArithmeticConfig, make_task
 
     tok = load_tokenizer(args.model)

@@ -65,12 +65,12 @@ def _stop_event() -> threading.Event:
 
 
 def _node(args, workdir: Path):
-    from swarm.dht import NetworkConfig
+    from swarm.dht.network import NetworkConfig
     from swarm.identity import Identity
     from swarm.p2p import SwarmNode
 
     if args.home:  # behind a home router: settled as `join` settles it (asks the bootstrap)
-        from swarm.reach import settle
+        from swarm.p2p.reach import settle
 
         net, _ = settle(NetworkConfig(host="0.0.0.0", initial_peers=[args.boot]))
     else:
@@ -87,7 +87,7 @@ def _event(path: Path, **fields) -> None:
 def role_bootstrap(args) -> None:
     stop, work = _stop_event(), Path(args.dir) / "bootstrap"
     node = _node(args, work)
-    from swarm.reach import serve_reachability
+    from swarm.p2p.reach import serve_reachability
 
     serve_reachability(node)  # samplers behind NAT ask it (--behind-nat)
     try:

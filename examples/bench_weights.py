@@ -6,7 +6,7 @@ baseline.
     python examples/bench_weights.py --probe-only          # the issue's synthetic probe alone (50M weights)
 
 A Qwen3-shaped model with random weights (examples/model_shapes.py, never downloaded) takes real
-optimizer steps: `node.trainer.train_step` with AdamW at `--lr` (1e-6, the papers' scale) on
+optimizer steps: `node.training.step.train_step` with AdamW at `--lr` (1e-6, the papers' scale) on
 packed batches of synthetic groups. After every step the learner's `Publisher` publishes a
 lossless patch of the bfloat16 view; for each version we print
   * bytes of the patch and their ratio to a full bf16 copy, and the changed fraction of the view;
@@ -30,9 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from examples.model_shapes import SHAPES, build, synthetic_groups  # noqa: E402
 from node.algorithms import get_algorithm  # noqa: E402
-from node.trainer import StepOptions, TrainPart, build_batch, train_step  # noqa: E402
-from node.weight_codec import Publisher, PublishConfig, apply_version, entropy_bound_bytes  # noqa: E402
-from node.weights import untie  # noqa: E402
+from node.training.step import StepOptions, train_step
+from node.training.batch import TrainPart, build_batch  # noqa: E402
+from node.weights.codec import Publisher, PublishConfig, apply_version, entropy_bound_bytes  # noqa: E402
+from node.weights.blob import untie  # noqa: E402
 
 BF16 = torch.bfloat16
 

@@ -84,8 +84,8 @@ def main() -> None:
     from node.learner.config import LearnerConfig
     from node.tasks import make_task
     from node.tasks.arithmetic import ArithmeticConfig
-    from node.trainer import TrainPart, build_batch
-    from node.weights import untie
+    from node.training.batch import TrainPart, build_batch
+    from node.weights.blob import untie
 
     torch.set_num_threads(args.threads)
     phase = Phases()

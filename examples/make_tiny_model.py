@@ -26,8 +26,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from node.engines.hf import HFEngine  # noqa: E402
-from node.evaluate import eval_problems, evaluate  # noqa: E402
-from node.logprobs import completion_logprobs, pack  # noqa: E402
+from node.learner.evaluate import eval_problems, evaluate  # noqa: E402
+from node.training.logprobs import completion_logprobs, pack  # noqa: E402
 from node.models import ASSETS, build_char_tokenizer  # noqa: E402
 from node.tasks import ArithmeticConfig, ArithmeticTask, ChainConfig, ChainTask  # noqa: E402
 

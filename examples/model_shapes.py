@@ -58,7 +58,7 @@ def synthetic_groups(vocab: int, n_groups: int, group_size: int, prompt_len: int
     """Scored groups of random tokens (rewards alternate, behaviour log-probs near -log V): the
     shapes of a real step, for timing and memory."""
     from node.engines.base import Completion
-    from node.trainer import ScoredGroup
+    from node.training.batch import ScoredGroup
 
     g = torch.Generator().manual_seed(seed)
     groups = []

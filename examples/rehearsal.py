@@ -190,7 +190,7 @@ KEYFRAME_OF_VIEW = 0.71
 planes (trained weights were not measured)."""
 HEAD_CHUNKS = 3
 """Output-head chunks of float32 logits alive at once in a backward (logits, log-softmax, gradient),
-each `node.logprobs.HEAD_CHUNK_BYTES`."""
+each `node.training.logprobs.HEAD_CHUNK_BYTES`."""
 
 
 def predicted_gib(role: str, params: int, shape: dict, args: argparse.Namespace) -> tuple[float, str]:
@@ -202,7 +202,7 @@ def predicted_gib(role: str, params: int, shape: dict, args: argparse.Namespace)
     serves + its view, or at a keyframe the decode's planes and output in its place (2 views) + its
     KV cache + the runtime. With --device cuda, the weights, gradients, optimizer and activations are
     on the GPU, and the host holds the views, the blob and the runtime."""
-    from node.logprobs import HEAD_CHUNK_BYTES
+    from node.training.logprobs import HEAD_CHUNK_BYTES
 
     view = {"bfloat16": 2, "float32": 4, "auto": 2 if args.device != "cpu" else 4}[args.view] * params
     blob = KEYFRAME_OF_VIEW * view if view == 2 * params else view

@@ -1,5 +1,5 @@
 """node: the roles and the RL of hetero-node. It never imports swarm/'s networking: only the seam
-(swarm.exchange) and the wire records (swarm.records).
+(swarm.exchange) and the wire records (swarm.wire.rollout).
 
     config.py      the typed config tree ([task], [sampling], [learner]) and its checked loader
     tasks/         problems, splits and verifiable rewards

@@ -21,12 +21,13 @@ from node.algorithms import get_algorithm
 from node.config import SamplingConfig, TaskConfig
 from node.device import check_spec, resolve
 from node.engines.hf import HFEngine
-from node.evaluate import eval_problems, evaluate
+from node.learner.evaluate import eval_problems, evaluate
 from node.learner import DROP, LearnerConfig
 from node.metrics import MetricsWriter
 from node.models import BUILTIN_MODEL, load_model, load_tokenizer
 from node.tasks import ArithmeticConfig, PromptStream, make_task
-from node.trainer import ScoredGroup, StepOptions, TrainPart, build_batch, train_step
+from node.training.batch import ScoredGroup, TrainPart, build_batch
+from node.training.step import StepOptions, train_step
 
 log = logging.getLogger(__name__)
 

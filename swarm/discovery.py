@@ -114,7 +114,7 @@ class LearnerTracker:
     Each refresh reads a bounded number of records, whatever the DHT holds (issue 39): the swarm
     records of our coordinators, the peer records of the learners they name, our learner's tally,
     and the peer records of the `2 * MAX_MATES` samplers it credited last, each at its owner's own
-    key (swarm/ownership.py). A record any other key stores is never read here: 2,000 fresh keys'
+    key (swarm/dht/validation.py). A record any other key stores is never read here: 2,000 fresh keys'
     records cost a sampler nothing it reads."""
 
     def __init__(self, node: SwarmNode, follow: str | None, model_id: str = "", every: float = 10.0) -> None:

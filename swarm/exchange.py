@@ -6,7 +6,7 @@ versions cross the seam as `WeightVersion`: the blob plus the metadata the netwo
 chain, version, base), passed explicitly so that no layer reads another layer's blob headers.
 
 Two implementations: `swarm.memory.MemoryExchange` (one process, virtual clock, injected delay:
-the simulator) and the hivemind swarm (`swarm.swarm_exchange`). Every call returns promptly:
+the simulator) and the hivemind swarm (`swarm.links`). Every call returns promptly:
 receive calls take a timeout, and nothing here blocks forever.
 """
 
@@ -16,12 +16,12 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from swarm.buckets import TokenBuckets  # noqa: F401  (re-exported: a node's own budgets (node/learner/scoring_time.py) are the doors')
-from swarm.records import RolloutGroup
+from swarm.wire.rollout import RolloutGroup
 
 MiB = 1 << 20
 TALLY_BYTES = 1 * MiB
-"""The most a learner's published tally may be (swarm/ownership.py MAX_BYTES["tally"]: every DHT
-peer's validator refuses a bigger one): node/accounting.py keeps its record under it."""
+"""The most a learner's published tally may be (swarm/dht/validation.py MAX_BYTES["tally"]: every DHT
+peer's validator refuses a bigger one): node/learner/credit.py keeps its record under it."""
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class WeightVersion:
     base: int | None
     """The version this delta applies to; None for a keyframe (applies to nothing)."""
     blob: bytes
-    """The encoded tensors (node/weights.py); opaque to swarm/."""
+    """The encoded tensors (node/weights/blob.py); opaque to swarm/."""
 
 
 class SamplerLink(Protocol):

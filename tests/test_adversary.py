@@ -17,12 +17,13 @@ import pytest
 
 from cli.procs import stop
 from node.models import BUILTIN_MODEL
-from swarm.dht import NetworkConfig, peers_key
-from swarm.envelope import open_envelope, seal
+from swarm.dht.network import NetworkConfig
+from swarm.dht.records import peers_key
+from swarm.wire.envelope import open_envelope, seal
 from swarm.identity import Identity
-from swarm.records import CompletionRecord
+from swarm.wire.rollout import CompletionRecord
 from swarm.rollouts import ROLLOUTS
-from swarm.weights import MANIFEST
+from swarm.wire.manifest import MANIFEST
 from helpers.swarmkit import Forger, flood_rates, honest_swarm, owed_now, peer_of, undelivered
 
 # a version every 2 steps: versions in between were never published, and a claim of one is refused
@@ -69,7 +70,7 @@ def test_a_peer_announcing_itself_learner_is_not_followed(swarm, attacker):
     swarm.wait_version(before + 3, timeout=120)  # the real learner still gets the honest rollouts
     honest = {p["peer_id"]: p for p in swarm.status()}[peer_of(swarm, "honest")]
     assert honest["learner"] == peer_of(swarm, "learner") and got == []  # its record is never even read:
-    # samplers read the learners their coordinators name, at those learners' own keys (swarm/ownership.py)
+    # samplers read the learners their coordinators name, at those learners' own keys (swarm/dht/validation.py)
 
 
 @pytest.mark.integration
@@ -99,7 +100,7 @@ def test_oversized_forged_and_unknown_version_records_are_refused_before_the_ack
 def test_peer_records_speak_only_for_their_signer_one_per_key(swarm, attacker):
     from hivemind.utils import get_dht_time
 
-    from swarm.dht import _owner_subkey
+    from swarm.dht.records import _owner_subkey
 
     honest = peer_of(swarm, "honest")
     info = {"peer_id": honest, "role": "sampler", "model_id": BUILTIN_MODEL, "version": 0, "engine": "hf",

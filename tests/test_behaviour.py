@@ -15,9 +15,10 @@ from node.algorithms import has_signal
 from node.learner import LearnerConfig
 from node.learner.behaviour import Mismatch, claim_error, learner_logprobs
 from node.learner.groups import BufferedGroup, Route
-from node.logprobs import completion_logprobs, completion_span, pack
+from node.training.logprobs import completion_logprobs, completion_span, pack
 from node.models import BUILTIN_MODEL, load_model
-from node.trainer import ScoredGroup, StepOptions
+from node.training.batch import ScoredGroup
+from node.training.step import StepOptions
 from node.engines.base import Completion
 
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from cli.procs import wait_for_file
-from swarm.dht import NetworkConfig
+from swarm.dht.network import NetworkConfig
 from swarm.identity import Identity
 from helpers.swarmkit import Swarm, peer_of
 

@@ -7,10 +7,10 @@ import shutil
 import pytest
 import torch
 
-from node.checkable import keys_tensor, position_keys, race_margins
+from node.sampling.race import keys_tensor, position_keys, race_margins
 from node.engines.base import SamplingParams
 from node.engines.hf import HFEngine
-from node.logprobs import completion_logits, completion_logprobs, completion_span, pack
+from node.training.logprobs import completion_logits, completion_logprobs, completion_span, pack
 from node.models import (BUILTIN_MODEL, build_char_tokenizer, eos_token_ids, load_model, load_tokenizer,
                          resolve_model_path)
 from node.tasks import DatasetTask, DatasetTaskConfig, make_task

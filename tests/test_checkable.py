@@ -11,14 +11,15 @@ import torch
 from helpers.inmemory import tiny_swarm
 from node.algorithms import LossInputs, get_algorithm, has_signal
 from node.algorithms.base import clipped_surrogate
-from node.audit import RefusalList, VersionArchive
+from node.audit.refusals import RefusalList
+from node.audit.archive import VersionArchive
 from node.learner import Learner, LearnerConfig, Route
 from swarm.exchange import IntakeConfig
 from node.models import BUILTIN_MODEL, load_model
 from node.tasks import ArithmeticConfig, make_task
-from node.trainer import logprob_gap
-from node.weight_codec import Publisher, PublishConfig, apply_version
-from node.weights import encode_version, untie, version_nonce
+from node.training.batch import logprob_gap
+from node.weights.codec import Publisher, PublishConfig, apply_version
+from node.weights.blob import encode_version, untie, version_nonce
 
 @pytest.mark.parametrize("views,cache_bytes", [(False, 256 << 20), (True, 256 << 20), (True, 1)],
                          ids=["rebuilt", "published-views-cached", "nothing-fits"])
@@ -49,9 +50,9 @@ def test_the_archive_rebuilds_every_published_version_bit_exactly_and_the_nonce_
         else:
             assert base_held is None and not archive.auditable("", 0)
     if views and cache_bytes > 1:  # every version of the window was cached as published: no decode at all
-        import node.audit
+        import node.audit.margins
 
-        monkeypatch.setattr(node.audit, "apply_version", lambda *a: pytest.fail("decoded a cached version"))
+        monkeypatch.setattr(node.audit.archive, "apply_version", lambda *a: pytest.fail("decoded a cached version"))
     for v in range(4, 9):  # the window
         rebuilt = archive.weights("c", v)
         assert all(torch.equal(rebuilt[k], sent[v][k]) for k in sent[v]), v

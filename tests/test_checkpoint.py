@@ -1,4 +1,4 @@
-"""The learner's checkpoints (node/checkpoint.py and the runner's `Checkpoints`, cli/roles/learner.py):
+"""The learner's checkpoints (node/learner/checkpoint.py and the runner's `Checkpoints`, cli/roles/learner.py):
 when they are written (by versions or by time, whichever first), that the disk holds at most
 `keep_checkpoints` of them (a half-written one a kill -9 left included), that the journal shrinks
 on disk after each, and that the quarantine stays within its bound. Unit: the in-memory tiny
@@ -11,9 +11,9 @@ import pytest
 
 from cli.roles.learner import Checkpoints, JournalCursor, Quarantine
 from helpers.inmemory import tiny_swarm
-from node.checkpoint import CheckpointSchedule, latest_checkpoint, prune_checkpoints
+from node.learner.checkpoint import CheckpointSchedule, latest_checkpoint, prune_checkpoints
 from node.learner import LearnerConfig
-from swarm.journal import Journal
+from swarm.rollouts.journal import Journal
 from helpers.clock import Clock
 
 

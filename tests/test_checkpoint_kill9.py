@@ -11,9 +11,9 @@ import pytest
 
 from cli.procs import stop
 from helpers.swarmkit import honest_swarm
-from node.checkpoint import latest_checkpoint
+from node.learner.checkpoint import latest_checkpoint
 from node.learner import LearnerConfig
-from swarm.journal import Journal
+from swarm.rollouts.journal import Journal
 
 INTERVAL_S = 3.0
 LEARNER_TOML = f"[learner]\ncheckpoint_interval_s = {INTERVAL_S}\n"  # everything else at its default

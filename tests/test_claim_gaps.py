@@ -1,4 +1,4 @@
-"""Each sampler's claim gap and `behaviour_logprobs = "auto"` (node/learner/claim_gaps.py): the
+"""Each sampler's claim gap and `behaviour_logprobs = "auto"` (node/audit/claim_gaps.py): the
 estimate by hand, the audit's measure of it, and a learner that recomputes the groups of samplers
 whose claims sit far (or are not measured yet) and trains on the claims of those that sit close."""
 
@@ -13,7 +13,7 @@ from helpers.inmemory import tiny_swarm
 from node.algorithms import has_signal
 from node.algorithms.base import k3
 from node.learner import LearnerConfig
-from node.learner.claim_gaps import ClaimGaps, decayed
+from node.audit.claim_gaps import ClaimGaps, decayed
 
 
 def test_the_decayed_estimate_by_hand():
@@ -77,10 +77,10 @@ def test_forgetting_keeps_the_newest_samplers_and_errs_on_recomputing():
 
 
 def test_an_audit_measures_the_claims_k3_against_the_recomputed_log_probs():
-    from node.audit import AuditItem, audit_groups
-    from node.checkable import group_seeds
+    from node.audit.margins import AuditItem, audit_groups
+    from node.sampling.race import group_seeds
     from node.engines.base import SamplingParams
-    from node.logprobs import completion_logprobs, completion_span, pack
+    from node.training.logprobs import completion_logprobs, completion_span, pack
     from node.models import BUILTIN_MODEL, load_model, load_tokenizer
 
     tok, model = load_tokenizer(BUILTIN_MODEL), load_model(BUILTIN_MODEL).eval()

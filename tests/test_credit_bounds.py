@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from node.accounting import MAX_KEPT, Tally
+from node.learner.credit import MAX_KEPT, Tally
 from node.learner.books import METRICS_PEERS, Books
 
 
@@ -77,7 +77,7 @@ def test_a_small_swarms_books_and_tally_read_as_before():
 def test_a_tally_whose_entries_are_far_over_their_budget_names_fewer_and_still_fits():
     from hivemind.utils import MSGPackSerializer
 
-    from node.accounting import MAX_PUBLISHED, TALLY_BYTES
+    from node.learner.credit import MAX_PUBLISHED, TALLY_BYTES
     t = Tally()
     for i in range(3000):
         t.credit(f"QmSybil{i:039d}", 8, 100, "m" * 400 + str(i % 3))  # ~520 bytes an entry, not 256

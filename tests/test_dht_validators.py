@@ -21,11 +21,13 @@ from hivemind.dht.validation import CompositeValidator, DHTRecord
 from hivemind.utils import MSGPackSerializer, get_dht_time
 
 from helpers.leaderboard import tally
-from node.accounting import Tally
-from swarm.dht import NetworkConfig, SwarmSchema, own_key
+from node.learner.credit import Tally
+from swarm.dht.network import NetworkConfig
+from swarm.dht.schema import SwarmSchema
+from swarm.dht.validation import own_key
 from swarm.identity import Identity
 from swarm.leaderboard import LeaderboardStore, render_rows
-from swarm.ownership import MAX_TTL, OwnerValidator, owner_peer_id
+from swarm.dht.validation import MAX_TTL, OwnerValidator, owner_peer_id
 
 
 def _chain(identity: Identity) -> CompositeValidator:
@@ -194,9 +196,9 @@ def test_a_record_larger_or_longer_lived_than_its_kind_allows_is_refused(tmp_pat
 def test_a_tally_crediting_10000_keys_fits_validates_and_the_board_counts_the_unnamed(tmp_path):
     """Keys are free: past ~6,700 credited keys a tally naming each was over the DHT's 1 MiB and
     refused everywhere. Now it names the most credited and the latest, and sums the rest."""
-    from node.accounting import MAX_PUBLISHED, PUBLISHED_RECENT
+    from node.learner.credit import MAX_PUBLISHED, PUBLISHED_RECENT
     from swarm.discovery import most_recent
-    from swarm.ownership import MAX_BYTES
+    from swarm.dht.validation import MAX_BYTES
     learner = Identity.load_or_create(tmp_path / "l.key")
     reader = _chain(Identity.load_or_create(tmp_path / "r.key"))
     model = "an-organisation/a-rather-long-model-name-Instruct-v0.3-GPTQ-Int4"

@@ -1,4 +1,4 @@
-"""FSDP2 on 2 gloo ranks under torchrun trains exactly as one process does (node/distributed.py).
+"""FSDP2 on 2 gloo ranks under torchrun trains exactly as one process does (node/training/distributed.py).
 
 Each test starts `torchrun --standalone --nproc-per-node 2 tests/helpers/fsdp_worker.py MODE OUT` as real
 processes; rank 0 saves the gathered weights, optimizer state and metrics, and the test compares
@@ -110,7 +110,7 @@ def _assert_same_metrics(metrics: list[dict], ref_metrics: list[dict]) -> None:
 @pytest.mark.integration
 def test_two_ranks_train_the_same_weights_as_one_process(reference, tmp_path):
     from node.models import BUILTIN_MODEL, load_model, load_tokenizer
-    from node.trainer import _deal, plan_microbatches
+    from node.training.step import _deal, plan_microbatches
 
     worker, ref = reference
     t0 = time.monotonic()
@@ -158,7 +158,7 @@ def test_rank0_leads_a_follower_through_steps_state_gathers_and_a_resume(referen
 
 def test_one_process_needs_no_process_group_and_its_state_round_trips(monkeypatch):
     """Without torchrun the same calls work on the plain model: the learner has one code path."""
-    from node.distributed import decoder_layers, full_state_dict, init_from_env, load_full_state, optimizer_state
+    from node.training.distributed import decoder_layers, full_state_dict, init_from_env, load_full_state, optimizer_state
     from node.models import BUILTIN_MODEL, load_model
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)

@@ -24,15 +24,17 @@ from helpers.swarmkit import Swarm, flood_rates, peer_of, start_bootstrap
 from helpers.fake_records import make_keys
 from helpers.sybils import learner_maddrs
 from node.models import BUILTIN_MODEL
-from swarm.dht import NetworkConfig
+from swarm.dht.network import NetworkConfig
 from swarm.exchange import WeightVersion
 from swarm.identity import Identity
 from swarm.p2p import SwarmNode
 from swarm.p2p.doors import TARPIT_S
 from swarm.rollouts import ROLLOUTS
-from swarm.weights import CHUNK_SIZE, ChunkRequest, WeightServer
-from swarm.weights.chunks import CHUNKS, CHUNKS_BUDGET, MAX_REPEATS
-from swarm.weights.manifest import MANIFEST
+from swarm.wire.chunks import CHUNK_SIZE, ChunkRequest
+from swarm.weights import WeightServer
+from swarm.wire.chunks import CHUNKS
+from swarm.weights.chunks import CHUNKS_BUDGET, MAX_REPEATS
+from swarm.wire.manifest import MANIFEST
 from swarm.weights.server import MANIFEST_BUDGET
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,7 +5,7 @@ import torch
 
 from node.engines.base import SamplingParams
 from node.engines.hf import HFEngine
-from node.logprobs import completion_logits, completion_logprobs, completion_span, pack
+from node.training.logprobs import completion_logits, completion_logprobs, completion_span, pack
 from node.models import BUILTIN_MODEL, BUILTIN_MODEL_B, load_model, load_tokenizer, resolve_model_path
 from helpers.numerics import float32_logprob_tol
 

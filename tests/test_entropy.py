@@ -1,4 +1,4 @@
-"""The entropy coder of weight patches (node/entropy.py): exact round trips, sizes at the
+"""The entropy coder of weight patches (node/weights/entropy.py): exact round trips, sizes at the
 empirical entropy, and refusal of every malformed stream."""
 
 import math
@@ -7,7 +7,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from node import entropy
+from node.weights import entropy
 
 
 def exact_mix(counts: dict[int, int], seed: int = 0) -> np.ndarray:

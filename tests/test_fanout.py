@@ -14,7 +14,7 @@ from cli.errors import UserError
 from cli.roles import accepted_models, parse_learners, read_learners_file
 from node.learner import LearnerConfig
 from swarm.discovery import MAX_MATES, choose, earned, most_recent, takes
-from swarm.outbox import OWN, Outbox
+from swarm.rollouts.outbox import OWN, Outbox
 
 
 # ---- who a sampler follows and feeds ---------------------------------------------------------------
@@ -175,10 +175,10 @@ def test_copies_reach_every_learner_and_a_dead_partner_delays_nobody(tmp_path):
     """One sampler, its own learner and a partner (real hivemind peers and real receivers with their
     journals), and a partner that has left: the same signed envelope reaches both live learners,
     each acknowledges on its own, and the dead one's copies wait (bounded) without holding up the rest."""
-    from swarm.dht import NetworkConfig
-    from swarm.envelope import open_envelope
+    from swarm.dht.network import NetworkConfig
+    from swarm.wire.envelope import open_envelope
     from swarm.identity import Identity
-    from swarm.journal import Journal
+    from swarm.rollouts.journal import Journal
     from swarm.p2p import SwarmNode
     from swarm.exchange import IntakeConfig
     from swarm.rollouts import RolloutReceiver, RolloutSender

@@ -4,7 +4,8 @@ tests/test_weights_transfer.py."""
 
 import pytest
 
-from swarm.weights import CHUNK_SIZE, FetchConfig, PeerStrikes
+from swarm.wire.chunks import CHUNK_SIZE
+from swarm.weights import FetchConfig, PeerStrikes
 
 
 def test_strikes_back_off_exponentially_count_once_while_benched_and_are_forgotten():

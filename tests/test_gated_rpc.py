@@ -11,7 +11,7 @@ import pytest
 from google.protobuf.wrappers_pb2 import BytesValue
 from hivemind.p2p import P2P, PeerID
 
-from swarm.dht import NetworkConfig
+from swarm.dht.network import NetworkConfig
 from swarm.identity import Identity
 from swarm.p2p import NotAnswered, Stall, SwarmNode
 from swarm.p2p.framing import read_frame
@@ -121,10 +121,10 @@ def test_a_sender_sends_again_when_the_learners_door_never_answered(tmp_path):
     """The rollout sender against a real receiver whose first stream ends unanswered: the call is
     made again after a moment, not after the backoff, counted as `retried` and not as a failure,
     and the batch is delivered once."""
-    from swarm.envelope import open_envelope
+    from swarm.wire.envelope import open_envelope
     from swarm.exchange import IntakeConfig
-    from swarm.journal import Journal
-    from swarm.outbox import Outbox
+    from swarm.rollouts.journal import Journal
+    from swarm.rollouts.outbox import Outbox
     from swarm.rollouts import RolloutReceiver, RolloutSender
     from tests.test_intake import Learner, make_item
 

@@ -1,11 +1,11 @@
-"""The divergence guard (node/guard.py): the lr scale's rule by hand, its bounds, and a learner
+"""The divergence guard (node/training/guard.py): the lr scale's rule by hand, its bounds, and a learner
 that slows down on a runaway and comes back."""
 
 import math
 
 import pytest
 
-from node.guard import GuardConfig, guard_scale
+from node.training.guard import GuardConfig, guard_scale
 
 
 def test_the_scale_halves_above_the_band_grows_below_and_holds_within():

@@ -16,10 +16,10 @@ import msgpack
 import pytest
 
 from helpers.clock import Clock
-from swarm.envelope import seal
+from swarm.wire.envelope import seal
 from swarm.identity import Identity
-from swarm.journal import Journal
-from swarm.records import CompletionRecord, RolloutGroup
+from swarm.rollouts.journal import Journal
+from swarm.wire.rollout import CompletionRecord, RolloutGroup
 from swarm.exchange import IntakeConfig
 from swarm.rollouts import (MAX_BATCH, MAX_OPEN_CALLS, ROLLOUTS, BatchItem, Room, RolloutReceiver, RolloutReply,
                             TokenBuckets, pool_bound, unpack_batch)
@@ -99,7 +99,7 @@ NESTED_ID = b"\x91\x92" + b"\x91" * 1000 + b"\xc0\xc4\x00"
     (msgpack.packb([["", b"e"]]), "batch_schema"),
 ])
 def test_batch_level_errors_have_a_reason(payload, reason):
-    from swarm.records import RecordError
+    from swarm.wire.rollout import RecordError
 
     with pytest.raises(RecordError) as e:
         unpack_batch(payload)

@@ -12,7 +12,7 @@ import time
 import msgpack
 import pytest
 
-from swarm.envelope import seal
+from swarm.wire.envelope import seal
 
 # ---- over the real protocol: a real learner, each attacker a peer with its own fresh key ------------
 # small per-key bounds (the honest sampler lives with them too) and a pool that binds before them
@@ -127,10 +127,10 @@ def test_bad_batches_get_a_reason_and_are_counted(swarm, sybils):
 def test_a_foreign_completion_far_longer_in_our_tokens_is_refused_over_the_wire(swarm, sybils, other_tokenizer):
     """Within max_new_tokens in the sender's tokenizer, 8x that in ours (where it would be trained
     on): refused before the ack as too_long, and counted; one within MAX_RETOKENIZED x is taken."""
-    from swarm.records import CompletionRecord
+    from swarm.wire.rollout import CompletionRecord
 
     from helpers.swarmkit import Forger
-    from node.learner.checks import MAX_RETOKENIZED
+    from node.learner.intake import MAX_RETOKENIZED
     from node.models import tokenizer_hash
     from node.config import SamplingConfig
 

@@ -1,9 +1,9 @@
-"""swarm/journal.py: compaction shrinks the file on disk (not only the index), a reopened journal
+"""swarm/rollouts/journal.py: compaction shrinks the file on disk (not only the index), a reopened journal
 reads the same records, and `keep_newest` bounds a journal kept only to be read."""
 
 from __future__ import annotations
 
-from swarm.journal import Journal
+from swarm.rollouts.journal import Journal
 
 
 def _records(n: int, size: int = 1000) -> list[bytes]:

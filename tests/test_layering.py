@@ -60,7 +60,7 @@ def swarm_rule(name: str) -> str | None:
     return None
 
 
-SEAM = ("swarm.exchange", "swarm.records")
+SEAM = ("swarm.exchange", "swarm.wire.rollout")
 
 
 def node_rule(name: str) -> str | None:
@@ -106,5 +106,5 @@ def test_the_check_walks_subfolders_and_resolves_every_kind_of_import(tmp_path):
         "swarm/sub/deep/store.py:6 imports cli.main: swarm/ is the bottom layer: it imports neither node/ nor cli/",
         "swarm/sub/deep/store.py:8 imports transformers: swarm/ knows bytes and records, never torch models",
     ]
-    assert [node_rule(n) is None for n in ("swarm.exchange", "swarm.records.RolloutGroup", "swarm.memory",
+    assert [node_rule(n) is None for n in ("swarm.exchange", "swarm.wire.rollout.RolloutGroup", "swarm.memory",
                                            "swarm.exchangeX", "swarm", "cli.main")] == [True, True, False, False, False, False]

@@ -1,4 +1,4 @@
-"""Checkable sampling by a seeded race (node/checkable.py) and its audit by margin (node/audit.py):
+"""Checkable sampling by a seeded race (node/sampling/race.py) and its audit by margin (node/audit/margins.py):
 the integer hash against a plain-Python reference, the race's distribution against softmax, the
 margins by hand, the bound on an honest engine's margin, and the per-sampler flip test."""
 
@@ -10,10 +10,11 @@ import random
 import pytest
 import torch
 
-from node.audit import FLIP_MARGIN, FlipTest, flip_llr, judge_margins
-from node.checkable import (CHUNK, KEY_WORDS, audit_tokens, chunk_scores, completion_seed, hash_uniform, key_block, KEY_BLOCK, PositionKeys,
+from node.audit.margins import FLIP_MARGIN, judge_margins
+from node.audit.flips import FlipTest, flip_llr
+from node.sampling.race import (CHUNK, KEY_WORDS, audit_tokens, chunk_scores, completion_seed, hash_uniform, key_block, KEY_BLOCK, PositionKeys,
                             keys_tensor, pick_tokens, pick_with_logprobs, position_keys, race_margins, sampling_probs, tempered)
-from node.filter_edges import admitted
+from node.sampling.filter_edges import admitted
 
 
 def _lowbias32(x: int) -> int:
@@ -64,7 +65,7 @@ def _random_keys(n: int, seed: int = 0) -> torch.Tensor:
 def test_blocks_of_rows_change_no_pick_and_no_margin(monkeypatch):
     """pick_tokens and race_margins split rows into blocks by a memory budget (smaller on a CPU than
     on a GPU); each row is its own race, so any split gives the same results."""
-    import node.checkable as checkable
+    import node.sampling.race as checkable
 
     g = torch.Generator().manual_seed(3)
     logits, keys = torch.randn(37, 3 * CHUNK + 5, generator=g) * 3, _random_keys(37, 3)
@@ -87,7 +88,7 @@ def test_the_picked_tokens_log_prob_is_the_unfiltered_tempered_softmax_to_float3
     """`pick_with_logprobs` picks what `pick_tokens` picks, and its log-prob (from the race's chunk
     sums where no filter applies) is log softmax(logits / T)[token] of the whole row, within
     float32's rounding of the values summed: eps32 x (max |x| + log V) per row, where x = z / T."""
-    import node.checkable as checkable
+    import node.sampling.race as checkable
 
     rows = 24
     g = torch.Generator().manual_seed(vocab)
@@ -121,9 +122,9 @@ def _chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
 def test_the_race_draws_from_the_filtered_tempered_softmax(temperature, top_k, top_p, monkeypatch):
     # 2.5 chunks of vocabulary, mass spread over all three: both levels of the race are exercised.
     # Chunks of 64 tokens instead of CHUNK keep 200,000 draws fast; the race reads the constant.
-    import node.checkable
+    import node.sampling.race
 
-    monkeypatch.setattr(node.checkable, "CHUNK", 64)
+    monkeypatch.setattr(node.sampling.race, "CHUNK", 64)
     chunk = 64
     g = torch.Generator().manual_seed(1)
     vocab = 2 * chunk + chunk // 2
@@ -206,7 +207,7 @@ def test_admitted_by_hand_and_with_no_slack_the_samplers_own_filters():
 def test_admitted_with_top_k_looks_at_the_band_near_the_kth_logit_only_and_decides_alike():
     """With top-k, `admitted` runs on the tokens within 2h of the k-th logit; the result is the
     whole-row computation's, ties (bfloat16-rounded logits) included."""
-    from node.filter_edges import _admitted
+    from node.sampling.filter_edges import _admitted
 
     g = torch.Generator().manual_seed(2)
     z = torch.randn(64, 3000, generator=g, dtype=torch.float64) * 3
@@ -222,7 +223,7 @@ def test_admitted_with_top_p_alone_looks_at_the_nucleus_band_only_and_decides_al
     no engine within h keeps a token past (`_top_p_band`), told the mass below; the result is the
     whole-row computation's, ties included. The edge's mass is what the test checks: at top_p
     itself (no e^h terms) the band misses tokens some engine keeps."""
-    from node.filter_edges import _admitted, _top_p_band
+    from node.sampling.filter_edges import _admitted, _top_p_band
 
     g = torch.Generator().manual_seed(3)
     used = 0
@@ -328,7 +329,7 @@ def test_the_flip_test_keeps_honest_engines_and_refuses_a_sampler_that_flips_mor
 
 
 def test_the_flip_rate_is_twice_the_measured_honest_rate_within_a_floor_and_the_ceiling():
-    from node.audit import FlipRate, wilson_upper
+    from node.audit.flips import FlipRate, wilson_upper
 
     r = FlipRate()
     assert r.rate(cap=0.06) == 0.06  # nothing measured yet: the ceiling
@@ -346,8 +347,8 @@ def test_the_flip_rate_is_twice_the_measured_honest_rate_within_a_floor_and_the_
 
 
 def test_the_auditor_counts_its_own_bfloat16_flips_beside_an_unchanged_float32_audit():
-    from node.audit import AuditItem, audit_margins
-    from node.checkable import group_seeds
+    from node.audit.margins import AuditItem, audit_margins
+    from node.sampling.race import group_seeds
     from node.engines.base import SamplingParams
     from node.models import BUILTIN_MODEL, load_model, load_tokenizer
 
@@ -364,7 +365,7 @@ def test_the_auditor_counts_its_own_bfloat16_flips_beside_an_unchanged_float32_a
 
 
 def test_the_reference_pass_runs_on_every_audit_until_enough_positions_then_on_one_in_ten():
-    from node.audit import FlipRate
+    from node.audit.flips import FlipRate
 
     r = FlipRate()
     assert all(r.wanted() for _ in range(100))

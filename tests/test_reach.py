@@ -1,4 +1,4 @@
-"""Reachability (swarm/reach.py): what a bootstrap accepts as a request, how a joining node settles
+"""Reachability (swarm/p2p/reach.py): what a bootstrap accepts as a request, how a joining node settles
 its network settings, and a real probe on loopback. The NAT case (a probe that finds a peer
 private) runs in tests/test_internet.py, inside namespaces."""
 
@@ -9,8 +9,8 @@ import time
 import msgpack
 import pytest
 
-from swarm.dht import NetworkConfig
-from swarm.reach import MAX_PORTS, _ports, all_loopback, settle
+from swarm.dht.network import NetworkConfig
+from swarm.p2p.reach import MAX_PORTS, _ports, all_loopback, settle
 
 BOOT = "/ip4/127.0.0.1/tcp/4001/p2p/QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
 REMOTE = "/ip4/203.0.113.7/tcp/4001/p2p/QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
@@ -66,7 +66,7 @@ def test_an_unknown_reachability_is_a_config_error():
 def test_a_bootstrap_answers_a_probe_and_refuses_garbage_with_a_reason(tmp_path):
     from swarm.identity import Identity
     from swarm.p2p import SwarmNode
-    from swarm.reach import REACH, probe, serve_reachability
+    from swarm.p2p.reach import REACH, probe, serve_reachability
 
     boot = SwarmNode(Identity.load_or_create(tmp_path / "boot.key"), NetworkConfig(), "reach")
     counts = serve_reachability(boot)
@@ -125,7 +125,7 @@ def test_fresh_keys_probing_black_holes_from_one_address_cannot_push_a_joiner_be
 
     from swarm.identity import Identity
     from swarm.p2p import SwarmNode
-    from swarm.reach import MAX_PROBES, MAX_PROBES_PER_IP, REACH, probe, serve_reachability
+    from swarm.p2p.reach import MAX_PROBES, MAX_PROBES_PER_IP, REACH, probe, serve_reachability
 
     boot = SwarmNode(Identity.load_or_create(tmp_path / "boot.key"), NetworkConfig(), "reach")
     counts = serve_reachability(boot)

@@ -4,7 +4,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from swarm.records import (MAX_RECORD_BYTES, MAX_UNKNOWN_BYTES, CompletionRecord, RecordError, RolloutGroup,
+from swarm.wire.rollout import (MAX_RECORD_BYTES, MAX_UNKNOWN_BYTES, CompletionRecord, RecordError, RolloutGroup,
                            decode_rollout_group, unknown_bytes)
 
 

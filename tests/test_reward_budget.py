@@ -179,7 +179,7 @@ def _learner(task):
 def _group(learner, texts: list[str], sampler: str = "attacker") -> bytes:
     """A group that passes every check before the ack: a known prompt, tokens that spell the text."""
     from node.models import tokenizer_hash
-    from swarm.records import CompletionRecord, RolloutGroup
+    from swarm.wire.rollout import CompletionRecord, RolloutGroup
 
     p = learner.task.split("train")[0]
     comps = []

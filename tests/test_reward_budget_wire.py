@@ -18,10 +18,10 @@ import pytest
 from helpers.swarmkit import Swarm, peer_of, start_bootstrap
 from node.models import BUILTIN_MODEL, load_tokenizer, tokenizer_hash
 from node.tasks import DatasetTask, DatasetTaskConfig
-from swarm.dht import NetworkConfig
-from swarm.envelope import seal
+from swarm.dht.network import NetworkConfig
+from swarm.wire.envelope import seal
 from swarm.identity import Identity
-from swarm.records import CompletionRecord, RolloutGroup
+from swarm.wire.rollout import CompletionRecord, RolloutGroup
 from swarm.rollouts import ROLLOUTS
 
 TOWER = "\\boxed{9^{9^{9}}}"

@@ -10,7 +10,7 @@ import torch
 from helpers.inmemory import tiny_swarm
 from node.engines.hf import HFEngine
 from node.models import build_char_tokenizer, BUILTIN_MODEL, BUILTIN_MODEL_B, load_tokenizer, tokenizer_hash
-from node.sampler import Sampler
+from node.sampling.sampler import Sampler
 from node.tasks import ArithmeticTask
 
 
@@ -179,7 +179,7 @@ def test_a_foreign_completion_that_re_tokenizes_far_past_the_swarms_length_is_re
     """Its tokens are within max_new_tokens and its text within 64 characters a token, but in our
     tokenizer, where the learner trains on it, it is 8 tokens for each of its own: refused before
     the ack, as our own too-long completions are, not trained on at 8x a step's length."""
-    from node.learner.checks import MAX_RETOKENIZED
+    from node.learner.intake import MAX_RETOKENIZED
 
     other = build_char_tokenizer()
     other.add_tokens(["0" * 8])  # one token of theirs spells 8 of ours

@@ -14,7 +14,8 @@ from node.algorithms.base import LossInputs
 from node.engines.base import Completion
 from node.learner import LearnerConfig
 from node.learner.behaviour import with_logprobs
-from node.trainer import ScoredGroup, build_batch, rollout_stats, rollout_weight
+from node.training.batch import ScoredGroup, build_batch
+from node.training.step import rollout_stats, rollout_weight
 
 F64 = torch.float64
 

@@ -113,7 +113,7 @@ def test_toml_config_with_sampler_tables(tmp_path):
 
 
 def test_the_divergence_guard_cuts_the_lr_on_stale_data_and_gives_it_back():
-    from node.guard import GuardConfig
+    from node.training.guard import GuardConfig
 
     # a band so low that a step on 1-2 versions old data is a "runaway" and fresh data is settled
     guard = GuardConfig(kl_high=1e-5, kl_low=1e-5, down=0.5, up=2.0, min_scale=0.25)

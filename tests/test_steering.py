@@ -17,13 +17,13 @@ import uuid
 import msgpack
 import pytest
 
-from node.checkable import BASE_NONCE
+from node.sampling.race import BASE_NONCE
 from node.engines.hf import HFEngine
 from node.models import BUILTIN_MODEL, load_model, load_tokenizer, tokenizer_hash
-from node.sampler import Sampler
+from node.sampling.sampler import Sampler
 from node.tasks import ArithmeticTask
-from swarm.dht import NetworkConfig
-from swarm.envelope import seal
+from swarm.dht.network import NetworkConfig
+from swarm.wire.envelope import seal
 from swarm.identity import Identity
 from swarm.rollouts import ROLLOUTS
 from helpers.swarmkit import Swarm, peer_of, start_bootstrap
@@ -84,7 +84,7 @@ def _in_process_attacks(s: Swarm) -> dict[str, str]:
         copy = msgpack.unpackb(original.encode(), raw=False)
         copy["id"] = uuid.uuid4().hex
         copy["completions"] = list(reversed(copy["completions"]))
-        from swarm.records import decode_rollout_group
+        from swarm.wire.rollout import decode_rollout_group
 
         replies["same content, new id"] = send(decode_rollout_group(msgpack.packb(copy)))
         foreign = sampler.produce(1)[0]

@@ -12,7 +12,8 @@ import sys
 
 from swarm.p2p.budget import MIN_TOTAL, RESERVED_FDS, StreamBudget, total_for
 from swarm.p2p.doors import TARPIT_MAX_S, TARPIT_S, Door, DoorBudget, Doors
-from swarm.weights.chunks import CHUNK_SIZE, CHUNKS, CHUNKS_BUDGET, MiB, ChunkStore
+from swarm.wire.chunks import CHUNK_SIZE, CHUNKS
+from swarm.weights.chunks import CHUNKS_BUDGET, MiB, ChunkStore
 from helpers.clock import Clock
 
 

@@ -16,11 +16,11 @@ import msgpack
 import pytest
 
 from cli.procs import stop
-from swarm.dht import NetworkConfig
-from swarm.envelope import open_envelope, seal
+from swarm.dht.network import NetworkConfig
+from swarm.wire.envelope import open_envelope, seal
 from swarm.identity import Identity
 from helpers.swarmkit import Swarm, check_books, owed_now, peer_of as _peer, start_bootstrap, undelivered
-from swarm.records import CompletionRecord, RecordError, RolloutGroup
+from swarm.wire.rollout import CompletionRecord, RecordError, RolloutGroup
 from swarm.rollouts import ROLLOUTS
 
 LEARNER_TOML = ("[learner]\ncheckpoint_every = 5\neval_every = 0\nmax_staleness = 1000\ngroups_per_step = 8\n"

@@ -8,7 +8,8 @@ import torch
 from node.algorithms import get_algorithm
 from node.engines.base import Completion
 from node.models import BUILTIN_MODEL, load_model, load_tokenizer
-from node.trainer import ScoredGroup, TrainPart, build_batch, train_step
+from node.training.batch import ScoredGroup, TrainPart, build_batch
+from node.training.step import train_step
 
 
 def comp(ids, lps):
@@ -35,7 +36,7 @@ def test_build_batch_aligns_behaviour_logprobs_and_skips_zero_variance_groups():
 
 
 def test_shuffled_blocks_mix_prompts_reproducibly():
-    from node.trainer import shuffled_blocks
+    from node.training.step import shuffled_blocks
 
     old = torch.randn(20, 5, generator=torch.Generator().manual_seed(0))
     blocks = shuffled_blocks(old, 8)
@@ -115,7 +116,7 @@ def _grads_after(model0, parts, options):
 
 GRAD_TOL = 1e-10
 """|g_micro - g_full| <= GRAD_TOL * max|g_full| per tensor. Both runs are float64 end to end
-(node/logprobs.py keeps a float64 model's log-probs in float64) and cutting a step into
+(node/training/logprobs.py keeps a float64 model's log-probs in float64) and cutting a step into
 micro-batches only reorders sums. Reordering a sum of n terms moves it by at most ~n * u * sum|terms|
 (Higham, ch. 4; u = 1.1e-16 in float64); here n <~ 1e3 (~100 tokens, widths <= 384) and, allowing
 sum|terms| up to 100 max|g| for cancellation, that is <~ 1.1e-11 max|g|: GRAD_TOL keeps a 10x margin
@@ -137,7 +138,7 @@ def _assert_same_grads(micro: dict, full: dict) -> None:
     ("gepo", {"beta": 0.05}), ("gepo", {"e_hat_rows": 3, "beta": 0.005, "dual_clip": math.inf}), ("ftis", {}), ("pg", {}),
 ])
 def test_micro_batches_give_the_full_batch_gradient_for_every_loss(model_and_tok, name, options):
-    from node.trainer import StepOptions, plan_microbatches
+    from node.training.step import StepOptions, plan_microbatches
 
     model, tok = model_and_tok
     algo = get_algorithm(name)
@@ -169,7 +170,7 @@ def test_micro_batches_give_the_full_batch_gradient_for_every_loss(model_and_tok
 @pytest.mark.parametrize("name", ["grpo", "gspo", "gepo", "m2po", "pg"])
 def test_micro_batches_give_the_full_batch_gradient_with_the_rollout_correction(model_and_tok, name):
     from node.learner.behaviour import with_logprobs
-    from node.trainer import StepOptions
+    from node.training.step import StepOptions
 
     model, tok = model_and_tok
     algo = get_algorithm(name)
@@ -208,7 +209,7 @@ def test_micro_batches_give_the_full_batch_gradient_with_the_rollout_correction(
 
 
 def test_a_step_figure_only_some_routes_report_is_weighted_over_those_routes_alone():
-    from node.trainer import share_weighted
+    from node.training.step import share_weighted
 
     routes = {"own": {"share": 0.75, "drift_frac": 0.2, "clip_frac": 0.1},
               "foreign": {"share": 0.25, "clip_frac": 0.5}, "empty": {"dropped_groups": [3]}}
@@ -218,7 +219,7 @@ def test_a_step_figure_only_some_routes_report_is_weighted_over_those_routes_alo
 
 def test_the_guard_reads_the_median_sequence_so_a_few_forged_claims_do_not_move_it(model_and_tok):
     from node.algorithms.base import k3, seq_mean
-    from node.logprobs import completion_logprobs
+    from node.training.logprobs import completion_logprobs
 
     model, tok = model_and_tok
     algo = get_algorithm("grpo")
@@ -245,7 +246,7 @@ def test_the_guard_reads_the_median_sequence_so_a_few_forged_claims_do_not_move_
 
 
 def test_micro_batches_across_two_parts_weight_each_part_by_its_share(model_and_tok):
-    from node.trainer import StepOptions
+    from node.training.step import StepOptions
 
     model, tok = model_and_tok
     gepo, ftis = get_algorithm("gepo"), get_algorithm("ftis")
@@ -258,7 +259,7 @@ def test_micro_batches_across_two_parts_weight_each_part_by_its_share(model_and_
 
 
 def test_plan_microbatches_respects_the_budget_and_keeps_every_row_once():
-    from node.trainer import plan_microbatches
+    from node.training.step import plan_microbatches
 
     lengths = [5, 17, 3, 9, 9, 40, 1]
     plan = plan_microbatches(lengths, 20)
@@ -276,8 +277,8 @@ def test_no_tensor_is_made_off_its_inputs_device(model_and_tok):
     """With torch's default device set to `meta`, a tensor made without an explicit device lands
     on meta and fails at once against the CPU inputs: this catches each place that would put a
     tensor on the wrong GPU (or the CPU) once inputs live on cuda:N."""
-    from node.trainer import StepOptions
-    from node.weight_codec import Publisher, PublishConfig, apply_version
+    from node.training.step import StepOptions
+    from node.weights.codec import Publisher, PublishConfig, apply_version
 
     model, tok = model_and_tok
     groups = _groups(tok)
@@ -311,7 +312,7 @@ def test_a_model_with_dropout_trains_on_the_policy_the_samplers_ran(tmp_path):
     off); a model loaded for any role, or handed to a Learner, has every rate zeroed."""
     from transformers import GPT2Config, GPT2LMHeadModel, Qwen3Config, Qwen3ForCausalLM
 
-    from node.logprobs import completion_logprobs, pack
+    from node.training.logprobs import completion_logprobs, pack
     from node.models import without_dropout
 
     torch.manual_seed(0)

@@ -14,7 +14,7 @@ import torch
 from helpers.external import require_vllm
 from node.engines.base import SamplingParams
 from node.engines.vllm import VLLMConfig
-from node.logprobs import completion_logprobs, completion_span, pack
+from node.training.logprobs import completion_logprobs, completion_span, pack
 from node.models import BUILTIN_MODEL, load_model, load_tokenizer
 
 pytestmark = pytest.mark.vllm
@@ -115,11 +115,11 @@ def test_in_place_weight_update_changes_outputs_and_version(engine, hf):
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 20, 0.9)])
 def test_checkable_sampling_is_deterministic_and_passes_an_hf_audit(engine, hf, temperature, top_k, top_p, capsys):
-    """Seeded completions are the ones node.checkable's race prescribes given vLLM's logits: the
+    """Seeded completions are the ones node.sampling.race's race prescribes given vLLM's logits: the
     same on every call, and an HF learner's audit (one forward pass) passes them at a float32
     engine's tolerance. Prints the engine-numerics gaps: tokens where HF's checkable engine, same
     seeds, picks another, and the largest race margin (what the audit's tolerance absorbs)."""
-    from node.checkable import BASE_NONCE, audit_tokens, completion_seed, keys_tensor, position_keys, race_margins
+    from node.sampling.race import BASE_NONCE, audit_tokens, completion_seed, keys_tensor, position_keys, race_margins
     from node.engines.hf import HFEngine
 
     params = SamplingParams(n=16, temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=8)

@@ -1,4 +1,4 @@
-"""The weight codec (node/weight_codec.py): lossless patches of the view samplers run."""
+"""The weight codec (node/weights/codec.py): lossless patches of the view samplers run."""
 
 import math
 
@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from node import entropy
-from node.entropy import GAP_ESCAPE, STEP_ESCAPE
-from node.weight_codec import (EncodedVersion, Layout, Publisher, PublishConfig, apply_version, encode_keyframe,
+from node.weights import entropy
+from node.weights.entropy import GAP_ESCAPE, STEP_ESCAPE
+from node.weights.codec import (EncodedVersion, Layout, Publisher, PublishConfig, apply_version, encode_keyframe,
                                encode_patch, entropy_bound_bytes, make_view, pack_planes, patch_of, publish_due,
                                unpack_planes)
-from node.weights import decode_version, encode_version
+from node.weights.blob import decode_version, encode_version
 
 BF16 = torch.bfloat16
 

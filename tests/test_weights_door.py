@@ -19,14 +19,16 @@ import pytest
 from hivemind.p2p import PeerID
 
 from helpers.clock import Clock
-from swarm.dht import NetworkConfig
+from swarm.dht.network import NetworkConfig
 from swarm.exchange import WeightVersion
 from swarm.identity import Identity
 from swarm.p2p import Doors, SwarmNode
 from swarm.p2p.framing import item_header, read_frame
 from swarm.p2p.handlers import BoundedStream
-from swarm.weights import CHUNK_SIZE, ChunkRequest, ChunkStore, WeightFetcher, WeightServer
-from swarm.weights.chunks import CHUNKS, CHUNKS_BUDGET, INDEX_COST, MAX_INDICES, MAX_REQUEST_BYTES
+from swarm.wire.chunks import CHUNK_SIZE, ChunkRequest
+from swarm.weights import ChunkStore, WeightFetcher, WeightServer
+from swarm.wire.chunks import CHUNKS, MAX_INDICES, MAX_REQUEST_BYTES
+from swarm.weights.chunks import CHUNKS_BUDGET, INDEX_COST
 
 STREAMS = 16
 """The streams one key may hold open on one protocol (swarm/p2p/budget.py, PER_PEER)."""

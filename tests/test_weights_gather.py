@@ -10,8 +10,10 @@ import msgpack
 import pytest
 
 from swarm.p2p import Doors, StreamStalled
-from swarm.records import RecordError
-from swarm.weights import CHUNK_SIZE, FetchConfig, VersionEntry, WeightFetcher
+from swarm.wire.rollout import RecordError
+from swarm.wire.chunks import CHUNK_SIZE
+from swarm.weights import FetchConfig, WeightFetcher
+from swarm.wire.manifest import VersionEntry
 from swarm.weights.gather import Gather, Source
 
 BLOB = bytes(range(256)) * (CHUNK_SIZE // 256) * 3 + b"tail"  # 4 chunks

@@ -7,12 +7,14 @@ import msgpack
 import pytest
 
 from swarm.identity import Identity
-from swarm.records import RecordError
+from swarm.wire.rollout import RecordError
 from swarm.p2p import MAX_MESSAGE
-from swarm.records import MAX_ID
-from swarm.weights import CHUNK_SIZE, MAX_REQUEST_WAIT, ChunkRequest, FetchConfig, Manifest, ManifestRequest, VersionEntry
-from swarm.weights.chunks import (CHUNKS_BUDGET, INDEX_COST, MAX_INDICES, MAX_REQUEST_BYTES, ChunkRequestError,
-                                  chunk_digest)
+from swarm.wire.rollout import MAX_ID
+from swarm.wire.chunks import CHUNK_SIZE, MAX_REQUEST_WAIT, ChunkRequest
+from swarm.weights import FetchConfig
+from swarm.wire.manifest import Manifest, ManifestRequest, VersionEntry
+from swarm.weights.chunks import CHUNKS_BUDGET, INDEX_COST
+from swarm.wire.chunks import MAX_INDICES, MAX_REQUEST_BYTES, ChunkRequestError, chunk_digest
 
 KEYFRAME = bytes(range(256)) * 5000  # two chunks, the second short
 # What swarm/weight_rpc.py's WeightServer.publish packed (before sealing) after publishing

@@ -10,14 +10,15 @@ import pytest
 import torch
 
 from node.models import BUILTIN_MODEL, load_model
-from node.weight_codec import Publisher, PublishConfig, apply_version
-from node.weights import decode_version, encode_version, untie
-from swarm.dht import NetworkConfig
-from swarm.envelope import seal
+from node.weights.codec import Publisher, PublishConfig, apply_version
+from node.weights.blob import decode_version, encode_version, untie
+from swarm.dht.network import NetworkConfig
+from swarm.wire.envelope import seal
 from swarm.identity import Identity
 from swarm.exchange import WeightVersion
 from swarm.p2p import SwarmNode
-from swarm.weights import CHUNK_SIZE, FetchConfig, PeerStrikes, WeightFetcher, WeightPrefetcher, WeightServer
+from swarm.wire.chunks import CHUNK_SIZE
+from swarm.weights import FetchConfig, PeerStrikes, WeightFetcher, WeightPrefetcher, WeightServer
 
 @pytest.fixture(scope="module")
 def peers(tmp_path_factory):
@@ -335,7 +336,7 @@ def test_a_sampler_follows_the_chain_across_a_keyframe_sent_in_place_of_a_larger
 
     from node.engines.hf import HFEngine
     from node.models import load_tokenizer, tokenizer_hash
-    from node.sampler import Sampler
+    from node.sampling.sampler import Sampler
     from node.tasks import ArithmeticTask
     from swarm.weights import WeightPrefetcher
 
@@ -459,8 +460,8 @@ def test_a_holder_of_every_version_that_stalls_is_hedged_demoted_and_the_sampler
 
 
 def _timed_call(node, learner, payload: bytes, timeout: float = 20.0) -> tuple[float, dict]:
-    from swarm.envelope import open_envelope
-    from swarm.weights import MANIFEST
+    from swarm.wire.envelope import open_envelope
+    from swarm.wire.manifest import MANIFEST
 
     t0 = time.monotonic()
     sealed = node.call(learner, MANIFEST, payload, timeout)

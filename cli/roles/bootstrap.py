@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Callable
 
 from cli.errors import UserError
-from swarm.dht import NetworkConfig
+from swarm.dht.network import NetworkConfig
 from swarm.identity import Identity, short_id
 from swarm.p2p import SwarmNode
-from swarm.reach import serve_reachability
+from swarm.p2p.reach import serve_reachability
 
 from cli.roles.common import open_file_limit
 
@@ -49,7 +49,7 @@ def run_bootstrap(identity_path: str, net: NetworkConfig, swarm: str, stop: thre
     learner is added to (or removed from) a running swarm by editing that file."""
     open_file_limit()
     node = SwarmNode(Identity.load_or_create(identity_path), net, swarm)
-    serve_reachability(node)  # joining peers ask it whether they can be dialled (swarm/reach.py)
+    serve_reachability(node)  # joining peers ask it whether they can be dialled (swarm/p2p/reach.py)
     named, listed = dict(learners or {}), LearnersFile(learners_file)
     if not named and learners_file is None:
         log.warning("no --trusted-learner given: samplers of swarm %r will follow only a learner they pin "

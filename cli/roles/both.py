@@ -15,10 +15,10 @@ from pathlib import Path
 from node.device import resolve
 from node.engines.hf import HFEngine
 from node.learner import Learner
-from node.sampler import Sampler
+from node.sampling.sampler import Sampler
 from swarm.discovery import LearnerTracker
 from swarm.identity import short_id
-from swarm.outbox import Outbox
+from swarm.rollouts.outbox import Outbox
 from swarm.p2p import SwarmNode
 from swarm.rollouts import RolloutSender
 

@@ -13,7 +13,7 @@ from typing import Callable, TypeVar
 from cli.errors import UserError
 from swarm.identity import Identity
 from swarm.p2p import SwarmNode, raise_nofile_limit
-from swarm.reach import settle
+from swarm.p2p.reach import settle
 
 from cli.roles.config import JoinConfig
 

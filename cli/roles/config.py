@@ -15,8 +15,8 @@ from node.learner import LearnerConfig
 from node.models import BUILTIN_MODEL
 from node.tasks import ArithmeticConfig
 from swarm.delay import DelayConfig
-from swarm.dht import NetworkConfig
-from swarm.ownership import MAX_TTL
+from swarm.dht.network import NetworkConfig
+from swarm.dht.validation import MAX_TTL
 from swarm.weights import FetchConfig
 
 ROLES = ("sampler", "learner", "sampler,learner")

@@ -19,18 +19,18 @@ from typing import Callable
 import msgpack
 import torch
 
-from node.checkpoint import CheckpointSchedule, latest_checkpoint
+from node.learner.checkpoint import CheckpointSchedule, latest_checkpoint
 from node.device import resolve
-from node.distributed import Leader, follow, init_from_env, shard
+from node.training.distributed import Leader, follow, init_from_env, shard
 from node.learner import Learner, LearnerConfig
 from node.metrics import MetricsWriter
 from node.models import load_model, load_tokenizer
-from node.weights import untie
+from node.weights.blob import untie
 from node.tasks import make_task
-from swarm.journal import Journal
+from swarm.rollouts.journal import Journal
 from swarm.p2p import SwarmNode
-from swarm.records import MAX_RECORD_BYTES
-from swarm.swarm_exchange import SwarmLearnerLink
+from swarm.wire.rollout import MAX_RECORD_BYTES
+from swarm.links import SwarmLearnerLink
 
 from cli.roles.common import Every, Heartbeat, start_node, survive, volunteer_command
 from cli.roles.config import JoinConfig
@@ -46,7 +46,7 @@ thousands of usual ones). It is kept to be read, never replayed, and a step that
 
 def run_learner(cfg: JoinConfig, stop: threading.Event) -> None:
     """One learner process; under torchrun (WORLD_SIZE > 1) rank 0 is the swarm peer and leads,
-    the other ranks only follow its training steps (node/distributed.py) and join no swarm."""
+    the other ranks only follow its training steps (node/training/distributed.py) and join no swarm."""
     place = resolve(cfg.device, cfg.dtype)
     coll = init_from_env(place.device.type)
     if coll is not None and coll.rank > 0:

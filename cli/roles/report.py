@@ -6,8 +6,8 @@ import time
 
 from node.learner import Learner
 from node.metrics import MetricsWriter
-from node.sampler import Sampler
-from swarm.swarm_exchange import SwarmSamplerLink
+from node.sampling.sampler import Sampler
+from swarm.links import SwarmSamplerLink
 
 
 class LearnerReport:

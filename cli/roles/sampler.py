@@ -12,13 +12,13 @@ from node.device import resolve
 from node.engines import make_engine
 from node.metrics import MetricsWriter
 from node.models import load_tokenizer, tokenizer_hash
-from node.sampler import Sampler
+from node.sampling.sampler import Sampler
 from node.tasks import make_task
 from swarm.discovery import LearnerTracker
 from swarm.identity import short_id
-from swarm.outbox import Outbox
+from swarm.rollouts.outbox import Outbox
 from swarm.p2p import SwarmNode
-from swarm.swarm_exchange import SwarmSamplerLink
+from swarm.links import SwarmSamplerLink
 
 from cli.roles.common import Every, Heartbeat, start_node
 from cli.roles.config import JoinConfig

@@ -80,14 +80,14 @@ def cell_name(loss: str, delay: int, seed: int) -> str:
 
 
 GUARD = "+guard"
-"""A loss name ending in it runs with the learner's divergence guard (node/guard.py); without it
+"""A loss name ending in it runs with the learner's divergence guard (node/training/guard.py); without it
 the guard is off, as in every run before the guard existed."""
 
 
 def guard_of(loss: str) -> tuple[str, "GuardConfig"]:
     """(the name without its guard suffix, the guard it asks for): `x` -> off, `x+guard` -> the
     default guard, `x+guard@0.02` -> kl_high 0.02 and kl_low 0.008 (the default's 0.4 ratio)."""
-    from node.guard import GuardConfig
+    from node.training.guard import GuardConfig
 
     name, sep, high = loss.partition(GUARD)
     if not sep:

@@ -72,7 +72,7 @@ def gate_values(learner: str, generator: str, n_prompts: int, seed: int) -> tupl
     from node.algorithms.base import k3, seq_mean
     from node.engines.base import SamplingParams
     from node.engines.hf import HFEngine
-    from node.logprobs import completion_logprobs, completion_span, pack
+    from node.training.logprobs import completion_logprobs, completion_span, pack
     from node.models import load_model, load_tokenizer, resolve_model_path
     from node.tasks import ArithmeticConfig, ArithmeticTask
 

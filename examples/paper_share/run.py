@@ -63,7 +63,7 @@ def make_parties(setting: str, seed: int, args: argparse.Namespace, out: Path) -
     from node.learner import Learner, LearnerConfig
     from node.metrics import MetricsWriter
     from node.models import load_model, load_tokenizer, tokenizer_hash
-    from node.sampler import Sampler
+    from node.sampling.sampler import Sampler
     from node.tasks import ArithmeticConfig, make_task
     from swarm.memory import MemoryExchange
 

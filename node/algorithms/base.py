@@ -3,7 +3,7 @@
 Shapes: B sequences (completions), T completion positions (padded). `mask` [B, T] marks real
 completion tokens; `group_ids` [B] says which completions answer the same prompt.
 
-Micro-batches: a loss may see only some rows of the step's batch (node/trainer.py splits a step
+Micro-batches: a loss may see only some rows of the step's batch (node/training/step.py splits a step
 under a token budget, and may split a group). Every loss is a sum of per-row terms over fixed
 normalisers plus group statistics of the *behaviour* log-probs, so `LossInputs.whole` (the step's
 shape) and `LossInputs.log_e_hat` (its group statistics) are all a micro-batch needs: the

@@ -91,7 +91,7 @@ def gepo_log_weights(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Ten
     """log w_i = mean_t l^p_{i,t} - log E_hat(group of i); [B, T] x 2 -> [B], grad through l^p only.
 
     `log_e_hat` [B]: the groups' E_hat from the whole batch when these rows are a micro-batch
-    that may hold part of a group (node/trainer.py); computed from these rows otherwise."""
+    that may hold part of a group (node/training/step.py); computed from these rows otherwise."""
     if log_e_hat is None:
         log_e_hat = group_log_e_hat(old_logp, mask, group_ids)
     return seq_mean(logp, mask) - log_e_hat

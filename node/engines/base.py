@@ -3,7 +3,7 @@
 Engines (HF transformers now, vLLM for GPU samplers) differ in speed, never in what they return.
 Behaviour log-probs are log softmax(logits / T) of the sampled token under the *unfiltered*
 tempered distribution: top-p / top-k change which tokens can be drawn, not the log-probs we
-report, because the learner's own log-probs (node/logprobs.py) are unfiltered too.
+report, because the learner's own log-probs (node/training/logprobs.py) are unfiltered too.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class Engine(Protocol):
     def generate(self, prompts: list[str], params: SamplingParams,
                  seeds: list[list[bytes]] | None = None) -> list[PromptResult]:
         """G = params.n completions per prompt. With `seeds` (seeds[i][j] for completion j of
-        prompt i), sampling is checkable (node/checkable.py): token t of that completion is the
+        prompt i), sampling is checkable (node/sampling/race.py): token t of that completion is the
         race keyed by `position_keys(seeds[i][j], ...)[t]` selects, so a learner can audit it."""
         ...
 

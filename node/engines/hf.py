@@ -2,7 +2,7 @@
 
 The default engine: works wherever torch does. Prompts are left-padded (as generation needs) and
 each is repeated G times. One sampling path for every mode: our logits processor (`PickTokens`)
-picks each row's next token with `node.checkable.pick_with_logprobs` (greedy at T = 0; at T > 0
+picks each row's next token with `node.sampling.race.pick_with_logprobs` (greedy at T = 0; at T > 0
 the seeded race of checkable sampling, its keys from the completion's seed, or from torch's
 generator when no seeds are given), masks every other token, and records the token's behaviour
 log-prob of the raw logits row (the value of the learner's `logprobs_from_logits`, taken from the
@@ -21,7 +21,7 @@ import logging
 
 import torch
 
-from node.checkable import KEY_WORDS, PositionKeys, pick_with_logprobs
+from node.sampling.race import KEY_WORDS, PositionKeys, pick_with_logprobs
 from node.engines.base import Completion, PromptResult, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ class PickTokens:
     """A transformers logits processor that picks each row's next token itself and masks the rest.
 
     Token t of row r is `pick_with_logprobs(raw logits, key)`: greedy at T = 0; otherwise the key is
-    `position_keys(seeds[r], 1, t)` of checkable sampling (node/checkable.py) when seeds are
+    `position_keys(seeds[r], 1, t)` of checkable sampling (node/sampling/race.py) when seeds are
     given, or a draw of torch's generator (seeded by `torch.manual_seed`) when not. The chosen
     token's log softmax(raw logits / T) is recorded per step ([rows] float32, on the logits'
     device; no sync per token). Rows that finished keep being scored (generate pads them); their

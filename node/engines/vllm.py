@@ -8,9 +8,9 @@ tempered distribution, so:
     learner's recomputation is measured by tests/test_vllm.py and examples/bench_vllm.py;
   - with top-k or top-p, or where the gap matters (another dtype, another kernel): set
     `logprobs = "recompute"` and the engine recomputes them with the training code path
-    (`node.logprobs.completion_logprobs`) on an HF copy of the same weights.
+    (`node.training.logprobs.completion_logprobs`) on an HF copy of the same weights.
 
-Checkable sampling (node/checkable.py), when `generate` gets seeds and T > 0: one request per
+Checkable sampling (node/sampling/race.py), when `generate` gets seeds and T > 0: one request per
 completion (n = 1; prefix caching shares the prompt) that vLLM decodes greedily over the row our
 logits processor (`CheckableSampling`) leaves: token t is `pick_tokens` of vLLM's own raw logits
 and key_t (the seeded race), every other token -inf. vLLM draws nothing itself. Its reported log-probs would then be
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import torch
 
-from node.checkable import KEY_BLOCK, PositionKeys, pick_with_logprobs
+from node.sampling.race import KEY_BLOCK, PositionKeys, pick_with_logprobs
 from node.engines.base import Completion, PromptResult, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -131,7 +131,7 @@ def _checkable_sampling_class() -> type:
     class CheckableSampling(LogitsProcessor):
         """vLLM logits processor over the whole batch: every request whose
         `extra_args["hetero_checkable"]` is (row, seed hex, T, top_k, top_p) gets token t from
-        node.checkable's race, given vLLM's raw logits row and key_t, and every other token of its
+        node.sampling.race's race, given vLLM's raw logits row and key_t, and every other token of its
         row is masked. One race per engine step for all such requests (with the same T, top-k,
         top-p), not one per request: at batch 128 a race per row cost 128 times its kernel launches."""
 
@@ -318,7 +318,7 @@ class VLLMEngine:
 
     @torch.no_grad()
     def _recompute(self, results: list[PromptResult], params: SamplingParams) -> None:
-        from node.logprobs import completion_logprobs, completion_span, pack
+        from node.training.logprobs import completion_logprobs, completion_span, pack
 
         rows = [(r.prompt_token_ids, c) for r in results for c in r.completions]
         batch = pack([p for p, _ in rows], [c.token_ids for _, c in rows], self.tokenizer.pad_token_id)

@@ -2,21 +2,35 @@
 
     config.py      LearnerConfig, the `[learner]` table
     learner.py     Learner: composes the parts below; the rollout receiver's `Intake`
-    checks.py      RecordChecks (is a record work we can take?) and Chains (our version chains)
+    intake.py      RecordChecks (is a record work we can take?) and Chains (our version chains)
     scoring.py     a checked record made trainable: rewards recomputed, re-tokenized if foreign
+    scoring_time.py  how much of the training thread each peer's text may take to score
     groups.py      BufferedGroup and the closed sets Route, GroupKind, Verdict
     buffer.py      GroupBuffer: accepted groups until trained on; which ones a step takes
-    auditor.py     Auditor: spot audits, proven samplers, refusals
-    training.py    Training: one step per route's loss, the divergence guard
-    publishing.py  Publishing: versions out through the link, into the audit archive
-    books.py       Books: drops, throttles, credit (counted from the network thread too)
-    persist.py     checkpoint metadata: RNG states, older formats
+    behaviour.py   Recompute: the learner's own behaviour log-probs where claims sit far
+    books.py       Books: drops, throttles, trained-on counts (counted from the network thread too)
+    credit.py      Tally: credit per sampler, and the signed tally it publishes
+    checkpoint.py  checkpoints on disk, their metadata (RNG states, older formats), when to write
+    evaluate.py    eval accuracy on held-out problems
+    report.py      what a step record says of the learner
+
+Its other parts live where their concept does: the Auditor in node/audit/, Training in
+node/training/, Publishing in node/weights/.
 """
 
 from node.learner.buffer import GroupBuffer, pick_groups
 from node.learner.config import DROP, LearnerConfig
 from node.learner.groups import BufferedGroup, GroupKind, Route, Verdict
-from node.learner.learner import Learner
 
 __all__ = ["DROP", "BufferedGroup", "GroupBuffer", "GroupKind", "Learner", "LearnerConfig", "Route", "Verdict",
            "pick_groups"]
+
+
+def __getattr__(name: str):
+    # the composite imports its parts (node/audit, node/training, node/weights), and they import the
+    # learner's config and groups from here: the composite is loaded when first asked for
+    if name == "Learner":
+        from node.learner.learner import Learner
+
+        return Learner
+    raise AttributeError(f"module 'node.learner' has no attribute {name!r}")

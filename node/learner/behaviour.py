@@ -1,5 +1,5 @@
 """Behaviour log-probs the learner computes itself (`behaviour_logprobs = "learner"`, or "auto"
-for the samplers whose claims sit far: node/learner/claim_gaps.py).
+for the samplers whose claims sit far: node/audit/claim_gaps.py).
 
 Why: a sampler's engine computes in its own precision and kernels (bfloat16 on a GPU), so even
 on-policy its log q of a token differs from the learner's log p at the same weights, and every
@@ -31,9 +31,10 @@ from typing import Callable
 import torch
 
 from node.algorithms.base import k3
-from node.logprobs import completion_logprobs, completion_span, pack
-from node.trainer import ScoredGroup, StepOptions, plan_microbatches
-from node.learner.claim_gaps import ClaimGaps
+from node.training.logprobs import completion_logprobs, completion_span, pack
+from node.training.batch import ScoredGroup
+from node.training.step import StepOptions, plan_microbatches
+from node.audit.claim_gaps import ClaimGaps
 
 log = logging.getLogger(__name__)
 

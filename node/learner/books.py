@@ -8,7 +8,7 @@ import collections
 import threading
 from typing import Any, Callable
 
-from node.accounting import MAX_KEPT, Tally
+from node.learner.credit import MAX_KEPT, Tally
 from node.algorithms import has_signal
 from node.learner.groups import BufferedGroup, Verdict
 

@@ -12,12 +12,12 @@ from typing import Any
 from swarm.exchange import IntakeConfig
 
 from node.algorithms import get_algorithm
-from node.guard import GuardConfig
-from node.weight_codec import PublishConfig
+from node.training.guard import GuardConfig
+from node.weights.codec import PublishConfig
 
 BEHAVIOUR_SOURCES = ("sampler", "learner", "auto")
 """`behaviour_logprobs`: the sampler's claims, the learner's recomputation (node/learner/behaviour.py),
-or the recomputation for the samplers whose claims sit far (node/learner/claim_gaps.py)."""
+or the recomputation for the samplers whose claims sit far (node/audit/claim_gaps.py)."""
 
 DROP = "drop"
 """A route's loss that trains on nothing: its groups are refused at ingest (counted)."""
@@ -58,7 +58,7 @@ class LearnerConfig:
     """AdamW learning rate (1e-4 and above destabilises the built-in tiny model: measured)."""
     max_grad_norm: float = 1.0
     max_tokens_per_microbatch: int = 16384
-    """Padded tokens per forward/backward (node/trainer.py): bounds the learner's activation
+    """Padded tokens per forward/backward (node/training/step.py): bounds the learner's activation
     memory whatever groups_per_step and the completion lengths are; the step is the same (the
     gradients accumulate to the full batch's), except M2PO's, whose mask is computed per
     micro-batch as its released code does (node/algorithms/m2po.py). 0: the whole step in one pass."""
@@ -87,7 +87,7 @@ class LearnerConfig:
     (node/learner/behaviour.py), so that a sampler computing in another precision (bfloat16 on a GPU)
     or with other kernels makes no ratio differ from 1 on-policy; or "auto": recomputed for the
     samplers whose claims, measured by the audits and the recomputations, sit further than
-    `behaviour_auto_k3` from ours, and for those not measured yet (node/learner/claim_gaps.py).
+    `behaviour_auto_k3` from ours, and for those not measured yet (node/audit/claim_gaps.py).
     Recomputing costs a no-grad forward of each group and rebuilding each version a step's groups
     claim (34-54% of the training time on the built-in model, docs/RESULTS.md section 6); a version
     no longer held keeps its sampler's claims. It pays where the claims sit far: at k3 3e-3 a token
@@ -114,7 +114,7 @@ class LearnerConfig:
     Measured at emulated gaps of k3 1e-3 and 3e-3: the weights within 1% of 1, accuracy as without
     it (docs/RESULTS.md section 6). 0: off."""
     audit_first: int = 4
-    """Own-model groups audited for checkable sampling (node/audit.py) from each new sampler..."""
+    """Own-model groups audited for checkable sampling (node/audit/margins.py) from each new sampler..."""
     audit_rate: float = 0.1
     """...and the share of its groups audited after those, chosen at random by the learner..."""
     audit_trusted_after: int = 32
@@ -176,7 +176,7 @@ class LearnerConfig:
     """How versions go out: the view samplers run, lossless patches of it between keyframes, and how
     often (every N steps, seconds or an upload budget)."""
     guard: GuardConfig = field(default_factory=GuardConfig)
-    """The divergence guard (node/guard.py): the lr shrinks while the policy runs away from the
+    """The divergence guard (node/training/guard.py): the lr shrinks while the policy runs away from the
     rollouts it trains on (k3 per token above `kl_high`) and comes back once they agree again."""
 
     def __post_init__(self) -> None:
@@ -186,7 +186,7 @@ class LearnerConfig:
         broken = [rule for rule, ok in _rules(self) if not ok]
         if broken:
             raise ValueError(f"learner: need {', '.join(broken)}")
-        if any(not m or len(m) > 256 for m in self.accept_models):  # they go into the peer record (swarm/dht.py)
+        if any(not m or len(m) > 256 for m in self.accept_models):  # they go into the peer record (swarm/dht/records.py)
             raise ValueError("learner: accept_models entries must be model ids of 1-256 characters")
 
 

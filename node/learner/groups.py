@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from node.trainer import ScoredGroup
+from node.training.batch import ScoredGroup
 
 
 class Route(str, enum.Enum):
@@ -35,7 +35,7 @@ class GroupKind(str, enum.Enum):
 
 
 class Verdict(str, enum.Enum):
-    """What an audit of a group found (node/learner/auditor.py)."""
+    """What an audit of a group found (node/audit/auditor.py)."""
 
     PASS = "pass"
     UNAUDITABLE = "unauditable"

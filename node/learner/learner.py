@@ -18,7 +18,7 @@ The parts, each owning its state and its `state_dict`: `RecordChecks` (and `Chai
 `GroupBuffer`, the `Auditor`, `Training` (with the guard), `Publishing`, the `Books`; and, with
 `behaviour_logprobs = "learner"` (or "auto"), `Recompute` (stateless but for its time), which puts the
 learner's own log-probs into own-model groups (in "auto", those of samplers whose claims were
-measured far, or not yet: node/learner/claim_gaps.py) on the audit copy between a step's audits and its training. The learner
+measured far, or not yet: node/audit/claim_gaps.py) on the audit copy between a step's audits and its training. The learner
 is the rollout receiver's `Intake` (swarm/exchange.py): the network thread asks it about each
 record before acknowledging it.
 """
@@ -36,31 +36,31 @@ from typing import Any, Callable
 import torch
 
 from swarm.exchange import LearnerLink
-from swarm.records import RecordError, RolloutGroup, decode_rollout_group
+from swarm.wire.rollout import RecordError, RolloutGroup, decode_rollout_group
 
-from node.audit import RefusalList, VersionArchive
-from node.checkpoint import load_checkpoint, save_checkpoint
+from node.audit.refusals import RefusalList
+from node.audit.archive import VersionArchive
 from node.config import SamplingConfig
 from node.engines.hf import HFEngine
-from node.evaluate import eval_problems, evaluate
+from node.learner.evaluate import eval_problems, evaluate
 from node.metrics import MetricsWriter
 from node.models import without_dropout
 from node.tasks import Task
 from node.tasks.bounded import group_budget_s
-from node.weights import untie
-from node.learner.auditor import Auditor
+from node.weights.blob import untie
+from node.audit.auditor import Auditor
 from node.learner.behaviour import Recompute
 from node.learner.books import Books
 from node.learner.buffer import GroupBuffer
-from node.learner.checks import Chains, RecordChecks
+from node.learner.intake import Chains, RecordChecks
 from node.learner.config import DROP, LearnerConfig
 from node.learner.groups import BufferedGroup, Route
-from node.learner.persist import load_learner_state, rng_state
-from node.learner.publishing import Publishing
+from node.learner.checkpoint import FORMAT, load_checkpoint, load_learner_state, rng_state, save_checkpoint
+from node.weights.publishing import Publishing
 from node.learner.report import batch_stats, counters
 from node.learner.scoring import REWARD_BUDGET, OverBudget, score_group
 from node.learner.scoring_time import BURST_GROUPS, SCORING_TIME, ScoringTime
-from node.learner.training import Training
+from node.training.trainer import Training
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class Learner:
         (e.g. bfloat16 on a GPU) is what its forward runs in, under autocast (with a `leader`, the
         ranks' FSDP param_dtype: then only the recomputed behaviour log-probs autocast to it).
 
-        `leader` (node.distributed.Leader): this is rank 0 of an FSDP2 learner. The ranks train
+        `leader` (node.training.distributed.Leader): this is rank 0 of an FSDP2 learner. The ranks train
         the sharded copy together; `model` is then an unsharded copy that the gathered weights
         are loaded into after every step, for evaluation, audits and publishing.
 
@@ -109,11 +109,11 @@ class Learner:
                                  None if leader else compute_dtype, leader)  # FSDP: the ranks' param_dtype
         self.engine = HFEngine(self.model, tokenizer, model_id)  # for evaluation only
         # a random chain id by default; a fixed one (the simulator's) makes sampling reproducible,
-        # since the versions' nonces (node/checkable.py) hash the published bytes, the chain among them
+        # since the versions' nonces (node/sampling/race.py) hash the published bytes, the chain among them
         self.chains = Chains(chain or uuid.uuid4().hex[:12])
         weights, aliases = untie(self.model.state_dict())
         archive = VersionArchive(cfg.max_staleness + 1)
-        """Our published versions, rebuilt for audits (node/audit.py); the base model as ("", 0)."""
+        """Our published versions, rebuilt for audits (node/audit/margins.py); the base model as ("", 0)."""
         archive.put_base(weights, load=base_weights)
         refusals = RefusalList(self.checkpoint_dir / "refused.jsonl" if self.checkpoint_dir else None)
         self.publishing = Publishing(cfg.weights, self.model, model_id, self.chains.this, archive, link)
@@ -295,7 +295,7 @@ class Learner:
         return rec  # when to checkpoint is the runner's (cli/roles/learner.py): it compacts its journal after
 
     def _audited(self, taken: list[BufferedGroup]) -> list[BufferedGroup]:
-        """Spot-audit `taken` (node/learner/auditor.py), refuse who failed; what may be trained on."""
+        """Spot-audit `taken` (node/audit/auditor.py), refuse who failed; what may be trained on."""
         for sampler, why in self.auditor.audit(taken).items():
             if sampler not in self.auditor.refusals:
                 self.refuse(sampler, why)
@@ -350,7 +350,7 @@ class Learner:
             "model": self.model.state_dict(),
             "optimizer": self.training.optimizer_state(),
             "buffer": self.buffer.state_dict(),
-            "meta": {"format": 2, "version": self.version, "books": self.books.state_dict(),
+            "meta": {"format": FORMAT, "version": self.version, "books": self.books.state_dict(),
                      "checks": self.checks.state_dict(), "auditor": self.auditor.state_dict(),
                      "training": self.training.state_dict(), "chains": self.chains.state_dict(self.version),
                      "extra": self.checkpoint_extra(), "rng": rng_state()},

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from node.learner.auditor import Auditor
+from node.audit.auditor import Auditor
 from node.learner.books import Books
 from node.learner.groups import BufferedGroup
-from node.learner.training import Training
+from node.training.trainer import Training
 
 
 def batch_stats(taken: list[BufferedGroup], version: int) -> dict[str, Any]:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from swarm.records import RolloutGroup
+from swarm.wire.rollout import RolloutGroup
 
 from node.engines.base import Completion
 from node.tasks import Task
 from node.tasks.bounded import OverBudget, rewards as bounded_rewards
-from node.trainer import ScoredGroup
+from node.training.batch import ScoredGroup
 from node.learner.groups import Route
 
 __all__ = ["OverBudget", "REWARD_BUDGET", "Scored", "score_group"]

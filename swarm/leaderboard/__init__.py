@@ -1,4 +1,4 @@
-"""The public leaderboard: learners' signed tallies (swarm/tally.py), kept in SQLite, served over HTTP.
+"""The public leaderboard: learners' signed tallies (swarm/wire/tally.py), kept in SQLite, served over HTTP.
 
 A coordinator runs `hetero-node leaderboard --serve HOST:PORT --initial-peers ADDR`. A collector
 reads every learner's tally from the DHT (the DHT's validators have already refused forged,
@@ -25,7 +25,7 @@ HTTP (read-only; aiohttp, with a budget on every connection: `ServerLimits` in s
   /learning.svg      the learning chart
   /chart.svg         the contributions chart
 Times are Unix seconds from the learners' tallies. Versions and accuracies are each learner's own
-signed claims (swarm/tally.py). Display names are untrusted: they are escaped in the one place the
+signed claims (swarm/wire/tally.py). Display names are untrusted: they are escaped in the one place the
 table is rendered (`render_rows`, server side) and in the SVGs, and the Content-Security-Policy
 lets no script run but the page's own.
 

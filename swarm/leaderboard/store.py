@@ -10,7 +10,7 @@ A learner's progress (its version and latest eval accuracy, carried by its talli
 history too, a row whenever one of them changes: the page's "is the swarm learning" chart.
 
 Nothing here grows with the number of keys, since keys are free: a tally names at most 2,048
-peers and sums the rest in `others` (node/accounting.py), kept per learner and counted in the
+peers and sums the rest in `others` (node/learner/credit.py), kept per learner and counted in the
 totals; a display name is kept only for a peer some learner's newest tally names, or a learner
 (`set_name` refuses others, and a name goes when its peer does), and the collector looks up at
 most `MAX_NAME_LOOKUPS` of them a poll, never the whole peers index (service.py).
@@ -33,7 +33,7 @@ from typing import Any
 import pydantic.v1 as pydantic
 
 from swarm.identity import short_id
-from swarm.tally import TallyModel
+from swarm.wire.tally import TallyModel
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ CREATE TABLE IF NOT EXISTS others (learner TEXT PRIMARY KEY, count INTEGER, grou
                                    tokens INTEGER);
 """
 MAX_NAME_LOOKUPS = 256
-"""Display names the collector asks the DHT for per poll (one `own_records` call: swarm/dht.py
+"""Display names the collector asks the DHT for per poll (one `own_records` call: swarm/dht/records.py
 `MAX_OWNERS`); the wanted ones in turn, so 2,048 credited peers are all looked up every 8 polls."""
 
 _NAMED = "SELECT peer FROM credits UNION SELECT learner FROM learners"

@@ -1,7 +1,7 @@
 """`SwarmNode`: one peer's face to the swarm, composed of the parts of this package.
 
-It owns the DHT (its own process with p2pd, swarm/dht.py), the swarm loop (loop.py) and the P2P
-client of that daemon; its methods delegate: DHT records to swarm/dht.py's functions, serving to
+It owns the DHT (its own process with p2pd, swarm/dht/records.py), the swarm loop (loop.py) and the P2P
+client of that daemon; its methods delegate: DHT records to swarm/dht/records.py's functions, serving to
 handlers.py, calling to calls.py.
 """
 
@@ -13,8 +13,19 @@ from typing import Awaitable, Callable, TypeVar
 
 from google.protobuf.wrappers_pb2 import BytesValue
 
-from swarm.dht import (NetworkConfig, announce, announce_holdings, create_dht, holdings_of, list_peers,
-                   peer_id_of_maddr, peer_records, publish_swarm_record, publish_tally, tally_of, trusted_learners)
+from swarm.dht.network import NetworkConfig, peer_id_of_maddr
+from swarm.dht.records import (
+    announce,
+    announce_holdings,
+    holdings_of,
+    list_peers,
+    peer_records,
+    publish_swarm_record,
+    publish_tally,
+    tally_of,
+    trusted_learners,
+)
+from swarm.dht.process import create_dht
 from swarm.identity import Identity
 from swarm.p2p.budget import StreamBudget
 from swarm.p2p.doors import Doors
@@ -33,7 +44,7 @@ class SwarmNode:
         self.identity = identity
         self.swarm = swarm
         self.private = net.client_mode
-        """Behind a NAT (swarm/reach.py): peers cannot dial us, except through a relay."""
+        """Behind a NAT (swarm/p2p/reach.py): peers cannot dial us, except through a relay."""
         self.coordinators = {peer_id_of_maddr(m) for m in net.initial_peers}
         """Peers whose swarm record this node trusts: the bootstrap peers it was pointed at."""
         self.dht = create_dht(identity, net, swarm)  # forks: do this before CUDA is initialised
@@ -61,7 +72,7 @@ class SwarmNode:
     def maddrs(self) -> list[str]:
         return [str(m) for m in self.dht.get_visible_maddrs()]
 
-    # the swarm's signed records in the DHT (swarm/dht.py)
+    # the swarm's signed records in the DHT (swarm/dht/records.py)
 
     def announce(self, info: dict, ttl: float = 60.0) -> bool:
         return announce(self.dht, self.identity, self.swarm, {"private": self.private, **info}, ttl)

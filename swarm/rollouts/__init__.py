@@ -12,7 +12,7 @@ from swarm.rollouts.admission import MAX_OPEN_CALLS, Admission, Room, Standing, 
 from swarm.rollouts.backlog import Backlog
 from swarm.rollouts.receiver import RolloutReceiver
 from swarm.rollouts.sender import RolloutSender
-from swarm.rollouts.wire import MAX_BATCH, ROLLOUTS, BatchItem, RolloutReply, pack_batch, unpack_batch
+from swarm.wire.batch import MAX_BATCH, ROLLOUTS, BatchItem, RolloutReply, pack_batch, unpack_batch
 
 __all__ = ["MAX_BATCH", "MAX_OPEN_CALLS", "ROLLOUTS", "Admission", "Backlog", "BatchItem", "Room",
            "RolloutReceiver", "RolloutReply", "RolloutSender", "Standing", "Tarpit", "TokenBuckets",

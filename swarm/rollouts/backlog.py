@@ -11,7 +11,7 @@ from typing import Callable
 
 import msgpack
 
-from swarm.journal import Journal
+from swarm.rollouts.journal import Journal
 from swarm.p2p import decrement
 
 

@@ -25,15 +25,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from swarm.envelope import open_envelope
+from swarm.wire.envelope import open_envelope
 from swarm.exchange import Intake, IntakeConfig
 from swarm.identity import short_id
-from swarm.journal import Journal
+from swarm.rollouts.journal import Journal
 from swarm.p2p import SwarmNode
-from swarm.records import RecordError, decode_rollout_group
+from swarm.wire.rollout import RecordError, decode_rollout_group
 from swarm.rollouts.admission import TARPIT_S, Admission, Standing, Tarpit, Visit
 from swarm.rollouts.backlog import Backlog
-from swarm.rollouts.wire import ROLLOUTS, BatchItem, RolloutReply, unpack_batch
+from swarm.wire.batch import ROLLOUTS, BatchItem, RolloutReply, unpack_batch
 
 log = logging.getLogger(__name__)
 

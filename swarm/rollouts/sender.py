@@ -14,11 +14,11 @@ import time
 from typing import Callable
 
 from swarm.delay import DelayConfig, sample_delay
-from swarm.envelope import seal
+from swarm.wire.envelope import seal
 from swarm.identity import short_id
-from swarm.outbox import OWN, Outbox
+from swarm.rollouts.outbox import OWN, Outbox
 from swarm.p2p import MAX_MESSAGE, SwarmNode
-from swarm.rollouts.wire import MAX_BATCH, ROLLOUTS, RolloutReply, pack_batch
+from swarm.wire.batch import MAX_BATCH, ROLLOUTS, RolloutReply, pack_batch
 
 log = logging.getLogger(__name__)
 

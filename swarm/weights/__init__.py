@@ -22,14 +22,11 @@ source that stalls or lies is demoted with backoff (strikes.py: `PeerStrikes`). 
 the simulator (`ReloadTimer`).
 """
 
-from swarm.weights.chunks import CHUNK_SIZE, CHUNKS, MAX_REQUEST_WAIT, ChunkRequest, ChunkStore, chunk_owner
+from swarm.weights.chunks import ChunkStore, chunk_owner
 from swarm.weights.config import FetchConfig
 from swarm.weights.fetcher import WeightFetcher
-from swarm.weights.manifest import MANIFEST, Manifest, ManifestRequest, VersionEntry
 from swarm.weights.prefetcher import WeightPrefetcher
 from swarm.weights.server import WeightServer
 from swarm.weights.strikes import PeerStrikes
 
-__all__ = ["CHUNK_SIZE", "CHUNKS", "MAX_REQUEST_WAIT", "ChunkRequest", "ChunkStore", "chunk_owner", "FetchConfig",
-           "WeightFetcher", "MANIFEST", "Manifest", "ManifestRequest", "VersionEntry", "WeightPrefetcher",
-           "WeightServer", "PeerStrikes"]
+__all__ = ["ChunkStore", "chunk_owner", "FetchConfig", "WeightFetcher", "WeightPrefetcher", "WeightServer", "PeerStrikes"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from swarm.p2p import Stall
-from swarm.weights.chunks import MAX_REQUEST_WAIT
+from swarm.wire.chunks import MAX_REQUEST_WAIT
 
 
 @dataclass(frozen=True)

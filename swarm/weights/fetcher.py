@@ -15,11 +15,11 @@ from swarm.delay import DelayConfig, ReloadTimer
 from swarm.exchange import WeightVersion, plan_fetch
 from swarm.identity import short_id
 from swarm.p2p import CallStopped, SwarmNode
-from swarm.records import RecordError
+from swarm.wire.rollout import RecordError
 from swarm.weights.chunks import ChunkStore, chunk_owner
 from swarm.weights.config import FetchConfig
 from swarm.weights.gather import Gather
-from swarm.weights.manifest import MANIFEST, Manifest, ManifestRequest, VersionEntry
+from swarm.wire.manifest import MANIFEST, Manifest, ManifestRequest, VersionEntry
 from swarm.weights.strikes import PeerStrikes
 
 log = logging.getLogger(__name__)
@@ -171,7 +171,7 @@ class WeightFetcher:
 
     def _holders(self, chain: str) -> dict[int, list[str]]:
         """version -> our credited mates (other than us) announcing they hold it, shuffled by our own
-        seed. Only theirs are read, one own key each (swarm/dht.py, `holdings_of`): a holder record
+        seed. Only theirs are read, one own key each (swarm/dht/records.py, `holdings_of`): a holder record
         costs a fresh key and nothing else (2,000 of them announcing coming versions stalled every
         sampler, issue 39), and a whole holders index would be as large as any keys make it."""
         by_version: dict[int, list[str]] = collections.defaultdict(list)

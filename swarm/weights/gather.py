@@ -17,10 +17,11 @@ from typing import Callable, NamedTuple, Protocol
 
 from swarm.identity import short_id
 from swarm.p2p import RemoteError, StreamStalled, SwarmNode
-from swarm.records import RecordError
-from swarm.weights.chunks import CHUNK_SIZE, CHUNKS, ChunkRequest, ChunkStore, chunk_digest
+from swarm.wire.rollout import RecordError
+from swarm.wire.chunks import CHUNK_SIZE, CHUNKS, ChunkRequest, chunk_digest
+from swarm.weights.chunks import ChunkStore
 from swarm.weights.config import FetchConfig
-from swarm.weights.manifest import VersionEntry
+from swarm.wire.manifest import VersionEntry
 
 log = logging.getLogger(__name__)
 

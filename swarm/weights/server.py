@@ -10,8 +10,9 @@ import time
 from swarm.exchange import WeightVersion
 from swarm.identity import short_id
 from swarm.p2p import DoorBudget, SwarmNode
-from swarm.weights.chunks import CHUNK_SIZE, MAX_REQUEST_WAIT, ChunkStore
-from swarm.weights.manifest import MANIFEST, Manifest, ManifestRequest, VersionEntry
+from swarm.wire.chunks import CHUNK_SIZE, MAX_REQUEST_WAIT
+from swarm.weights.chunks import ChunkStore
+from swarm.wire.manifest import MANIFEST, Manifest, ManifestRequest, VersionEntry
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import os
 import random
 import sys
 
-from node import sampler as sampler_mod
+from node.sampling import sampler as sampler_mod
 
 
 def tamper(mode: str, g, sampler) -> None:

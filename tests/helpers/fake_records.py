@@ -26,10 +26,14 @@ from hivemind.dht.validation import DHTRecord
 from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
-from swarm.dht import PROTOCOL_VERSION, SOFTWARE, SchemaValidator, SwarmSchema, own_key, peers_key
+from swarm.dht.schema import PROTOCOL_VERSION, SOFTWARE, SwarmSchema
+from hivemind.dht.schema import SchemaValidator
+
+from swarm.dht.records import peers_key
+from swarm.dht.validation import own_key
 from swarm.identity import Identity
-from swarm.ownership import OwnerValidator
-from swarm.weights.manifest import MANIFEST, Manifest
+from swarm.dht.validation import OwnerValidator
+from swarm.wire.manifest import MANIFEST, Manifest
 
 BLACK_HOLE = "/ip4/192.0.2.1/tcp/9"  # TEST-NET-1: routed nowhere
 

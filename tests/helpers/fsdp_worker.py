@@ -23,9 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # torchrun runs th
 
 from node.algorithms import get_algorithm  # noqa: E402
 from node.engines.base import Completion  # noqa: E402
-from node.logprobs import completion_logprobs, completion_span, pack  # noqa: E402
+from node.training.logprobs import completion_logprobs, completion_span, pack  # noqa: E402
 from node.models import BUILTIN_MODEL, load_model, load_tokenizer  # noqa: E402
-from node.trainer import ScoredGroup, StepOptions, TrainPart, build_batch, train_step  # noqa: E402
+from node.training.batch import ScoredGroup, TrainPart, build_batch
+from node.training.step import StepOptions, train_step  # noqa: E402
 
 STEPS = 3
 TEMPERATURE = 0.7
@@ -37,7 +38,7 @@ DTYPE = getattr(torch, os.environ.get("FSDP_WORKER_DTYPE", "float64"))
 """Float64 makes the comparison with one process sharp: AdamW turns a gradient's rounding error δ
 into a weight error up to lr * δ / eps (1e5 δ) where the gradient is near zero, so in float32 a
 different summation order (two ranks) moves a few weights by ~1e-4. In float64 (weights and, since
-node/logprobs.py keeps a float64 model's log-probs in float64, the loss) δ <~ 1e-12 bounds that by
+node/training/logprobs.py keeps a float64 model's log-probs in float64, the loss) δ <~ 1e-12 bounds that by
 ~1e-7 per step; measured: ~4e-15 after 3 steps."""
 
 
@@ -73,7 +74,7 @@ def new_optimizer(module: torch.nn.Module) -> torch.optim.Optimizer:
 def reference(steps: int = STEPS, dtype: torch.dtype = DTYPE) -> list[tuple[dict[str, torch.Tensor], dict, dict]]:
     """[(weights, optimizer state, metrics) after each of `steps` plain steps in one process (no
     FSDP, the whole batch at once)]."""
-    from node.distributed import optimizer_state
+    from node.training.distributed import optimizer_state
 
     tok, lm, base = load_tokenizer(BUILTIN_MODEL), load_model(BUILTIN_MODEL, dtype), load_model(BUILTIN_MODEL, dtype)
     opt = new_optimizer(lm)
@@ -85,7 +86,7 @@ def reference(steps: int = STEPS, dtype: torch.dtype = DTYPE) -> list[tuple[dict
 
 
 def main(mode: str, out: str, resume: str | None = None) -> None:
-    from node.distributed import Leader, follow, full_state_dict, init_from_env, optimizer_state, shard
+    from node.training.distributed import Leader, follow, full_state_dict, init_from_env, optimizer_state, shard
 
     Path(f"{out}.rank{os.environ['RANK']}.pid").write_text(str(os.getpid()))  # the test kills leftovers by PID
     torch.manual_seed(0)

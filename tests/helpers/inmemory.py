@@ -20,7 +20,7 @@ from node.config import SamplingConfig
 from node.engines.hf import HFEngine
 from node.learner import Learner, LearnerConfig
 from node.models import BUILTIN_MODEL, load_model, load_tokenizer, tokenizer_hash
-from node.sampler import Sampler
+from node.sampling.sampler import Sampler
 from node.tasks import ArithmeticConfig, Task, make_task
 from swarm.memory import MemoryExchange, MemorySamplerLink, VirtualClock
 

@@ -17,13 +17,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script:
 
 from examples.bench_learner import PeakMemory, make_parts  # noqa: E402
 from examples.model_shapes import build  # noqa: E402
-from node.trainer import StepOptions, train_step  # noqa: E402
+from node.training.step import StepOptions, train_step  # noqa: E402
 
 budget, groups = int(sys.argv[1]), int(sys.argv[2])
 torch.set_num_threads(1)
 model = build("wide-vocab-tiny")
 if sys.argv[3:] == ["full"]:
-    model.get_output_embeddings = lambda: None  # node.logprobs then takes the full-logits path
+    model.get_output_embeddings = lambda: None  # node.training.logprobs then takes the full-logits path
 parts = make_parts(model.config.vocab_size, groups, 4, 8, 24)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
 options = StepOptions(budget or None)

@@ -14,9 +14,9 @@ from pathlib import Path
 from cli.procs import NodeProcess, start_node, stop, wait_for_file
 from node.models import BUILTIN_MODEL, load_tokenizer, tokenizer_hash
 from node.tasks import ArithmeticTask
-from swarm.envelope import seal
+from swarm.wire.envelope import seal
 from swarm.identity import Identity
-from swarm.records import CompletionRecord, RolloutGroup
+from swarm.wire.rollout import CompletionRecord, RolloutGroup
 
 
 class Swarm:
@@ -109,10 +109,10 @@ def check_books(learner_dir: Path) -> dict:
     Returns the final checkpoint's state (format 2: {part: state})."""
     import msgpack
 
-    from swarm.journal import Journal
-    from swarm.records import decode_rollout_group
+    from swarm.rollouts.journal import Journal
+    from swarm.wire.rollout import decode_rollout_group
 
-    from node.checkpoint import latest_checkpoint
+    from node.learner.checkpoint import latest_checkpoint
 
     last = latest_checkpoint(learner_dir / "checkpoints")
     state = json.loads((last / "state.json").read_text())
@@ -129,7 +129,7 @@ def check_books(learner_dir: Path) -> dict:
 
 def owed_now(outbox_db: Path) -> set[str]:
     """The ids a sampler's outbox owes its learner now (what `undelivered` then follows)."""
-    from swarm.outbox import Outbox
+    from swarm.rollouts.outbox import Outbox
 
     outbox = Outbox(outbox_db)
     try:

@@ -1,0 +1,202 @@
+"""Spot audits of own-model groups (checkable sampling, node/audit/margins.py and node/sampling/race.py), and
+what they decide: which samplers are proven, and which are refused for good.
+
+The auditor owns the published versions rebuilt for audits (`VersionArchive`), the refusal list
+(on disk: a refusal survives restarts), a second copy of the model that audits run on (made for a
+step's audits and let go after them, so a training step never holds it), and per-sampler audit
+counts.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import functools
+import logging
+import random
+import time
+from typing import Any
+
+import torch
+
+from node.audit.margins import AuditItem, AuditResult, audit_groups
+from node.audit.flips import FlipRate, FlipTest
+from node.audit.refusals import RefusalList
+from node.audit.archive import VersionArchive
+from node.sampling.race import group_seeds
+from node.config import SamplingConfig
+from node.device import matmul_rates
+from node.weights.blob import retie
+from node.audit.claim_gaps import ClaimGaps
+from node.learner.config import LearnerConfig
+from node.learner.groups import BufferedGroup, GroupKind, Verdict
+
+log = logging.getLogger(__name__)
+
+CALIBRATION_S = 300.0
+"""The most the flip rate's measurement (FlipRate.ENOUGH positions of reference passes, spread
+over the first audits) may be estimated to cost; past it the learner holds samplers to
+`audit_flip_rate` unmeasured, as before the measurement existed."""
+
+NEW_STATS = {"audits": 0, "failed": 0, "unauditable": 0, "positions": 0, "flips": 0, "time_s": 0.0,
+             "logprob_gap_max": 0.0, "margin_max": 0.0, "flip_rate": 0.0}
+
+
+class Auditor:
+    def __init__(self, cfg: LearnerConfig, model: torch.nn.Module, aliases: dict[str, str], sampling: SamplingConfig,
+                 pad_id: int, archive: VersionArchive, refusals: RefusalList, peer_id: str,
+                 measures_claims: bool = True) -> None:
+        """`measures_claims`: audits count each sampler's claim gap (`claim_gaps`). Only where the
+        learner computes in float32, as the audit's forward does: a learner in bfloat16 computes p
+        in bfloat16, and measures the gap against that by recomputing (node/learner/behaviour.py)."""
+        self.cfg, self.model, self._aliases, self.sampling, self.pad_id = cfg, model, aliases, sampling, pad_id
+        self.archive, self.refusals, self.peer_id, self.measures_claims = archive, refusals, peer_id, measures_claims
+        self.audits: collections.Counter[str] = collections.Counter()
+        """Audits done per sampler (the first `audit_first` of each are always done)."""
+        self.flip_test = FlipTest(cfg.audit_flip_rate, cfg.audit_alarm)
+        """Each sampler's flips over all its audited positions (node/audit.FlipTest)..."""
+        self.flip_rate = FlipRate()
+        """...against the honest rate measured on this model (node/audit.FlipRate)."""
+        self.claim_gaps = ClaimGaps(cfg.behaviour_auto_k3)
+        """How far each sampler's claimed log-probs sit from ours, measured by every audit and every
+        recomputed group (node/audit/claim_gaps.py; what `behaviour_logprobs = "auto"` reads)."""
+        self.stats: dict[str, Any] = dict(NEW_STATS)
+        self._copy: torch.nn.Module | None = None
+        self._rng = random.SystemRandom()  # the sampler must not predict which groups get audited
+
+    @functools.cached_property
+    def calibrates(self) -> bool:
+        """Whether audits measure the honest flip rate (`audit_calibrate`), where this device can:
+        the reference pass imitates a bfloat16 engine, and a CPU without bfloat16 units runs it up
+        to 150x slower than float32. Skipped when its FlipRate.ENOUGH positions would take longer
+        than CALIBRATION_S (estimated from the model's size and the measured rates): a 39M-parameter
+        model's took hours here; the built-in model's, a minute."""
+        if not self.cfg.audit_calibrate:
+            return False
+        f32, bf16 = matmul_rates(str(next(self.model.parameters()).device))
+        params = sum(p.numel() for p in self.model.parameters())
+        tokens = 2 * FlipRate.ENOUGH  # the completions and their prompts (each a forward's worth)
+        seconds = 2 * params * tokens / bf16
+        if seconds <= CALIBRATION_S:
+            return True
+        log.warning("this device runs bfloat16 %.0fx slower than float32: measuring the honest flip rate would "
+                    "take ~%.0f s of audits, so the flip test holds samplers to audit_flip_rate (%g) instead",
+                    f32 / bf16, seconds, self.cfg.audit_flip_rate)
+        return False
+
+    def is_proven(self, peer: str) -> bool:
+        """Whether `peer` passed its first `audit_first` audits and was never refused."""
+        return peer not in self.refusals and self.audits[peer] >= self.cfg.audit_first
+
+    def kind_of(self, b: BufferedGroup) -> GroupKind:
+        """Which share of a step `b` may fill: never audited (foreign), a version we cannot rebuild
+        from a key not yet proven (nothing of it was ever checked), or checked work."""
+        if not b.own:
+            return GroupKind.FOREIGN
+        if b.sampler == self.peer_id:
+            return GroupKind.CHECKED  # made here with these weights (ingest_own): nothing to prove
+        if not self.archive.auditable(b.chain, b.claimed_version) and not self.is_proven(b.sampler):
+            return GroupKind.UNAUDITED
+        return GroupKind.CHECKED
+
+    def rate(self, sampler: str) -> float:
+        """The share of `sampler`'s groups audited once past its first `audit_first`: heavier while
+        its record is short."""
+        trusted = self.audits[sampler] >= self.cfg.audit_trusted_after
+        return self.cfg.audit_rate_trusted if trusted else self.cfg.audit_rate
+
+    def draw(self, sampler: str) -> bool:
+        """True with probability `rate(sampler)`, unpredictably to the sampler."""
+        return self._rng.random() < self.rate(sampler)
+
+    def audit(self, taken: list[BufferedGroup]) -> dict[str, str]:
+        """Audit a chosen share of `taken` (each chosen group's `verdict` is set); returns the
+        samplers that failed, each with the reason of its first failure. The caller `release`s the
+        audit copy once the step needs it no more."""
+        chosen = [b for b in taken if b.own and b.sampler != self.peer_id  # (made in this process)
+                  and (self.audits[b.sampler] < self.cfg.audit_first or self.draw(b.sampler))]
+        # one forward pass per claimed version: its weights are rebuilt and loaded once
+        by_version: dict[tuple[str, int], list[BufferedGroup]] = {}
+        for b in chosen:
+            by_version.setdefault((b.chain, b.claimed_version), []).append(b)
+        failed: dict[str, str] = {}
+        for key, groups in sorted(by_version.items()):
+            for b, why in zip(groups, self._audit_version(key, groups)):
+                if b.verdict is Verdict.FAILED:
+                    failed.setdefault(b.sampler, why)
+        return failed  # the copy stays for the step's recomputed log-probs: the learner releases it
+
+    def model_at(self, key: tuple[str, int]) -> torch.nn.Module | None:
+        """The audit copy of the model with the published weights of `key` (chain, version)
+        loaded; None if they cannot be rebuilt."""
+        weights = self.archive.weights(*key)
+        if weights is None:
+            return None
+        if self._copy is None:
+            self._copy = copy.deepcopy(self.model).eval()
+        self._copy.load_state_dict(retie(weights, self._aliases))
+        return self._copy
+
+    def release(self) -> None:
+        """Let the audit copy go until the next step's audits: kept, it would sit through the
+        training step that follows, 4 bytes a parameter at the step's peak (activations and
+        gradients); making it again costs a copy of the weights (0.5 s for 219M parameters on this
+        CPU) in a step of minutes."""
+        self._copy = None
+
+    def _audit_version(self, key: tuple[str, int], groups: list[BufferedGroup]) -> list[str]:
+        """Audit groups that claim the same version; sets each one's verdict; the failures' reasons."""
+        t0 = time.perf_counter()
+        nonce = self.archive.nonce(*key)
+        model = self.model_at(key) if nonce is not None else None
+        if model is None:
+            self.stats["unauditable"] += len(groups)
+            for b in groups:
+                b.verdict = Verdict.UNAUDITABLE
+            return [""] * len(groups)
+        items = [AuditItem(b.group.prompt_ids, [(c.token_ids, c.logprobs) for c in b.group.completions],
+                           group_seeds(nonce, b.group.problem_id, b.sampler, len(b.group.completions))) for b in groups]
+        results = audit_groups(model, items, self.sampling.params, self.pad_id, self.cfg.audit_margin,
+                               reference=self.calibrates and self.flip_rate.wanted())
+        self.stats["time_s"] += time.perf_counter() - t0
+        return [self._judge(b, r) for b, r in zip(groups, results)]
+
+    def _judge(self, b: BufferedGroup, result: AuditResult) -> str:
+        """Count `result` and set `b`'s verdict; why it failed ("" if it passed)."""
+        self.audits[b.sampler] += 1
+        st = self.stats
+        st["audits"] += 1
+        st["positions"] += result.positions
+        st["flips"] += result.flips
+        rate = self.flip_rate.rate(self.cfg.audit_flip_rate) if self.calibrates else self.cfg.audit_flip_rate
+        alarmed = self.flip_test.add(b.sampler, result.flips, result.positions, rate)
+        if result.reference_flips is not None:  # after: the rate is fixed before the group
+            self.flip_rate.add(result.reference_flips, result.positions)
+        st["flip_rate"] = rate
+        if self.measures_claims:
+            self.claim_gaps.add(b.sampler, result.claim_k3, result.positions)
+        if result.passed and result.logprob_gap <= self.cfg.audit_logprob_gap and not alarmed:
+            st["logprob_gap_max"] = max(st["logprob_gap_max"], result.logprob_gap)  # honest engines' numerics
+            st["margin_max"] = max(st["margin_max"], result.max_margin)
+            b.verdict = Verdict.PASS
+            return ""
+        st["failed"] += 1
+        b.verdict = Verdict.FAILED
+        if not result.passed:
+            return (f"audit failed: {result.failed_positions} of {result.positions} tokens are not the ones its "
+                    f"race selects at v{b.claimed_version} (largest margin {result.max_margin:.3g} > "
+                    f"{self.cfg.audit_margin:g} logits)")
+        if result.logprob_gap > self.cfg.audit_logprob_gap:
+            return f"audit failed: claimed log-probs {result.logprob_gap:.3f}/token away from v{b.claimed_version}'s"
+        return self.flip_test.why(b.sampler)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"audits": dict(self.audits), "stats": dict(self.stats), "flip_test": self.flip_test.state_dict(),
+                "flip_rate": self.flip_rate.state_dict(), "claim_gaps": self.claim_gaps.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.audits = collections.Counter(state["audits"])
+        self.stats = {**NEW_STATS, **state["stats"]}
+        self.flip_test.load_state_dict(state.get("flip_test", {}))
+        self.flip_rate.load_state_dict(state.get("flip_rate", {}))
+        self.claim_gaps.load_state_dict(state.get("claim_gaps", {}))

@@ -1,0 +1,123 @@
+"""The flip test: how often an honest engine's race picks differ from the auditor's, and when a
+sampler's flips are too many to be honest (a sequential likelihood-ratio test per sampler).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import random
+
+
+
+
+def flip_llr(flips: int, positions: int, rate: float, ratio: float) -> float:
+    """log likelihood ratio of `flips` among `positions` under a flip rate ratio x `rate` (a
+    sampler that chooses tokens) against `rate` (the highest honest one)."""
+    alt = ratio * rate
+    return flips * math.log(alt / rate) + (positions - flips) * math.log((1 - alt) / (1 - rate))
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of a share k/n ((0, 1) for n = 0)."""
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    mid = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
+def wilson_upper(k: int, n: int) -> float:
+    """Upper end of `wilson` (1 for n = 0)."""
+    return wilson(k, n)[1]
+
+
+class FlipRate:
+    """The honest flip rate the flip test holds samplers to, measured on this learner's own model.
+
+    Every audit also runs the model in REFERENCE_DTYPE (`audit_margins(reference=True)`) and counts
+    the positions where that honest engine's race pick is not the float32 one. The rate is twice
+    the upper end of that share's 95% interval, at least FLOOR (kernels other than the learner's)
+    and at most `cap` (LearnerConfig.audit_flip_rate: the highest honest rate measured on any
+    model). Why: the honest rate depends on the model by 10x (bfloat16: 0.34% on the built-in
+    model, 4.3% on a 151k vocabulary), and a constant loose enough for the second lets a sampler
+    that chooses tokens flip at 9% unrefused on the first (docs/BENCHMARKS.md)."""
+
+    FACTOR = 2.0
+    FLOOR = 0.005
+    ENOUGH = 5_000
+    """Positions after which the reference runs on one audit in SAMPLE only: the estimate is then
+    within a few tenths of a point at the rates seen, and the reference pass (a bfloat16 forward: slow where
+    the CPU has no bfloat16 matrix units) stops costing every audit."""
+    SAMPLE = 10
+
+    def __init__(self) -> None:
+        self.flips = 0
+        self.positions = 0
+        self._rng = random.Random()
+
+    def wanted(self) -> bool:
+        """Whether the next audit should run the reference pass."""
+        return self.positions < self.ENOUGH or self._rng.randrange(self.SAMPLE) == 0
+
+    def add(self, flips: int, positions: int) -> None:
+        self.flips += flips
+        self.positions += positions
+
+    def rate(self, cap: float) -> float:
+        if self.positions == 0:
+            return cap
+        return min(cap, max(self.FLOOR, self.FACTOR * wilson_upper(self.flips, self.positions)))
+
+    def state_dict(self) -> dict:
+        return {"flips": self.flips, "positions": self.positions}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.flips, self.positions = int(state.get("flips", 0)), int(state.get("positions", 0))
+
+
+class FlipTest:
+    """A sequential probability ratio test of one sampler's flips, over all its audited positions.
+
+    Each audited group adds `flip_llr` of its flips and positions; the sampler is refused once the
+    sum reaches log(1 / alarm). For an honest engine, whose flips come at a rate <= `rate`, the
+    likelihood ratio is a nonnegative supermartingale, so by Ville's inequality it ever reaches
+    1 / alarm with probability <= alarm, over any number of groups (nothing to re-tune for how
+    long a sampler stays). A sampler that picks within the tolerance flips more often; it gains
+    ~1.4 per flip (ratio 4) and loses ~3 x rate per position, so the sum has no floor: a long
+    honest record is credit, spent at most at ~2 x rate flips per position beyond it."""
+
+    RATIO = 4.0
+    """The alternative the test is most sensitive to: flips at 4 x the honest rate."""
+
+    def __init__(self, rate: float, alarm: float) -> None:
+        self.rate, self.threshold = rate, math.log(1 / alarm)
+        """`rate`: the honest rate when `add` is given none."""
+        self.last_rate = rate
+        self.llr: dict[str, float] = {}
+        self.flips: collections.Counter[str] = collections.Counter()
+        self.positions: collections.Counter[str] = collections.Counter()
+
+    def add(self, peer: str, flips: int, positions: int, rate: float | None = None) -> bool:
+        """Count one audited group's flips against `rate` (fixed before this group is seen, so
+        the guarantee holds for any rate at least the honest one); True once `peer` is past the
+        threshold."""
+        self.flips[peer] += flips
+        self.positions[peer] += positions
+        self.last_rate = self.rate if rate is None else rate
+        self.llr[peer] = self.llr.get(peer, 0.0) + flip_llr(flips, positions, self.last_rate, self.RATIO)
+        return self.llr[peer] >= self.threshold
+
+    def why(self, peer: str) -> str:
+        return (f"audit statistic: {self.flips[peer]} flips in {self.positions[peer]} audited positions, "
+                f"more than an honest engine's {self.last_rate:.2%} (log likelihood ratio {self.llr[peer]:.1f} >= "
+                f"{self.threshold:.1f})")
+
+    def state_dict(self) -> dict:
+        return {"llr": dict(self.llr), "flips": dict(self.flips), "positions": dict(self.positions)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.llr = {str(k): float(v) for k, v in state.get("llr", {}).items()}
+        self.flips = collections.Counter(state.get("flips", {}))
+        self.positions = collections.Counter(state.get("positions", {}))

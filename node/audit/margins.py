@@ -1,0 +1,135 @@
+"""An audit of checkable sampling (node/sampling/race.py): does every token of a group win its race?
+
+    results = audit_groups(model_v, items, params, pad_id, tol)   # one forward pass for v's groups
+
+On the weights the sampler held at version v (rebuilt by archive.py), the auditor recomputes each
+position's race and measures by how much the claimed token won or lost it (its *margin*, in
+logits): an honest engine in another precision or with other kernels loses a race only by its
+rounding, within `tol`; a chosen token loses by far more. What a failed audit costs is the
+Auditor's (auditor.py): the sampler is refused for good (refusals.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from node.algorithms.base import k3
+from node.sampling.race import keys_tensor, pick_tokens, position_keys, race_margins, within_tolerance
+from node.engines.base import SamplingParams
+from node.training.logprobs import completion_logits, logprobs_from_logits, pack
+
+log = logging.getLogger(__name__)
+
+
+FLIP_MARGIN = 1e-3
+"""A position whose margin exceeds this (logits) counts as a flip: the sampler's token is not the
+one the auditor's race selects. Float32 engines differ by ~1e-5 (other kernels, other batch
+shapes), far below it; bfloat16 and float16 engines flip near-ties (examples/bench_bf16_audit.py)."""
+
+
+@dataclass
+class AuditResult:
+    passed: bool
+    """Every position's margin within the tolerance."""
+    positions: int
+    failed_positions: int
+    logprob_gap: float
+    """Mean |claimed - recomputed| behaviour log-prob at the claimed version (engine numerics)."""
+    flips: int = 0
+    """Positions whose margin exceeds FLIP_MARGIN (the per-sampler statistic's events)."""
+    max_margin: float = 0.0
+    reference_flips: int | None = None
+    """Positions at which the auditor's own REFERENCE_DTYPE engine flipped (None: not run)."""
+    claim_k3: float = 0.0
+    """k3 of log q/p summed over the positions: the claims against the recomputed log-probs, as
+    node/learner/behaviour.Mismatch takes it (node/audit/claim_gaps.py)."""
+
+
+@dataclass
+class AuditItem:
+    """One group to audit: its prompt, its completions (tokens, claimed log-probs), their seeds."""
+
+    prompt_ids: list[int]
+    completions: list[tuple[list[int], list[float]]]
+    seeds: list[bytes]
+
+
+REFERENCE_DTYPE = torch.bfloat16
+"""The precision the auditor measures honest flips in, beside its float32 audit: the lowest that
+samplers run by default, and the one that flips most (docs/BENCHMARKS.md)."""
+
+
+@torch.no_grad()
+def audit_margins(model: torch.nn.Module, items: list[AuditItem], params: SamplingParams, pad_id: int,
+                  reference: bool = False, slack: float = 0.0) -> list[tuple[torch.Tensor, float, int | None, float]]:
+    """Per group: every completion position's race margin (node/checkable.race_margins: logits,
+    float64 on the CPU, rows in order) under `model` (the weights of the version the groups
+    claim), the mean |claimed - recomputed| behaviour log-prob per completion, and, with
+    `reference`, the positions at which an honest engine in REFERENCE_DTYPE would flip: a second
+    forward pass under autocast on the same prefixes, whose race pick is scored by the float32
+    margins (None without `reference`), and the k3 of log q/p (claimed against recomputed) summed
+    over the group's positions. One forward pass (two with `reference`) for all groups.
+    `slack`: the tolerance top-k / top-p are applied with (node/checkable.race_margins)."""
+    rows = [(it.prompt_ids, toks, claimed, seed) for it in items for (toks, claimed), seed in zip(it.completions, it.seeds)]
+    device = next(model.parameters()).device
+    batch = pack([r[0] for r in rows], [r[1] for r in rows], pad_id).to(device)
+    # every completion position in row-major order (the order of completion_mask and of the rows)
+    tokens = torch.tensor([t for r in rows for t in r[1]], dtype=torch.long, device=device)
+    keys = keys_tensor([k for r in rows for k in position_keys(r[3], len(r[1]))], device)
+    claimed = torch.tensor([c for r in rows for c in r[2]], dtype=torch.float32, device=device)
+    p = params
+    low = None  # the reference engine's picks, scored by the float32 pass below
+    if reference:
+        low = torch.zeros_like(tokens)
+        with torch.autocast(device.type, dtype=REFERENCE_DTYPE):
+            for sl, logits in completion_logits(model, batch):
+                low[sl] = pick_tokens(logits, keys[sl], p.temperature, p.top_k, p.top_p)
+    margins, mine = torch.zeros(len(tokens), dtype=torch.float64, device=device), torch.zeros_like(claimed)
+    flipped = torch.zeros(len(tokens), dtype=torch.bool, device=device)
+    for sl, logits in completion_logits(model, batch):  # whole distributions, chunk by chunk
+        margins[sl] = race_margins(logits, tokens[sl], keys[sl], p.temperature, p.top_k, p.top_p, slack)
+        mine[sl] = logprobs_from_logits(logits, tokens[sl], p.logprob_temperature)
+        if low is not None:
+            flipped[sl] = race_margins(logits, low[sl], keys[sl], p.temperature, p.top_k, p.top_p, slack) > FLIP_MARGIN
+    sizes = [len(r[1]) for r in rows]
+    lengths = torch.tensor(sizes, device=device)
+    row_of = torch.repeat_interleave(torch.arange(len(rows), device=device), lengths)
+    gap = torch.zeros(len(rows), device=device).index_add_(0, row_of, (mine - claimed).abs()) / lengths.clamp(min=1)
+    claim_k3 = k3((claimed - mine).double())
+    margins, gap, flipped, claim_k3 = margins.cpu(), gap.tolist(), flipped.cpu(), claim_k3.cpu()  # one transfer each
+    out, row, pos = [], 0, 0
+    for it in items:
+        n = len(it.completions)
+        size = sum(sizes[row : row + n])  # host-side: no device sync per group
+        ref = int(flipped[pos : pos + size].sum()) if low is not None else None
+        out.append((margins[pos : pos + size], sum(gap[row : row + n]) / max(n, 1), ref,
+                    float(claim_k3[pos : pos + size].sum())))
+        row, pos = row + n, pos + size
+    return out
+
+
+def judge_margins(margins: torch.Tensor, gap: float, tol: float, reference_flips: int | None = None,
+                  claim_k3: float = 0.0) -> AuditResult:
+    """A group's result from its positions' margins: it passes if every margin is <= `tol`."""
+    bad = int((~within_tolerance(margins, tol)).sum())
+    top = float(margins.max()) if len(margins) else 0.0
+    return AuditResult(bad == 0, len(margins), bad, gap, int((margins > FLIP_MARGIN).sum()), top, reference_flips,
+                       claim_k3)
+
+
+def audit_groups(model: torch.nn.Module, items: list[AuditItem], params: SamplingParams, pad_id: int,
+                 tol: float, reference: bool = False) -> list[AuditResult]:
+    """Check that each completion's tokens are those its seeded race selects under `model` (the
+    weights of the version the groups claim), within `tol` logits: one forward pass over all the
+    groups' rows (and one in REFERENCE_DTYPE with `reference`)."""
+    return [judge_margins(margins, gap, tol, ref, k)
+            for margins, gap, ref, k in audit_margins(model, items, params, pad_id, reference, slack=tol)]
+
+
+def audit_group(model: torch.nn.Module, prompt_ids: list[int], completions: list[tuple[list[int], list[float]]],
+                seeds: list[bytes], params: SamplingParams, pad_id: int, tol: float) -> AuditResult:
+    """`audit_groups` for one group."""
+    return audit_groups(model, [AuditItem(prompt_ids, completions, seeds)], params, pad_id, tol)[0]

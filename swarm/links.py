@@ -1,0 +1,75 @@
+"""The seam (`exchange.py`) on the real hivemind swarm, one class per direction.
+
+`SwarmLearnerLink` = rollouts in (`rollouts.RolloutReceiver`) + weights out
+(`weights.WeightServer`); `SwarmSamplerLink` = rollouts out (`rollouts.RolloutSender`) +
+weights in (`weights.WeightFetcher`). Both sides draw their injected delays from one seeded RNG.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Callable
+
+from swarm.delay import DelayConfig
+from swarm.exchange import Intake, IntakeConfig, WeightVersion
+from swarm.rollouts.journal import Journal
+from swarm.rollouts.outbox import Outbox
+from swarm.p2p import SwarmNode
+from swarm.rollouts import RolloutReceiver, RolloutSender
+from swarm.weights import FetchConfig, WeightFetcher, WeightPrefetcher, WeightServer
+
+
+class SwarmLearnerLink:
+    """The learner's link. The learner reads rollouts through it and the receiver asks the learner
+    about each one (`Intake`), so rollouts are taken only once `open_intake` names a ready learner."""
+
+    def __init__(self, node: SwarmNode, journal: Journal, cfg: IntakeConfig) -> None:
+        self.node = node
+        self.rollouts = RolloutReceiver(node, journal, cfg)
+        self.weights = WeightServer(node)
+
+    def open_intake(self, intake: Intake, cursor: int) -> None:
+        """Take rollouts for `intake`, which has read the journal up to `cursor` (its checkpoint's).
+        The samplers it has proven draw on their own budgets at every door, never on the pools of
+        unknown keys (swarm/p2p/doors.py): a crowd of fresh keys cannot slow them."""
+        self.rollouts.open(intake, cursor)
+        self.node.doors.trust(intake.is_proven)
+
+    @property
+    def cursor(self) -> int:
+        """Journal records handed to the learner so far (it saves this in its checkpoints)."""
+        return self.rollouts.cursor
+
+    def receive_rollouts(self, max_records: int, timeout: float = 0.0) -> list[bytes]:
+        return self.rollouts.receive(max_records, timeout)
+
+    def publish_weights(self, version: WeightVersion) -> None:
+        self.weights.publish(version)
+
+
+class SwarmSamplerLink:
+    def __init__(self, node: SwarmNode, outbox: Outbox, learner: Callable[[], str | None],
+                 weight_delay: DelayConfig = DelayConfig(), rollout_delay: DelayConfig = DelayConfig(),
+                 seed: int = 0, mates: Callable[[], list[str]] = lambda: [], rpc_timeout: float = 30.0,
+                 weight_poll_s: float = 1.0, fetch: FetchConfig = FetchConfig(),
+                 partners: Callable[[], list[str]] = lambda: [], max_partner_owed: int = 256) -> None:
+        rng = random.Random(seed)
+        self.rollouts = RolloutSender(node, outbox, learner, rollout_delay, rng, rpc_timeout, partners,
+                                      max_partner_owed)
+        self.weights = WeightFetcher(node, learner, weight_delay, rng, rpc_timeout, mates, cfg=fetch)
+        # versions download while the sampler generates; it applies them between batches
+        self.prefetch = WeightPrefetcher(self.weights, weight_poll_s)
+
+    @property
+    def learner_backlog(self) -> int:
+        return self.rollouts.learner_backlog
+
+    def send_rollouts(self, records: list[tuple[str, bytes]]) -> None:
+        self.rollouts.send(records)
+
+    def fetch_weights(self, have_chain: str, have_version: int) -> list[WeightVersion] | None:
+        return self.prefetch.take(have_chain, have_version)
+
+    def close(self) -> None:
+        self.rollouts.close()
+        self.prefetch.close()

@@ -1,0 +1,96 @@
+"""hetero.chunks.v1's request, and how a weight blob is cut into the chunks it names.
+
+    request:  [chain, version, [index, ...], wait]   (`ChunkRequest`, at most MAX_REQUEST_BYTES)
+    reply:    a stream of those chunks, in order, ending at the first one not held
+
+Every chunk is pinned by its sha256 in the learner's signed manifest (manifest.py), so a holder
+can serve only the right bytes or none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import msgpack
+
+from swarm.p2p import MAX_MESSAGE
+from swarm.wire.rollout import MAX_ID
+
+
+CHUNKS = "hetero.chunks.v1"
+CHUNK_SIZE = 1024 * 1024
+MANIFEST_BYTES_A_CHUNK = len(msgpack.packb("0" * 64))
+"""66: what one chunk costs the manifest that lists it (its sha256 in hex, a msgpack str8)."""
+MAX_INDICES = MAX_MESSAGE // MANIFEST_BYTES_A_CHUNK
+"""47,662: the most chunks a version can have, so the most indices a request may name, and one past
+the largest index. A fetcher learns a version's chunks from its learner's manifest, one reply, which
+our replies keep under MAX_MESSAGE (3 MiB; hivemind carries 4 MiB at most): no manifest lists more
+chunks, so no version the code accepts is larger than 47,662 x 1 MiB = 46.5 GiB (a 7B keyframe in
+bf16: 14,306 chunks). An honest request names at most every chunk of one version (`Gather._split`)."""
+MAX_REQUEST_WAIT = 10.0
+"""The longest a peer may ask us to hold one request open, waiting for something to answer with (a
+chunk still coming, a manifest newer than the one it holds): what any peer can make us keep waiting."""
+
+
+def chunk_digest(chunk: bytes | memoryview) -> str:
+    """The sha256 the manifest pins a chunk with (hashlib lets go of the GIL: streams hash at once)."""
+    return hashlib.sha256(chunk).hexdigest()
+
+
+def split_blob(blob: bytes) -> list[bytes]:
+    return [blob[i : i + CHUNK_SIZE] for i in range(0, len(blob), CHUNK_SIZE)]
+
+
+@dataclass(frozen=True)
+class ChunkRequest:
+    """[chain, version, [index, ...], wait]: those chunks of a version, each waited for at most
+    `wait` s (capped at MAX_REQUEST_WAIT) if the holder is downloading it (`ChunkStore`)."""
+
+    chain: str
+    """Not checked: a chain the holder does not follow is simply not held (a stream of no chunk)."""
+    version: int
+    indices: list[int]
+    wait: float
+
+    def encode(self) -> bytes:
+        return msgpack.packb([self.chain, self.version, self.indices, self.wait])
+
+    @classmethod
+    def decode(cls, payload: bytes) -> ChunkRequest:
+        """The request in `payload`, or ChunkRequestError saying why not: `oversize` (over
+        MAX_REQUEST_BYTES, before anything is unpacked), `too_many` (more than MAX_INDICES indices,
+        told by msgpack from the list's header, before its items are unpacked), `undecodable`
+        (not msgpack, trailing bytes, a string, list or map longer than a request has), `schema`."""
+        if len(payload) > MAX_REQUEST_BYTES:
+            raise ChunkRequestError("oversize", f"{len(payload)} bytes (at most {MAX_REQUEST_BYTES})")
+        try:  # no string, list or map in a request is longer than these: msgpack checks before it allocates
+            d = msgpack.unpackb(payload, raw=False, max_str_len=4 * MAX_ID, max_bin_len=0, max_array_len=MAX_INDICES,
+                                max_map_len=0, max_ext_len=0)
+        except Exception as e:  # msgpack raises several types for garbage
+            reason = "too_many" if "max_array_len" in str(e) else "undecodable"
+            raise ChunkRequestError(reason, f"{type(e).__name__}: {e}") from None
+        if not (isinstance(d, list) and len(d) == 4):
+            raise ChunkRequestError("schema", "not [chain, version, [index, ...], wait]")
+        chain, version, indices, wait = d
+        if not (isinstance(chain, str) and len(chain) <= MAX_ID and type(version) is int and isinstance(indices, list)
+                and type(wait) in (int, float) and 0 <= wait):  # (a NaN is not >= 0)
+            raise ChunkRequestError("schema", "not [chain, version, [index, ...], wait]")
+        if not all(type(i) is int and 0 <= i < MAX_INDICES for i in indices):
+            raise ChunkRequestError("schema", f"an index that is not an int in [0, {MAX_INDICES})")
+        return cls(chain, version, indices, float(wait))
+
+
+class ChunkRequestError(ValueError):
+    """A chunk request no honest fetcher sends; `reason` is what it is counted as."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+MAX_REQUEST_BYTES = len(ChunkRequest("\U0010ffff" * MAX_ID, -(1 << 63), [MAX_INDICES - 1] * MAX_INDICES,
+                                     MAX_REQUEST_WAIT).encode())
+"""143,267: the largest request that follows the protocol (a chain of MAX_ID 4-byte characters, a
+9-byte version, MAX_INDICES indices of 3 bytes each, a float wait). The request frame is bounded by
+it before a byte of its payload is read (`BoundedStream`); the transport's own bound is MAX_MESSAGE."""

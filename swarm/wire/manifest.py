@@ -1,0 +1,123 @@
+"""The learner's manifest of its chain segment, and the (long-poll) request for it.
+
+hetero.manifest.v1: b"" or [chain, version, wait] -> the manifest, sealed by the learner: chain id,
+model, chunk size, and per version its base, size and per-chunk sha256 (which pin every byte: a
+whole-blob hash on top would only cost the fetcher a pass over it). On the wire a msgpack map with
+the fields below in their order; a keyframe's base is -1. Unknown extra fields are ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Callable, ClassVar
+
+import msgpack
+
+from swarm.wire.envelope import open_envelope, seal
+from swarm.identity import Identity, short_id
+from swarm.wire.rollout import RecordError
+from swarm.wire.chunks import chunk_digest, split_blob
+
+MANIFEST = "hetero.manifest.v1"
+KEYFRAME_BASE = -1
+"""The base a keyframe has on the wire."""
+
+
+def _field(d: dict, name: str, kind: type | tuple[type, ...]):
+    value = d.get(name) if isinstance(d, dict) else None
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise RecordError("schema", f"manifest field {name!r}: {type(value).__name__}")
+    return value
+
+
+@dataclass(frozen=True)
+class VersionEntry:
+    """One version the manifest lists: what it applies to and the sha256 of each of its chunks."""
+
+    version: int
+    base: int | None
+    """The version it is a delta of; None for a keyframe."""
+    size: int
+    """Bytes of the whole blob: a stream can silently lose its tail, so the fetcher checks it."""
+    chunks: tuple[str, ...]
+    """sha256 (hex) of each CHUNK_SIZE slice of the blob, in order."""
+
+    @classmethod
+    def of_blob(cls, version: int, base: int | None, blob: bytes) -> VersionEntry:
+        return cls(version, base, len(blob), tuple(chunk_digest(c) for c in split_blob(blob)))
+
+    def to_wire(self) -> dict:
+        wire = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {**wire, "base": KEYFRAME_BASE if self.base is None else self.base, "chunks": list(self.chunks)}
+
+    @classmethod
+    def from_wire(cls, d: dict) -> VersionEntry:
+        base = _field(d, "base", int)
+        chunks = _field(d, "chunks", list)
+        if not all(isinstance(c, str) for c in chunks):
+            raise RecordError("schema", "manifest chunk hashes must be strings")
+        return cls(_field(d, "version", int), None if base < 0 else base, _field(d, "size", int), tuple(chunks))
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The learner's current chain segment: its last keyframe and the deltas after it."""
+
+    model_id: str
+    chain: str
+    chunk_size: int
+    versions: tuple[VersionEntry, ...]
+    learner: str
+    """The peer id of the learner that published it."""
+    time: float
+    """When it was published (the learner's clock)."""
+
+    def encode(self) -> bytes:
+        wire = {f.name: getattr(self, f.name) for f in fields(self)}
+        return msgpack.packb({**wire, "versions": [v.to_wire() for v in self.versions]})
+
+    @classmethod
+    def decode(cls, record: bytes) -> Manifest:
+        d = msgpack.unpackb(record, raw=False)
+        kinds = {"model_id": str, "chain": str, "chunk_size": int, "versions": list, "learner": str, "time": (int, float)}
+        values = {name: _field(d, name, kind) for name, kind in kinds.items()}
+        return cls(**{**values, "versions": tuple(VersionEntry.from_wire(v) for v in values["versions"])})
+
+    def seal(self, identity: Identity) -> bytes:
+        return seal(identity, self.encode())
+
+    @classmethod
+    def open(cls, sealed: bytes, learner: str, forged: Callable[[], None] = lambda: None) -> Manifest:
+        """The manifest in `sealed`, refused (RecordError "signature", after calling `forged`) unless
+        `learner` sealed it: a manifest names the chunks' hashes, so it is the whole trust in them."""
+        record, signer = open_envelope(sealed)
+        if signer != learner:
+            forged()
+            raise RecordError("signature", f"manifest signed by {short_id(signer)}, not by the learner we follow")
+        return cls.decode(record)
+
+
+@dataclass(frozen=True)
+class ManifestRequest:
+    """A long poll: the manifest once the learner's newest version is no longer (chain, version),
+    waiting at most `wait` s. Sent as b"" (answered at once) when `wait` is 0."""
+
+    chain: str
+    version: int
+    wait: float
+    MAX_BYTES: ClassVar[int] = 512
+
+    def encode(self) -> bytes:
+        return msgpack.packb([self.chain, self.version, self.wait]) if self.wait > 0 else b""
+
+    @classmethod
+    def decode(cls, payload: bytes) -> ManifestRequest | None:
+        """None for b"" (answer at once); raises ValueError (or msgpack's error) if malformed."""
+        if not payload:
+            return None
+        if len(payload) > cls.MAX_BYTES:
+            raise ValueError(f"{len(payload)} bytes")
+        chain, version, wait = msgpack.unpackb(payload)
+        if not isinstance(chain, str) or not isinstance(version, int) or not isinstance(wait, (int, float)):
+            raise ValueError("not [chain, version, wait]")
+        return cls(chain, version, wait)

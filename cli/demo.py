@@ -15,6 +15,7 @@ from rich.table import Table
 from swarm.identity import short_id
 
 from cli.procs import NodeProcess, start_node, stop, wait_for_file
+from node.metrics import Kind, Metric
 
 LEARNER_TOML = """\
 tally_every_s = 5.0
@@ -80,18 +81,18 @@ def _follow(base: Path, steps: int, learner: NodeProcess, console: Console, time
             new, pos = _read_new(metrics, pos)
             records += new
             for r in new:
-                if r["kind"] == "eval":
-                    last_eval = r["eval_acc"]
+                if r[Metric.KIND] == Kind.EVAL:
+                    last_eval = r[Metric.EVAL_ACC]
                 else:
                     last_step = r
             if last_step is not None:
-                progress.update(bar, completed=last_step["version"],
+                progress.update(bar, completed=last_step[Metric.VERSION],
                                 info=f"reward {last_step['reward']:.2f}  staleness {last_step['staleness_mean']:.1f}"
                                      + (f"  eval {last_eval:.1%}" if last_eval is not None else ""))
             if learner.popen.poll() is not None:
                 new, pos = _read_new(metrics, pos)
                 records += new
-                last_eval = next((r["eval_acc"] for r in reversed(records) if r["kind"] == "eval"), last_eval)
+                last_eval = next((r[Metric.EVAL_ACC] for r in reversed(records) if r[Metric.KIND] == Kind.EVAL), last_eval)
                 if last_step is not None and last_eval is not None:
                     progress.update(bar, info=f"reward {last_step['reward']:.2f}  final eval {last_eval:.1%}")
                 return records
@@ -102,24 +103,24 @@ def _follow(base: Path, steps: int, learner: NodeProcess, console: Console, time
 
 
 def _summary(console: Console, records: list[dict], names: dict[str, str], wall: float, log: Path) -> bool:
-    evals = [(r["version"], r["eval_acc"]) for r in records if r["kind"] == "eval"]
-    steps = [r for r in records if r["kind"] == "step"]
+    evals = [(r[Metric.VERSION], r[Metric.EVAL_ACC]) for r in records if r[Metric.KIND] == Kind.EVAL]
+    steps = [r for r in records if r[Metric.KIND] == Kind.STEP]
     if len(evals) < 2 or not steps:
         console.print(f"[red]the learner did not finish; see {log}[/]", soft_wrap=True)
         return False
     stale = collections.Counter()
     for r in steps:
-        stale.update({int(k): v for k, v in r["staleness_hist"].items()})
+        stale.update({int(k): v for k, v in r[Metric.STALENESS_HIST].items()})
     last = steps[-1]
     table = Table(title="hetero-node demo: summary", show_header=False)
     table.add_row("eval accuracy", f"{evals[0][1]:.1%} -> {evals[-1][1]:.1%} ({(evals[-1][1] - evals[0][1]) * 100:+.1f} points)")
-    table.add_row("versions published", str(last["version"]))
-    got = last["accepted_by_sampler"]
+    table.add_row("versions published", str(last[Metric.VERSION]))
+    got = last[Metric.ACCEPTED_BY_SAMPLER]
     per_sampler = sorted((names.get(peer, short_id(peer)), n) for peer, n in got.items())
     table.add_row("groups accepted", f"{sum(got.values())} ({', '.join(f'{name} {n}' for name, n in per_sampler)})")
     total = sum(stale.values())
     table.add_row("staleness (versions)", f"mean {sum(k * v for k, v in stale.items()) / total:.1f}, max {max(stale)}")
-    table.add_row("dropped", ", ".join(f"{k}: {v}" for k, v in last["drops"].items()) or "none")
+    table.add_row("dropped", ", ".join(f"{k}: {v}" for k, v in last[Metric.DROPS].items()) or "none")
     table.add_row("wall time", f"{wall:.0f} s")
     console.print(table)
     curve = "  ".join(f"v{v}: {a:.0%}" for v, a in evals)
@@ -131,9 +132,9 @@ def _leaderboard(console: Console, url: str, records: list[dict], db: Path, wait
     """The leaderboard as the service shows it, once it has the learner's final tally."""
     import urllib.request
 
-    steps = [r for r in records if r["kind"] == "step"]
+    steps = [r for r in records if r[Metric.KIND] == Kind.STEP]
     # credited = trained on: the groups each step took, less those without signal (zero variance)
-    want = sum(r["groups_own"] + r["groups_foreign"] - r["groups_skipped_zero_var"] for r in steps)
+    want = sum(r["groups_own"] + r[Metric.GROUPS_FOREIGN] - r[Metric.GROUPS_SKIPPED_ZERO_VAR] for r in steps)
     deadline, board = time.monotonic() + wait, None
     while time.monotonic() < deadline:
         try:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from node.metrics import read_metrics
+from node.metrics import Kind, Metric, read_metrics
 
 log = logging.getLogger(__name__)
 
@@ -31,15 +31,15 @@ HOW_TO_FIX = "pass a metrics.jsonl or a run folder (hetero-node local/simulate/j
 
 PANELS: tuple[tuple[str, str, str], ...] = (
     # (record key, panel title, y label); eval_acc comes from eval records, the rest from step records
-    ("reward", "Reward (train batch mean)", "reward"),
-    ("eval_acc", "Eval accuracy", "accuracy"),
-    ("loss", "Loss", "loss"),
-    ("grad_norm", "Gradient norm (before clipping)", "L2 norm"),
-    ("staleness_mean", "Staleness of own rollouts (mean)", "versions behind"),
-    ("is_weight_var", "Importance-weight variance", "variance"),
-    ("kl_k3", "KL to sampling policy (k3)", "KL"),
-    ("clip_frac", "Clipped fraction", "fraction"),
-    ("weights_bytes_vs_view", "Published version size (vs a full copy of the view)", "share of the view's bytes"),
+    (Metric.REWARD, "Reward (train batch mean)", "reward"),
+    (Metric.EVAL_ACC, "Eval accuracy", "accuracy"),
+    (Metric.LOSS, "Loss", "loss"),
+    (Metric.GRAD_NORM, "Gradient norm (before clipping)", "L2 norm"),
+    (Metric.STALENESS_MEAN, "Staleness of own rollouts (mean)", "versions behind"),
+    (Metric.IS_WEIGHT_VAR, "Importance-weight variance", "variance"),
+    (Metric.KL_K3, "KL to sampling policy (k3)", "KL"),
+    (Metric.CLIP_FRAC, "Clipped fraction", "fraction"),
+    (Metric.WEIGHTS_BYTES_VS_VIEW, "Published version size (vs a full copy of the view)", "share of the view's bytes"),
 )
 KEYFRAMES_ON = "weights_bytes_vs_view"
 """The panel that marks keyframes (step records with weights_kind "keyframe"). Its ratio is to a
@@ -62,7 +62,7 @@ class Run:
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         """(versions, values) of `key`, sorted by version; non-finite values become NaN (a gap)."""
-        source = self.evals if key == "eval_acc" else self.steps
+        source = self.evals if key == Metric.EVAL_ACC else self.steps
         xs, ys = [], []
         for version in sorted(source):
             value = source[version].get(key)
@@ -76,7 +76,7 @@ class Run:
 
 
 def _version(rec: dict[str, Any]) -> int | None:
-    for key in ("version", "step"):
+    for key in (Metric.VERSION, Metric.STEP):
         value = rec.get(key)
         if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
             return int(value)
@@ -88,10 +88,10 @@ def load_run(path: Path, label: str) -> Run | None:
     run = Run(label, path)
     for rec in read_metrics(path):
         version = _version(rec)
-        kind = rec.get("kind", "step")
-        if version is None or kind not in ("step", "eval"):
+        kind = rec.get(Metric.KIND, Kind.STEP)
+        if version is None or kind not in (Kind.STEP, Kind.EVAL):
             continue
-        (run.evals if kind == "eval" else run.steps)[version] = rec
+        (run.evals if kind == Kind.EVAL else run.steps)[version] = rec
     return run if run.steps or run.evals else None
 
 
@@ -185,7 +185,7 @@ def _draw(ax, run: Run, key: str, color) -> None:
     xs, ys = run.series(key)
     if not xs:
         return
-    if key == "eval_acc":
+    if key == Metric.EVAL_ACC:
         ax.plot(xs, ys, color=color, lw=1.6, marker="o" if len(xs) <= 60 else None, ms=3.5, label=run.label)
     elif len(xs) >= SMOOTH_MIN_POINTS:
         ax.plot(xs, ys, color=color, lw=0.7, alpha=0.25)
@@ -209,7 +209,7 @@ def _plot_eval(runs: list[Run], colors: list, path: Path) -> None:
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     for run, color in zip(runs, colors):
-        _draw(ax, run, "eval_acc", color)
+        _draw(ax, run, Metric.EVAL_ACC, color)
     _style(ax, "Eval accuracy", "accuracy (share of held-out problems solved)")
     ax.set_xlabel(X_LABEL, fontsize=9)
     if len(runs) <= 8:
@@ -222,7 +222,7 @@ def _plot_eval(runs: list[Run], colors: list, path: Path) -> None:
 def _mark_keyframes(ax, run: Run, key: str, color) -> bool:
     """Hollow triangles on the versions published as keyframes; whether there were any."""
     points = dict(zip(*run.series(key)))
-    xs = [v for v in points if run.steps[v].get("weights_kind") == "keyframe"]
+    xs = [v for v in points if run.steps[v].get(Metric.WEIGHTS_KIND) == "keyframe"]
     if xs:
         ax.plot(xs, [points[v] for v in xs], ls="none", marker="^", ms=5, mfc="none", mec=color, mew=1.2)
     return bool(xs)
@@ -268,7 +268,7 @@ def overview_figure(runs: list[Run]):
     fig.legend(handles, [r.label for r in runs], loc="outside lower center", ncols=min(len(runs), 4),
                fontsize=9, frameon=False)
     smoothed = any(len(run.series(key)[0]) >= SMOOTH_MIN_POINTS
-                   for run in runs for key, _, _ in keys if key != "eval_acc")
+                   for run in runs for key, _, _ in keys if key != Metric.EVAL_ACC)
     fig.suptitle("Training overview" + ("  (faint: per-step value, solid: moving average)" if smoothed else ""),
                  fontsize=12)
     return fig
@@ -288,7 +288,7 @@ def plot_runs(runs: list[Path], out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     colors = _colors(len(loaded))
     written: list[Path] = []
-    if any(run.has("eval_acc") for run in loaded):
+    if any(run.has(Metric.EVAL_ACC) for run in loaded):
         path = out_dir / "eval_acc.png"
         _plot_eval(loaded, colors, path)
         written.append(path)

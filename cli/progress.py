@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Callable
+from node.metrics import Kind, Metric
 
 
 def run_with_progress(run: Callable, total: int, title: str) -> list[dict]:
@@ -20,8 +21,8 @@ def run_with_progress(run: Callable, total: int, title: str) -> list[dict]:
         last: dict = {}
 
         def on_record(rec: dict) -> None:  # an eval updates the line too: the bar ends on the final eval
-            if rec["kind"] == "eval":
-                evals.append((rec["version"], rec["eval_acc"]))
+            if rec[Metric.KIND] == Kind.EVAL:
+                evals.append((rec[Metric.VERSION], rec[Metric.EVAL_ACC]))
             else:
                 last.update(rec)
             if not last:
@@ -31,7 +32,7 @@ def run_with_progress(run: Callable, total: int, title: str) -> list[dict]:
                 info += f"  staleness {last['staleness_mean']:.1f}"
             if evals:
                 info += f"  eval {evals[-1][1]:.1%}"
-            progress.update(bar, completed=last["version"], info=info)
+            progress.update(bar, completed=last[Metric.VERSION], info=info)
 
         records = run(on_record)
     print_evals(console, evals, records)

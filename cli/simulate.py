@@ -32,6 +32,7 @@ from node.tasks import ArithmeticConfig, make_task
 from swarm.delay import DelayConfig
 from swarm.memory import MemoryExchange, VirtualClock
 from swarm.wire.rollout import decode_rollout_group
+from swarm.wire.reasons import Drop
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +202,7 @@ class Simulator:
         for round_ in range(MAKE_UP_ROUNDS + 1):
             again = []
             for raw in self.exchange.receive_rollouts(10_000):
-                if self.learner.ingest(raw) == "duplicate_content":
+                if self.learner.ingest(raw) == Drop.DUPLICATE_CONTENT:
                     again.append(decode_rollout_group(raw).sampler)
             if not again or round_ == MAKE_UP_ROUNDS:
                 return

@@ -10,6 +10,8 @@ import typer
 
 
 def show_status(initial_peers: list[str], swarm: str, as_json: bool) -> None:
+    import msgspec
+
     from node.config import load_config
     from swarm.dht.network import NetworkConfig
     from swarm.dht.process import create_dht
@@ -20,9 +22,10 @@ def show_status(initial_peers: list[str], swarm: str, as_json: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         dht = create_dht(Identity.load_or_create(Path(tmp) / "status.key"), net, swarm)
         try:
-            peers = list_peers(dht, swarm)
+            listed = list_peers(dht, swarm)
         finally:
             dht.shutdown()
+    peers = [{**msgspec.to_builtins(p.info), "expires_in": p.expires_in, "last_seen_s": p.last_seen_s} for p in listed]
     if as_json:
         typer.echo(json.dumps(peers, indent=1))
     else:

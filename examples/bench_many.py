@@ -39,9 +39,11 @@ sys.path.insert(0, str(ROOT))
 
 from cli.procs import start_node, stop, wait_for_file  # noqa: E402
 from swarm import dht as swarm_dht  # noqa: E402
+from swarm.wire.peer import PeerInfo  # noqa: E402
+from swarm.wire.tally import Tally  # noqa: E402
 from swarm.discovery import LearnerTracker  # noqa: E402
 from swarm.identity import Identity  # noqa: E402
-from node.learner.credit import Tally  # noqa: E402
+from node.learner.credit import Credit  # noqa: E402
 
 SWARM, MODEL = "many", "builtin:tiny-arith"
 GOAL_FIND_S, GOAL_MATES = 5.0, 8
@@ -121,29 +123,29 @@ class LightPeer:
     def p2pd_pid(self) -> int:
         return self.p2p._child.pid
 
-    def peers(self) -> list[dict]:
+    def peers(self) -> list[swarm_dht.Listed]:
         return swarm_dht.list_peers(self.dht, SWARM)
 
-    def peer_records(self, peer_ids: list[str]) -> dict[str, dict]:
+    def peer_records(self, peer_ids: list[str]) -> dict[str, PeerInfo]:
         return swarm_dht.peer_records(self.dht, SWARM, peer_ids)
 
-    def tally_of(self, learner: str) -> dict | None:
+    def tally_of(self, learner: str) -> Tally | None:
         return swarm_dht.tally_of(self.dht, SWARM, learner)
 
     def credit(self, samplers: list[str]) -> bool:
         """As a learner that trained on one group of each: its tally credits them (mates are earned)."""
-        tally = Tally()
+        tally = Credit()
         for s in samplers:
             tally.credit(s, 8, 64, MODEL)
-        return swarm_dht.publish_tally(self.dht, self.identity, SWARM, tally.record(self.peer_id, MODEL))
+        return swarm_dht.publish_tally(self.dht, self.identity, SWARM, tally.tally(self.peer_id, MODEL))
 
     def trusted_learners(self, coordinators: set[str]) -> dict[str, str]:
         return swarm_dht.trusted_learners(self.dht, SWARM, coordinators)
 
     def announce(self, role: str, learner: str = "") -> bool:
-        return swarm_dht.announce(self.dht, self.identity, SWARM, {
-            "role": role, "model_id": MODEL, "version": 0, "engine": "hf", "throughput": 1.0, "maddrs": [],
-            "learner": learner}, ttl=60)
+        return swarm_dht.announce(self.dht, self.identity, SWARM, PeerInfo(
+            peer_id=self.peer_id, role=role, model_id=MODEL, version=0, engine="hf", throughput=1.0, learner=learner),
+            ttl=60)
 
     def hold(self, versions: list[int]) -> bool:
         return swarm_dht.announce_holdings(self.dht, self.identity, SWARM, "chain", versions, ttl=60)

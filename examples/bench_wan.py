@@ -88,13 +88,14 @@ def role_bootstrap(args) -> None:
     stop, work = _stop_event(), Path(args.dir) / "bootstrap"
     node = _node(args, work)
     from swarm.p2p.reach import serve_reachability
+    from swarm.wire.peer import PeerInfo
 
     serve_reachability(node)  # samplers behind NAT ask it (--behind-nat)
     try:
         (work / "addr").write_text(node.maddrs()[0])
         while not stop.is_set():
-            node.announce({"role": "bootstrap", "model_id": "", "version": 0, "engine": "", "throughput": 0.0,
-                           "maddrs": node.maddrs()}, ttl=60)
+            node.announce(PeerInfo(peer_id=node.peer_id, role="bootstrap", model_id="", version=0, engine="",
+                                   throughput=0.0, maddrs=node.maddrs()), ttl=60)
             stop.wait(20)
     finally:
         node.shutdown()
@@ -112,6 +113,7 @@ def _blobs(args) -> tuple[bytes, list[bytes]]:
 
 def role_learner(args) -> None:
     from swarm.exchange import WeightVersion
+    from swarm.wire.peer import PeerInfo
     from swarm.weights import WeightServer
 
     stop, work = _stop_event(), Path(args.dir) / "learner"
@@ -123,8 +125,8 @@ def role_learner(args) -> None:
 
     def announce_forever() -> None:  # so that samplers' trackers see a live learner
         while not stop.is_set():
-            node.announce({"role": "learner", "model_id": MODEL, "version": newest["v"], "engine": "",
-                           "throughput": 0.0, "maddrs": node.maddrs()}, ttl=30)
+            node.announce(PeerInfo(peer_id=node.peer_id, role="learner", model_id=MODEL, version=newest["v"], engine="",
+                                   throughput=0.0, maddrs=node.maddrs()), ttl=30)
             stop.wait(5)
 
     threading.Thread(target=announce_forever, name="announce", daemon=True).start()
@@ -159,6 +161,7 @@ def _wait_file(path: Path, timeout: float, stop: threading.Event) -> bool:
 
 def role_sampler(args) -> None:
     from swarm.discovery import LearnerTracker
+    from swarm.wire.peer import PeerInfo
     from swarm.weights import WeightFetcher
 
     stop, work = _stop_event(), Path(args.dir) / args.name
@@ -175,8 +178,8 @@ def role_sampler(args) -> None:
                 found = True
                 _event(work / "joined.jsonl", step="learner", spawned=args.spawned)
             if t0 - last_announce > 5 and tracker.current:  # mates find each other by these records
-                node.announce({"role": "sampler", "model_id": MODEL, "version": max(version, 0), "engine": "",
-                               "throughput": 0.0, "maddrs": node.maddrs(), "learner": tracker.current}, ttl=30)
+                node.announce(PeerInfo(peer_id=node.peer_id, role="sampler", model_id=MODEL, version=max(version, 0),
+                                       engine="", throughput=0.0, maddrs=node.maddrs(), learner=tracker.current), ttl=30)
                 last_announce = t0
             (work / "mates.json").write_text(json.dumps(tracker.mates))  # the driver waits until all agree
             before = dict(fetcher.stats)

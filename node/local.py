@@ -23,7 +23,7 @@ from node.device import check_spec, resolve
 from node.engines.hf import HFEngine
 from node.learner.evaluate import eval_problems, evaluate
 from node.learner import DROP, LearnerConfig
-from node.metrics import MetricsWriter
+from node.metrics import Kind, Metric, MetricsWriter
 from node.models import BUILTIN_MODEL, load_model, load_tokenizer
 from node.tasks import ArithmeticConfig, PromptStream, make_task
 from node.training.batch import ScoredGroup, TrainPart, build_batch
@@ -89,8 +89,8 @@ def run_local(cfg: LocalConfig, on_record: Callable[[dict], None] | None = None)
             on_record(rec)
 
     def run_eval(version: int) -> None:
-        emit({"kind": "eval", "version": version, "time_s": round(time.time() - t0, 2),
-              "eval_acc": evaluate(engine, task, eval_set, cfg.sampling.max_new_tokens)})
+        emit({Metric.KIND: Kind.EVAL, Metric.VERSION: version, Metric.TIME_S: round(time.time() - t0, 2),
+              Metric.EVAL_ACC: evaluate(engine, task, eval_set, cfg.sampling.max_new_tokens)})
 
     t0 = time.time()
     run_eval(0)
@@ -101,16 +101,16 @@ def run_local(cfg: LocalConfig, on_record: Callable[[dict], None] | None = None)
             groups = [ScoredGroup(p.id, r.prompt_token_ids, r.completions,
                                   [task.reward(c.text, p.answer) for c in r.completions], cfg.model, version - 1)
                       for p, r in zip(problems, results)]
-            rec = {"kind": "step", "version": version, "reward": _mean([x for g in groups for x in g.rewards])}
+            rec = {Metric.KIND: Kind.STEP, Metric.VERSION: version, Metric.REWARD: _mean([x for g in groups for x in g.rewards])}
             batch = build_batch(groups, algo_cfg.normalize_std, tok.pad_token_id)
             if batch is not None:
                 part = TrainPart(lc.stale_loss, batch, algo, algo_cfg)
                 m = train_step(model, optimizer, [part], cfg.sampling.temperature, lc.max_grad_norm, options)
                 m.pop("routes")
                 rec.update(m)
-            rec["groups_skipped_zero_var"] = len(groups) - (batch.groups_used if batch is not None else 0)
+            rec[Metric.GROUPS_SKIPPED_ZERO_VAR] = len(groups) - (batch.groups_used if batch is not None else 0)
             engine.version = version
-            rec["time_s"] = round(time.time() - t0, 2)
+            rec[Metric.TIME_S] = round(time.time() - t0, 2)
             emit(rec)
             out_of_time = cfg.time_budget_s is not None and time.time() - t0 > cfg.time_budget_s
             if (lc.eval_every and version % lc.eval_every == 0) or version == cfg.steps or out_of_time:

@@ -29,6 +29,7 @@ read_metrics(path)]`.
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import math
@@ -38,6 +39,50 @@ from pathlib import Path
 from typing import Any, Iterator
 
 log = logging.getLogger(__name__)
+
+
+class Kind(enum.StrEnum):
+    """What a metrics record is (its `Metric.KIND`)."""
+
+    STEP = "step"
+    """A learner's (or the local loop's) optimizer step."""
+    EVAL = "eval"
+    """A held-out evaluation of a version."""
+    BATCH = "batch"
+    """A sampler's batch of groups."""
+    WEIGHTS = "weights"
+    """A sampler's fetch of a version."""
+
+
+class Metric(enum.StrEnum):
+    """The keys of metric records that are read beyond the code that writes them (the CLI's plots,
+    progress and summaries, the tally's eval, examples and tests). str values: the JSONL is unchanged."""
+
+    KIND = "kind"
+    VERSION = "version"
+    STEP = "step"
+    """The x axis of records from before `version` was (cli/plot.py reads either)."""
+    TIME_S = "time_s"
+    EVAL_ACC = "eval_acc"
+    REWARD = "reward"
+    LOSS = "loss"
+    GRAD_NORM = "grad_norm"
+    STALENESS_MEAN = "staleness_mean"
+    STALENESS_HIST = "staleness_hist"
+    KL_K3 = "kl_k3"
+    CLIP_FRAC = "clip_frac"
+    IS_WEIGHT_VAR = "is_weight_var"
+    DROPS = "drops"
+    ACCEPTED_BY_SAMPLER = "accepted_by_sampler"
+    CREDITED = "credited"
+    GROUPS_FOREIGN = "groups_foreign"
+    GROUPS_SKIPPED_ZERO_VAR = "groups_skipped_zero_var"
+    WEIGHTS_KIND = "weights_kind"
+    WEIGHTS_BYTES_VS_VIEW = "weights_bytes_vs_view"
+    AT = "at"
+    HELD_AT = "held_at"
+    WEIGHTS_PUBLISHED_AT = "weights_published_at"
+
 
 KIND_PREFIX = {"step": "train", "eval": "eval"}
 """TensorBoard tag prefix per record kind; other kinds use their own name."""

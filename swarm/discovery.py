@@ -20,14 +20,16 @@ from dataclasses import dataclass
 
 from swarm.identity import short_id
 from swarm.p2p import SwarmNode
+from swarm.wire.peer import PeerInfo
+from swarm.wire.tally import Tally
 
 log = logging.getLogger(__name__)
 
 
-def takes(learner: dict, model_id: str) -> bool:
+def takes(learner: PeerInfo, model_id: str) -> bool:
     """Whether a learner's peer record names `model_id` among the other models it trains on (learners
-    name them one by one: cli/roles.py, `accepted_models`)."""
-    return learner.get("model_id") != model_id and model_id in (learner.get("accepts") or [])
+    name them one by one: cli/roles/learner.py, `accepted_models`)."""
+    return learner.model_id != model_id and model_id in learner.accepts
 
 
 @dataclass
@@ -48,28 +50,27 @@ class Choice:
     """Models the live named learners train (what a sampler of another model could join with)."""
 
 
-def choose(peers: list[dict], trusted: dict[str, str], model_id: str, pin: str | None = None) -> Choice:
+def choose(peers: list[PeerInfo], trusted: dict[str, str], model_id: str, pin: str | None = None) -> Choice:
     """From live peer records and the learners our coordinators name (-> the model each record gives
     it, "" if none), the learner a sampler of `model_id` follows and the ones it feeds: the pinned
     one if live (whatever its model: the user said so), else the first named one of its model."""
-    live = {p["peer_id"]: p for p in peers if p.get("role") == "learner"}
+    live = {p.peer_id: p for p in peers if p.role == "learner"}
     trusted = {pin: ""} if pin else trusted
-    disputed = sorted(pid for pid, p in live.items() if trusted.get(pid) and trusted[pid] != p.get("model_id"))
+    disputed = sorted(pid for pid, p in live.items() if trusted.get(pid) and trusted[pid] != p.model_id)
     named = {pid: p for pid, p in live.items() if pid in trusted and pid not in disputed}
-    ours = sorted(pid for pid, p in named.items() if p.get("model_id") == model_id)
+    ours = sorted(pid for pid, p in named.items() if p.model_id == model_id)
     pick = pin if pin in named else (ours[0] if ours else None)
     return Choice(
         follow=pick,
         partners=sorted(pid for pid, p in named.items() if pid != pick and takes(p, model_id)),
-        mates=sorted(p["peer_id"] for p in peers if is_mate(p, pick, model_id)) if pick else [],
+        mates=sorted(p.peer_id for p in peers if is_mate(p, pick, model_id)) if pick else [],
         disputed=disputed,
-        models=sorted({p.get("model_id", "") for p in named.values()}))
+        models=sorted({p.model_id for p in named.values()}))
 
 
-def is_mate(peer: dict, learner: str | None, model_id: str) -> bool:
+def is_mate(peer: PeerInfo, learner: str | None, model_id: str) -> bool:
     """Whether a peer record is a sampler of `model_id` following `learner` that peers can dial."""
-    return (peer.get("role") == "sampler" and peer.get("learner") == learner and peer.get("model_id") == model_id
-            and not peer.get("private"))
+    return peer.role == "sampler" and peer.learner == learner and peer.model_id == model_id and not peer.private
 
 
 MAX_MATES = 64
@@ -77,7 +78,7 @@ MAX_MATES = 64
 so more would only make each one's share smaller than a chunk."""
 
 
-def earned(mates: list[str], tallies: list[dict], learner: str | None) -> list[str]:
+def earned(mates: list[str], tallies: list[Tally], learner: str | None) -> list[str]:
     """The `mates` that `learner`'s own signed tally credits (it trained on their checked groups),
     at most MAX_MATES, the most credited first, then sorted (every sampler computes the same owners).
 
@@ -86,25 +87,24 @@ def earned(mates: list[str], tallies: list[dict], learner: str | None) -> list[s
     the honest rate fell to x0.20 and then 0 (issue 39). Credit costs checked work, and only the
     learner can give it (a tally's `learner` is its signer). A new sampler is a mate once the
     learner has trained on its groups and published its tally (`tally_every_s`)."""
-    tally = next((t for t in tallies if t.get("learner") == learner), None)
+    tally = next((t for t in tallies if t.learner == learner), None)
     credit = credits(tally)
     ranked = sorted((m for m in mates if credit.get(m, 0) > 0), key=lambda m: (-credit[m], m))
     return sorted(ranked[:MAX_MATES])
 
 
-def credits(tally: dict | None) -> dict[str, int]:
+def credits(tally: Tally | None) -> dict[str, int]:
     """peer -> rollouts a tally credits it with (those credited at all)."""
-    peers = (tally or {}).get("peers", {})
-    return {peer: c.get("rollouts", 0) for peer, c in peers.items() if isinstance(c, dict) and c.get("rollouts", 0) > 0}
+    peers = tally.peers if tally is not None else {}
+    return {peer: c.rollouts for peer, c in peers.items() if c.rollouts > 0}
 
 
-def most_recent(tally: dict | None, n: int) -> list[str]:
+def most_recent(tally: Tally | None, n: int) -> list[str]:
     """The `n` credited peers a tally credited last (ties by id): whose records a sampler reads for
     mates. By time, not by credit: a tally is cumulative, so after 128 long-gone samplers earned more
     than a newcomer, the newcomer would never be read (and never be anyone's mate)."""
-    peers = (tally or {}).get("peers", {})
     credit = credits(tally)
-    return sorted(credit, key=lambda m: (-float(peers[m].get("last", 0.0)), m))[:n]
+    return sorted(credit, key=lambda m: (-tally.peers[m].last, m))[:n]
 
 
 class LearnerTracker:
@@ -152,7 +152,7 @@ class LearnerTracker:
         sampler waiting with nobody to follow tells its user about (the one read of the whole peers
         index, and only while it waits)."""
         trusted = self.node.trusted_learners(self.node.coordinators)
-        return sorted(p["peer_id"] for p in self.node.peers() if p.get("role") == "learner" and p["peer_id"] not in trusted)
+        return sorted(p.info.peer_id for p in self.node.peers() if p.info.role == "learner" and p.info.peer_id not in trusted)
 
     def _mates(self, learner: str | None) -> list[str]:
         """The samplers of our model following `learner` that it credits (`earned`), from its tally

@@ -16,12 +16,10 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from swarm.buckets import TokenBuckets  # noqa: F401  (re-exported: a node's own budgets (node/learner/scoring_time.py) are the doors')
+from swarm.wire.reasons import Busy, Drop
 from swarm.wire.rollout import RolloutGroup
 
 MiB = 1 << 20
-TALLY_BYTES = 1 * MiB
-"""The most a learner's published tally may be (swarm/dht/validation.py MAX_BYTES["tally"]: every DHT
-peer's validator refuses a bigger one): node/learner/credit.py keeps its record under it."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +105,7 @@ class Intake(Protocol):
     journals and acknowledges a sampler's records. Called from the network thread: each method is
     quick, never raises, and the counters are the learner's own (they live in its checkpoints)."""
 
-    def check(self, group: RolloutGroup) -> str | None:
+    def check(self, group: RolloutGroup) -> Drop | None:
         """The learner's checks of a decoded record, without accepting it: a drop reason or None."""
         ...
 
@@ -123,11 +121,11 @@ class Intake(Protocol):
         """Whether `peer` failed an audit: its records are refused unread."""
         ...
 
-    def count_rejected(self, reason: str, n: int = 1) -> None:
+    def count_rejected(self, reason: Drop, n: int = 1) -> None:
         """`n` records refused for `reason` (they join the learner's drop counts)."""
         ...
 
-    def count_busy(self, why: str, n: int = 1) -> None:
+    def count_busy(self, why: Busy, n: int = 1) -> None:
         """`n` records (or a call) answered "busy" by the bound `why`: not refused, sent again later."""
         ...
 

@@ -203,7 +203,7 @@ def test_chosen_completions_fail_the_audit_and_cost_the_sampler_its_place_and_cr
         assert learner.ingest(g.encode()) in (None, "duplicate_content")
     _trained_groups(learner, [])
     assert "cheat" in learner.refusals and learner.auditor.stats["failed"] >= 1
-    assert "cheat" not in learner.tally.peers and learner.untrained("cheat") == 0
+    assert "cheat" not in learner.credit.peers and learner.untrained("cheat") == 0
     assert learner.ingest(cheat.produce(1)[0].encode()) == "refused_sampler"
     again = Learner(learner.cfg, load_model(BUILTIN_MODEL), learner.tok, task, model_id=BUILTIN_MODEL,
                     sampling=learner.sampling, checkpoint_dir=tmp_path)
@@ -229,7 +229,7 @@ def test_a_sampler_refused_in_a_step_earns_nothing_for_its_other_groups_of_that_
     rec = learner.step()  # nothing of a sampler refused in this step is trained on:
     assert rec is None, (learner.auditor.stats, dict(learner.books.drops), [(b.chain, b.version) for b in (good, bad)])
     assert "x" in learner.refusals and learner.auditor.stats["failed"] == 1
-    assert "x" not in learner.tally.peers and learner.books.accepted_by_sampler["x"] == 0
+    assert "x" not in learner.credit.peers and learner.books.accepted_by_sampler["x"] == 0
 
 
 @pytest.mark.parametrize("source", ["sampler", "auto"])
@@ -247,7 +247,7 @@ def test_forged_logprobs_are_dropped_from_the_step_counted_and_not_credited(task
     recs = []
     _trained_groups(learner, recs)
     assert learner.training.gap_drops["liar"] == 2 and learner.drops["logprob_gap"] == 2 and "honest" not in learner.training.gap_drops
-    assert "liar" not in learner.tally.peers
+    assert "liar" not in learner.credit.peers
     if source == "sampler":  # the trainer's own check saw the claims...
         assert recs[-1]["routes"]["own"]["logprob_gap_max"] > 12
     else:  # ...or "auto" recomputed the unmeasured liar's groups first, and its check dropped them
@@ -304,7 +304,7 @@ def test_foreign_groups_fill_only_their_share_of_a_step_and_earn_no_credit(task,
     recs = []
     _trained_groups(learner, recs)
     assert [(r["groups_own"], r["groups_foreign"]) for r in recs] == [(3, 1)], recs
-    assert learner.books.accepted_by_sampler["other"] == 1 and "other" not in learner.tally.peers
+    assert learner.books.accepted_by_sampler["other"] == 1 and "other" not in learner.credit.peers
     assert learner.untrained("other") == 3  # kept, within its quota, for later steps
     assert not learner.ready()  # h3 is checked work: wait for more of it rather than a foreign step
     only = _pair(task, tmp_path / "only", groups_per_step=4, foreign_step_share=0.5, foreign_per_sampler=1,
@@ -338,7 +338,7 @@ def test_a_new_key_claiming_an_earlier_runs_chain_is_trained_only_within_the_una
     assert [r["groups_own"] for r in recs] == [2, 2, 1] and learner.books.accepted_by_sampler["new"] == 3, \
         (recs, learner.books.accepted_by_sampler)
     assert learner.auditor.audits["new"] == 0 and not learner.is_proven("new")  # unauditable is never a passed audit
-    assert learner.auditor.stats["unauditable"] == 3 and "new" not in learner.tally.peers
+    assert learner.auditor.stats["unauditable"] == 3 and "new" not in learner.credit.peers
     assert learner.untrained("new") == 1
 
 

@@ -7,14 +7,16 @@ Unit tests (fast)."""
 
 from __future__ import annotations
 
+from swarm.wire.peer import as_value
+
 import json
 
-from node.learner.credit import MAX_KEPT, Tally
+from node.learner.credit import MAX_KEPT, Credit
 from node.learner.books import METRICS_PEERS, Books
 
 
 def test_the_kept_tally_forgets_the_least_recently_credited_past_its_bound_and_keeps_their_sums():
-    t = Tally()
+    t = Credit()
     for i in range(MAX_KEPT):
         t.credit(f"s{i}", 8, 100, "m", now=float(i))
     t.credit("s3", 8, 100, "m", now=float(MAX_KEPT))  # credited again: now the newest
@@ -25,13 +27,13 @@ def test_the_kept_tally_forgets_the_least_recently_credited_past_its_bound_and_k
     gone = [f"s{i}" for i in range(11) if i != 3]  # the 10 least recently credited
     assert not any(p in t.peers for p in gone) and "s11" in t.peers
     assert t.forgotten == {"count": 10, "groups": 10, "rollouts": 80, "tokens": 1000}
-    value = t.record("L", "m")
+    value = as_value(t.tally("L", "m"))
     assert value["others"]["count"] == n - len(value["peers"])  # the forgotten count in the totals
     assert sum(c["rollouts"] for c in value["peers"].values()) + value["others"]["rollouts"] == 8 * (n + 1)
     # through a checkpoint (JSON), and one from before the bound is trimmed on load
-    again = Tally(**json.loads(json.dumps({"peers": t.peers, "seq": t.seq, "forgotten": t.forgotten})))
+    again = Credit(**json.loads(json.dumps({"peers": t.peers, "seq": t.seq, "forgotten": t.forgotten})))
     assert list(again.peers) == list(t.peers) and again.forgotten == t.forgotten
-    older = Tally(**json.loads(json.dumps({"peers": {**{"x": t.peers["s11"]}, **t.peers}, "seq": 1})))
+    older = Credit(**json.loads(json.dumps({"peers": {**{"x": t.peers["s11"]}, **t.peers}, "seq": 1})))
     assert len(older.peers) == MAX_KEPT and "x" not in older.peers and older.forgotten["count"] == 1
 
 
@@ -39,7 +41,7 @@ def test_books_count_every_sampler_but_keep_and_report_a_bounded_number_of_them(
     books = Books()
     for i in range(MAX_KEPT + 5):
         books.count_accepted(f"s{i}", 1 + i % 3)
-        books.tally.credit(f"s{i}", 8, 100, "m")
+        books.credit.credit(f"s{i}", 8, 100, "m")
     books.count_accepted("s7")  # trained on again: now the newest
     for j in range(3):
         books.count_accepted(f"late{j}")  # s5, s6 and s8 forgotten, not s7
@@ -63,25 +65,26 @@ def test_books_count_every_sampler_but_keep_and_report_a_bounded_number_of_them(
 def test_a_small_swarms_books_and_tally_read_as_before():
     books = Books()
     books.accepted_by_sampler.update({"a": 3, "b": 1})
-    books.tally.credit("a", 8, 40, "m")
+    books.credit.credit("a", 8, 40, "m")
     c = books.counters()
     assert c["accepted_by_sampler"] == {"a": 3, "b": 1} and c["credited"] == {"a": 1}
     assert c["accepted_others"] == {"samplers": 0, "groups": 0} == c["credited_others"]
-    assert "others" not in books.tally.record("L", "m")  # what peers from before `others` accept
+    assert "others" not in as_value(books.credit.tally("L", "m"))  # what peers from before `others` accept
     old = {"drops": {}, "accepted_by_sampler": {"a": 3},
-           "tally": {"peers": books.tally.peers, "seq": 4}, "reward_claim_mismatch": 0, "version_clamped": 0}
+           "tally": {"peers": books.credit.peers, "seq": 4}, "reward_claim_mismatch": 0, "version_clamped": 0}
     books.load_state_dict(json.loads(json.dumps(old)))  # a checkpoint from before the bounds
-    assert books.trained() == 3 and books.tally.forgotten["count"] == 0
+    assert books.trained() == 3 and books.credit.forgotten["count"] == 0
 
 
 def test_a_tally_whose_entries_are_far_over_their_budget_names_fewer_and_still_fits():
     from hivemind.utils import MSGPackSerializer
 
-    from node.learner.credit import MAX_PUBLISHED, TALLY_BYTES
-    t = Tally()
+    from node.learner.credit import MAX_PUBLISHED
+    from swarm.wire.tally import TALLY_BYTES
+    t = Credit()
     for i in range(3000):
         t.credit(f"QmSybil{i:039d}", 8, 100, "m" * 400 + str(i % 3))  # ~520 bytes an entry, not 256
         t.credit(f"QmSybil{i:039d}", 8, 100, "m" * 400)
-    value = t.record("L", "m")
+    value = as_value(t.tally("L", "m"))
     assert len(MSGPackSerializer.dumps(value)) <= TALLY_BYTES and 0 < len(value["peers"]) < MAX_PUBLISHED
     assert len(value["peers"]) + value["others"]["count"] == 3000

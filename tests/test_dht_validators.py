@@ -1,4 +1,4 @@
-"""The validator chain every DHT peer runs (swarm/dht.SwarmSchema, swarm/ownership.OwnerValidator,
+"""The validator chain every DHT peer runs (swarm/dht/validation.py OwnerValidator,
 hivemind's signatures): the leaderboard's tallies only learners can sign, and each key's one record.
 
 Unit tests (fast): forged, edited and self-crediting tallies refused; a learner's version and eval
@@ -10,20 +10,20 @@ Integration: real in-process DHT peers keep a learner's tally and refuse a forge
 
 from __future__ import annotations
 
+from swarm.wire.peer import as_value
+
 import dataclasses
 import math
 
 import pytest
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.routing import DHTID
-from hivemind.dht.schema import SchemaValidator
 from hivemind.dht.validation import CompositeValidator, DHTRecord
 from hivemind.utils import MSGPackSerializer, get_dht_time
 
 from helpers.leaderboard import tally
-from node.learner.credit import Tally
+from node.learner.credit import Credit
 from swarm.dht.network import NetworkConfig
-from swarm.dht.schema import SwarmSchema
 from swarm.dht.validation import own_key
 from swarm.identity import Identity
 from swarm.leaderboard import LeaderboardStore, render_rows
@@ -31,8 +31,7 @@ from swarm.dht.validation import MAX_TTL, OwnerValidator, owner_peer_id
 
 
 def _chain(identity: Identity) -> CompositeValidator:
-    return CompositeValidator([RSASignatureValidator(identity.dht_private_key()),
-                               SchemaValidator(SwarmSchema, prefix="hetero_t"), OwnerValidator("t")])
+    return CompositeValidator([RSASignatureValidator(identity.dht_private_key()), OwnerValidator("t")])
 
 
 def _record(signer: Identity, owner: Identity, value: dict, key: str | None = None, prefix: bytes = b"",
@@ -48,38 +47,38 @@ def _record(signer: Identity, owner: Identity, value: dict, key: str | None = No
 def test_validators_accept_a_learners_own_tally_and_refuse_forged_edited_and_self_credit(tmp_path):
     learner, forger = (Identity.load_or_create(tmp_path / f"{n}.key") for n in ("l", "f"))
     reader = _chain(Identity.load_or_create(tmp_path / "r.key"))
-    t = Tally()
+    t = Credit()
     t.credit("sampler-A", 8, 40, "m")
-    good = _record(learner, learner, t.record(learner.peer_id, "m"))
+    good = _record(learner, learner, as_value(t.tally(learner.peer_id, "m")))
     assert owner_peer_id(MSGPackSerializer.loads(good.subkey)) == learner.peer_id
     assert reader.validate(good)
     edited = DHTRecord(good.key, good.subkey, good.value.replace(b"sampler-A", b"sampler-Z"), good.expiration_time)
     assert not reader.validate(edited)  # value changed after signing
     # under the learner's subkey but signed by another key (hivemind signs only its own subkeys)
-    assert not reader.validate(_record(forger, learner, t.record(learner.peer_id, "m")))
+    assert not reader.validate(_record(forger, learner, as_value(t.tally(learner.peer_id, "m"))))
     # the forger's own subkey, claiming to be the learner
-    assert not reader.validate(_record(forger, forger, t.record(learner.peer_id, "m")))
+    assert not reader.validate(_record(forger, forger, as_value(t.tally(learner.peer_id, "m"))))
     # a learner crediting itself
     t.credit(learner.peer_id, 8, 40, "m")
-    selfish = t.record(learner.peer_id, "m")
+    selfish = as_value(t.tally(learner.peer_id, "m"))
     selfish["peers"][learner.peer_id] = selfish["peers"]["sampler-A"]
     assert not reader.validate(_record(learner, learner, selfish))
-    assert learner.peer_id not in t.record(learner.peer_id, "m")["peers"]  # and Tally never writes one
+    assert learner.peer_id not in as_value(t.tally(learner.peer_id, "m"))["peers"]  # and Tally never writes one
 
 
 def test_validators_accept_a_learners_version_and_eval_and_still_accept_a_tally_without_them(tmp_path):
     learner = Identity.load_or_create(tmp_path / "l.key")
     reader = _chain(Identity.load_or_create(tmp_path / "r.key"))
-    t = Tally()
+    t = Credit()
     t.credit("sampler-A", 8, 40, "m")
     history = [{"kind": "eval", "version": 0, "eval_acc": 0.25}, {"kind": "step", "version": 1},
                {"kind": "eval", "version": 3, "eval_acc": 0.625}, {"kind": "step", "version": 4}]
-    value = t.record(learner.peer_id, "m", 4, history)
+    value = as_value(t.tally(learner.peer_id, "m", 4, history))
     assert (value["version"], value["eval_acc"], value["eval_version"]) == (4, 0.625, 3)  # the latest eval
     assert reader.validate(_record(learner, learner, value))
-    before_eval = t.record(learner.peer_id, "m", 0, [])
+    before_eval = as_value(t.tally(learner.peer_id, "m", 0, []))
     assert "eval_acc" not in before_eval and reader.validate(_record(learner, learner, before_eval))
-    older = t.record(learner.peer_id, "m")  # as a learner from before these fields publishes it
+    older = as_value(t.tally(learner.peer_id, "m"))  # as a learner from before these fields publishes it
     assert "version" not in older and reader.validate(_record(learner, learner, older))
     signed = _record(learner, learner, value)
     edited = signed.value.replace(MSGPackSerializer.dumps(value), MSGPackSerializer.dumps({**value, "eval_acc": 0.99}))
@@ -92,7 +91,8 @@ BAD_PROGRESS = {
     "accuracy below 0": {"version": 4, "eval_acc": -0.01, "eval_version": 3},
     "accuracy NaN": {"version": 4, "eval_acc": math.nan, "eval_version": 3},
     "accuracy infinite": {"version": 4, "eval_acc": math.inf, "eval_version": 3},
-    "accuracy an int": {"version": 4, "eval_acc": 1, "eval_version": 3},
+    "accuracy a bool": {"version": 4, "eval_acc": True, "eval_version": 3},
+    "accuracy null": {"version": 4, "eval_acc": None, "eval_version": 3},
     "negative version": {"version": -1},
     "version a float": {"version": 4.0},
     "negative eval version": {"version": 4, "eval_acc": 0.5, "eval_version": -1},
@@ -149,14 +149,16 @@ def test_an_owners_own_key_takes_its_record_and_nobody_elses(tmp_path):
     assert reader.validate(_record(honest, honest, _info(honest.peer_id), mine))
     held = {"peer_id": honest.peer_id, "chain": "c", "versions": [1, 2]}
     assert reader.validate(_record(honest, honest, held, own_key("t", "holds", honest.peer_id)))
-    t = Tally()
+    t = Credit()
     t.credit("sampler-A", 8, 40, "m")
-    assert reader.validate(_record(honest, honest, t.record(honest.peer_id, "m"), own_key("t", "tally", honest.peer_id)))
+    assert reader.validate(_record(honest, honest, as_value(t.tally(honest.peer_id, "m")), own_key("t", "tally", honest.peer_id)))
     # another key's record at the honest peer's own key: refused by every DHT peer, so stored nowhere
     assert not reader.validate(_record(attacker, attacker, _info(attacker.peer_id), mine))
-    # a holder record where a peer record belongs (the kind is the key's), and a field missing
+    # a holder record where a peer record belongs (the kind is the key's), and a mandatory field missing
+    # (an optional one takes its default: a newer peer may leave out what it no longer sends)
     assert not reader.validate(_record(honest, honest, held, mine))
-    assert not reader.validate(_record(honest, honest, {k: v for k, v in _info(honest.peer_id).items() if k != "name"}, mine))
+    assert not reader.validate(_record(honest, honest, {k: v for k, v in _info(honest.peer_id).items() if k != "role"}, mine))
+    assert reader.validate(_record(honest, honest, {k: v for k, v in _info(honest.peer_id).items() if k != "name"}, mine))
     # any other key: the swarm's DHT is not free storage
     assert not reader.validate(_record(attacker, attacker, _info(attacker.peer_id), "hetero_t_anything"))
     assert not reader.validate(_record(attacker, attacker, _info(attacker.peer_id), "hetero_t_holders"))
@@ -202,15 +204,16 @@ def test_a_tally_crediting_10000_keys_fits_validates_and_the_board_counts_the_un
     learner = Identity.load_or_create(tmp_path / "l.key")
     reader = _chain(Identity.load_or_create(tmp_path / "r.key"))
     model = "an-organisation/a-rather-long-model-name-Instruct-v0.3-GPTQ-Int4"
-    t = Tally()
+    t = Credit()
     keys = [f"QmSybil{i:039d}" for i in range(10_000)]  # as long as a real peer id (46 characters)
     for i, k in enumerate(keys):
         t.credit(k, 8 + i % 97, 10**9 + i, model, now=1e9 + i)  # large token counts: 9 bytes each
     t.credit(keys[0], 8, 40, model, now=2e9)  # long ago the least credited, now the newest
-    value = t.record(learner.peer_id, model, 5, [])
-    assert len(MSGPackSerializer.dumps(value)) <= MAX_BYTES["tally"]
+    published = t.tally(learner.peer_id, model, 5, [])
+    value = as_value(published)
+    assert len(MSGPackSerializer.dumps(value)) == len(published.encode()) <= MAX_BYTES["tally"]
     assert len(value["peers"]) == MAX_PUBLISHED and value["others"]["count"] == 10_000 - MAX_PUBLISHED
-    assert keys[0] in value["peers"] and most_recent(value, 128)[0] == keys[0]  # a newcomer is read for mates
+    assert keys[0] in value["peers"] and most_recent(published, 128)[0] == keys[0]  # a newcomer is read for mates
     assert set(keys[-(PUBLISHED_RECENT - 1):]) <= set(value["peers"])
     everyone = {k: sum(c[k] for c in t.peers.values()) for k in ("groups", "rollouts", "tokens")}
     named = {k: sum(c[k] for c in value["peers"].values()) for k in ("groups", "rollouts", "tokens")}
@@ -242,14 +245,14 @@ def test_the_dht_keeps_a_learners_tally_and_refuses_forged_ones(tmp_path):
         forger = SwarmNode(Identity.load_or_create(tmp_path / "f.key"), NetworkConfig(initial_peers=learner.maddrs()), "lbt")
         reader = SwarmNode(Identity.load_or_create(tmp_path / "r.key"), NetworkConfig(initial_peers=learner.maddrs()), "lbt")
         nodes += [forger, reader]
-        t = Tally()
+        t = Credit()
         t.credit("sampler-A", 8, 40, "m")
-        assert learner.publish_tally(t.record(learner.peer_id, "m"))
-        forged = Tally()
+        assert learner.publish_tally(t.tally(learner.peer_id, "m"))
+        forged = Credit()
         forged.credit(forger.peer_id, 10_000, 10_000, "m")
-        assert not forger.publish_tally(forged.record(learner.peer_id, "m"))  # claims to be the learner
+        assert not forger.publish_tally(forged.tally(learner.peer_id, "m"))  # claims to be the learner
         got = reader.tally_of(learner.peer_id)
-        assert got["learner"] == learner.peer_id and got["peers"]["sampler-A"]["rollouts"] == 8
+        assert got.learner == learner.peer_id and got.peers["sampler-A"].rollouts == 8
     finally:
         for n in reversed(nodes):
             n.shutdown()

@@ -15,21 +15,26 @@ from cli.roles import accepted_models, parse_learners, read_learners_file
 from node.learner import LearnerConfig
 from swarm.discovery import MAX_MATES, choose, earned, most_recent, takes
 from swarm.rollouts.outbox import OWN, Outbox
+from swarm.wire.peer import PeerInfo
+from swarm.wire.tally import Contribution, Tally
 
 
 # ---- who a sampler follows and feeds ---------------------------------------------------------------
 
-def learner(pid: str, model: str, accepts: list[str] = ()) -> dict:
-    return {"peer_id": pid, "role": "learner", "model_id": model, "accepts": list(accepts)}
+def learner(pid: str, model: str, accepts: list[str] = ()) -> PeerInfo:
+    return PeerInfo(peer_id=pid, role="learner", model_id=model, version=0, engine="hf", throughput=0.0,
+                    accepts=list(accepts))
 
 
-def sampler(pid: str, model: str, follows: str, private: bool = False) -> dict:
-    return {"peer_id": pid, "role": "sampler", "model_id": model, "learner": follows, "private": private}
+def sampler(pid: str, model: str, follows: str, private: bool = False) -> PeerInfo:
+    return PeerInfo(peer_id=pid, role="sampler", model_id=model, version=0, engine="hf", throughput=0.0,
+                    learner=follows, private=private)
 
 
 def test_only_mates_the_followed_learners_tally_credits_share_downloads():
-    def tally(learner: str, credit: dict[str, int]) -> dict:
-        return {"learner": learner, "peers": {p: {"groups": n, "rollouts": 8 * n} for p, n in credit.items()}}
+    def tally(learner: str, credit: dict[str, int]) -> Tally:
+        return Tally(learner=learner, seq=1, time=1.0, model_id="m", peers={
+            p: Contribution(groups=n, rollouts=8 * n, tokens=0, first=1.0, last=1.0, models=["m"]) for p, n in credit.items()})
     announced = ["S1", "S2", "SYBIL1", "SYBIL2", "S3"]
     tallies = [tally("LA", {"S1": 3, "S2": 1, "S3": 0}), tally("LB", {"SYBIL1": 9})]
     assert earned(announced, tallies, "LA") == ["S1", "S2"]  # S3: no credit yet; LB's word is not LA's
@@ -42,10 +47,10 @@ def test_only_mates_the_followed_learners_tally_credits_share_downloads():
 
 def test_the_records_a_sampler_reads_for_mates_are_of_the_samplers_credited_last():
     """A tally is cumulative: by credit, 128 long-gone samplers would keep a newcomer out for good."""
-    def row(rollouts: int, last: float) -> dict:
-        return {"groups": 1, "rollouts": rollouts, "last": last}
-    tally = {"learner": "LA", "peers": {"GONE1": row(900, 10.0), "GONE2": row(800, 11.0), "NEW": row(8, 50.0),
-                                       "NEWER": row(8, 60.0), "UNPAID": row(0, 70.0)}}
+    def row(rollouts: int, last: float) -> Contribution:
+        return Contribution(groups=1, rollouts=rollouts, tokens=0, first=0.0, last=last, models=["m"])
+    tally = Tally(learner="LA", seq=1, time=1.0, model_id="m", peers={
+        "GONE1": row(900, 10.0), "GONE2": row(800, 11.0), "NEW": row(8, 50.0), "NEWER": row(8, 60.0), "UNPAID": row(0, 70.0)})
     assert most_recent(tally, 2) == ["NEWER", "NEW"]  # uncredited rows are no one's mate
     assert most_recent(tally, 9) == ["NEWER", "NEW", "GONE2", "GONE1"] and most_recent(None, 3) == []
 
@@ -88,7 +93,7 @@ def test_takes_needs_the_model_named_and_never_counts_a_learners_own_model():
     assert takes(learner("L", "a", ["b"]), "b") and not takes(learner("L", "a", ["b"]), "c")
     assert not takes(learner("L", "a", ["*"]), "b")  # learners name models one by one
     assert not takes(learner("L", "b", ["b"]), "b")
-    assert not takes({"peer_id": "L", "role": "learner", "model_id": "a"}, "b")  # no field: nothing
+    assert not takes(learner("L", "a"), "b")  # no field: nothing
 
 
 def test_a_learner_invites_the_models_it_names_and_those_whose_tokenizers_it_holds():

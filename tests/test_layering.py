@@ -60,7 +60,7 @@ def swarm_rule(name: str) -> str | None:
     return None
 
 
-SEAM = ("swarm.exchange", "swarm.wire.rollout")
+SEAM = ("swarm.exchange", "swarm.wire")
 
 
 def node_rule(name: str) -> str | None:
@@ -75,6 +75,19 @@ def test_swarm_never_imports_torch_node_or_cli():
     """docs/DESIGN.md, "Layout": swarm/ knows bytes and records, never torch models or node/ code."""
     found = violations("swarm", swarm_rule)
     assert not found, "swarm/ imports what it must not:\n" + "\n".join(found)
+
+
+def wire_rule(name: str) -> str | None:
+    if within(name, "swarm") and not within(name, "swarm.wire", "swarm.identity"):
+        return "swarm/wire is the bottom of swarm/: every record's type, imported by the rest, importing none of it"
+    return swarm_rule(name)
+
+
+def test_the_wire_records_import_nothing_of_swarm_but_themselves_and_the_keys():
+    """docs/DESIGN.md, "Layout": swarm/wire/ holds every record and message; node/ and every part of
+    swarm/ import it, so it imports none of them (a record's type never waits on a network part)."""
+    found = violations("swarm/wire", wire_rule)
+    assert not found, "swarm/wire imports what it must not:\n" + "\n".join(found)
 
 
 def test_node_never_imports_cli_and_meets_swarm_only_at_the_seam_and_the_records():

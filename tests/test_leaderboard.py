@@ -21,7 +21,7 @@ import urllib.error
 
 import pytest
 
-from helpers.leaderboard import http_get, progress, served, tally
+from helpers.leaderboard import http_get, peer, progress, served, tally
 from swarm.identity import short_id
 from swarm.leaderboard import (LeaderboardServer, LeaderboardStore, clean_name, collect_once, render_chart,
                                render_learning_chart, render_page, render_rows, serve)
@@ -156,7 +156,7 @@ class _FakeSwarm:
         return {"L1": tally("L1", 1, {"A": (8, 40)}), "L2": tally("L2", 1, {"A": (99, 99)})}.get(learner)
 
     def peer_records(self, peer_ids: list[str]) -> dict[str, dict]:
-        return {p: r for p, r in {"A": {"peer_id": "A", "name": "alice"}}.items() if p in peer_ids}
+        return {p: r for p, r in {"A": peer("A", "alice")}.items() if p in peer_ids}
 
 
 def test_serve_collects_from_its_source_until_stopped_and_frees_the_port(tmp_path):
@@ -192,7 +192,7 @@ def test_serve_on_a_port_in_use_raises_oserror_before_anything_starts(tmp_path):
 def test_collector_takes_tallies_and_display_names(tmp_path):
     store = LeaderboardStore(tmp_path / "lb.db")
     out = collect_once(store, lambda: [tally("L1", 1, {"A": (8, 40)}), tally("L1", 0, {"A": (99, 9)})],
-                       lambda: [{"peer_id": "A", "name": "alice"}, {"peer_id": "L1", "name": ""}])
+                       lambda: [peer("A", "alice"), peer("L1")])
     assert out == {"new": 1, "replay": 1}
     assert store.board()["peers"][0]["name"] == "alice"
 
@@ -269,8 +269,8 @@ class _Crowd(_FakeSwarm):
 
     def __init__(self) -> None:
         self.asked: list[list[str]] = []
-        self.records = {f"fresh{i:04d}": {"peer_id": f"fresh{i:04d}", "name": f"spam {i}"} for i in range(5000)}
-        self.records.update({p: {"peer_id": p, "name": n} for p, n in (("A", "alice"), ("B", "bob"), ("L1", "one"))})
+        self.records = {f"fresh{i:04d}": peer(f"fresh{i:04d}", f"spam {i}") for i in range(5000)}
+        self.records.update({p: peer(p, n) for p, n in (("A", "alice"), ("B", "bob"), ("L1", "one"))})
 
     def tally_of(self, learner: str) -> dict | None:
         return tally("L1", 1, {"A": (8, 40), "B": (4, 4)}) if learner == "L1" else None

@@ -10,7 +10,8 @@ import msgpack
 import pytest
 
 from swarm.dht.network import NetworkConfig
-from swarm.p2p.reach import MAX_PORTS, _ports, all_loopback, settle
+from swarm.p2p.reach import all_loopback, settle
+from swarm.wire.reach import MAX_PORTS, ReachRequest
 
 BOOT = "/ip4/127.0.0.1/tcp/4001/p2p/QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
 REMOTE = "/ip4/203.0.113.7/tcp/4001/p2p/QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
@@ -25,7 +26,7 @@ REMOTE = "/ip4/203.0.113.7/tcp/4001/p2p/QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7D
     (msgpack.packb({"ports": "31337"}), []), (msgpack.packb([31337]), []), (b"\xc1\xc1", []), (b"", []),
 ])
 def test_a_request_names_at_most_a_few_valid_ports_or_none(payload, ports):
-    assert _ports(payload) == ports
+    assert ReachRequest.ports_of(payload) == ports
 
 
 def test_loopback_bootstraps_need_no_probe():
@@ -66,7 +67,8 @@ def test_an_unknown_reachability_is_a_config_error():
 def test_a_bootstrap_answers_a_probe_and_refuses_garbage_with_a_reason(tmp_path):
     from swarm.identity import Identity
     from swarm.p2p import SwarmNode
-    from swarm.p2p.reach import REACH, probe, serve_reachability
+    from swarm.p2p.reach import probe, serve_reachability
+    from swarm.wire.reach import REACH
 
     boot = SwarmNode(Identity.load_or_create(tmp_path / "boot.key"), NetworkConfig(), "reach")
     counts = serve_reachability(boot)
@@ -125,7 +127,8 @@ def test_fresh_keys_probing_black_holes_from_one_address_cannot_push_a_joiner_be
 
     from swarm.identity import Identity
     from swarm.p2p import SwarmNode
-    from swarm.p2p.reach import MAX_PROBES, MAX_PROBES_PER_IP, REACH, probe, serve_reachability
+    from swarm.p2p.reach import MAX_PROBES, MAX_PROBES_PER_IP, probe, serve_reachability
+    from swarm.wire.reach import REACH
 
     boot = SwarmNode(Identity.load_or_create(tmp_path / "boot.key"), NetworkConfig(), "reach")
     counts = serve_reachability(boot)

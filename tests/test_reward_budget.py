@@ -210,7 +210,7 @@ def test_the_learner_drops_a_group_over_its_budget_counts_it_and_credits_nothing
         assert time.monotonic() - t < within, texts
     assert learner.drops["reward_budget"] == 2 and sum(learner.drops.values()) == 2
     assert [b.sampler for b in learner.buffer] == ["honest"]  # never buffered, never trained on
-    assert learner.untrained("attacker") == 0 and not learner.tally.peers
+    assert learner.untrained("attacker") == 0 and not learner.credit.peers
     assert learner.ingest(_group(learner, [right] * 8, sampler="honest")) is None  # scoring goes on
 
 

@@ -297,7 +297,7 @@ def test_credit_goes_only_to_groups_trained_on_and_never_twice_for_the_same_cont
     learner.ingest_many([g.encode() for g in groups])
     trained = sum(len(set(learner.buffer[i].group.rewards)) > 1 for i in range(4))
     learner.step()
-    credited = learner.tally.peers.get("s0", {}).get("groups", 0)
+    credited = learner.credit.peers.get("s0", {}).get("groups", 0)
     assert credited == trained and trained < 4  # the zero-variance group was taken, not trained on, not credited
     again = copy.deepcopy(groups[1])
     again.id = "same-content-new-id"
@@ -319,7 +319,7 @@ def test_own_groups_made_with_the_learners_weights_in_memory_are_trained_on_not_
         assert learner.step() is not None
     assert learner.version == 3 and learner.books.accepted_by_sampler[learner.peer_id] == 12
     assert learner.auditor.stats["audits"] == 0  # a peer's first 4 groups would all have been audited
-    assert learner.tally.peers == {}  # the leaderboard refuses a learner that credits itself
+    assert learner.credit.peers == {}  # the leaderboard refuses a learner that credits itself
     assert any(not torch.equal(a, b) for a, b in zip(before, learner.model.parameters()))
     assert engine.model is learner.model  # it generated with what it trained
 

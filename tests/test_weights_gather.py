@@ -14,6 +14,7 @@ from swarm.wire.rollout import RecordError
 from swarm.wire.chunks import CHUNK_SIZE
 from swarm.weights import FetchConfig, WeightFetcher
 from swarm.wire.manifest import VersionEntry
+from swarm.wire.peer import Holder
 from swarm.weights.gather import Gather, Source
 
 BLOB = bytes(range(256)) * (CHUNK_SIZE // 256) * 3 + b"tail"  # 4 chunks
@@ -128,8 +129,8 @@ def test_each_chunk_asks_holders_then_its_owner_then_the_learner_twice():
 
 def test_only_credited_mates_holder_records_are_read_and_asked():
     # issue 39: holder records cost a fresh key each; 2,000 of them stalled every sampler
-    records = {p: {"peer_id": p, "chain": "c", "versions": [7]} for p in ["S1", "K1", "S2", "K2", "me"]}
-    records["K3"] = {"peer_id": "K3", "chain": "other", "versions": [7]}
+    records = {p: Holder(peer_id=p, chain="c", versions=[7]) for p in ["S1", "K1", "S2", "K2", "me"]}
+    records["K3"] = Holder(peer_id="K3", chain="other", versions=[7])
     asked = []
 
     class Holders(ScriptedNode):

@@ -12,6 +12,7 @@ from swarm.dht.network import NetworkConfig
 from swarm.identity import Identity, short_id
 from swarm.p2p import SwarmNode
 from swarm.p2p.reach import serve_reachability
+from swarm.wire.peer import PeerInfo
 
 from cli.roles.common import open_file_limit
 
@@ -58,8 +59,8 @@ def run_bootstrap(identity_path: str, net: NetworkConfig, swarm: str, stop: thre
         if on_ready:
             on_ready(node.maddrs())
         while not stop.is_set():
-            node.announce({"role": "bootstrap", "model_id": "", "version": 0, "engine": "", "throughput": 0.0,
-                           "maddrs": node.maddrs()}, ttl=60)
+            node.announce(PeerInfo(peer_id=node.peer_id, role="bootstrap", model_id="", version=0, engine="",
+                                   throughput=0.0, maddrs=node.maddrs()), ttl=60)
             current = {**named, **listed.read()}
             if current and not node.publish_swarm_record(current, model_id, ttl=60):
                 log.warning("the DHT did not store the swarm record; retrying in %.0f s", every_s)

@@ -18,6 +18,7 @@ from typing import Callable
 
 import msgpack
 import torch
+import msgspec
 
 from node.learner.checkpoint import CheckpointSchedule, latest_checkpoint
 from node.device import resolve
@@ -30,6 +31,7 @@ from node.tasks import make_task
 from swarm.rollouts.journal import Journal
 from swarm.p2p import SwarmNode
 from swarm.wire.rollout import MAX_RECORD_BYTES
+from swarm.wire.peer import PeerInfo
 from swarm.links import SwarmLearnerLink
 
 from cli.roles.common import Every, Heartbeat, start_node, survive, volunteer_command
@@ -270,24 +272,24 @@ class LearnerRun:
     def _between_steps(self, tally: Every) -> None:
         """What the announcement says now, and the tally when it is due."""
         self.card = self._card()
-        if tally() and self.learner.tally.peers:
+        if tally() and self.learner.credit.peers:
             survive("publishing the tally", lambda: publish_tally(self.node, self.learner, self.cfg.model))
 
-    def _card(self) -> dict:
+    def _card(self) -> PeerInfo:
         """What the learner announces, made by the loop (the heartbeat's thread reads only this)."""
         learner, cfg = self.learner, self.cfg
-        return {"role": "learner", "model_id": cfg.model, "version": learner.version, "engine": "hf",
-                "throughput": round(self.report.rate() * cfg.sampling.group_size, 3),
-                "accepts": accepted_models(cfg.learner, learner.checks.other_tokenizer_models())}
+        return PeerInfo(peer_id=self.node.peer_id, role="learner", model_id=cfg.model, version=learner.version,
+                        engine="hf", throughput=round(self.report.rate() * cfg.sampling.group_size, 3),
+                        accepts=accepted_models(cfg.learner, learner.checks.other_tokenizer_models()))
 
     def _announce(self) -> None:
-        self.node.announce({**self.card, "maddrs": self.node.maddrs()}, ttl=self.cfg.peer_ttl_s)
+        self.node.announce(msgspec.structs.replace(self.card, maddrs=self.node.maddrs()), ttl=self.cfg.peer_ttl_s)
 
     def _close(self) -> None:
         learner = self.learner
         if self.local is not None:
             self.local.close()
-        if learner.tally.peers:
+        if learner.credit.peers:
             survive("publishing the tally", lambda: publish_tally(self.node, learner, self.cfg.model))
         learner.save_checkpoint(Path(self.cfg.workdir) / "checkpoints")
         if learner.leader is not None:
@@ -329,7 +331,7 @@ def check_named(node: SwarmNode, model: str) -> bool:
 
 def publish_tally(node: SwarmNode, learner: Learner, model_id: str) -> None:
     try:
-        if not node.publish_tally(learner.tally.record(node.peer_id, model_id, learner.version, learner.history)):
+        if not node.publish_tally(learner.credit.tally(node.peer_id, model_id, learner.version, learner.history)):
             log.warning("the DHT did not store our contribution tally; retrying later")
     except Exception as e:  # the leaderboard can wait; training must not
         log.warning("could not publish the contribution tally: %s", e)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from node.learner import Learner
-from node.metrics import MetricsWriter
+from node.metrics import Kind, Metric, MetricsWriter
 from node.sampling.sampler import Sampler
 from swarm.links import SwarmSamplerLink
 
@@ -18,7 +18,7 @@ class LearnerReport:
         """The session's first eval accuracy (the learner keeps only its newest records)."""
 
     def _evals(self) -> list[float]:
-        evals = [r["eval_acc"] for r in self.learner.history if r["kind"] == "eval"]
+        evals = [r[Metric.EVAL_ACC] for r in self.learner.history if r[Metric.KIND] == Kind.EVAL]
         if self._first_eval is None and evals:
             self._first_eval = evals[0]
         return evals
@@ -29,7 +29,7 @@ class LearnerReport:
 
     def line(self, idle_s: float) -> str:
         lr = self.learner
-        steps = [r for r in lr.history if r["kind"] == "step"]
+        steps = [r for r in lr.history if r[Metric.KIND] == Kind.STEP]
         evals = self._evals()
         parts = [f"learner v{lr.version}",
                  f"reward {steps[-1]['reward']:.2f}" if steps else "reward -",
@@ -67,7 +67,7 @@ class SamplerReport:
         the loop, batch or not: a sampler held back by its learner still fetches)."""
         for number, version, held_at, nbytes, fetch_s in list(self.link.weights.arrivals):
             if number > self._reported:  # each arrival once (versions repeat when a chain restarts)
-                self.metrics.write({"kind": "weights", "version": version, "held_at": round(held_at, 3),
+                self.metrics.write({Metric.KIND: Kind.WEIGHTS, Metric.VERSION: version, Metric.HELD_AT: round(held_at, 3),
                                     "bytes": nbytes, "fetch_s": round(fetch_s, 3)})
                 self._reported = number
 
@@ -76,7 +76,7 @@ class SamplerReport:
         self.arrivals()
         tokens, gen_s = st["tokens"] - self._tokens, st["generate_s"] - self._gen_s
         self._tokens, self._gen_s = st["tokens"], st["generate_s"]
-        self.metrics.write({"kind": "batch", "version": self.sampler.version, "at": round(time.time(), 3),
+        self.metrics.write({Metric.KIND: Kind.BATCH, Metric.VERSION: self.sampler.version, Metric.AT: round(time.time(), 3),
                             "groups": groups, "tokens": tokens, "generate_s": round(gen_s, 3),
                             "tokens_per_s": round(tokens / gen_s, 2) if gen_s > 0 else 0.0,
                             "load_s": round(st["load_s"], 3), "weight_updates": st["weight_updates"],

@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 from pathlib import Path
+import msgspec
 
 from node.device import resolve
 from node.engines import make_engine
@@ -18,6 +19,7 @@ from swarm.discovery import LearnerTracker
 from swarm.identity import short_id
 from swarm.rollouts.outbox import Outbox
 from swarm.p2p import SwarmNode
+from swarm.wire.peer import PeerInfo
 from swarm.links import SwarmSamplerLink
 
 from cli.roles.common import Every, Heartbeat, start_node
@@ -105,7 +107,7 @@ class SamplerLoop:
         self.sampler, self.tracker, self.report = sampler, tracker, report
         self.status = Every(cfg.status_every_s)
         self.backoff, self.groups, self.t0, self.force = 1.0, 0, time.monotonic(), True
-        self.card: dict = {}
+        self.card: PeerInfo | None = None
         """What the heartbeat announces: replaced whole by the loop, never changed in place."""
 
     def run(self, stop: threading.Event) -> None:
@@ -123,13 +125,14 @@ class SamplerLoop:
         """Rollouts per second since the start."""
         return self.groups * self.cfg.sampling.group_size / max(time.monotonic() - self.t0, 1e-6)
 
-    def _card(self) -> dict:
+    def _card(self) -> PeerInfo:
         cfg = self.cfg
-        return {"role": "sampler", "model_id": cfg.model, "version": self.sampler.version, "engine": cfg.engine,
-                "throughput": round(self.rate, 3), "name": cfg.name, "learner": self.tracker.current or ""}
+        return PeerInfo(peer_id=self.node.peer_id, role="sampler", model_id=cfg.model, version=self.sampler.version,
+                        engine=cfg.engine, throughput=round(self.rate, 3), name=cfg.name,
+                        learner=self.tracker.current or "")
 
     def _announce(self) -> None:
-        self.node.announce({**self.card, "maddrs": self.node.maddrs()}, ttl=self.cfg.peer_ttl_s)
+        self.node.announce(msgspec.structs.replace(self.card, maddrs=self.node.maddrs()), ttl=self.cfg.peer_ttl_s)
 
     def _turn(self, stop: threading.Event) -> None:
         cfg, sampler, tracker, link = self.cfg, self.sampler, self.tracker, self.link

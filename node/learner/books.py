@@ -8,9 +8,10 @@ import collections
 import threading
 from typing import Any, Callable
 
-from node.learner.credit import MAX_KEPT, Tally
+from node.learner.credit import MAX_KEPT, Credit
 from node.algorithms import has_signal
 from node.learner.groups import BufferedGroup, Verdict
+from swarm.wire.reasons import Busy, Drop
 
 
 METRICS_PEERS = 32
@@ -40,18 +41,18 @@ class Books:
         `accepted_others`."""
         self.accepted_others = {"samplers": 0, "groups": 0}
         """The samplers forgotten past `MAX_KEPT` (least recently trained on first), summed."""
-        self.tally = Tally()
+        self.credit = Credit()
         """Credit per sampler for checked groups trained on (published to the DHT for the leaderboard)."""
         self.reward_claim_mismatch = 0
         """Completions whose claimed reward differed from the verifier's (the claim is never used)."""
         self.version_clamped = 0
         """Rollouts from a previous run's versions beyond our resumed version (node/learner/scoring.py)."""
 
-    def drop(self, reason: str, n: int = 1) -> None:
+    def drop(self, reason: Drop, n: int = 1) -> None:
         with self._lock:
             self.drops[reason] += n
 
-    def throttle(self, why: str, n: int = 1) -> None:
+    def throttle(self, why: Busy, n: int = 1) -> None:
         with self._lock:
             self.throttled[why] += n
 
@@ -65,7 +66,7 @@ class Books:
             checked = b.own and auditable(b.chain, b.claimed_version)
             if (has_signal(b.group.rewards) and not b.gap_dropped and b.verdict is not Verdict.UNAUDITABLE
                     and checked and b.sampler != own_peer):
-                self.tally.credit(b.sampler, len(b.group.completions),
+                self.credit.credit(b.sampler, len(b.group.completions),
                                   sum(len(c.token_ids) for c in b.group.completions), b.group.model_id)
 
     def count_accepted(self, sampler: str, groups: int = 1) -> None:
@@ -92,8 +93,8 @@ class Books:
         credited) most by name, the rest summed, forgotten ones included."""
         with self._lock:
             accepted, others = top(self.accepted_by_sampler)
-            credited, credited_others = top({p: c["groups"] for p, c in self.tally.peers.items()})
-            forgotten = self.tally.forgotten
+            credited, credited_others = top({p: c["groups"] for p, c in self.credit.peers.items()})
+            forgotten = self.credit.forgotten
             return {"drops": dict(self.drops), "throttled": dict(self.throttled),
                     "accepted_by_sampler": accepted,
                     "accepted_others": {"samplers": others["samplers"] + self.accepted_others["samplers"],
@@ -106,7 +107,7 @@ class Books:
         with self._lock:
             return {"drops": dict(self.drops), "accepted_by_sampler": dict(self.accepted_by_sampler),
                     "accepted_others": dict(self.accepted_others),
-                    "tally": {"peers": self.tally.peers, "seq": self.tally.seq, "forgotten": self.tally.forgotten},
+                    "tally": {"peers": self.credit.peers, "seq": self.credit.seq, "forgotten": self.credit.forgotten},
                     "reward_claim_mismatch": self.reward_claim_mismatch, "version_clamped": self.version_clamped}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -115,6 +116,6 @@ class Books:
             self.accepted_by_sampler = collections.Counter(state["accepted_by_sampler"])
             self.accepted_others = {"samplers": 0, "groups": 0, **state.get("accepted_others", {})}
             self._trim()  # a checkpoint from before the bound
-            self.tally = Tally(**state["tally"])
+            self.credit = Credit(**state["tally"])
             self.reward_claim_mismatch = state["reward_claim_mismatch"]
             self.version_clamped = state["version_clamped"]

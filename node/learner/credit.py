@@ -1,14 +1,15 @@
 """Credit per sampler, kept by the learner: the groups it trained on, and their rollouts and tokens.
 
 Only work the learner trained on is credited (the record passed every check, its reward was
-recomputed, it was not dropped as stale). The learner publishes `record()` as its signed tally in
-the DHT (swarm/wire/tally.py validates it there), where the leaderboard reads it. The tally also
+recomputed, it was not dropped as stale). The learner publishes `tally()`, a `swarm.wire.tally.Tally`,
+as its signed record in the DHT (every peer's validator decodes it there), where its samplers and
+the leaderboard read it. The tally also
 carries the learner's version and latest eval accuracy, so the leaderboard shows whether it learns.
 
 Keys are free, so nothing here grows with their number: the learner remembers at most `MAX_KEPT`
 samplers (the least recently credited are folded into one aggregate, `forgotten`), and a published
 tally names at most `MAX_PUBLISHED` of them, always under the DHT's bound for tallies; the rest are
-one aggregate, `others` (swarm/wire/tally.py `OthersModel`).
+one aggregate, `others` (`swarm.wire.tally.Others`).
 """
 
 from __future__ import annotations
@@ -18,15 +19,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from hivemind.utils import MSGPackSerializer
+from msgspec import UNSET
 
-from swarm.exchange import TALLY_BYTES
+from swarm.wire.tally import TALLY_BYTES, Contribution, Others, Tally
+from node.metrics import Kind, Metric
+
 ENTRY_BYTES = 256
 """A published peer entry at most, in msgpack, budgeted: ~141 bytes measured (a 46-character peer
 id, six fields with large counts, one 26-character model id), ~250 with a 110-character model id."""
 MAX_PUBLISHED = TALLY_BYTES // (2 * ENTRY_BYTES)
 """Peers a published tally names (2,048): half the byte bound at `ENTRY_BYTES` each, the other half
-headroom (longer model ids, several models a peer). `record()` still measures what it packs and
+headroom (longer model ids, several models a peer). `tally()` still measures what it packs and
 names fewer if that is over the bound, so a tally always fits."""
 PUBLISHED_RECENT = 256
 """Of those, the most recently credited (the rest: the most credited by rollouts). Samplers read
@@ -48,7 +51,7 @@ def _fold(into: dict[str, int], c: dict[str, Any]) -> None:
 
 
 @dataclass
-class Tally:
+class Credit:
     """A learner's running credit per sampler (kept in its checkpoints), least recently credited first."""
 
     peers: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -80,11 +83,11 @@ class Tally:
             _fold(self.forgotten, self.peers.pop(next(iter(self.peers))))
 
     def revoke(self, sampler: str) -> None:
-        """Take back all of `sampler`'s credit (it failed an audit); the next record omits it."""
+        """Take back all of `sampler`'s credit (it failed an audit); the next tally omits it."""
         self.peers.pop(sampler, None)
 
-    def record(self, learner: str, model_id: str, version: int | None = None,
-               history: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    def tally(self, learner: str, model_id: str, version: int | None = None,
+              history: Sequence[dict[str, Any]] = ()) -> Tally:
         """The tally to publish, under `TALLY_BYTES`: the `PUBLISHED_RECENT` peers credited last, the
         most credited of the rest up to `MAX_PUBLISHED`, and `others` (count and sums) for everyone
         else, `forgotten` included (left out when empty, so a small swarm's tally is what peers whose
@@ -92,12 +95,12 @@ class Tally:
         latest eval record in `history` (the learner's records, kind "eval" with "eval_acc" and "version")."""
         # milliseconds, so that it still grows after a restart from an older checkpoint
         self.seq = max(self.seq + 1, int(time.time() * 1000))
-        out: dict[str, Any] = {"learner": learner, "seq": self.seq, "time": float(time.time()), "model_id": model_id}
+        head: dict[str, Any] = {}
         if version is not None:
-            out["version"] = int(version)
+            head["version"] = int(version)
             ev = latest_eval(history)
-            if ev is not None:  # plain int and float: the strict schema refuses numpy integers
-                out.update(eval_acc=float(ev["eval_acc"]), eval_version=int(ev["version"]))
+            if ev is not None:
+                head.update(eval_acc=float(ev[Metric.EVAL_ACC]), eval_version=int(ev[Metric.VERSION]))
         candidates = [p for p in self.peers if p != learner]  # least recently credited first
         n = MAX_PUBLISHED
         while True:
@@ -106,11 +109,11 @@ class Tally:
             for p in candidates:
                 if p not in named:
                     _fold(others, self.peers[p])
-            value = {**out, "peers": {p: _entry(self.peers[p]) for p in candidates if p in named}}
-            if others["count"]:
-                value["others"] = others
-            if n == 0 or len(MSGPackSerializer.dumps(value)) <= TALLY_BYTES:
-                return value
+            tally = Tally(learner=learner, seq=self.seq, time=float(time.time()), model_id=model_id,
+                          peers={p: _entry(self.peers[p]) for p in candidates if p in named},
+                          others=Others(**others) if others["count"] else UNSET, **head)
+            if n == 0 or len(tally.encode()) <= TALLY_BYTES:
+                return tally
             n //= 2  # entries far over their budget (long model ids): name fewer
 
     def _named(self, candidates: list[str], n: int) -> set[str]:
@@ -120,10 +123,11 @@ class Tally:
         return set(recent) | set(top)
 
 
-def _entry(c: dict[str, Any]) -> dict[str, Any]:
-    return {**c, "first": float(c["first"]), "last": float(c["last"]), "models": list(c["models"])}
+def _entry(c: dict[str, Any]) -> Contribution:
+    return Contribution(groups=int(c["groups"]), rollouts=int(c["rollouts"]), tokens=int(c["tokens"]),
+                        first=float(c["first"]), last=float(c["last"]), models=list(c["models"]))
 
 
 def latest_eval(history: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     """The newest record of kind "eval" in a learner's history, if any."""
-    return next((r for r in reversed(history) if r.get("kind") == "eval"), None)
+    return next((r for r in reversed(history) if r.get(Metric.KIND) == Kind.EVAL), None)

@@ -23,6 +23,7 @@ from node.config import ConfigError, SamplingConfig
 from node.models import tokenizer_hash
 from node.tasks import Task
 from node.learner.config import LearnerConfig
+from swarm.wire.reasons import Drop
 
 MAX_CHARS_PER_TOKEN = 64
 """Bound on a completion's text per token (the longest tokens of real vocabularies are far shorter)."""
@@ -78,7 +79,7 @@ class RecordChecks:
         """Models of `foreign_tokenizers` whose tokenizer differs from ours."""
         return {m for m, (_, h) in self.foreign_toks.items() if h != self.tokenizer_id}
 
-    def check(self, g: RolloutGroup, version: int, published: int) -> str | None:
+    def check(self, g: RolloutGroup, version: int, published: int) -> Drop | None:
         """A drop reason for `g`, or None, at the learner's `version` having `published` its newest."""
         own = self.checked_as_own(g)
         reason = (self._check_origin(g) or (own and self._check_version(g, version, published) or None)
@@ -87,78 +88,78 @@ class RecordChecks:
             return reason
         if not own:
             return _foreign_version(g, self.chains)
-        return "stale" if version - g.version > self.cfg.max_staleness else None
+        return Drop.STALE if version - g.version > self.cfg.max_staleness else None
 
-    def _check_origin(self, g: RolloutGroup) -> str | None:
+    def _check_origin(self, g: RolloutGroup) -> Drop | None:
         """Who sent it, for which swarm, task and prompt, of which model, and whether it is new."""
         if g.sampler in self.refusals:
-            return "refused_sampler"  # failed an audit: nothing of it is taken, ever
+            return Drop.REFUSED_SAMPLER  # failed an audit: nothing of it is taken, ever
         if g.swarm != self.swarm:
-            return "wrong_swarm"
+            return Drop.WRONG_SWARM
         if g.task != self.task.name:
-            return "wrong_task"
+            return Drop.WRONG_TASK
         if g.id in self.seen:
-            return "duplicate"
+            return Drop.DUPLICATE
         if content_key(g) in self.seen_content:
-            return "duplicate_content"  # the same completions under a new id earn nothing twice
+            return Drop.DUPLICATE_CONTENT  # the same completions under a new id earn nothing twice
         problem = self.task.get(g.prompt_id)
         if problem is None or problem.prompt != g.prompt:
-            return "unknown_prompt"
+            return Drop.UNKNOWN_PROMPT
         accepted = self.cfg.accept_models
         if g.model_id != self.model_id and "*" not in accepted and g.model_id not in accepted:
-            return "unknown_model"
+            return Drop.UNKNOWN_MODEL
         return None
 
-    def _check_version(self, g: RolloutGroup, version: int, published: int) -> str | None:
+    def _check_version(self, g: RolloutGroup, version: int, published: int) -> Drop | None:
         """A version of this run's chain we have published, of an earlier run's chain up to where
         it got, or version 0 of no chain (a sampler that has not loaded weights yet)."""
         if g.chain == "":
-            return None if g.version == 0 else "future_version"
+            return None if g.version == 0 else Drop.FUTURE_VERSION
         if g.chain == self.chains.this:
             if g.version > published:
-                return "future_version"
+                return Drop.FUTURE_VERSION
             # versions between published ones (publish cadence) were never sent: no sampler held one
             recent = version - g.version <= self.cfg.max_staleness
-            return "unpublished_version" if recent and not self.archive.holds(g.chain, g.version) else None
+            return Drop.UNPUBLISHED_VERSION if recent and not self.archive.holds(g.chain, g.version) else None
         last = self.chains.earlier.get(g.chain)
         if last is None:
-            return "unknown_chain"  # not a chain this learner ever ran: forged or another learner's
-        return "future_version" if g.version > last else None
+            return Drop.UNKNOWN_CHAIN  # not a chain this learner ever ran: forged or another learner's
+        return Drop.FUTURE_VERSION if g.version > last else None
 
-    def _check_shape(self, g: RolloutGroup) -> str | None:
+    def _check_shape(self, g: RolloutGroup) -> Drop | None:
         """The swarm's sampling settings: group size, length, temperature, log-probs' sign."""
         if len(g.completions) != self.sampling.group_size:
-            return "wrong_group_size"
+            return Drop.WRONG_GROUP_SIZE
         too_long = self.sampling.max_new_tokens
         if any(len(c.token_ids) > too_long or len(c.text) > MAX_CHARS_PER_TOKEN * too_long for c in g.completions):
-            return "too_long"
+            return Drop.TOO_LONG
         if not math.isclose(float(g.sampling.get("temperature", -1)), self.sampling.temperature):
-            return "wrong_temperature"
+            return Drop.WRONG_TEMPERATURE
         if any(lp > 1e-4 for c in g.completions for lp in c.logprobs):
-            return "positive_logprob"
+            return Drop.POSITIVE_LOGPROB
         if any(not c.token_ids for c in g.completions):
-            return "empty_completion"
+            return Drop.EMPTY_COMPLETION
         return None
 
-    def _check_tokens(self, g: RolloutGroup, own: bool) -> str | None:
+    def _check_tokens(self, g: RolloutGroup, own: bool) -> Drop | None:
         """The tokens decode, in a tokenizer we hold, to exactly the text the reward is computed on."""
         if g.tokenizer == self.tokenizer_id:
             tok, vocab = self.tok, self.vocab_size
         elif own:
-            return "wrong_tokenizer"
+            return Drop.WRONG_TOKENIZER
         else:
             known = self.foreign_toks.get(g.model_id)
             if known is None or known[1] != g.tokenizer:
-                return "unknown_tokenizer"  # tokens we cannot decode: the text would be unchecked
+                return Drop.UNKNOWN_TOKENIZER  # tokens we cannot decode: the text would be unchecked
             tok, vocab = known[0], len(known[0])
         if any(t >= vocab for c in g.completions for t in c.token_ids):
-            return "token_out_of_vocab"
+            return Drop.TOKEN_OUT_OF_VOCAB
         if any(tok.decode(c.token_ids, skip_special_tokens=True) != c.text for c in g.completions):
-            return "text_mismatch"
+            return Drop.TEXT_MISMATCH
         if tok is not self.tok:  # trained on as our tokens: their count, not the sender's, is what a step costs
             most = MAX_RETOKENIZED * self.sampling.max_new_tokens
             if any(len(self.tok(c.text, add_special_tokens=False)["input_ids"]) > most for c in g.completions):
-                return "too_long"
+                return Drop.TOO_LONG
         return None
 
     def remember(self, g: RolloutGroup) -> None:
@@ -177,11 +178,11 @@ class RecordChecks:
         self.seen_content = collections.OrderedDict.fromkeys(state["seen_content"])
 
 
-def _foreign_version(g: RolloutGroup, chains: Chains) -> str | None:
+def _foreign_version(g: RolloutGroup, chains: Chains) -> Drop | None:
     """A foreign generator never ran our weights: it may name its own learner's chain and version (a
     partner's, in a swarm of several learners: we can check neither and use neither), never one of
     ours (this run's chain, or an earlier run's)."""
-    return "foreign_version" if g.chain and (g.chain == chains.this or g.chain in chains.earlier) else None
+    return Drop.FOREIGN_VERSION if g.chain and (g.chain == chains.this or g.chain in chains.earlier) else None
 
 
 def content_key(g: RolloutGroup) -> str:

@@ -43,7 +43,7 @@ from node.audit.archive import VersionArchive
 from node.config import SamplingConfig
 from node.engines.hf import HFEngine
 from node.learner.evaluate import eval_problems, evaluate
-from node.metrics import MetricsWriter
+from node.metrics import Kind, Metric, MetricsWriter
 from node.models import without_dropout
 from node.tasks import Task
 from node.tasks.bounded import group_budget_s
@@ -61,6 +61,7 @@ from node.learner.report import batch_stats, counters
 from node.learner.scoring import REWARD_BUDGET, OverBudget, score_group
 from node.learner.scoring_time import BURST_GROUPS, SCORING_TIME, ScoringTime
 from node.training.trainer import Training
+from swarm.wire.reasons import Busy, Drop
 
 log = logging.getLogger(__name__)
 
@@ -151,22 +152,22 @@ class Learner:
         return self.books.drops
 
     @property
-    def tally(self):
-        return self.books.tally
+    def credit(self):
+        return self.books.credit
 
     @property
     def refusals(self) -> RefusalList:
         return self.auditor.refusals
 
     # ---- the Intake (swarm/exchange.py): asked from the network thread --------------------------
-    def check(self, group: RolloutGroup) -> str | None:
+    def check(self, group: RolloutGroup) -> Drop | None:
         """The checks of `ingest` without accepting: the receiver runs them before it acknowledges a
         record, so a refused record never reaches the journal. Never raises."""
         try:
             return self.checks.check(group, self.version, self.publishing.published)
         except Exception:
             log.exception("checking a rollout record failed")
-            return "internal_error"
+            return Drop.INTERNAL_ERROR
 
     def untrained(self, sampler: str) -> int:
         """Groups of `sampler` accepted and not yet trained on (its share of the buffer)."""
@@ -180,14 +181,14 @@ class Learner:
     def is_refused(self, peer: str) -> bool:
         return peer in self.auditor.refusals
 
-    def count_rejected(self, reason: str, n: int = 1) -> None:
+    def count_rejected(self, reason: Drop, n: int = 1) -> None:
         self.books.drop(reason, n)
 
-    def count_busy(self, why: str, n: int = 1) -> None:
+    def count_busy(self, why: Busy, n: int = 1) -> None:
         self.books.throttle(why, n)
 
     # ---- ingest ----------------------------------------------------------------------------------
-    def ingest(self, data: bytes) -> str | None:
+    def ingest(self, data: bytes) -> Drop | None:
         """Validate and accept one record; returns None if accepted, else the drop reason."""
         group = None
         try:
@@ -199,7 +200,7 @@ class Learner:
             reason = e.reason
             log.warning("rejected a rollout record: %s", e)
         except Exception as e:  # a record must never crash the learner, now or when the journal replays
-            reason = "quarantined"
+            reason = Drop.QUARANTINED
             log.exception("a rollout record broke ingest; quarantined")
             self.quarantine(data, f"ingest: {type(e).__name__}: {e}")
         if reason is not None:
@@ -211,7 +212,7 @@ class Learner:
     def ingest_many(self, records: list[bytes]) -> int:
         return sum(self.ingest(r) is None for r in records)
 
-    def ingest_own(self, group: RolloutGroup, raw: bytes | None = None) -> str | None:
+    def ingest_own(self, group: RolloutGroup, raw: bytes | None = None) -> Drop | None:
         """Accept a group this process's own sampler made with this learner's weights, in memory
         (`join --role sampler,learner`): none of a peer's checks apply (there is no peer), it is not
         audited (same weights, same process) and it earns no credit on our own tally (the
@@ -222,13 +223,13 @@ class Learner:
             self.books.drop(reason)
         return reason
 
-    def _accept(self, g: RolloutGroup, raw: bytes, count: bool = True) -> str | None:
+    def _accept(self, g: RolloutGroup, raw: bytes, count: bool = True) -> Drop | None:
         own = self.checks.checked_as_own(g)
         route = Route.OWN if own else (Route.FOREIGN if g.tokenizer == self.checks.tokenizer_id else Route.FOREIGN_SEQ)
         if self.training.losses[route][0] == DROP:
-            return "own_dropped" if own else "foreign_dropped"
+            return Drop.OWN_DROPPED if own else Drop.FOREIGN_DROPPED
         if count and self.buffer.full:
-            return "buffer_full"
+            return Drop.BUFFER_FULL
         proven = self.auditor.is_proven(g.sampler)
         if count and not self.scoring_time.allows(g.sampler, proven):
             return SCORING_TIME  # its key's (or the unproven keys') share of the thread is spent
@@ -251,7 +252,7 @@ class Learner:
     def ready(self) -> bool:
         """Whether a step can be taken now (`GroupBuffer.ready`), once aged groups are dropped."""
         if aged := self.buffer.drop_aged(self.version):
-            self.books.drop("stale", aged)
+            self.books.drop(Drop.STALE, aged)
         return self.buffer.ready(self.auditor.kind_of, self.auditor.is_proven)
 
     def step(self) -> dict | None:
@@ -269,8 +270,8 @@ class Learner:
         if not taken:
             return None  # every group taken failed an audit: nothing to train on this time
         parts, skipped = self.training.parts(taken)
-        rec: dict[str, Any] = {"kind": "step", "version": self.version + 1, **batch_stats(taken, self.version), **behaviour}
-        rec["groups_skipped_zero_var"] = skipped
+        rec: dict[str, Any] = {Metric.KIND: Kind.STEP, Metric.VERSION: self.version + 1, **batch_stats(taken, self.version), **behaviour}
+        rec[Metric.GROUPS_SKIPPED_ZERO_VAR] = skipped
         try:
             self.training.train(parts, rec)
         except Exception as e:  # e.g. out of memory: these groups go to quarantine, training goes on
@@ -278,12 +279,12 @@ class Learner:
             self.training.abandon()
             for b in taken:
                 self.quarantine(b.raw, f"step: {type(e).__name__}: {e}")
-            self.books.drop("quarantined", len(taken))
+            self.books.drop(Drop.QUARANTINED, len(taken))
             if self.leader is not None:
                 raise  # the ranks are out of step now: end the job (torchrun restarts it from a checkpoint)
             return None
         if gap_dropped := self.training.mark_gap_drops(taken, rec):
-            self.books.drop("logprob_gap", gap_dropped)
+            self.books.drop(Drop.LOGPROB_GAP, gap_dropped)
         self.books.count_trained(taken, self.auditor.archive.auditable, self.peer_id)
         self.version += 1
         rec.update(self.publishing.maybe(self.version))
@@ -311,21 +312,21 @@ class Learner:
         for b in dropped:
             self.training.gap_drop(b)
         if dropped:
-            self.books.drop("logprob_gap", len(dropped))
+            self.books.drop(Drop.LOGPROB_GAP, len(dropped))
 
     def refuse(self, sampler: str, why: str) -> None:
         """Refuse `sampler` for good: drop its buffered groups, revoke its credit, persist the refusal."""
         self.auditor.refusals.add(sampler, why)
         dropped = self.buffer.drop_sampler(sampler)
-        self.books.drop("refused_sampler", dropped + 1)
-        self.books.tally.revoke(sampler)
+        self.books.drop(Drop.REFUSED_SAMPLER, dropped + 1)
+        self.books.credit.revoke(sampler)
         log.warning("refused sampler %s for good (%s); %d buffered groups dropped, its credit revoked",
                     sampler, why, dropped)
 
     # ---- eval and publishing ---------------------------------------------------------------------
     def run_eval(self) -> float:
         acc = evaluate(self.engine, self.task, self.eval_set, self.sampling.max_new_tokens)
-        self._emit({"kind": "eval", "version": self.version, "eval_acc": acc, "time_s": round(time.time() - self._t0, 2)})
+        self._emit({Metric.KIND: Kind.EVAL, Metric.VERSION: self.version, Metric.EVAL_ACC: acc, Metric.TIME_S: round(time.time() - self._t0, 2)})
         return acc
 
     def _emit(self, rec: dict) -> None:
@@ -372,7 +373,7 @@ class Learner:
             try:
                 group = decode_rollout_group(raw, strict=False)  # accepted, maybe under older bounds
             except RecordError as e:
-                if e.reason != "protocol":
+                if e.reason != Drop.PROTOCOL:
                     raise
                 older += 1  # sampled under another protocol's rule: its audit would refuse an honest sampler
                 continue
@@ -383,7 +384,7 @@ class Learner:
         if older:
             log.warning("checkpoint: %d buffered groups of an older protocol dropped (not auditable now)", older)
         for sampler in self.auditor.refusals.refused:
-            self.books.tally.revoke(sampler)
+            self.books.credit.revoke(sampler)
 
     def save_checkpoint(self, directory: Path) -> Path:
         return save_checkpoint(directory, self.version, self.state_dict(), keep=self.cfg.keep_checkpoints)

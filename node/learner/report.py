@@ -9,6 +9,7 @@ from node.audit.auditor import Auditor
 from node.learner.books import Books
 from node.learner.groups import BufferedGroup
 from node.training.trainer import Training
+from node.metrics import Metric
 
 
 def batch_stats(taken: list[BufferedGroup], version: int) -> dict[str, Any]:
@@ -17,12 +18,12 @@ def batch_stats(taken: list[BufferedGroup], version: int) -> dict[str, Any]:
     staleness = [version - b.group.version for b in own]
     rewards = [r for b in taken for r in b.group.rewards]
     return {
-        "reward": sum(rewards) / len(rewards),
+        Metric.REWARD: sum(rewards) / len(rewards),
         "reward_own": _mean([r for b in own for r in b.group.rewards]),
         "reward_foreign": _mean([r for b in taken if not b.own for r in b.group.rewards]),
-        "groups_own": len(own), "groups_foreign": len(taken) - len(own),
-        "staleness_hist": {str(k): staleness.count(k) for k in sorted(set(staleness))},
-        "staleness_mean": _mean(staleness),
+        "groups_own": len(own), Metric.GROUPS_FOREIGN: len(taken) - len(own),
+        Metric.STALENESS_HIST: {str(k): staleness.count(k) for k in sorted(set(staleness))},
+        Metric.STALENESS_MEAN: _mean(staleness),
     }
 
 
@@ -32,7 +33,7 @@ def counters(books: Books, auditor: Auditor, training: Training, buffered: int, 
             "logprob_gap_drops": dict(training.gap_drops), "train_time_s": round(training.time_s, 3),
             "refused_samplers": len(auditor.refusals.refused),
             "reward_claim_mismatch": books.reward_claim_mismatch, "buffered": buffered,
-            "version_clamped": books.version_clamped, "time_s": round(time.time() - t0, 2)}
+            "version_clamped": books.version_clamped, Metric.TIME_S: round(time.time() - t0, 2)}
 
 
 def _mean(xs: list[float]) -> float:

@@ -17,10 +17,11 @@ from node.tasks import Task
 from node.tasks.bounded import OverBudget, rewards as bounded_rewards
 from node.training.batch import ScoredGroup
 from node.learner.groups import Route
+from swarm.wire.reasons import Drop
 
 __all__ = ["OverBudget", "REWARD_BUDGET", "Scored", "score_group"]
 
-REWARD_BUDGET = "reward_budget"
+REWARD_BUDGET = Drop.REWARD_BUDGET
 """The drop reason of a group whose rewards would cost more than its budget (node/tasks/bounded.py)."""
 
 

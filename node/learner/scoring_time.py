@@ -21,6 +21,7 @@ import time
 from typing import Callable
 
 from swarm.exchange import TokenBuckets
+from swarm.wire.reasons import Drop
 
 RATE_S = 0.5
 """Seconds of scoring a second, per proven key and for all unproven keys together."""
@@ -29,7 +30,7 @@ BURST_GROUPS = 4
 MAX_KEYS = 4096
 """Proven keys with a bucket; the least recently charged is forgotten past it (full again: a key
 that only a flood of keys could push out did honest work to be proven)."""
-SCORING_TIME = "scoring_time"
+SCORING_TIME = Drop.SCORING_TIME
 """The drop reason of a group whose key's bucket (or the unproven keys') was empty."""
 
 

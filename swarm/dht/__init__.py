@@ -1,6 +1,7 @@
 """The swarm's DHT (hivemind's Kademlia): who is in the swarm, and the records that say so.
 
-    schema.py      what each record kind must parse to, and the protocol version
+    schema.py      the swarm's keys, and the struct each kind of record decodes to (swarm/wire/peer.py,
+                   swarm/wire/tally.py)
     validation.py  `OwnerValidator`: the rules every peer runs on the swarm's keys (a record is its
                    signer's own; sizes and lifetimes bounded)
     network.py     `NetworkConfig`: where a peer listens and whom it dials, the address checks
@@ -14,14 +15,14 @@ holding its own public key, so only it can write them (validation.py says what e
 from swarm.dht.network import (BadAddressError, NetworkConfig, SwarmConnectError, check_announce_maddr,
                                check_multiaddr, is_loopback, peer_id_of_maddr)
 from swarm.dht.process import create_dht, swarm_validators
-from swarm.dht.records import (DHT_TIMEOUT, MAX_HELD, MAX_OWNERS, announce, announce_holdings, holdings_of,
-                               list_peers, own_records, peer_records, peers_key, publish_swarm_record,
-                               publish_tally, tally_of, trusted_learners)
-from swarm.dht.schema import PROTOCOL_VERSION, SOFTWARE, HolderModel, PeerInfoModel, SwarmRecordModel
-from swarm.dht.validation import OwnerValidator, own_key
+from swarm.dht.records import (DHT_TIMEOUT, MAX_HELD, MAX_OWNERS, Listed, announce, announce_holdings, holdings_of,
+                               list_peers, own_records, peer_records, publish_swarm_record, publish_tally, tally_of,
+                               trusted_learners)
+from swarm.dht.schema import KINDS, own_key, peers_key
+from swarm.dht.validation import OwnerValidator
 
-__all__ = ["BadAddressError", "DHT_TIMEOUT", "HolderModel", "MAX_HELD", "MAX_OWNERS", "NetworkConfig", "OwnerValidator",
-           "PROTOCOL_VERSION", "PeerInfoModel", "SOFTWARE", "SwarmConnectError", "SwarmRecordModel", "announce",
-           "announce_holdings", "check_announce_maddr", "check_multiaddr", "create_dht", "holdings_of", "is_loopback",
-           "list_peers", "own_key", "own_records", "peer_id_of_maddr", "peer_records", "peers_key", "publish_swarm_record",
-           "publish_tally", "swarm_validators", "tally_of", "trusted_learners"]
+__all__ = ["BadAddressError", "DHT_TIMEOUT", "KINDS", "Listed", "MAX_HELD", "MAX_OWNERS", "NetworkConfig",
+           "OwnerValidator", "SwarmConnectError", "announce", "announce_holdings", "check_announce_maddr",
+           "check_multiaddr", "create_dht", "holdings_of", "is_loopback", "list_peers", "own_key", "own_records",
+           "peer_id_of_maddr", "peer_records", "peers_key", "publish_swarm_record", "publish_tally", "swarm_validators",
+           "tally_of", "trusted_learners"]

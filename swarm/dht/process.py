@@ -8,12 +8,10 @@ import threading
 
 from hivemind.dht import DHT
 from hivemind.dht.crypto import RSASignatureValidator
-from hivemind.dht.schema import SchemaValidator
 
 from swarm.identity import Identity
 from swarm.lifetime import end_with_parent
 from swarm.dht.network import NetworkConfig, SwarmConnectError
-from swarm.dht.schema import SwarmSchema
 from swarm.dht.validation import OwnerValidator
 
 
@@ -36,8 +34,7 @@ def create_dht(identity: Identity, net: NetworkConfig, swarm: str) -> DHT:
 
 def swarm_validators(identity: Identity, swarm: str) -> list:
     """What every peer checks of the swarm's DHT records: signatures, the schema, owners."""
-    return [RSASignatureValidator(identity.dht_private_key()), SchemaValidator(SwarmSchema, prefix=f"hetero_{swarm}"),
-            OwnerValidator(swarm)]
+    return [RSASignatureValidator(identity.dht_private_key()), OwnerValidator(swarm)]
 
 
 class _DHT(DHT):

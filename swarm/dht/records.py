@@ -13,23 +13,22 @@ Every call is bounded in time (`DHT_TIMEOUT`): hivemind's own calls wait without
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import msgpack
+import msgspec
 from hivemind.dht import DHT
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.utils import get_dht_time
+from msgspec import Struct
 
+from swarm.dht.schema import KINDS, own_key, peers_key
 from swarm.identity import Identity
-from swarm.dht.schema import PROTOCOL_VERSION, SOFTWARE
-from swarm.dht.validation import own_key
+from swarm.wire.peer import PROTOCOL, SOFTWARE, Holder, PeerInfo, SwarmRecord, as_value, from_value
+from swarm.wire.tally import Tally
 
 log = logging.getLogger(__name__)
-
-
-def peers_key(swarm: str) -> str:
-    return f"hetero_{swarm}_peers"
 
 
 def _owner_subkey(identity: Identity) -> bytes:
@@ -42,8 +41,9 @@ DHT_TIMEOUT = 30.0
 DHT that is shutting down)."""
 
 
-def _store(dht: DHT, key: str, value: dict[str, Any], ttl: float, identity: Identity) -> bool:
-    """Store `value` under `key`, signed by our own subkey, expiring in `ttl` s; False if refused or late."""
+def _store(dht: DHT, key: str, record: Struct, ttl: float, identity: Identity) -> bool:
+    """Store `record` under `key`, signed by our own subkey, expiring in `ttl` s; False if refused or late."""
+    value = as_value(record)
     future = dht.store(key, value, expiration_time=get_dht_time() + ttl, subkey=_owner_subkey(identity),
                        return_future=True)
     try:
@@ -53,12 +53,23 @@ def _store(dht: DHT, key: str, value: dict[str, Any], ttl: float, identity: Iden
         log.warning("DHT store of %s timed out after %.0f s", key, DHT_TIMEOUT)
         return False
     if not stored:
-        log.warning("the DHT refused our record under %s (%d bytes packed, expiring in %.0f s; ownership.py "
-                    "has the bounds), or no DHT peer answered", key, len(msgpack.packb(value, use_bin_type=True)), ttl)
+        log.warning("the DHT refused our record under %s (%d bytes packed, expiring in %.0f s; swarm/dht/validation.py "
+                    "has the bounds), or no DHT peer answered", key, len(msgspec.msgpack.encode(record)), ttl)
     return stored
 
 
-def _live_values(dht: DHT, key: str) -> list[tuple[dict[str, Any], float]]:
+@dataclass(frozen=True)
+class Listed:
+    """A row of the swarm's index of peers, as `status` shows it."""
+
+    info: PeerInfo
+    expires_in: float
+    """Seconds until the row expires (its peer refreshes it while alive)."""
+    last_seen_s: float
+    """Seconds since its peer announced it."""
+
+
+def _live_values(dht: DHT, key: str) -> list[tuple[Any, float]]:
     """(value, seconds until expiry) of every unexpired, validated subkey entry under `key`."""
     future = dht.get(key, latest=True, return_future=True)
     try:
@@ -70,21 +81,21 @@ def _live_values(dht: DHT, key: str) -> list[tuple[dict[str, Any], float]]:
     if found is None or not isinstance(found.value, dict):
         return []
     now = get_dht_time()
-    return [(e.value, e.expiration_time - now) for e in found.value.values()
-            if isinstance(e.value, dict) and e.expiration_time > now]
+    return [(e.value, e.expiration_time - now) for e in found.value.values() if e.expiration_time > now]
 
 
-def announce(dht: DHT, identity: Identity, swarm: str, info: dict[str, Any], ttl: float = 60.0) -> bool:
-    """Store (or refresh) this peer's PeerInfo, signed, expiring in `ttl` seconds."""
-    # every field explicitly: SchemaValidator refuses values that parse to anything different
-    info = {"learner": "", "name": "", "private": False, "accepts": [], **info, "peer_id": identity.peer_id, "software": SOFTWARE, "protocol": PROTOCOL_VERSION,
-            "updated": float(get_dht_time())}
+def announce(dht: DHT, identity: Identity, swarm: str, info: PeerInfo, ttl: float = 60.0) -> bool:
+    """Store (or refresh) this peer's PeerInfo, signed, expiring in `ttl` seconds: in the index and at
+    its own key. Who it is, what it runs and when it said so are filled in here."""
+    info = msgspec.structs.replace(info, peer_id=identity.peer_id, software=SOFTWARE, protocol=PROTOCOL,
+                                   updated=float(get_dht_time()))
     indexed = _store(dht, peers_key(swarm), info, ttl, identity)
     return _store(dht, own_key(swarm, "peer", identity.peer_id), info, ttl, identity) and indexed
 
 
-def own_records(dht: DHT, swarm: str, kind: str, owners: list[str]) -> dict[str, dict[str, Any]]:
-    """owner -> its live record of `kind`, for at most MAX_OWNERS `owners` (one DHT traversal)."""
+def own_records(dht: DHT, swarm: str, kind: str, owners: list[str]) -> dict[str, Struct]:
+    """owner -> its live record of `kind` (its struct, swarm/dht/schema.py `KINDS`), for at most
+    MAX_OWNERS `owners` (one DHT traversal)."""
     owners = list(dict.fromkeys(owners))[:MAX_OWNERS]
     if not owners:
         return {}
@@ -100,7 +111,7 @@ def own_records(dht: DHT, swarm: str, kind: str, owners: list[str]) -> dict[str,
     out = {}
     for key, entries in found.items():
         owner = keys.get(key)
-        live = [v for v, expires in entries if expires > now and isinstance(v, dict)]
+        live = [r for r in (from_value(KINDS[kind], v) for v, expires in entries if expires > now) if r is not None]
         if owner is not None and live:
             out[owner] = live[0]  # the validators let exactly one record live there: its owner's
     return out
@@ -121,42 +132,42 @@ async def _get_many(keys: list[str], _dht, node) -> dict[str, list[tuple[Any, fl
     return out
 
 
-def peer_records(dht: DHT, swarm: str, peer_ids: list[str]) -> dict[str, dict[str, Any]]:
+def peer_records(dht: DHT, swarm: str, peer_ids: list[str]) -> dict[str, PeerInfo]:
     """peer id -> its own live PeerInfo record, read one key per peer (not the whole index)."""
     return own_records(dht, swarm, "peer", peer_ids)
 
 
-def list_peers(dht: DHT, swarm: str) -> list[dict[str, Any]]:
+def list_peers(dht: DHT, swarm: str) -> list[Listed]:
     """The swarm's live peers (records the validators accepted and that have not expired)."""
     now = get_dht_time()
-    peers = [{**v, "expires_in": round(left, 1), "last_seen_s": round(now - v.get("updated", now), 1)}
-             for v, left in _live_values(dht, peers_key(swarm))]
-    return sorted(peers, key=lambda p: (p.get("role", ""), p.get("peer_id", "")))
+    rows = [(from_value(PeerInfo, v), left) for v, left in _live_values(dht, peers_key(swarm))]
+    listed = [Listed(info, round(left, 1), round(now - info.updated, 1)) for info, left in rows if info is not None]
+    return sorted(listed, key=lambda p: (p.info.role, p.info.peer_id))
 
 
 def announce_holdings(dht: DHT, identity: Identity, swarm: str, chain: str, versions: list[int], ttl: float = 60.0) -> bool:
     """Say (signed, expiring) which versions of `chain` this peer serves."""
-    value = {"peer_id": identity.peer_id, "chain": chain, "versions": [int(v) for v in versions][-MAX_HELD:]}
-    return _store(dht, own_key(swarm, "holds", identity.peer_id), value, ttl, identity)
+    holder = Holder(peer_id=identity.peer_id, chain=chain, versions=[int(v) for v in versions][-MAX_HELD:])
+    return _store(dht, own_key(swarm, "holds", identity.peer_id), holder, ttl, identity)
 
 
 MAX_HELD = 512
 """Versions one holder record lists (the newest): a chain segment runs at most `keyframe_every` (100
-by default) versions, and the validators refuse a longer list."""
+by default) versions; the validators bound the record's bytes (8 KiB: ~2,700 versions)."""
 
 
-def holdings_of(dht: DHT, swarm: str, peer_ids: list[str]) -> list[dict[str, Any]]:
+def holdings_of(dht: DHT, swarm: str, peer_ids: list[str]) -> list[Holder]:
     """The live holder records of `peer_ids` (a fetcher's mates), read one key per peer."""
     return list(own_records(dht, swarm, "holds", peer_ids).values())
 
 
-def publish_tally(dht: DHT, identity: Identity, swarm: str, value: dict[str, Any], ttl: float = 600.0) -> bool:
+def publish_tally(dht: DHT, identity: Identity, swarm: str, tally: Tally, ttl: float = 600.0) -> bool:
     """Store this learner's cumulative tally (swarm/wire/tally.py), signed, at its own key: its samplers
     and the leaderboard read it there, knowing the learner from the coordinators' swarm records."""
-    return _store(dht, own_key(swarm, "tally", identity.peer_id), value, ttl, identity)
+    return _store(dht, own_key(swarm, "tally", identity.peer_id), tally, ttl, identity)
 
 
-def tally_of(dht: DHT, swarm: str, learner: str) -> dict[str, Any] | None:
+def tally_of(dht: DHT, swarm: str, learner: str) -> Tally | None:
     """`learner`'s own live tally, or None."""
     return own_records(dht, swarm, "tally", [learner]).get(learner)
 
@@ -165,9 +176,9 @@ def publish_swarm_record(dht: DHT, identity: Identity, swarm: str, learners: dic
                          ttl: float = 60.0) -> bool:
     """As this swarm's coordinator, name the learners its samplers may follow, each with the model it
     trains ("" = unstated), signed and expiring."""
-    value = {"coordinator": identity.peer_id, "learners": sorted(learners), "model_id": model_id,
-             "models": {k: v for k, v in sorted(learners.items()) if v}, "updated": float(get_dht_time())}
-    return _store(dht, own_key(swarm, "swarm", identity.peer_id), value, ttl, identity)
+    record = SwarmRecord(coordinator=identity.peer_id, learners=sorted(learners), model_id=model_id,
+                         models={k: v for k, v in sorted(learners.items()) if v}, updated=float(get_dht_time()))
+    return _store(dht, own_key(swarm, "swarm", identity.peer_id), record, ttl, identity)
 
 
 def trusted_learners(dht: DHT, swarm: str, coordinators: set[str]) -> dict[str, str]:
@@ -175,9 +186,8 @@ def trusted_learners(dht: DHT, swarm: str, coordinators: set[str]) -> dict[str, 
     with the model a record says it trains ("" where none says; two coordinators that disagree
     about a learner's model: "?", which matches no model, so no sampler follows it)."""
     out: dict[str, str] = {}
-    for v in own_records(dht, swarm, "swarm", sorted(coordinators)).values():
-        models = v.get("models", {})
-        for learner in v.get("learners", []):
-            model, have = models.get(learner, ""), out.get(learner, "")
+    for record in own_records(dht, swarm, "swarm", sorted(coordinators)).values():
+        for learner in record.learners:
+            model, have = record.models.get(learner, ""), out.get(learner, "")
             out[learner] = "?" if model and have and model != have else (have or model)
     return out

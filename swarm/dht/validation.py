@@ -4,7 +4,8 @@ hivemind's RSASignatureValidator makes a subkey `[owner:<public key>]` writable 
 it does not stop a key from writing many subkeys, nor a record from *naming* another peer, nor any
 key from storing anything under any other key. On top of it, `OwnerValidator` (run by every peer,
 so the whole DHT refuses what it refuses) requires of every record:
-  - the subkey is exactly `[owner:<key>]`: one key, one record per DHT key (no sybil subkeys);
+  - the subkey is exactly `[owner:<key>]`, canonically packed: one key, one record per DHT key (no
+    sybil subkeys);
   - it is under one of the swarm's keys: an index every peer writes its row of (`INDEXES`:
     `hetero_<swarm>_peers`), or a key of its owner's own (`OWN_KINDS`:
     `hetero_<swarm>_<kind>/<owner's peer id>`, which no other key can write at all); nothing else
@@ -12,6 +13,8 @@ so the whole DHT refuses what it refuses) requires of every record:
   - the record names its signer: PeerInfo and holder records' `peer_id`, a tally's `learner`, the
     swarm record's `coordinator` is the owner's peer id (a peer cannot speak for another, e.g. put
     its display name on an honest peer's row); a tally does not credit its own learner;
+  - it decodes as its kind's struct (swarm/dht/schema.py `KINDS`: the index's rows too, which
+    hivemind's SchemaValidator checked before);
   - at most `MAX_BYTES` of its kind, expiring at most `MAX_TTL` from now: keys are free, so what
     one key can store is what the DHT holds per fresh key (before: one key stored a 2.5 MB peer
     record, and every get of the index took seconds).
@@ -27,24 +30,20 @@ import logging
 import re
 from typing import Any, Callable
 
+import msgspec
 from cryptography.hazmat.primitives import serialization
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.utils import MSGPackSerializer, get_dht_time
+from msgspec import Struct
 
-from swarm.exchange import TALLY_BYTES
-from swarm.dht.schema import OWN_MODELS
+from swarm.dht.schema import INDEXES, KINDS, OWN_KINDS, own_key
+from swarm.wire.tally import TALLY_BYTES, Tally
 from swarm.identity import peer_id_of
 
 log = logging.getLogger(__name__)
 
 _OWNER_RE = re.compile(rb"^\[owner:(.+)\]$", re.DOTALL)
-
-
-def own_key(swarm: str, kind: str, peer_id: str) -> str:
-    """The key only `peer_id` may write, one record (`OWN_KINDS`): what a reader who knows whom it
-    wants reads, one get per owner, however many records other keys stored."""
-    return f"hetero_{swarm}_{kind}/{peer_id}"
 
 
 MAX_SUBKEY = 1024
@@ -69,26 +68,21 @@ def owner_peer_id(subkey: bytes) -> str | None:
     return peer_id_of(der)
 
 
-def _names_owner(field: str) -> Callable[[dict[str, Any], str], bool]:
-    return lambda value, owner: value.get(field) == owner
+def _names_owner(field: str) -> Callable[[Struct, str], bool]:
+    return lambda record, owner: getattr(record, field) == owner
 
 
-def _tally_ok(value: dict[str, Any], owner: str) -> bool:
-    return value.get("learner") == owner and isinstance(value.get("peers"), dict) and owner not in value["peers"]
+def _tally_ok(tally: Tally, owner: str) -> bool:
+    return tally.learner == owner and owner not in tally.peers
 
 
-RULES: dict[str, Callable[[dict[str, Any], str], bool]] = {
+RULES: dict[str, Callable[[Any, str], bool]] = {
     "peers": _names_owner("peer_id"), "peer": _names_owner("peer_id"),
     "holds": _names_owner("peer_id"),
     "tally": _tally_ok,
     "swarm": _names_owner("coordinator"),
 }
-"""What a record under each of the swarm's keys must satisfy, by the key's name."""
-INDEXES = ("peers",)
-"""Keys every peer writes its own row of (`hetero_<swarm>_<name>`): listings (status, the leaderboard's
-display names)."""
-OWN_KINDS = ("peer", "holds", "tally", "swarm")
-"""Keys of one owner each (`hetero_<swarm>_<kind>/<peer id>`): what readers who know the owner read."""
+"""What a record under each of the swarm's keys must say of its signer, by the key's name."""
 MAX_BYTES = {"peers": 4096, "peer": 4096, "holds": 8192, "tally": TALLY_BYTES, "swarm": 65536}
 """A record's serialized value at most, by kind: a peer record is ~500 bytes (16 addresses of 200
 characters fit), a holder record lists at most 512 versions (`dht.MAX_HELD`), a tally credits
@@ -100,13 +94,25 @@ MAX_TTL = 3600.0
 leave records behind for good."""
 
 
+_DECODERS = {kind: msgspec.msgpack.Decoder(struct) for kind, struct in KINDS.items()}
+
+
+def decode(kind: str, value: bytes) -> Struct | None:
+    """A stored value (msgpack, its signature stripped) as its kind's struct, or None: what no
+    exception of a peer's bytes escapes (msgspec raises UnicodeDecodeError and RecursionError
+    besides its own errors)."""
+    try:
+        return _DECODERS[kind].decode(value)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError, ValueError, TypeError):
+        return None
+
+
 class OwnerValidator(RecordValidatorBase):
-    def __init__(self, swarm: str, models: dict[str, Any] | None = None) -> None:
-        """`models`: the pydantic model each own kind's value must parse to exactly (swarm/dht/records.py's
-        `OWN_MODELS`; hivemind's SchemaValidator knows only fixed keys, so the own keys are checked here)."""
-        if models is None:
-            models = OWN_MODELS
-        self.swarm, self._models = swarm, models
+    """Run by every peer on every record it is asked to store and every one it reads back (the
+    index's rows included: they decode as `PeerInfo` like the owners' own records)."""
+
+    def __init__(self, swarm: str) -> None:
+        self.swarm = swarm
         self._indexes = {DHTID.generate(source=f"hetero_{swarm}_{name}").to_bytes(): name for name in INDEXES}
 
     def _kind(self, key: bytes, owner: str) -> str | None:
@@ -125,7 +131,10 @@ class OwnerValidator(RecordValidatorBase):
 
     def _refusal(self, record: DHTRecord) -> str | None:
         try:
-            owner = owner_peer_id(MSGPackSerializer.loads(record.subkey))
+            subkey = MSGPackSerializer.loads(record.subkey)
+            # the canonical encoding only: the same key packed as bin32, or as an ext hivemind does not
+            # know, decodes to the same bytes and was a row of its own under the same DHT key
+            owner = owner_peer_id(subkey) if MSGPackSerializer.dumps(subkey) == record.subkey else None
         except Exception:
             owner = None
         if owner is None:
@@ -137,27 +146,14 @@ class OwnerValidator(RecordValidatorBase):
             return f"a {kind} record of {len(record.value)} bytes (at most {MAX_BYTES[kind]})"
         if record.expiration_time > get_dht_time() + MAX_TTL:
             return f"a {kind} record expiring more than {MAX_TTL:.0f} s ahead"
-        try:
-            value = MSGPackSerializer.loads(record.value)
-            ok = isinstance(value, dict) and RULES[kind](value, owner)
-            if ok and kind in self._models:
-                ok = _parses_exactly(self._models[kind], value)
-        except Exception:
-            ok = False
-        return None if ok else f"a {kind} record that does not name its own signer or does not parse"
+        decoded = decode(kind, record.value)
+        if decoded is None:
+            return f"a {kind} record that does not decode as a {KINDS[kind].__name__}"
+        return None if RULES[kind](decoded, owner) else f"a {kind} record that does not name its own signer"
 
     @property
     def priority(self) -> int:
-        return 5  # after the signature check strips the signature (10), before the schema (0)
+        return 5  # after the signature check strips the signature (10)
 
     def merge_with(self, other: RecordValidatorBase) -> bool:
         return isinstance(other, OwnerValidator) and other.swarm == self.swarm
-
-
-def _parses_exactly(model: Any, value: dict[str, Any]) -> bool:
-    """Whether `value` is a `model` without any conversion (as hivemind's SchemaValidator requires of
-    the index keys: strict types, every field present)."""
-    try:
-        return model.parse_obj(value).dict() == value
-    except Exception:
-        return False

@@ -15,6 +15,8 @@ from typing import Callable, Protocol
 
 from swarm.leaderboard.server import LeaderboardServer, ServerLimits
 from swarm.leaderboard.store import MAX_NAME_LOOKUPS, LeaderboardStore
+from swarm.wire.peer import PeerInfo
+from swarm.wire.tally import Tally
 
 log = logging.getLogger(__name__)
 
@@ -27,15 +29,15 @@ class Source(Protocol):
 
     def trusted_learners(self, coordinators: set[str]) -> dict[str, str]: ...
 
-    def tally_of(self, learner: str) -> dict | None: ...
+    def tally_of(self, learner: str) -> Tally | None: ...
 
-    def peer_records(self, peer_ids: list[str]) -> dict[str, dict]:
+    def peer_records(self, peer_ids: list[str]) -> dict[str, PeerInfo]:
         """peer id -> its own PeerInfo record, one DHT key each (never the whole peers index, which
         any key can grow)."""
         ...
 
 
-def collect_once(store: LeaderboardStore, tallies: Callable[[], list[dict]], peers: Callable[[], list[dict]],
+def collect_once(store: LeaderboardStore, tallies: Callable[[], list[Tally]], peers: Callable[[], list[PeerInfo]],
                  trusted: set[str] | None = None) -> dict[str, int]:
     """One pass of the collector: the tallies, then the display names `peers()` gives (called after
     the tallies are in, so it can ask for the names the store wants: `store.name_lookups()`); a name
@@ -49,8 +51,8 @@ def collect_once(store: LeaderboardStore, tallies: Callable[[], list[dict]], pee
     for p in peers():
         # a PeerInfo is signed by the peer it names (the DHT's validators check peer_id against
         # the record's owner), so a name is only ever taken for the peer that published it
-        if p.get("name") and p.get("peer_id") in named:
-            store.set_name(p["peer_id"], p["name"])
+        if p.name and p.peer_id in named:
+            store.set_name(p.peer_id, p.name)
     return outcome
 
 

@@ -30,10 +30,10 @@ import unicodedata
 from pathlib import Path
 from typing import Any
 
-import pydantic.v1 as pydantic
+import msgspec
 
 from swarm.identity import short_id
-from swarm.wire.tally import TallyModel
+from swarm.wire.tally import Tally
 
 log = logging.getLogger(__name__)
 
@@ -75,12 +75,12 @@ class LeaderboardStore:
     def _count(self, reason: str) -> None:
         self._db.execute("INSERT INTO counters VALUES (?, 1) ON CONFLICT(reason) DO UPDATE SET n = n + 1", (reason,))
 
-    def ingest(self, tally: dict[str, Any], trusted: set[str] | None = None) -> str:
-        """Take one learner's tally; returns 'new', 'unchanged', or why it was refused
-        ('invalid', 'self_credit', 'untrusted', 'replay'), which is also counted."""
+    def ingest(self, tally: Tally | dict[str, Any], trusted: set[str] | None = None) -> str:
+        """Take one learner's tally (as the DHT gives it, or its plain form); returns 'new', 'unchanged',
+        or why it was refused ('invalid', 'self_credit', 'untrusted', 'replay'), which is also counted."""
         try:
-            t = TallyModel.parse_obj(tally)
-        except (pydantic.ValidationError, TypeError) as e:
+            t = tally if isinstance(tally, Tally) else msgspec.convert(tally, Tally)
+        except (msgspec.ValidationError, TypeError, ValueError) as e:
             return self._refuse("invalid", f"malformed tally: {e}")
         if t.learner in t.peers:
             return self._refuse("self_credit", f"learner {short_id(t.learner)} credits itself")
@@ -98,14 +98,14 @@ class LeaderboardStore:
             self._count("accepted")
         return "new"
 
-    def _replace(self, t: TallyModel) -> None:
+    def _replace(self, t: Tally) -> None:
         """Put `t` in place of the learner's previous tally (caller holds the lock and the transaction);
         a history row only for the peers whose credit changed, so the history grows with work, not polls."""
         before = dict(self._db.execute("SELECT peer, rollouts FROM credits WHERE learner = ?", (t.learner,)))
         self._db.execute("INSERT OR REPLACE INTO learners VALUES (?, ?, ?, ?)", (t.learner, t.seq, t.time, t.model_id))
         self._db.execute("DELETE FROM credits WHERE learner = ?", (t.learner,))
         self._db.execute("DELETE FROM others WHERE learner = ?", (t.learner,))
-        if t.others is not None:
+        if t.others is not msgspec.UNSET:
             o = t.others
             self._db.execute("INSERT INTO others VALUES (?, ?, ?, ?, ?)", (t.learner, o.count, o.groups, o.rollouts,
                                                                          o.tokens))
@@ -122,11 +122,11 @@ class LeaderboardStore:
         """Forget the names of peers no tally names any more (caller holds the lock and the transaction)."""
         self._db.execute(f"DELETE FROM names WHERE peer NOT IN ({_NAMED})")
 
-    def _progress(self, t: TallyModel) -> None:
+    def _progress(self, t: Tally) -> None:
         """A progress row if the learner's version or eval changed (a tally from before these fields has none)."""
-        if t.version is None:
+        if t.version is msgspec.UNSET:
             return
-        now = (t.version, t.eval_acc, t.eval_version)
+        now = (t.version, *((None, None) if t.eval_acc is msgspec.UNSET else (t.eval_acc, t.eval_version)))
         last = self._db.execute("SELECT version, eval_acc, eval_version FROM progress WHERE learner = ? "
                                 "ORDER BY rowid DESC LIMIT 1", (t.learner,)).fetchone()
         if last != now:

@@ -126,7 +126,8 @@ class Calls:
 
     def _dial(self, peer_id: str, timeout: float) -> None:
         """Best effort: connect to `peer_id` at the multiaddrs in its PeerInfo record."""
-        maddrs = list((self._record(peer_id) or {}).get("maddrs", []))
+        record = self._record(peer_id)
+        maddrs = list(record.maddrs) if record is not None else []
         if not maddrs:
             return
         try:

@@ -21,9 +21,8 @@ from hivemind.p2p import P2P
 from hivemind.proto.p2pd_pb2 import RPCError
 
 from swarm.identity import short_id
+from swarm.wire import MAX_MESSAGE
 
-MAX_MESSAGE = 3 * 1024 * 1024
-"""One RPC reply is capped at 4 MiB by hivemind, so callers keep messages under this."""
 T = TypeVar("T")
 
 

@@ -1,6 +1,6 @@
 """`SwarmNode`: one peer's face to the swarm, composed of the parts of this package.
 
-It owns the DHT (its own process with p2pd, swarm/dht/records.py), the swarm loop (loop.py) and the P2P
+It owns the DHT (its own process with p2pd, swarm/dht/), the swarm loop (loop.py) and the P2P
 client of that daemon; its methods delegate: DHT records to swarm/dht/records.py's functions, serving to
 handlers.py, calling to calls.py.
 """
@@ -11,20 +11,12 @@ import logging
 import threading
 from typing import Awaitable, Callable, TypeVar
 
+import msgspec
 from google.protobuf.wrappers_pb2 import BytesValue
 
 from swarm.dht.network import NetworkConfig, peer_id_of_maddr
-from swarm.dht.records import (
-    announce,
-    announce_holdings,
-    holdings_of,
-    list_peers,
-    peer_records,
-    publish_swarm_record,
-    publish_tally,
-    tally_of,
-    trusted_learners,
-)
+from swarm.dht.records import (Listed, announce, announce_holdings, holdings_of, list_peers, peer_records,
+                               publish_swarm_record, publish_tally, tally_of, trusted_learners)
 from swarm.dht.process import create_dht
 from swarm.identity import Identity
 from swarm.p2p.budget import StreamBudget
@@ -33,6 +25,8 @@ from swarm.p2p.calls import Calls
 from swarm.p2p.framing import MAX_MESSAGE, Stall
 from swarm.p2p.handlers import Gate, GatedHandler, Handler, StreamHandler, streaming, unary
 from swarm.p2p.loop import SwarmLoop
+from swarm.wire.peer import Holder, PeerInfo
+from swarm.wire.tally import Tally
 
 log = logging.getLogger(__package__)  # the package's one logger: its lines read as before the split
 
@@ -74,30 +68,31 @@ class SwarmNode:
 
     # the swarm's signed records in the DHT (swarm/dht/records.py)
 
-    def announce(self, info: dict, ttl: float = 60.0) -> bool:
-        return announce(self.dht, self.identity, self.swarm, {"private": self.private, **info}, ttl)
+    def announce(self, info: PeerInfo, ttl: float = 60.0) -> bool:
+        """`info` with whether this peer can be dialled (`private`: the node knows, swarm/p2p/reach.py)."""
+        return announce(self.dht, self.identity, self.swarm, msgspec.structs.replace(info, private=self.private), ttl)
 
-    def peers(self) -> list[dict]:
+    def peers(self) -> list[Listed]:
         """Every row of the peers index: for listings (status, the leaderboard). Its size is any key's
         to grow: a reader that knows whom it wants calls `peer_records`."""
         return list_peers(self.dht, self.swarm)
 
-    def peer_records(self, peer_ids: list[str]) -> dict[str, dict]:
+    def peer_records(self, peer_ids: list[str]) -> dict[str, PeerInfo]:
         return peer_records(self.dht, self.swarm, peer_ids)
 
-    def peer_record(self, peer_id: str) -> dict | None:
+    def peer_record(self, peer_id: str) -> PeerInfo | None:
         return self.peer_records([peer_id]).get(peer_id)
 
     def announce_holdings(self, chain: str, versions: list[int], ttl: float = 60.0) -> bool:
         return announce_holdings(self.dht, self.identity, self.swarm, chain, versions, ttl)
 
-    def holdings_of(self, peer_ids: list[str]) -> list[dict]:
+    def holdings_of(self, peer_ids: list[str]) -> list[Holder]:
         return holdings_of(self.dht, self.swarm, peer_ids)
 
-    def publish_tally(self, value: dict, ttl: float = 600.0) -> bool:
-        return publish_tally(self.dht, self.identity, self.swarm, value, ttl)
+    def publish_tally(self, tally: Tally, ttl: float = 600.0) -> bool:
+        return publish_tally(self.dht, self.identity, self.swarm, tally, ttl)
 
-    def tally_of(self, learner: str) -> dict | None:
+    def tally_of(self, learner: str) -> Tally | None:
         return tally_of(self.dht, self.swarm, learner)
 
     def publish_swarm_record(self, learners: dict[str, str], model_id: str = "", ttl: float = 60.0) -> bool:

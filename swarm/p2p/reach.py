@@ -1,8 +1,9 @@
 """Can peers dial this one? Asked of a bootstrap before the node starts, so that joining from behind
 a home router needs no flag.
 
-  hetero.reach.v1  {"ports": [TCP ports the caller listens on, at most 4]}
-                   -> {"ip": the address the bootstrap sees the caller at, "open": [ports it could connect to]}
+  hetero.reach.v1  ReachRequest (TCP ports the caller listens on, at most 4)
+                   -> ReachReply (the address the bootstrap sees the caller at, the ports it could
+                      connect to): swarm/wire/reach.py
 
 Behind a NAT (a home router, no port forwarded) a peer dials anyone, but nobody dials it: it must
 stay a DHT client (others would keep it in their routing tables and time out on it) and be reached
@@ -35,15 +36,13 @@ import random
 import socket
 from dataclasses import dataclass
 
-import msgpack
 
 from swarm.identity import short_id
+from swarm.wire.reach import REACH, ReachReply, ReachRequest
 from swarm.p2p import DoorBudget
 
 log = logging.getLogger(__name__)
 
-REACH = "hetero.reach.v1"
-MAX_PORTS = 4
 CONNECT_S = 3.0
 """Seconds the bootstrap waits for each TCP connection back (a NAT that drops it sends nothing)."""
 MAX_PROBES = 16
@@ -82,8 +81,8 @@ def serve_reachability(node) -> collections.Counter:
         if past is not None:
             counts["busy"] += 1
             await door.tarpit(remote, past)
-            return msgpack.packb({"ip": "", "open": [], "error": "busy"})
-        ports = _ports(payload)
+            return ReachReply(error="busy").encode()
+        ports = ReachRequest.ports_of(payload)
         ip = await _observed_ip(node.p2p, remote)
         why = "malformed" if not ports else "no_address" if ip is None else \
             "busy" if remote in running or by_ip[ip] >= MAX_PROBES_PER_IP or len(running) >= MAX_PROBES else None
@@ -92,7 +91,7 @@ def serve_reachability(node) -> collections.Counter:
             log.info("reachability request from %s refused: %s", short_id(remote), why)
             if why == "busy":
                 await door.tarpit(remote)
-            return msgpack.packb({"ip": ip or "", "open": [], "error": why})
+            return ReachReply(ip=ip or "", error=why).encode()
         counts["probes"] += 1
         running.add(remote)
         by_ip[ip] += 1
@@ -105,22 +104,10 @@ def serve_reachability(node) -> collections.Counter:
                 del by_ip[ip]
         open_ports = [port for port, ok in zip(ports, results) if ok]
         log.debug("reachability of %s at %s: open %s of %s", short_id(remote), ip, open_ports, ports)
-        return msgpack.packb({"ip": ip, "open": open_ports})
+        return ReachReply(ip=ip, open=open_ports).encode()
 
     node.add_handler(REACH, handler)
     return counts
-
-
-def _ports(payload: bytes) -> list[int]:
-    """The ports a request names, or [] if it is malformed (a peer's input: never raises)."""
-    try:
-        ports = msgpack.unpackb(payload, raw=False, max_array_len=MAX_PORTS, max_map_len=1,
-                                max_str_len=16, max_bin_len=0).get("ports")
-    except Exception:  # garbage, too long, not a map
-        return []
-    if not isinstance(ports, list) or not all(type(p) is int and 0 < p < 65536 for p in ports):
-        return []
-    return sorted(set(ports))[:MAX_PORTS]
 
 
 async def _observed_ip(p2p, remote: str) -> str | None:
@@ -171,13 +158,13 @@ async def _probe(host: str, port: int, initial_peers: list[str]) -> Reach:
 
     async def ask(bootstrap: str) -> Reach:
         while True:  # "busy" means ask again (until the caller's timeout), never "not reachable"
-            reply = msgpack.unpackb(await _call(p2p, PeerID.from_base58(bootstrap), port), raw=False)
-            if reply.get("error") != "busy":
+            reply = ReachReply.decode(await _call(p2p, PeerID.from_base58(bootstrap), port))
+            if reply.error != "busy":
                 break
             await asyncio.sleep(RETRY_S * random.uniform(0.5, 1.5))
-        if reply.get("error"):
-            raise RuntimeError(reply["error"])
-        return Reach(port in reply.get("open", []), str(reply.get("ip", "")), bootstrap)
+        if reply.error:
+            raise RuntimeError(reply.error)
+        return Reach(port in reply.open, reply.ip, bootstrap)
 
     try:  # all at once: the first answer wins (a dead bootstrap must not use up the time)
         pending = {asyncio.ensure_future(ask(b)) for b in bootstraps}
@@ -198,7 +185,7 @@ async def _probe(host: str, port: int, initial_peers: list[str]) -> Reach:
 async def _call(p2p, bootstrap, port: int) -> bytes:
     from google.protobuf.wrappers_pb2 import BytesValue
 
-    reply = await p2p.call_protobuf_handler(bootstrap, REACH, BytesValue(value=msgpack.packb({"ports": [port]})),
+    reply = await p2p.call_protobuf_handler(bootstrap, REACH, BytesValue(value=ReachRequest(ports=[port]).encode()),
                                             BytesValue)
     return reply.value
 

@@ -33,6 +33,7 @@ from typing import Callable, Protocol
 
 from swarm.exchange import Intake, IntakeConfig
 from swarm.p2p import TokenBuckets, decrement
+from swarm.wire.reasons import Busy
 
 MAX_OPEN_CALLS = 2
 """Calls of one peer past the door at once (a sender makes one at a time): more are busy."""
@@ -138,7 +139,7 @@ class Admission:
         caller declared to its own byte budget: from here on they cost their sender, decodable or
         not, sent or not. Charged here rather than after the read, so that many calls of one key at
         once cannot all pass before the first is paid. Nothing is decoded."""
-        why = "concurrent" if open_calls >= MAX_OPEN_CALLS else self._over(visit)
+        why = Busy.CONCURRENT if open_calls >= MAX_OPEN_CALLS else self._over(visit)
         if why is None:
             self._bytes.charge(visit.peer, nbytes)
         return why
@@ -159,9 +160,9 @@ class Admission:
         if why is not None:
             return why
         if self._rate.available(visit.peer) < 1:
-            return "rate"
+            return Busy.RATE
         if visit.pooled and self._pool_rate.available(_POOL) < 1:
-            return "unproven_rate"
+            return Busy.UNPROVEN_RATE
         self._rate.take(visit.peer, 1)
         if visit.pooled:
             self._pool_rate.take(_POOL, 1)
@@ -170,26 +171,26 @@ class Admission:
     def _rooms(self, peer: str, standing: Standing) -> list[Room]:
         """What `peer` may still add: its own bounds, then, unproven, the pool's."""
         mine, mine_bytes = self._holdings.held(peer)
-        rooms = [Room("quota", self.cfg.quota, mine, per_record=True),
-                 Room("journal_bytes", self.cfg.journal_bytes, mine_bytes)]
+        rooms = [Room(Busy.QUOTA, self.cfg.quota, mine, per_record=True),
+                 Room(Busy.JOURNAL_BYTES, self.cfg.journal_bytes, mine_bytes)]
         if standing is Standing.UNPROVEN:
             pool = {p: h for p, h in self._holdings.holders().items() if not self._intake.is_proven(p)}
             groups, nbytes = sum(g for g, _ in pool.values()), sum(b for _, b in pool.values())
             k = len(pool.keys() | {peer})
-            rooms += [Room("unproven_quota", pool_bound(self.cfg.unproven_quota, groups, mine, k), groups,
+            rooms += [Room(Busy.UNPROVEN_QUOTA, pool_bound(self.cfg.unproven_quota, groups, mine, k), groups,
                            per_record=True),
-                      Room("unproven_journal_bytes",
+                      Room(Busy.UNPROVEN_JOURNAL_BYTES,
                            pool_bound(self.cfg.unproven_journal_bytes, nbytes, mine_bytes, k), nbytes)]
         return rooms
 
     def _over(self, visit: Visit) -> str | None:
         """The first bound a call is past before anything of it is read, or None."""
-        over = [("rate", self._rate.available(visit.peer) < 1)]
+        over = [(Busy.RATE, self._rate.available(visit.peer) < 1)]
         over += [(room.why, not room.fits(1)) for room in visit.rooms]
-        over.append(("bytes", self._bytes.available(visit.peer) <= 0))
+        over.append((Busy.BYTES, self._bytes.available(visit.peer) <= 0))
         if visit.pooled:
-            over += [("unproven_rate", self._pool_rate.available(_POOL) < 1),
-                     ("unproven_bytes", self._pool_bytes.available(_POOL) <= 0)]
+            over += [(Busy.UNPROVEN_RATE, self._pool_rate.available(_POOL) < 1),
+                     (Busy.UNPROVEN_BYTES, self._pool_bytes.available(_POOL) <= 0)]
         return next((why for why, is_over in over if is_over), None)
 
     def _charge(self, visit: Visit, mine: TokenBuckets, pool: TokenBuckets, amount: float) -> None:

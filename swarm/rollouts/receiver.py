@@ -34,6 +34,7 @@ from swarm.wire.rollout import RecordError, decode_rollout_group
 from swarm.rollouts.admission import TARPIT_S, Admission, Standing, Tarpit, Visit
 from swarm.rollouts.backlog import Backlog
 from swarm.wire.batch import ROLLOUTS, BatchItem, RolloutReply, unpack_batch
+from swarm.wire.reasons import Drop
 
 log = logging.getLogger(__name__)
 
@@ -144,8 +145,8 @@ class RolloutReceiver:
             await self.tarpit.hold(remote, len(payload))
             return self._reply(remote, error=e.reason)
         if visit.standing is Standing.REFUSED:  # failed an audit: its items are refused by id, unopened
-            rejected = dict.fromkeys((item.id for item in items), "refused_sampler")
-            self._intake.count_rejected("refused_sampler", len(rejected))
+            rejected = dict.fromkeys((item.id for item in items), Drop.REFUSED_SAMPLER)
+            self._intake.count_rejected(Drop.REFUSED_SAMPLER, len(rejected))
             if rejected:
                 await self.tarpit.hold(remote, len(payload))
             return self._reply(remote, rejected=rejected)
@@ -188,7 +189,7 @@ class RolloutReceiver:
                 log.warning("rejected rollout %s from %s: %s", item.id[:8], short_id(visit.peer), e)
             except Exception:  # a record must never take the handler down
                 log.exception("checking rollout %s from %s failed", item.id[:8], short_id(visit.peer))
-                reason = "internal_error"
+                reason = Drop.INTERNAL_ERROR
             if reason is not None:
                 self._intake.count_rejected(reason, 1)
                 done.rejected[item.id] = reason
@@ -203,15 +204,15 @@ class RolloutReceiver:
     def _open(self, item: BatchItem, remote: str) -> bytes:
         """The record inside one item, if it passes every check (else RecordError)."""
         if item.envelope is None:
-            raise RecordError("schema", "item is not [id, envelope]")
+            raise RecordError(Drop.SCHEMA, "item is not [id, envelope]")
         record, signer = open_envelope(item.envelope)
         if signer != remote:
-            raise RecordError("forged_sender", f"signed by {short_id(signer)}, sent by {short_id(remote)}")
+            raise RecordError(Drop.FORGED_SENDER, f"signed by {short_id(signer)}, sent by {short_id(remote)}")
         group = decode_rollout_group(record)
         if group.sampler != signer:
-            raise RecordError("forged_sender", f"signed by {short_id(signer)}, claims {short_id(group.sampler)}")
+            raise RecordError(Drop.FORGED_SENDER, f"signed by {short_id(signer)}, claims {short_id(group.sampler)}")
         if group.id != item.id:
-            raise RecordError("schema", "outbox id differs from the record id")
+            raise RecordError(Drop.SCHEMA, "outbox id differs from the record id")
         reason = self._intake.check(group)
         if reason is not None:
             raise RecordError(reason, "refused by the learner's checks")

@@ -21,6 +21,7 @@ from swarm.weights.config import FetchConfig
 from swarm.weights.gather import Gather
 from swarm.wire.manifest import MANIFEST, Manifest, ManifestRequest, VersionEntry
 from swarm.weights.strikes import PeerStrikes
+from swarm.wire.reasons import Drop
 
 log = logging.getLogger(__name__)
 
@@ -176,9 +177,9 @@ class WeightFetcher:
         sampler, issue 39), and a whole holders index would be as large as any keys make it."""
         by_version: dict[int, list[str]] = collections.defaultdict(list)
         for h in self.node.holdings_of([m for m in self.mates() if m != self.node.peer_id]):
-            if h.get("chain") == chain:
-                for v in h.get("versions", []):
-                    by_version[v].append(h["peer_id"])
+            if h.chain == chain:
+                for v in h.versions:
+                    by_version[v].append(h.peer_id)
         rng = random.Random(self.node.peer_id)  # each fetcher spreads its load differently
         for peers in by_version.values():
             rng.shuffle(peers)
@@ -202,5 +203,5 @@ class WeightFetcher:
         blob = b"".join(got[i] for i in range(n))
         if len(blob) != entry.size:  # every chunk is verified: only their number and sizes are left
             self.store.abandon(entry.version)
-            raise RecordError("sizes", "reassembled weights do not match the manifest")
+            raise RecordError(Drop.SIZES, "reassembled weights do not match the manifest")
         return blob

@@ -22,6 +22,7 @@ from swarm.wire.chunks import CHUNK_SIZE, CHUNKS, ChunkRequest, chunk_digest
 from swarm.weights.chunks import ChunkStore
 from swarm.weights.config import FetchConfig
 from swarm.wire.manifest import VersionEntry
+from swarm.wire.reasons import Drop
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ class Gather:
         self._streams: list[ChunkStream] = []
 
     def run(self) -> dict[int, memoryview | bytes]:
-        """Every chunk, verified; RecordError("sizes") if one was verified from no source."""
+        """Every chunk, verified; RecordError(Drop.SIZES) if one was verified from no source."""
         self._launch([i for i in self._plans if i not in self.got])
         while missing := [i for i in self._plans if i not in self.got]:
             self._step(missing)
@@ -113,7 +114,7 @@ class Gather:
                 self._launch(self._orphans(stream))
         alive = {i for stream in self._streams for i in stream.indices}
         if dead := [i for i in missing if i not in self.got and i not in alive and self._tries[i] >= len(self._plans[i])]:
-            raise RecordError("sizes", f"chunks {dead[:5]} of version {self.entry.version} verified from no source")
+            raise RecordError(Drop.SIZES, f"chunks {dead[:5]} of version {self.entry.version} verified from no source")
         wait_futures([s.future for s in self._streams], timeout=0.1, return_when=FIRST_COMPLETED)
 
     def _orphans(self, stream: ChunkStream) -> list[int]:

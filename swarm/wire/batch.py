@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 import msgpack
 
 from swarm.wire.rollout import MAX_ID, RecordError
+from swarm.wire.reasons import Drop
 
 ROLLOUTS = "hetero.rollouts.v2"
 MAX_BATCH = 256
@@ -42,7 +43,7 @@ class BatchItem:
         rid = item[0]
         if not (isinstance(rid, str) and 0 < len(rid) <= MAX_ID):
             what = f"a str of {len(rid)} characters" if isinstance(rid, str) else type(rid).__name__
-            raise RecordError("batch_schema", f"an item's id is {what}, not a str of 1..{MAX_ID} characters")
+            raise RecordError(Drop.BATCH_SCHEMA, f"an item's id is {what}, not a str of 1..{MAX_ID} characters")
         shaped = len(item) == 2 and isinstance(item[1], bytes)
         return cls(rid, item[1] if shaped else None)
 
@@ -64,19 +65,19 @@ def unpack_batch(payload: bytes) -> list[BatchItem]:
     could not be read: never another exception, which would escape the receiver's refusal)."""
     n = _array_len(payload)
     if n is not None and n > MAX_BATCH:
-        raise RecordError("batch_too_many", f"{n} items (at most {MAX_BATCH})")
+        raise RecordError(Drop.BATCH_TOO_MANY, f"{n} items (at most {MAX_BATCH})")
     try:  # items are [id, envelope]: no list or map in a batch needs to be longer than a batch
         items = msgpack.unpackb(payload, raw=False, max_array_len=MAX_BATCH, max_map_len=MAX_BATCH)
     except Exception as e:  # msgpack raises several types for garbage
-        raise RecordError("batch_undecodable", f"{type(e).__name__}: {e}") from None
+        raise RecordError(Drop.BATCH_UNDECODABLE, f"{type(e).__name__}: {e}") from None
     if not isinstance(items, list):
-        raise RecordError("batch_schema", f"a batch is a list of [id, envelope] pairs, not {type(items).__name__}")
+        raise RecordError(Drop.BATCH_SCHEMA, f"a batch is a list of [id, envelope] pairs, not {type(items).__name__}")
     try:
         return [BatchItem.of(item) for item in items]
     except RecordError:
         raise
     except Exception as e:  # nothing else is known to raise here; whatever may, the batch is refused with a reason
-        raise RecordError("batch_schema", f"an item could not be read: {type(e).__name__}") from None
+        raise RecordError(Drop.BATCH_SCHEMA, f"an item could not be read: {type(e).__name__}") from None
 
 
 def _array_len(data: bytes) -> int | None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import msgpack
 
-from swarm.p2p import MAX_MESSAGE
+from swarm.wire import MAX_MESSAGE
 from swarm.wire.rollout import MAX_ID
 
 

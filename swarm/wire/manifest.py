@@ -17,6 +17,7 @@ from swarm.wire.envelope import open_envelope, seal
 from swarm.identity import Identity, short_id
 from swarm.wire.rollout import RecordError
 from swarm.wire.chunks import chunk_digest, split_blob
+from swarm.wire.reasons import Drop
 
 MANIFEST = "hetero.manifest.v1"
 KEYFRAME_BASE = -1
@@ -26,7 +27,7 @@ KEYFRAME_BASE = -1
 def _field(d: dict, name: str, kind: type | tuple[type, ...]):
     value = d.get(name) if isinstance(d, dict) else None
     if not isinstance(value, kind) or isinstance(value, bool):
-        raise RecordError("schema", f"manifest field {name!r}: {type(value).__name__}")
+        raise RecordError(Drop.SCHEMA, f"manifest field {name!r}: {type(value).__name__}")
     return value
 
 
@@ -55,7 +56,7 @@ class VersionEntry:
         base = _field(d, "base", int)
         chunks = _field(d, "chunks", list)
         if not all(isinstance(c, str) for c in chunks):
-            raise RecordError("schema", "manifest chunk hashes must be strings")
+            raise RecordError(Drop.SCHEMA, "manifest chunk hashes must be strings")
         return cls(_field(d, "version", int), None if base < 0 else base, _field(d, "size", int), tuple(chunks))
 
 
@@ -93,7 +94,7 @@ class Manifest:
         record, signer = open_envelope(sealed)
         if signer != learner:
             forged()
-            raise RecordError("signature", f"manifest signed by {short_id(signer)}, not by the learner we follow")
+            raise RecordError(Drop.SIGNATURE, f"manifest signed by {short_id(signer)}, not by the learner we follow")
         return cls.decode(record)
 
 

@@ -5,8 +5,8 @@ fields are tolerated within `MAX_UNKNOWN_BYTES` per record (newer peers may add 
 so old and new peers interoperate; a megabyte of padding is refused, not journaled). Numeric
 arrays travel as raw little-endian bytes (uint32 token ids, float32 log-probs), not lists.
 
-Decoding raises `RecordError` whose `reason` is a short stable code ("undecodable", "oversize",
-"schema", "sizes", "nonfinite", "protocol", "unknown_fields") for the receiver's drop counters.
+Decoding raises `RecordError` whose `reason` is a `Drop` (swarm/wire/reasons.py: undecodable, oversize,
+schema, sizes, nonfinite, protocol, unknown_fields) for the receiver's drop counters.
 This module knows bytes and records, never torch.
 """
 
@@ -18,6 +18,7 @@ from typing import Any
 
 import msgpack
 import numpy as np
+from swarm.wire.reasons import Drop
 
 PROTOCOL = 2
 """2: checkable sampling by a seeded race (node/sampling/race.py), audited by margin; 1 drew by the
@@ -41,7 +42,9 @@ MAX_SAMPLING_BYTES = 1024
 
 
 class RecordError(ValueError):
-    def __init__(self, reason: str, detail: str) -> None:
+    """A record (or a message) refused, with the reason it is counted as."""
+
+    def __init__(self, reason: Drop, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
@@ -84,7 +87,7 @@ class RolloutGroup:
         d["completions"] = [_encode_completion(c) for c in self.completions]
         data = msgpack.packb(d, use_bin_type=True)
         if len(data) > MAX_RECORD_BYTES:
-            raise RecordError("oversize", f"{len(data)} bytes > {MAX_RECORD_BYTES}")
+            raise RecordError(Drop.OVERSIZE, f"{len(data)} bytes > {MAX_RECORD_BYTES}")
         return data
 
 
@@ -128,32 +131,32 @@ def _check_unknown(d: dict) -> None:
     n = unknown_bytes(d, _GROUP_KNOWN) + sum(unknown_bytes(c, _COMPLETION_KNOWN) for c in d["completions"]
                                              if isinstance(c, dict))
     if n > MAX_UNKNOWN_BYTES:
-        raise RecordError("unknown_fields", f"{n} bytes of unknown fields (at most {MAX_UNKNOWN_BYTES})")
+        raise RecordError(Drop.UNKNOWN_FIELDS, f"{n} bytes of unknown fields (at most {MAX_UNKNOWN_BYTES})")
     sampling = d.get("sampling", {})
     if isinstance(sampling, dict) and _packed_size(sampling) > MAX_SAMPLING_BYTES:
-        raise RecordError("oversize", f"record sampling settings over {MAX_SAMPLING_BYTES} bytes")
+        raise RecordError(Drop.OVERSIZE, f"record sampling settings over {MAX_SAMPLING_BYTES} bytes")
 
 
 def _check_fields(d: Any, spec: dict, what: str) -> None:
     if not isinstance(d, dict):
-        raise RecordError("schema", f"{what} is {type(d).__name__}, not a map")
+        raise RecordError(Drop.SCHEMA, f"{what} is {type(d).__name__}, not a map")
     for name, typ in spec.items():
         if name not in d:
-            raise RecordError("schema", f"{what} lacks mandatory field {name!r}")
+            raise RecordError(Drop.SCHEMA, f"{what} lacks mandatory field {name!r}")
         if not isinstance(d[name], typ) or isinstance(d[name], bool):
-            raise RecordError("schema", f"{what}.{name} is {type(d[name]).__name__}")
+            raise RecordError(Drop.SCHEMA, f"{what}.{name} is {type(d[name]).__name__}")
 
 
 def _decode_completion(d: Any, i: int) -> CompletionRecord:
     _check_fields(d, _COMPLETION_FIELDS, f"completions[{i}]")
     tb, lb = d["token_ids"], d["logprobs"]
     if len(tb) % 4 or len(lb) % 4 or len(tb) != len(lb):
-        raise RecordError("sizes", f"completions[{i}]: {len(tb)} token bytes vs {len(lb)} log-prob bytes")
+        raise RecordError(Drop.SIZES, f"completions[{i}]: {len(tb)} token bytes vs {len(lb)} log-prob bytes")
     if len(tb) // 4 > MAX_TOKENS or len(d["text"]) > MAX_TEXT:
-        raise RecordError("oversize", f"completions[{i}] has {len(tb) // 4} tokens")
+        raise RecordError(Drop.OVERSIZE, f"completions[{i}] has {len(tb) // 4} tokens")
     logprobs = np.frombuffer(lb, dtype="<f4")
     if not np.isfinite(logprobs).all() or not math.isfinite(d["reward"]):
-        raise RecordError("nonfinite", f"completions[{i}] has a NaN/inf log-prob or reward")
+        raise RecordError(Drop.NONFINITE, f"completions[{i}] has a NaN/inf log-prob or reward")
     return CompletionRecord(d["text"], np.frombuffer(tb, dtype="<u4").tolist(), logprobs.tolist(),
                             d["finish_reason"], float(d["reward"]))
 
@@ -161,12 +164,12 @@ def _decode_completion(d: Any, i: int) -> CompletionRecord:
 def _check_lengths(d: dict) -> None:
     for name in ("id", "sampler"):
         if not 0 < len(d[name]) <= MAX_ID:
-            raise RecordError("oversize", f"record {name} of {len(d[name])} characters (1..{MAX_ID})")
+            raise RecordError(Drop.OVERSIZE, f"record {name} of {len(d[name])} characters (1..{MAX_ID})")
     for name in ("swarm", "task", "prompt_id", "model_id", "tokenizer"):
         if len(d[name]) > MAX_NAME:
-            raise RecordError("oversize", f"record {name} of {len(d[name])} characters (at most {MAX_NAME})")
+            raise RecordError(Drop.OVERSIZE, f"record {name} of {len(d[name])} characters (at most {MAX_NAME})")
     if len(d["prompt"]) > MAX_TEXT or len(str(d.get("chain", ""))) > MAX_ID:
-        raise RecordError("oversize", "record prompt or chain too long")
+        raise RecordError(Drop.OVERSIZE, "record prompt or chain too long")
 
 
 def decode_rollout_group(data: bytes, strict: bool = True) -> RolloutGroup:
@@ -175,23 +178,23 @@ def decode_rollout_group(data: bytes, strict: bool = True) -> RolloutGroup:
     `strict=False` skips the bound on unknown fields, for records accepted before it existed
     (a checkpoint's buffer): refusing them on a restart would stop the learner, not the attack."""
     if not isinstance(data, (bytes, bytearray)):
-        raise RecordError("schema", f"record is {type(data).__name__}, not bytes")
+        raise RecordError(Drop.SCHEMA, f"record is {type(data).__name__}, not bytes")
     if len(data) > MAX_RECORD_BYTES:
-        raise RecordError("oversize", f"{len(data)} bytes > {MAX_RECORD_BYTES}")
+        raise RecordError(Drop.OVERSIZE, f"{len(data)} bytes > {MAX_RECORD_BYTES}")
     try:
         d = msgpack.unpackb(data, raw=False, strict_map_key=True)
     except Exception as e:  # msgpack raises several types for garbage
-        raise RecordError("undecodable", f"{type(e).__name__}: {e}") from None
+        raise RecordError(Drop.UNDECODABLE, f"{type(e).__name__}: {e}") from None
     _check_fields(d, _GROUP_FIELDS, "record")
     _check_lengths(d)
     if d.get("protocol", PROTOCOL) != PROTOCOL:
-        raise RecordError("protocol", f"protocol {d.get('protocol')!r}, this node speaks {PROTOCOL}")
+        raise RecordError(Drop.PROTOCOL, f"protocol {d.get('protocol')!r}, this node speaks {PROTOCOL}")
     if not 1 <= len(d["completions"]) <= MAX_COMPLETIONS:
-        raise RecordError("sizes", f"{len(d['completions'])} completions (1..{MAX_COMPLETIONS})")
+        raise RecordError(Drop.SIZES, f"{len(d['completions'])} completions (1..{MAX_COMPLETIONS})")
     if strict:
         _check_unknown(d)
     if d["version"] < 0:
-        raise RecordError("schema", f"negative version {d['version']}")
+        raise RecordError(Drop.SCHEMA, f"negative version {d['version']}")
     sampling = d.get("sampling", {})
     chain = d.get("chain", "")
     return RolloutGroup(

@@ -1,96 +1,98 @@
-"""Contribution tallies: what each learner credits each sampler with, as signed DHT records.
+"""Contribution tallies: what each learner credits each sampler with (learner -> DHT
+`hetero_<swarm>_tally/<its peer id>`; read by its samplers, for mates, and by the leaderboard).
 
 Only learners credit work, and only work they trained on (the record passed every check, its
 reward was recomputed, it was not dropped as too stale). A learner publishes its cumulative
 per-sampler tally (the peers it credited most and last, by name; the rest as one aggregate,
-`others`) at its own key `hetero_<swarm>_tally/<its peer id>`, subkey = its own
-`[owner:<public key>]`, so:
+`others`: node/learner/credit.py) at its own key, subkey = its own `[owner:<public key>]`, so:
   - hivemind's RSASignatureValidator refuses a tally not signed by the subkey's key (a forged or
     edited tally, or one written under another learner's subkey);
-  - `ownership.OwnerValidator` (run by every peer) refuses a tally whose `learner` field is not
-    the peer id of that key, or that credits the learner itself;
-  - the same validator refuses malformed values (`TallyModel`), one over 1 MiB, and one under
-    another learner's key;
-  - readers (its samplers, the leaderboard) read the tallies of the learners they know, one key
-    each: a tally of a key nobody named is never read.
+  - `OwnerValidator` (swarm/dht/validation.py, run by every peer) refuses a tally whose `learner`
+    is not the peer id of that key, one that credits the learner itself, one that does not decode
+    as a `Tally`, one over `TALLY_BYTES`, and one under another learner's key;
+  - readers read the tallies of the learners they know, one key each: a tally of a key nobody
+    named is never read.
 Tallies are cumulative and carry a sequence number, so a replayed older tally can never add
-credit: readers keep the newest per learner and count older ones as replays (leaderboard.py).
+credit: readers keep the newest per learner and count older ones as replays (the leaderboard).
 
 A tally also says how the learner is doing, so the leaderboard can show whether the swarm learns:
 its model `version` and its latest held-out `eval_acc` with the `eval_version` that eval measured.
 These are the learner's own claims, signed like the rest: the signature proves who claims them, not
 that they are true (a coordinator that distrusts a learner leaves it out with --trusted-learner).
-They are optional, since tallies from before them carry none, and bounded (versions >= 0,
-0 <= eval_acc <= 1, an eval no newer than the version, eval_acc and eval_version together).
-
-Compatibility: hivemind's SchemaValidator accepts a value only if parsing it gives it back
-unchanged. So an optional field the sender left out must stay out of the parsed value
-(`TallyModel.dict`), or every older tally would be refused; and a peer whose schema predates a field
-drops it when parsing, so it refuses tallies that carry it (older peers refuse newer learners' tallies).
+They are optional (UNSET: never encoded when absent, so a tally without them is what peers from
+before them accept), and bounded (versions >= 0, 0 <= eval_acc <= 1, an eval no newer than the
+version, eval_acc and eval_version together). Adding a figure is one field here and its producer
+(node/learner/credit.py); peers of this version ignore fields they do not know.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+import math
+from typing import Annotated, Union
 
-import pydantic.v1 as pydantic
+import msgspec
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+MiB = 1 << 20
+TALLY_BYTES = 1 * MiB
+"""The most a learner's published tally may be (swarm/dht/validation.py MAX_BYTES["tally"]: every DHT
+peer refuses a bigger one): node/learner/credit.py keeps its tally under it."""
+
+NonNegative = Annotated[int, Meta(ge=0)]
 
 
-class ContributionModel(pydantic.BaseModel):
-    groups: pydantic.conint(ge=0, strict=True)
-    rollouts: pydantic.conint(ge=0, strict=True)
+class Contribution(Struct, kw_only=True, gc=False):
+    """One sampler's credit."""
+
+    groups: NonNegative
+    rollouts: NonNegative
     """Completions trained on (a group holds G of them)."""
-    tokens: pydantic.conint(ge=0, strict=True)
+    tokens: NonNegative
     """Completion tokens trained on."""
-    first: pydantic.StrictFloat
-    last: pydantic.StrictFloat
+    first: float
+    last: float
     """Unix time of the first and last credited group."""
-    models: List[pydantic.StrictStr]
+    models: list[str]
 
 
-class OthersModel(pydantic.BaseModel):
-    """The peers a tally does not name, together (node/learner/credit.py: a tally names at most 2,048, so
-    it fits the DHT's 1 MiB bound whatever the number of keys credited)."""
-    count: pydantic.conint(ge=0, strict=True)
+class Others(Struct, kw_only=True, gc=False):
+    """The peers a tally does not name, together (a tally names at most 2,048, so it fits the DHT's
+    bound whatever the number of keys credited)."""
+
+    count: NonNegative
     """How many peers."""
-    groups: pydantic.conint(ge=0, strict=True)
-    rollouts: pydantic.conint(ge=0, strict=True)
-    tokens: pydantic.conint(ge=0, strict=True)
+    groups: NonNegative
+    rollouts: NonNegative
+    tokens: NonNegative
 
 
-class TallyModel(pydantic.BaseModel):
-    learner: pydantic.StrictStr
-    seq: pydantic.conint(ge=0, strict=True)
+class Tally(Struct, kw_only=True, gc=False):
+    learner: str
+    seq: NonNegative
     """Increases with every publication: a reader refuses anything older than what it has."""
-    time: pydantic.StrictFloat
-    model_id: pydantic.StrictStr
-    peers: Dict[pydantic.StrictStr, ContributionModel]
-    version: Optional[pydantic.conint(ge=0, strict=True)] = None
+    time: float
+    model_id: str
+    peers: dict[str, Contribution]
+    version: Union[NonNegative, UnsetType] = UNSET
     """The learner's model version when it published."""
-    eval_acc: Optional[pydantic.confloat(ge=0.0, le=1.0, strict=True)] = None
+    eval_acc: Union[Annotated[float, Meta(ge=0.0, le=1.0)], UnsetType] = UNSET
     """Its latest held-out eval accuracy, a fraction (NaN fails both bounds)."""
-    eval_version: Optional[pydantic.conint(ge=0, strict=True)] = None
+    eval_version: Union[NonNegative, UnsetType] = UNSET
     """The version that eval measured."""
-    others: Optional[OthersModel] = None
+    others: Union[Others, UnsetType] = UNSET
     """What it credited the peers it does not name with, together (absent: it names them all)."""
 
-    @pydantic.root_validator(skip_on_failure=True)
-    def _eval_is_whole(cls, values: Dict[str, Any]) -> Dict[str, Any]:
-        acc, at, version = values.get("eval_acc"), values.get("eval_version"), values.get("version")
-        if (acc is None) != (at is None):
+    def __post_init__(self) -> None:
+        acc, at, version = self.eval_acc, self.eval_version, self.version
+        if (acc is UNSET) != (at is UNSET):
             raise ValueError("eval_acc and eval_version come together")
-        if at is not None and (version is None or at > version):
+        if at is not UNSET and (version is UNSET or at > version):
             raise ValueError(f"an eval at version {at} needs a current version at least as new (got {version})")
-        return values
+        if not all(math.isfinite(x) for x in (self.time, *(c.first for c in self.peers.values()),
+                                              *(c.last for c in self.peers.values()))):
+            raise ValueError("a tally's times are finite")
 
-    def dict(self, **kwargs: Any) -> Dict[str, Any]:  # type: ignore[override]
-        # what the sender left out stays out, so an older tally parses back to itself (module docstring)
-        out = super().dict(**kwargs)
-        for name in _OPTIONAL:
-            if name not in self.__fields_set__:
-                out.pop(name, None)
-        return out
-
-
-_OPTIONAL = ("version", "eval_acc", "eval_version", "others")
-
+    def encode(self) -> bytes:
+        """The tally as msgpack: what the DHT stores (hivemind packs `as_value` the same way) and
+        what `TALLY_BYTES` bounds."""
+        return msgspec.msgpack.encode(self)

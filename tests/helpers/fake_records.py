@@ -26,14 +26,11 @@ from hivemind.dht.validation import DHTRecord
 from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
-from swarm.dht.schema import PROTOCOL_VERSION, SOFTWARE, SwarmSchema
-from hivemind.dht.schema import SchemaValidator
-
-from swarm.dht.records import peers_key
-from swarm.dht.validation import own_key
-from swarm.identity import Identity
+from swarm.dht.schema import own_key, peers_key
 from swarm.dht.validation import OwnerValidator
+from swarm.identity import Identity
 from swarm.wire.manifest import MANIFEST, Manifest
+from swarm.wire.peer import PROTOCOL, SOFTWARE
 
 BLACK_HOLE = "/ip4/192.0.2.1/tcp/9"  # TEST-NET-1: routed nowhere
 
@@ -88,8 +85,7 @@ def main(keydir: str, n: int, swarm: str, learner: str, model: str, initial_peer
     _identities.extend(identities)  # before the DHT's process forks: it builds the records
     os.nice(19)  # the attack is in the records, not in starving this 2-core machine
     dht = DHT(initial_peers=initial_peers, start=True, client_mode=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"],
-              record_validators=[ManyKeys(identities), SchemaValidator(SwarmSchema, prefix=f"hetero_{swarm}"),
-                          OwnerValidator(swarm)])
+              record_validators=[ManyKeys(identities), OwnerValidator(swarm)])
     print(f"{n} keys ready", flush=True)
     while True:
         chain, version = newest(dht, learner)
@@ -112,7 +108,7 @@ async def _store_round(swarm: str, learner: str, model: str, chain: str, version
     for ident in _identities:
         subkey = ManyKeys.PUBLIC_KEY_FORMAT.replace(b"_key_", ident.dht_private_key().get_public_key().to_bytes())
         peer = {"peer_id": ident.peer_id, "role": "sampler", "model_id": model, "version": 0, "engine": "hf",
-                "throughput": 100.0, "software": SOFTWARE, "protocol": PROTOCOL_VERSION, "maddrs": [BLACK_HOLE],
+                "throughput": 100.0, "software": SOFTWARE, "protocol": PROTOCOL, "maddrs": [BLACK_HOLE],
                 "learner": learner, "name": "", "private": False, "accepts": [], "updated": float(get_dht_time())}
         for key in (peers_key(swarm), own_key(swarm, "peer", ident.peer_id)):  # as an honest peer announces
             keys.append(key), values.append(peer), subkeys.append(subkey)

@@ -8,12 +8,18 @@ import time
 import urllib.request
 
 from swarm.leaderboard import LeaderboardStore, serve
+from swarm.wire.peer import PeerInfo
 
 
 def tally(learner: str, seq: int, peers: dict[str, tuple[int, int]], t: float = 1000.0) -> dict:
     return {"learner": learner, "seq": seq, "time": t, "model_id": "m",
             "peers": {p: {"groups": r // 4, "rollouts": r, "tokens": tok, "first": t - 10.0, "last": t, "models": ["m"]}
                       for p, (r, tok) in peers.items()}}
+
+
+def peer(peer_id: str, name: str = "") -> PeerInfo:
+    """A peer's record as the DHT gives it, with what the leaderboard reads of it: its display name."""
+    return PeerInfo(peer_id=peer_id, role="sampler", model_id="m", version=0, engine="hf", throughput=0.0, name=name)
 
 
 def progress(t: dict, version: int, acc: float | None = None, at: int | None = None) -> dict:

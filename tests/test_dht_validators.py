@@ -181,6 +181,26 @@ def test_one_key_has_one_subkey_not_one_per_comment_after_its_public_key(tmp_pat
         assert reader.validate(_record(peer, peer, _info(peer.peer_id), key))
 
 
+def test_one_key_has_one_subkey_not_one_per_msgpack_encoding_of_it(tmp_path):
+    """The same `[owner:<key>]` packed as bin32, or as an ext type hivemind does not know (it decodes
+    those to their bytes), unpacks to the canonical subkey and passed every check, but is another
+    row under the same DHT key: hundreds of rows for one key. Only the canonical packing is taken."""
+    import struct
+    peer = Identity.load_or_create(tmp_path / "p.key")
+    reader = _chain(Identity.load_or_create(tmp_path / "r.key"))
+    own = RSASignatureValidator(peer.dht_private_key()).local_public_key
+    packings = {"bin32": b"\xc6" + struct.pack(">I", len(own)) + own,
+                "ext32, an unknown type": b"\xc9" + struct.pack(">I", len(own)) + b"\x7f" + own}
+    for key in ("hetero_t_peers", own_key("t", "peer", peer.peer_id)):
+        for how, subkey in packings.items():
+            record = DHTRecord(DHTID.generate(source=key).to_bytes(), subkey, MSGPackSerializer.dumps(_info(peer.peer_id)),
+                               get_dht_time() + 60)
+            signature = peer.dht_private_key().sign(MSGPackSerializer.dumps(dataclasses.astuple(record)))
+            signed = dataclasses.replace(record, value=record.value + b"[signature:" + signature + b"]")
+            assert not reader.validate(signed), (key, how)
+        assert reader.validate(_record(peer, peer, _info(peer.peer_id), key))
+
+
 def test_a_record_larger_or_longer_lived_than_its_kind_allows_is_refused(tmp_path):
     """Before: one key stored a 2.5 MB peer record (16 addresses of 200 characters is ~3.5 KB)."""
     peer = Identity.load_or_create(tmp_path / "p.key")

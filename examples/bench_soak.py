@@ -135,7 +135,7 @@ async def attacker(key: Path, maddrs: list[str]) -> dict:
     from hivemind.p2p import P2P, PeerID
 
     from swarm.p2p.budget import raise_nofile_limit
-    from swarm.rollouts import ROLLOUTS
+    from swarm.wire.batch import ROLLOUTS
     from swarm.wire.manifest import MANIFEST
 
     raise_nofile_limit()  # each stream costs the attacker a descriptor too

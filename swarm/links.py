@@ -31,9 +31,9 @@ class SwarmLearnerLink:
     def open_intake(self, intake: Intake, cursor: int) -> None:
         """Take rollouts for `intake`, which has read the journal up to `cursor` (its checkpoint's).
         The samplers it has proven draw on their own budgets at every door, never on the pools of
-        unknown keys (swarm/p2p/doors.py): a crowd of fresh keys cannot slow them."""
+        unproven keys (swarm/p2p/doors.py): a crowd of fresh keys cannot slow them."""
         self.rollouts.open(intake, cursor)
-        self.node.doors.trust(intake.is_proven)
+        self.node.doors.set_proven(intake.is_proven)
 
     @property
     def cursor(self) -> int:

@@ -22,7 +22,7 @@ from swarm.dht.records import peers_key
 from swarm.wire.envelope import open_envelope, seal
 from swarm.identity import Identity
 from swarm.wire.rollout import CompletionRecord
-from swarm.rollouts import ROLLOUTS
+from swarm.wire.batch import ROLLOUTS
 from swarm.wire.manifest import MANIFEST
 from helpers.swarmkit import Forger, flood_rates, honest_swarm, owed_now, peer_of, undelivered
 

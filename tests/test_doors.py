@@ -29,13 +29,14 @@ from swarm.exchange import WeightVersion
 from swarm.identity import Identity
 from swarm.p2p import SwarmNode
 from swarm.p2p.doors import TARPIT_S
-from swarm.rollouts import ROLLOUTS
+from swarm.wire.batch import ROLLOUTS
 from swarm.wire.chunks import CHUNK_SIZE, ChunkRequest
 from swarm.weights import WeightServer
 from swarm.wire.chunks import CHUNKS
-from swarm.weights.chunks import CHUNKS_BUDGET, MAX_REPEATS
+from swarm.p2p.doors import DOORS
+from swarm.weights.chunks import MAX_REPEATS
 from swarm.wire.manifest import MANIFEST
-from swarm.weights.server import MANIFEST_BUDGET
+
 
 ROOT = Path(__file__).resolve().parents[1]
 LEARNER_TOML = "[learner]\ncheckpoint_every = 10\neval_every = 0\nmax_staleness = 1000\ngroups_per_step = 4\n"
@@ -133,7 +134,7 @@ def test_one_key_asking_manifests_32_at_a_time_gets_its_budget_and_empty_replies
     sealed = sum(n > 0 for n in got)
     print(f"\nmanifest flood: {len(got)} calls in {elapsed:.1f} s ({len(got) / elapsed:.0f}/s), {sealed} sealed replies, "
           f"door {ws.node.doors.stats()[MANIFEST]}")
-    assert sealed <= MANIFEST_BUDGET.call_burst + MANIFEST_BUDGET.calls_per_s * elapsed + 1
+    assert sealed <= DOORS[MANIFEST].call_burst + DOORS[MANIFEST].calls_per_s * elapsed + 1
     assert len(got) <= 32 * (elapsed / TARPIT_S + 1) + sealed  # each refusal held: 32 in flight, ~32 calls/s
     assert ws.stats["busy"] == len(got) - sealed > 0 and ws.node.doors.stats()[MANIFEST]["calls"] == ws.stats["busy"]
 
@@ -146,7 +147,7 @@ def test_fresh_keys_holding_long_polls_leave_half_the_slots_to_the_proven(weight
     proven still waits for the next version. Each held poll is a task and its request (no stream)."""
     ws, (attacker, proven), _ = weight_door
     ws.MAX_WAITERS = 2
-    ws.node.doors.trust(lambda peer: peer == proven.peer_id)
+    ws.node.doors.set_proven(lambda peer: peer == proven.peer_id)
     ask = msgpack.packb(["chain", 0, 5.0])
 
     def timed(node: SwarmNode) -> float:
@@ -195,7 +196,7 @@ def test_one_key_asking_the_keyframe_again_and_again_is_served_it_a_bounded_numb
     assert sum(served) == MAX_REPEATS * len(blob)
     assert ws.store.repeats_refused > 0 and ws.node.doors.stats()[CHUNKS]["calls"] > 0  # refused and counted
     assert _stream(newcomer, ws.node.peer_id, [0, 1, 2, 3]) == len(blob)  # its own count, the pool ample
-    assert len(blob) * (MAX_REPEATS + 1) < CHUNKS_BUDGET.pool_byte_burst
+    assert len(blob) * (MAX_REPEATS + 1) < DOORS[CHUNKS].unproven_byte_burst
 
 
 BASELINE_S = 60.0

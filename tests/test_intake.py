@@ -8,6 +8,8 @@ computed by hand. tests/test_intake_wire.py sends the same inputs over the real 
 
 from __future__ import annotations
 
+from swarm.p2p.doors import Doors
+
 import asyncio
 import collections
 import uuid
@@ -21,8 +23,9 @@ from swarm.identity import Identity
 from swarm.rollouts.journal import Journal
 from swarm.wire.rollout import CompletionRecord, RolloutGroup
 from swarm.exchange import IntakeConfig
-from swarm.rollouts import (MAX_BATCH, MAX_OPEN_CALLS, ROLLOUTS, BatchItem, Room, RolloutReceiver, RolloutReply,
-                            TokenBuckets, pool_bound, unpack_batch)
+from swarm.wire.batch import MAX_BATCH, ROLLOUTS, BatchItem, RolloutReply, unpack_batch
+from swarm.buckets import TokenBuckets
+from swarm.rollouts import MAX_OPEN_CALLS, Room, RolloutReceiver, pool_bound
 
 
 # ---- the budget math, by hand ----------------------------------------------------------------------
@@ -148,10 +151,11 @@ def test_a_batch_item_is_id_and_envelope_or_it_has_no_envelope():
 
 # ---- the receiver, on a frozen clock ----------------------------------------------------------------
 class Handlers:
-    """What the receiver needs of a SwarmNode: a place to register its handler."""
+    """What the receiver needs of a SwarmNode: a place to register its handler, and its doors (on `clock`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock=None) -> None:
         self.handlers = {}
+        self.doors = Doors(clock) if clock is not None else Doors()
 
     def add_gated_handler(self, name, door, handler) -> None:
         self.handlers[name] = (door, handler)
@@ -210,9 +214,8 @@ class Intake(Learner):
     def __init__(self, tmp_path, proven: set[str] = frozenset(), refused: set[str] = frozenset(), **cfg) -> None:
         super().__init__(set(proven), refused)
         self.clock = Clock(100.0)
-        node = Handlers()
-        self.receiver = RolloutReceiver(node, Journal(tmp_path / "journal.bin"), IntakeConfig(**cfg),
-                                        clock=self.clock, tarpit_s=0.0)
+        node = Handlers(self.clock)
+        self.receiver = RolloutReceiver(node, Journal(tmp_path / "journal.bin"), IntakeConfig(**cfg), tarpit_s=0.0)
         assert node.handlers == {} and self.receiver.receive(10) == []  # nothing taken before it opens
         self.receiver.open(self, cursor=0)
         self.door, self.handler = node.handlers[ROLLOUTS]

@@ -22,7 +22,7 @@ from swarm.dht.network import NetworkConfig
 from swarm.wire.envelope import seal
 from swarm.identity import Identity
 from swarm.wire.rollout import CompletionRecord, RolloutGroup
-from swarm.rollouts import ROLLOUTS
+from swarm.wire.batch import ROLLOUTS
 
 TOWER = "\\boxed{9^{9^{9}}}"
 EVADES = "\\boxed{(x+1)^{1000}}"

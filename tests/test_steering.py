@@ -25,7 +25,7 @@ from node.tasks import ArithmeticTask
 from swarm.dht.network import NetworkConfig
 from swarm.wire.envelope import seal
 from swarm.identity import Identity
-from swarm.rollouts import ROLLOUTS
+from swarm.wire.batch import ROLLOUTS
 from helpers.swarmkit import Swarm, peer_of, start_bootstrap
 
 VERSION = 120

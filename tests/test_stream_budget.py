@@ -13,7 +13,8 @@ import sys
 from swarm.p2p.budget import MIN_TOTAL, RESERVED_FDS, StreamBudget, total_for
 from swarm.p2p.doors import TARPIT_MAX_S, TARPIT_S, Door, DoorBudget, Doors
 from swarm.wire.chunks import CHUNK_SIZE, CHUNKS
-from swarm.weights.chunks import CHUNKS_BUDGET, MiB, ChunkStore
+from swarm.p2p.doors import DOORS, MiB
+from swarm.weights.chunks import ChunkStore
 from helpers.clock import Clock
 
 
@@ -29,7 +30,7 @@ def test_a_peer_past_its_streams_on_one_protocol_is_refused_and_counted_others_a
 
 
 def test_all_peers_together_hold_at_most_the_total_however_many_keys_they_have():
-    b = StreamBudget(per_peer=16, total=3, trusted=lambda peer: True)
+    b = StreamBudget(per_peer=16, total=3, proven=lambda peer: True)
     held = [b.hold(f"key{i}", "p") for i in range(5)]
     admitted = [h.__enter__() for h in held]
     assert admitted == [True, True, True, False, False] and b.refused == {"total": 2}
@@ -39,7 +40,7 @@ def test_all_peers_together_hold_at_most_the_total_however_many_keys_they_have()
 
 
 def test_fresh_keys_hold_at_most_half_the_total_and_known_peers_find_the_rest_free():
-    b = StreamBudget(per_peer=16, total=8, trusted=lambda peer: peer.startswith("proven"))
+    b = StreamBudget(per_peer=16, total=8, proven=lambda peer: peer.startswith("proven"))
     fresh = [b.hold(f"fresh{i}", "p") for i in range(10)]
     assert [h.__enter__() for h in fresh] == [True] * 4 + [False] * 6 and b.refused == {"pool": 6}
     known = [b.hold(f"proven{i}", "p") for i in range(5)]
@@ -72,29 +73,29 @@ def test_a_node_raises_its_soft_open_file_limit_to_the_hard_one():
 def test_a_refused_call_waits_until_its_bound_refills_at_least_the_floor_at_most_the_cap():
     clock = Clock()
     door = Door("d", DoorBudget(calls_per_s=0.25, call_burst=2, bytes_per_s=64 * MiB, byte_burst=2048 * MiB,
-                                pool_calls_per_s=1.0, pool_call_burst=1), lambda peer: peer == "known", clock=clock)
+                                unproven_calls_per_s=1.0, unproven_call_burst=1), lambda peer: peer == "known", clock=clock)
     assert door.enter("known") is None and door.enter("known") is None
     assert door.enter("known") == "calls"
     assert door.refill_s("known", "calls") == 4.0 and door.tarpit_s("known", "calls") == 4.0  # 1 call at 0.25/s
     clock.t = 3.0
     assert door.refill_s("known", "calls") == 1.0
-    assert door.enter("fresh") is None and door.enter("other") == "pool_calls"  # the pool held one call
-    assert door.refill_s("other", "pool_calls") == 1.0
+    assert door.enter("fresh") is None and door.enter("other") == "unproven_calls"  # the pool held one call
+    assert door.refill_s("other", "unproven_calls") == 1.0
     clock.t = 3.5
-    assert door.refill_s("other", "pool_calls") == 0.5 and door.tarpit_s("other", "pool_calls") == TARPIT_S
+    assert door.refill_s("other", "unproven_calls") == 0.5 and door.tarpit_s("other", "unproven_calls") == TARPIT_S
     door.charge("known", 4096 * MiB)  # 2 GiB into debt at 64 MiB/s: 32 s to pay back, held the cap
     assert door.allows("known", 1) == "bytes" and door.refill_s("known", "bytes") > 32.0
     assert door.tarpit_s("known", "bytes") == TARPIT_MAX_S
-    assert door.refused == {"calls": 1, "pool_calls": 1, "bytes": 1}
+    assert door.refused == {"calls": 1, "unproven_calls": 1, "bytes": 1}
 
 
 def test_a_chunk_doors_byte_bursts_grow_to_the_largest_version_it_holds():
     """A peer may take a whole version at its line rate, whatever the model's size: a 15 GB 7B
     keyframe is served in one burst, not 2 GiB and then the rate (the burst before: a constant)."""
     clock = Clock()
-    door = Door("chunks", CHUNKS_BUDGET, lambda peer: False, clock=clock)
+    door = Door("chunks", DOORS[CHUNKS], lambda peer: False, clock=clock)
     keyframe = 15 * 10 ** 9
-    door.resize(byte_burst=keyframe, pool_byte_burst=keyframe)
+    door.resize(byte_burst=keyframe, unproven_byte_burst=keyframe)
     served = 0
     while door.allows("newcomer", CHUNK_SIZE) is None and served < 2 * keyframe:
         door.charge("newcomer", CHUNK_SIZE)
@@ -108,14 +109,14 @@ def test_a_chunk_store_sizes_its_door_by_what_it_holds():
     node = type("Node", (), {"doors": Doors(clock=Clock()), "add_stream_handler": lambda *a, **k: None})()
     store = ChunkStore(node)
     door = node.doors._doors[CHUNKS]
-    assert door.budget.byte_burst == CHUNKS_BUDGET.byte_burst == 64 * MiB
+    assert door.budget.byte_burst == DOORS[CHUNKS].byte_burst == 64 * MiB
     store.put("c", 0, bytes(100 * MiB))
-    assert door.budget.byte_burst == 100 * MiB and door.budget.pool_byte_burst == 2 * 100 * MiB  # NEWCOMERS_AT_ONCE
+    assert door.budget.byte_burst == 100 * MiB and door.budget.unproven_byte_burst == 2 * 100 * MiB  # NEWCOMERS_AT_ONCE
     # fresh keys joining together (the clock stopped: no refill) each take it whole, chunk by chunk
     for newcomer in ("fresh0", "fresh1"):
         for _ in range(100 * MiB // CHUNK_SIZE):
             assert door.allows(newcomer, CHUNK_SIZE) is None, newcomer
             door.charge(newcomer, CHUNK_SIZE)
-    assert door.allows("a third", CHUNK_SIZE) == "pool_bytes"  # past them, the pool's rate
+    assert door.allows("a third", CHUNK_SIZE) == "unproven_bytes"  # past them, the pool's rate
     store.put("c", 1, bytes(MiB))  # a patch does not shrink it: the keyframe may still be asked
     assert door.budget.byte_burst == 100 * MiB

@@ -28,7 +28,10 @@ from swarm.p2p.handlers import BoundedStream
 from swarm.wire.chunks import CHUNK_SIZE, ChunkRequest
 from swarm.weights import ChunkStore, WeightFetcher, WeightServer
 from swarm.wire.chunks import CHUNKS, MAX_INDICES, MAX_REQUEST_BYTES
-from swarm.weights.chunks import CHUNKS_BUDGET, INDEX_COST
+from swarm.p2p.doors import DOORS
+from swarm.wire.chunks import CHUNKS
+from swarm.weights.chunks import INDEX_COST
+from swarm.p2p.doors import Bound
 
 STREAMS = 16
 """The streams one key may hold open on one protocol (swarm/p2p/budget.py, PER_PEER)."""
@@ -54,7 +57,7 @@ def _store() -> tuple[ChunkStore, _Node, list[str]]:
     node, tarpitted = _Node(), []
     store = ChunkStore(node)
 
-    async def tarpit(peer: str, why: str = "calls") -> None:  # the door's 1 s, not waited here
+    async def tarpit(peer: str, why: str = "calls", nbytes: int = 0) -> None:  # the door's 1 s, not waited here
         tarpitted.append(why)
     store._door.tarpit = tarpit
     return store, node, tarpitted
@@ -79,7 +82,7 @@ def test_a_stream_ends_at_the_first_chunk_not_held_and_each_index_named_is_charg
     assert _ask(node, ChunkRequest("c", 9, list(range(MAX_INDICES)), 0.0).encode(), "other") == []
     assert door.served == 4 * INDEX_COST + 2 * CHUNK_SIZE + MAX_INDICES * INDEX_COST and tarpitted == []
     # past the door: tarpitted, then no frame at all (before: one b"" per index named)
-    for _ in range(int(CHUNKS_BUDGET.call_burst)):
+    for _ in range(int(DOORS[CHUNKS].call_burst)):
         door.enter("flood")
     assert _ask(node, ChunkRequest("c", 0, list(range(MAX_INDICES)), 0.0).encode(), "flood") == []
     assert tarpitted == ["calls"] and store.malformed == 0
@@ -109,7 +112,7 @@ def test_a_malformed_request_costs_a_call_and_a_tarpit_and_is_counted(payload, w
     store.put("c", 0, bytes(CHUNK_SIZE))
     door = node.doors._doors[CHUNKS]
     assert _ask(node, payload) == [] and store.malformed_why == {why: 1} and tarpitted == ["calls"]
-    assert door._calls.available("peer") == CHUNKS_BUDGET.call_burst - 1  # its call taken before decoding
+    assert door.left(Bound.CALLS, "peer") == DOORS[CHUNKS].call_burst - 1  # its call taken before decoding
     assert door.served == INDEX_COST * min(len(payload), MAX_INDICES)  # what it could have named
 
 
@@ -117,7 +120,7 @@ def test_a_broken_request_frame_costs_a_call_and_a_tarpit_and_is_counted():
     store, node, tarpitted = _store()
     asyncio.run(node.handler.refused("peer", "RemoteError: a frame of 3000000 bytes, over the 143283 allowed"))
     assert store.malformed_why == {"frame": 1} and tarpitted == ["calls"]
-    assert node.doors._doors[CHUNKS]._calls.available("peer") == CHUNKS_BUDGET.call_burst - 1
+    assert node.doors._doors[CHUNKS].left(Bound.CALLS, "peer") == DOORS[CHUNKS].call_burst - 1
 
 
 @pytest.fixture
@@ -194,7 +197,7 @@ ANSWERED_AT_ONCE = {
     # valid requests of a version not held are answered at once, as many as the pool's bytes (which
     # the attacker draws on) pay for at INDEX_COST an index; the rest past the door and tarpitted
     # (without the charge: its calls' burst and rate, 64 + 8 a second)
-    "most_indices_not_held": 1 + (CHUNKS_BUDGET.pool_byte_burst + CHUNKS_BUDGET.pool_bytes_per_s * (ATTACK_S + 1))
+    "most_indices_not_held": 1 + (DOORS[CHUNKS].unproven_byte_burst + DOORS[CHUNKS].unproven_bytes_per_s * (ATTACK_S + 1))
                              // (INDEX_COST * MAX_INDICES),
     "malformed": 0,
     "oversized_frame": 0,
@@ -212,7 +215,7 @@ def test_a_stranger_flooding_the_chunk_door_is_refused_counted_and_the_node_keep
         # pool all unknown keys share are spent while it lasts, by design (64 MiB/s for all new
         # keys); a proven sampler keeps its own budget. The others cost next to no bytes: the
         # fetcher is a fresh key there
-        ws.node.doors.trust(lambda peer: peer == fetcher.node.peer_id)
+        ws.node.doors.set_proven(lambda peer: peer == fetcher.node.peer_id)
     refused = ws.node.doors._doors[CHUNKS].refused  # calls past the door, by bound
     door_before = sum(refused.values())
     results: dict[str, object] = {}

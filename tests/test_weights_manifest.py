@@ -13,7 +13,9 @@ from swarm.wire.rollout import MAX_ID
 from swarm.wire.chunks import CHUNK_SIZE, MAX_REQUEST_WAIT, ChunkRequest
 from swarm.weights import FetchConfig
 from swarm.wire.manifest import Manifest, ManifestRequest, VersionEntry
-from swarm.weights.chunks import CHUNKS_BUDGET, INDEX_COST
+from swarm.p2p.doors import DOORS
+from swarm.wire.chunks import CHUNKS
+from swarm.weights.chunks import INDEX_COST
 from swarm.wire.chunks import MAX_INDICES, MAX_REQUEST_BYTES, ChunkRequestError, chunk_digest
 
 KEYFRAME = bytes(range(256)) * 5000  # two chunks, the second short
@@ -106,7 +108,7 @@ def test_the_chunk_requests_bounds_follow_the_largest_manifest_a_fetcher_reads()
     hashes = len(msgpack.packb([chunk_digest(b"x")] * MAX_INDICES)) - 3  # less the list's header
     assert hashes <= MAX_MESSAGE < hashes + len(msgpack.packb(chunk_digest(b"x")))
     assert MAX_INDICES * CHUNK_SIZE > 15 * 10 ** 9  # a 7B keyframe in bf16 fits, 3 times over
-    assert INDEX_COST * MAX_INDICES < CHUNKS_BUDGET.byte_burst  # the largest request within one burst
+    assert INDEX_COST * MAX_INDICES < DOORS[CHUNKS].byte_burst  # the largest request within one burst
 
 
 def test_one_bound_on_how_long_a_request_may_be_held():

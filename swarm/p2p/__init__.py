@@ -10,17 +10,19 @@ at 4 MiB by hivemind, so callers keep messages under `MAX_MESSAGE`.
   framing.py   the bytes of our streamed and gated calls (hivemind's protobuf stream, by hand)
   handlers.py  serving: unary, streaming and gated handlers
   budget.py    the inbound streams a peer and all peers may hold open (open-file limit)
-  doors.py     each door's calls and bytes per peer and for all unknown keys (the admission layer)
+  doors.py     every door's budget (`DOORS`): calls and bytes per peer and for all unproven keys, the tarpit
   calls.py     calling: unary, streamed and gated calls, routed to peers we have no route to yet
 """
 
 from swarm.p2p.budget import StreamBudget, raise_nofile_limit
 from swarm.p2p.calls import call_gated
-from swarm.p2p.doors import INF, Door, DoorBudget, Doors, TokenBuckets
-from swarm.p2p.framing import MAX_MESSAGE, NotAnswered, RemoteError, Stall, StreamStalled
-from swarm.p2p.handlers import Gate, Handler, StreamHandler, decrement
+from swarm.p2p.doors import DOORS, INF, Bound, Door, DoorBudget, Doors
+from swarm.wire import MAX_MESSAGE
+from swarm.p2p.framing import NotAnswered, RemoteError, Stall, StreamStalled
+from swarm.p2p.handlers import Gate, Handler, StreamHandler
 from swarm.p2p.loop import CallStopped
 from swarm.p2p.node import SwarmNode
 
-__all__ = ["INF", "MAX_MESSAGE", "CallStopped", "Door", "DoorBudget", "Gate", "Doors", "Handler", "NotAnswered", "TokenBuckets", "RemoteError", "Stall", "StreamHandler", "StreamStalled",
-           "StreamBudget", "SwarmNode", "call_gated", "decrement", "raise_nofile_limit"]
+__all__ = ["DOORS", "INF", "MAX_MESSAGE", "Bound", "CallStopped", "Door", "DoorBudget", "Doors", "Gate", "Handler",
+           "NotAnswered", "RemoteError", "Stall", "StreamBudget", "StreamHandler", "StreamStalled", "SwarmNode", "call_gated",
+           "raise_nofile_limit"]

@@ -13,7 +13,7 @@ byte, the stream is counted against
     what the node needs for itself (model files, the DHT's sockets, logs, the journal), so that
     however many keys an attacker makes, the descriptors they can hold are bounded;
   * of that, the streams of every key the node does not know (`pool`, half the total), so that the
-    peers it knows (a learner's proven samplers: `Doors.trust`) always find room;
+    peers it knows (a learner's proven samplers: `Doors.set_proven`) always find room;
 
 and a stream past any bound is closed at once (its descriptor lives for microseconds) and
 counted by reason. The first request frame must then come within the handler's request timeout,
@@ -67,18 +67,18 @@ def total_for(limit: int) -> int:
 
 
 class StreamBudget:
-    """Counts open inbound streams per (peer, protocol), of keys the node does not know (`trusted`
+    """Counts open inbound streams per (peer, protocol), of keys the node does not know (`proven`
     says who it knows), and in all; refuses past any bound. Unknown keys together hold at most half
     of the total, so however many fresh keys an attacker makes, the peers the node knows (a
     learner's proven samplers) always find streams free."""
 
     def __init__(self, per_peer: int = PER_PEER, total: int | None = None,
-                 trusted: Callable[[str], bool] = lambda peer: False) -> None:
+                 proven: Callable[[str], bool] = lambda peer: False) -> None:
         self.per_peer = per_peer
         self.total = total_for(nofile_limit()) if total is None else total
         self.pool = max(1, self.total // 2)
         """Streams all unknown keys together may hold."""
-        self._trusted = trusted
+        self._proven = proven
         self._open: collections.Counter[tuple[str, str]] = collections.Counter()
         self._all = 0
         self._pooled = 0
@@ -101,7 +101,7 @@ class StreamBudget:
     @contextmanager
     def hold(self, peer: str, protocol: str) -> Iterator[bool]:
         """Within it, the stream is counted; yields whether it may be served (False: close it now)."""
-        pooled = not self._trusted(peer)
+        pooled = not self._proven(peer)
         why = self._refusal(peer, protocol, pooled)
         if why is not None:
             self.refused[why] += 1

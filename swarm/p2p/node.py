@@ -46,8 +46,8 @@ class SwarmNode:
         self.p2p = self.run(self.dht.replicate_p2p(), timeout=30)
         self._calls = Calls(self._loop, self.p2p, self.peer_record)
         self.doors = Doors()
-        """Every inbound door's calls and bytes, per peer and for unknown keys (swarm/p2p/doors.py)."""
-        self.streams = StreamBudget(trusted=self.doors.is_trusted)
+        """Every inbound door's calls and bytes, per peer and for unproven keys (swarm/p2p/doors.py)."""
+        self.streams = StreamBudget(proven=self.doors.is_proven)
         """Inbound streams held open, per peer and protocol, of unknown keys, and in all (budget.py)."""
 
     @property

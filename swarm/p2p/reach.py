@@ -39,7 +39,6 @@ from dataclasses import dataclass
 
 from swarm.identity import short_id
 from swarm.wire.reach import REACH, ReachReply, ReachRequest
-from swarm.p2p import DoorBudget
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +49,6 @@ MAX_PROBES = 16
 are tried together)."""
 MAX_PROBES_PER_IP = 2
 """Probes from one address at once: a NAT's many machines, or one machine's many keys."""
-REACH_BUDGET = DoorBudget(
-    calls_per_s=1.0, call_burst=4,
-    why="a joiner asks once (again after a busy answer, about once a second); no pool: every key is new to a "
-        "bootstrap, and the slots per address bound the probes' cost")
 RETRY_S = 1.0
 """A busy bootstrap is asked again after about this long, until the probe's timeout."""
 
@@ -74,7 +69,7 @@ def serve_reachability(node) -> collections.Counter:
     running: set[str] = set()
     by_ip: collections.Counter[str] = collections.Counter()
     counts: collections.Counter = collections.Counter()
-    door = node.doors.open(REACH, REACH_BUDGET)
+    door = node.doors.open(REACH)
 
     async def handler(payload: bytes, remote: str) -> bytes:
         past = door.enter(remote)

@@ -1,4 +1,5 @@
-"""What the learner's door lets in: per-peer budgets, the unproven pool, the tarpit.
+"""What the learner's rollout gate lets in: the door's rates (swarm/p2p/doors.py, `ROLLOUTS`), and
+what each sampler, and all unproven keys together, hold at the learner (its rooms).
 
 Fair share (`IntakeConfig`, swarm/exchange.py): per sampler, at most `quota` groups received and
 not yet trained on, `journal_bytes` of its records in the journal not yet read by the learner,
@@ -19,35 +20,31 @@ that never comes costs only its own key. (A partial payload is cut by the body's
 what a key can have read for free is a few hundred KiB a minute per call.) Past any bound the items are answered "busy" with the bound's name:
 not refused, not journaled, not even decoded; the sampler keeps them and sends them later. A call
 that got nothing accepted (all busy or refused) is answered only after a tarpit, so a flooder that
-calls again at once makes a few calls a second.
+calls again at once makes a few calls a second (the door's tarpit).
+
+The rates are one `Door` of the node's (`rollouts_budget`: a call of it is one record checked), so
+the rollout gate and every other door are one mechanism, with one tarpit and one table; what is
+the gate's own are the rooms, and the words its replies give (`Busy`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import collections
 import enum
-import time
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 from swarm.exchange import Intake, IntakeConfig
-from swarm.p2p import TokenBuckets, decrement
+from swarm.p2p.doors import Bound, Door
 from swarm.wire.reasons import Busy
 
 MAX_OPEN_CALLS = 2
 """Calls of one peer past the door at once (a sender makes one at a time): more are busy."""
-TARPIT_S = 1.0
-TARPIT_PER_PEER = 4
-TARPIT_BYTES = 64 << 20
-"""Payload bytes held by tarpitted calls, all peers together: past it calls are answered at once
-(a waiting call keeps its payload, so a thousand keys must not make the tarpit hold gigabytes)."""
-
-_POOL = ""
-"""The one bucket of the unproven pool (no peer id is empty)."""
+BUSY = {Bound.CALLS: Busy.RATE, Bound.BYTES: Busy.BYTES, Bound.UNPROVEN_CALLS: Busy.UNPROVEN_RATE,
+        Bound.UNPROVEN_BYTES: Busy.UNPROVEN_BYTES}
+"""The gate's word for each of its door's bounds (its calls are records checked)."""
 
 
-class Standing(enum.Enum):
+class Standing(enum.StrEnum):
     """What the learner knows of a key, which decides the budgets it draws on."""
 
     PROVEN = "proven"
@@ -74,7 +71,7 @@ class Holdings(Protocol):
 class Room:
     """One bound on what a sampler may add (groups or bytes), its use, and what this call added."""
 
-    why: str
+    why: Busy
     bound: float
     used: float
     per_record: bool = False
@@ -117,16 +114,12 @@ def pool_bound(cap: int, used: int, mine: int, keys: int) -> int:
 
 
 class Admission:
-    """The per-peer and pool budgets (the state of the four token buckets) and the checks against
-    them; what a peer holds is read from `holdings`, its standing from the learner (`intake`)."""
+    """The rollout gate's checks: its door's rates (per peer and the unproven pool, a `Door` of the
+    node's) and the rooms each visit may fill; what a peer holds is read from `holdings`, its
+    standing from the learner (`intake`)."""
 
-    def __init__(self, cfg: IntakeConfig, intake: Intake, holdings: Holdings,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.cfg, self._intake, self._holdings = cfg, intake, holdings
-        self._rate = TokenBuckets(cfg.rate, cfg.quota, clock=clock)
-        self._pool_rate = TokenBuckets(cfg.unproven_rate, cfg.unproven_quota, clock=clock)
-        self._bytes = TokenBuckets(cfg.byte_rate, cfg.byte_rate, clock=clock)
-        self._pool_bytes = TokenBuckets(cfg.unproven_byte_rate, cfg.unproven_byte_rate, clock=clock)
+    def __init__(self, cfg: IntakeConfig, intake: Intake, holdings: Holdings, door: Door) -> None:
+        self.cfg, self._intake, self._holdings, self.door = cfg, intake, holdings, door
 
     def visit(self, peer: str) -> Visit:
         if self._intake.is_refused(peer):
@@ -134,38 +127,36 @@ class Admission:
         standing = Standing.PROVEN if self._intake.is_proven(peer) else Standing.UNPROVEN
         return Visit(peer, standing, self._rooms(peer, standing))
 
-    def door(self, visit: Visit, nbytes: int, open_calls: int) -> str | None:
+    def at_door(self, visit: Visit, nbytes: int, open_calls: int) -> Busy | None:
         """Why a call is answered busy without being read, or None, having charged the `nbytes` the
         caller declared to its own byte budget: from here on they cost their sender, decodable or
         not, sent or not. Charged here rather than after the read, so that many calls of one key at
         once cannot all pass before the first is paid. Nothing is decoded."""
         why = Busy.CONCURRENT if open_calls >= MAX_OPEN_CALLS else self._over(visit)
         if why is None:
-            self._bytes.charge(visit.peer, nbytes)
+            self.door.charge_peer(visit.peer, nbytes)
         return why
 
     def read(self, visit: Visit, nbytes: int) -> None:
         """A payload of `nbytes` was read from `visit.peer`: the unproven pool pays for it now."""
         if visit.pooled:
-            self._pool_bytes.charge(_POOL, nbytes)
+            self.door.charge_unproven(nbytes)
 
     def charge_check(self, visit: Visit) -> None:
         """A batch refused whole costs one check, like a record refused."""
-        self._charge(visit, self._rate, self._pool_rate, 1)
+        self.door.take_calls(visit.peer, 1, visit.pooled)
 
-    def admit(self, visit: Visit, size: int) -> str | None:
+    def admit(self, visit: Visit, size: int) -> Busy | None:
         """Room for one item whose envelope is `size` bytes, and one check taken from the budgets;
         else the bound it is past (and nothing taken)."""
         why = next((room.why for room in visit.rooms if not room.fits(size)), None)
         if why is not None:
             return why
-        if self._rate.available(visit.peer) < 1:
+        if self.door.left(Bound.CALLS, visit.peer) < 1:
             return Busy.RATE
-        if visit.pooled and self._pool_rate.available(_POOL) < 1:
+        if visit.pooled and self.door.left(Bound.UNPROVEN_CALLS, visit.peer) < 1:
             return Busy.UNPROVEN_RATE
-        self._rate.take(visit.peer, 1)
-        if visit.pooled:
-            self._pool_rate.take(_POOL, 1)
+        self.door.take_calls(visit.peer, 1, visit.pooled)
         return None
 
     def _rooms(self, peer: str, standing: Standing) -> list[Room]:
@@ -183,47 +174,13 @@ class Admission:
                            pool_bound(self.cfg.unproven_journal_bytes, nbytes, mine_bytes, k), nbytes)]
         return rooms
 
-    def _over(self, visit: Visit) -> str | None:
-        """The first bound a call is past before anything of it is read, or None."""
-        over = [(Busy.RATE, self._rate.available(visit.peer) < 1)]
-        over += [(room.why, not room.fits(1)) for room in visit.rooms]
-        over.append((Busy.BYTES, self._bytes.available(visit.peer) <= 0))
-        if visit.pooled:
-            over += [(Busy.UNPROVEN_RATE, self._pool_rate.available(_POOL) < 1),
-                     (Busy.UNPROVEN_BYTES, self._pool_bytes.available(_POOL) <= 0)]
-        return next((why for why, is_over in over if is_over), None)
-
-    def _charge(self, visit: Visit, mine: TokenBuckets, pool: TokenBuckets, amount: float) -> None:
-        mine.charge(visit.peer, amount)
-        if visit.pooled:
-            pool.charge(_POOL, amount)
-
-
-class Tarpit:
-    """Answers a call that got nothing accepted (busy, refused, a bad batch) only after `seconds`:
-    a peer that calls again at once (a flood) then makes at most a few calls a second, so its bytes
-    stop costing the learner's network stack and event loop. Bounded per peer (a few waiting calls
-    each) and in bytes held, so parallel calls cannot pile up here; past that they are answered at
-    once. (Holding more of the calls turned away at the door, unread, did not help: a held stream
-    lets p2pd read further ahead, 1.1 against 0.65 MiB a call.)"""
-
-    def __init__(self, seconds: float = TARPIT_S) -> None:
-        self.seconds = seconds
-        self.count = 0
-        """Calls answered only after the tarpit, so far."""
-        self._waiting: collections.Counter[str] = collections.Counter()
-        self._held = 0
-        """Payload bytes of the calls in the tarpit now."""
-
-    async def hold(self, peer: str, nbytes: int) -> None:
-        """Wait before answering `peer`'s call of `nbytes` payload bytes, unless the tarpit is full."""
-        if self._waiting[peer] >= TARPIT_PER_PEER or self._held + nbytes > TARPIT_BYTES:
-            return
-        self._waiting[peer] += 1
-        self._held += nbytes
-        self.count += 1
-        try:
-            await asyncio.sleep(self.seconds)
-        finally:
-            self._held -= nbytes
-            decrement(self._waiting, peer, 1)
+    def _over(self, visit: Visit) -> Busy | None:
+        """The first bound a call is past before anything of it is read, or None: the door's calls,
+        the rooms, then the rest of the door's bounds."""
+        if self.door.left(Bound.CALLS, visit.peer) < 1:
+            return Busy.RATE
+        why = next((room.why for room in visit.rooms if not room.fits(1)), None)
+        if why is not None:
+            return why
+        past = self.door.past(visit.peer, visit.pooled)
+        return BUSY[past] if past is not None else None

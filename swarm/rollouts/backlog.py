@@ -12,7 +12,7 @@ from typing import Callable
 import msgpack
 
 from swarm.rollouts.journal import Journal
-from swarm.p2p import decrement
+from swarm.p2p.handlers import decrement
 
 
 class Backlog:

@@ -23,7 +23,6 @@ import logging
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable
 
 from swarm.wire.envelope import open_envelope
 from swarm.exchange import Intake, IntakeConfig
@@ -31,7 +30,8 @@ from swarm.identity import short_id
 from swarm.rollouts.journal import Journal
 from swarm.p2p import SwarmNode
 from swarm.wire.rollout import RecordError, decode_rollout_group
-from swarm.rollouts.admission import TARPIT_S, Admission, Standing, Tarpit, Visit
+from swarm.p2p.doors import TARPIT_S, rollouts_budget
+from swarm.rollouts.admission import Admission, Standing, Visit
 from swarm.rollouts.backlog import Backlog
 from swarm.wire.batch import ROLLOUTS, BatchItem, RolloutReply, unpack_batch
 from swarm.wire.reasons import Drop
@@ -65,10 +65,9 @@ class RolloutReceiver:
     """Checks, journals and acknowledges rollout batches within each sampler's budget and, for keys
     not yet proven, the pool they share; hands the journaled records to the learner (`receive`)."""
 
-    def __init__(self, node: SwarmNode, journal: Journal, cfg: IntakeConfig,
-                 clock: Callable[[], float] = time.monotonic, tarpit_s: float = TARPIT_S) -> None:
-        self.node, self.journal, self.cfg, self._clock = node, journal, cfg, clock
-        self.tarpit = Tarpit(tarpit_s)
+    def __init__(self, node: SwarmNode, journal: Journal, cfg: IntakeConfig, tarpit_s: float = TARPIT_S) -> None:
+        self.node, self.journal, self.cfg = node, journal, cfg
+        self._tarpit_s = tarpit_s
         self._intake: Intake | None = None
         self._backlog: Backlog | None = None
         self._admission: Admission | None = None
@@ -89,7 +88,8 @@ class RolloutReceiver:
         # after a restart (its ack lost in the crash) is acknowledged again, not journaled twice
         for rid, sampler in self._backlog.take_restored()[-MAX_ACKED:]:
             self._acked[rid] = sys.intern(sampler)
-        self._admission = Admission(self.cfg, intake, self._backlog, clock=self._clock)
+        self._admission = Admission(self.cfg, intake, self._backlog,
+                                    self.node.doors.open(ROLLOUTS, rollouts_budget(self.cfg, self._tarpit_s)))
         self._intake = intake
         self.node.add_gated_handler(ROLLOUTS, self._on_call, self._on_rollouts)
 
@@ -101,7 +101,10 @@ class RolloutReceiver:
     @property
     def tarpitted(self) -> int:
         """Calls answered only after the tarpit, so far."""
-        return self.tarpit.count
+        return self._admission.door.tarpitted if self._admission is not None else 0
+
+    async def _tarpit(self, remote: str, nbytes: int) -> None:
+        await self._admission.door.tarpit(remote, None, nbytes)
 
     def backlog(self, sampler: str) -> int:
         """`sampler`'s groups received but not yet trained on. Reported in its acks so that it
@@ -124,11 +127,11 @@ class RolloutReceiver:
     async def _on_call(self, remote: str, nbytes: int, open_calls: int) -> bytes | None:
         """The door, before a byte of the payload is read: busy (after the tarpit) past a bound, or
         None (its declared bytes charged: admission.py)."""
-        why = self._admission.door(self._admission.visit(remote), nbytes, open_calls)
+        why = self._admission.at_door(self._admission.visit(remote), nbytes, open_calls)
         if why is None:
             return None
         self._intake.count_busy(why, 1)
-        await self.tarpit.hold(remote, 0)  # its payload unread: what p2pd read ahead stays there
+        await self._tarpit(remote, 0)  # its payload unread: what p2pd read ahead stays there
         return self._reply(remote, why=why)
 
     async def _on_rollouts(self, payload: bytes, remote: str) -> bytes:
@@ -142,13 +145,13 @@ class RolloutReceiver:
             self._intake.count_rejected(e.reason, 1)
             self._admission.charge_check(visit)
             log.warning("rollout batch from %s refused: %s", short_id(remote), e)
-            await self.tarpit.hold(remote, len(payload))
+            await self._tarpit(remote, len(payload))
             return self._reply(remote, error=e.reason)
         if visit.standing is Standing.REFUSED:  # failed an audit: its items are refused by id, unopened
             rejected = dict.fromkeys((item.id for item in items), Drop.REFUSED_SAMPLER)
             self._intake.count_rejected(Drop.REFUSED_SAMPLER, len(rejected))
             if rejected:
-                await self.tarpit.hold(remote, len(payload))
+                await self._tarpit(remote, len(payload))
             return self._reply(remote, rejected=rejected)
         done = self._settle(items, visit)
         if done.busy:
@@ -163,7 +166,7 @@ class RolloutReceiver:
             while len(self._acked) > MAX_ACKED:
                 self._acked.popitem(last=False)
         if not done.journaled and (done.busy or done.rejected):  # ids acked again do not spare it
-            await self.tarpit.hold(remote, len(payload))
+            await self._tarpit(remote, len(payload))
         return self._reply(remote, ok=done.ok, rejected=done.rejected, busy=done.busy,
                            why=next(iter(done.whys), None))
 

@@ -17,28 +17,14 @@ import time
 
 from swarm.buckets import worth_logging
 from swarm.identity import short_id
-from swarm.p2p import DoorBudget, SwarmNode
+from swarm.p2p import SwarmNode
+from swarm.p2p.doors import Bound
 from swarm.p2p.handlers import BoundedStream
 from swarm.wire.chunks import CHUNKS, CHUNK_SIZE, ChunkRequest, ChunkRequestError, MAX_INDICES, MAX_REQUEST_BYTES, MAX_REQUEST_WAIT
 
 log = logging.getLogger(__name__)
 
 
-MiB = 1 << 20
-FAST_LINE = 125_000_000
-"""Bytes a second of 1 Gbit/s, the fastest volunteer line we plan for: one peer's chunk rate, so an
-honest fetch, whatever its line, is never slowed by the door."""
-CHUNKS_BUDGET = DoorBudget(
-    calls_per_s=8.0, call_burst=64, bytes_per_s=FAST_LINE, byte_burst=64 * MiB,
-    pool_calls_per_s=64.0, pool_call_burst=256, pool_bytes_per_s=64 * MiB, pool_byte_burst=64 * MiB,
-    max_tarpit_s=1.0,  # "not held" must reach an honest fetcher before its hedge_s (3 s) demotes us
-    why="a fetcher opens up to 4 streams per source per version, each asking many chunks; a peer may take a "
-        "whole version at its line rate: the byte bursts grow to the largest version the node holds "
-        "(`ChunkStore.put`: a 0.6B keyframe in bf16 is 1.2 GB, a 7B one 15 GB; 64 MiB before any) and one "
-        "peer's rate is a 1 Gbit/s line; keys the node does not know share one 64 MiB/s (~540 Mbit/s, more "
-        "than most volunteers' downlinks), so any number of fresh keys cost the uplink at most that. Repeats "
-        "are bounded apart (MAX_REPEATS): one key asking the newest keyframe again and again drew 178 MB/s "
-        "from the learner (issue 39)")
 NEWCOMERS_AT_ONCE = 2
 """Fresh keys whose first fetches of the largest version the pool serves whole at once; more wait on
 its rate. With the pool at one version (or 64 MiB), two fresh samplers joining together (the
@@ -120,7 +106,7 @@ class ChunkStore:
         self.repeats_refused = 0
         """Chunks answered "not held" because this peer was served them MAX_REPEATS times already."""
         self._repeats = Repeats()
-        self._door = node.doors.open(CHUNKS, CHUNKS_BUDGET)
+        self._door = node.doors.open(CHUNKS)
         node.add_stream_handler(CHUNKS, BoundedStream(self._on_chunks, MAX_REQUEST_BYTES, self._on_broken_frame))
 
     def put(self, chain: str, version: int, blob: bytes) -> None:
@@ -131,9 +117,9 @@ class ChunkStore:
         # one peer may take this version whole, and the pool NEWCOMERS_AT_ONCE such peers: a fresh
         # sampler has no mates yet, so its first fetch is the newest version whole, from here
         budget = self._door.budget
-        peer, pool = max(budget.byte_burst, len(blob)), max(budget.pool_byte_burst, NEWCOMERS_AT_ONCE * len(blob))
-        if (peer, pool) != (budget.byte_burst, budget.pool_byte_burst):
-            self._door.resize(byte_burst=peer, pool_byte_burst=pool)
+        peer, pool = max(budget.byte_burst, len(blob)), max(budget.unproven_byte_burst, NEWCOMERS_AT_ONCE * len(blob))
+        if (peer, pool) != (budget.byte_burst, budget.unproven_byte_burst):
+            self._door.resize(byte_burst=peer, unproven_byte_burst=pool)
 
     def reset(self, chain: str) -> None:
         self.chain, self.blobs, self.partial = chain, {}, {}
@@ -247,7 +233,7 @@ class ChunkStore:
         past = self._door.enter(remote)
         await self._malformed(remote, "frame", detail, 0, past)
 
-    async def _malformed(self, remote: str, why: str, detail: str, nbytes: int, past: str | None = None) -> None:
+    async def _malformed(self, remote: str, why: str, detail: str, nbytes: int, past: Bound | None = None) -> None:
         """A request no honest fetcher sends (its call already taken at the door): `nbytes` charged,
         counted by `why`, logged at the 1st, 10th, 100th... of each reason, and tarpitted."""
         self.malformed_why[why] += 1
@@ -255,7 +241,7 @@ class ChunkStore:
         if worth_logging(n):
             log.warning("%s: a malformed request from %s (%s; %d %s so far)", CHUNKS, short_id(remote), detail, n, why)
         self._door.charge(remote, nbytes)
-        await self._door.tarpit(remote, past or "calls")
+        await self._door.tarpit(remote, past or Bound.CALLS)
 
 
 def chunk_owner(mates: list[str], version: int, index: int) -> str | None:

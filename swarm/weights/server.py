@@ -9,19 +9,12 @@ import time
 
 from swarm.exchange import WeightVersion
 from swarm.identity import short_id
-from swarm.p2p import DoorBudget, SwarmNode
+from swarm.p2p import SwarmNode
 from swarm.wire.chunks import CHUNK_SIZE, MAX_REQUEST_WAIT
 from swarm.weights.chunks import ChunkStore
 from swarm.wire.manifest import MANIFEST, Manifest, ManifestRequest, VersionEntry
 
 log = logging.getLogger(__name__)
-
-MANIFEST_BUDGET = DoorBudget(
-    calls_per_s=1.0, call_burst=8, pool_calls_per_s=32.0, pool_call_burst=64,
-    why="a sampler long-polls: one call per version published or per wait (<= MAX_REQUEST_WAIT s), a few more "
-        "when it starts or fails over; a sealed manifest costs little to send but one key asking 32 at a time "
-        "made 2,249 replies/s (0.92 of a core): 32 a second for all unproven keys is ~1% of that")
-
 
 class WeightServer:
     """The learner's side: keeps the current chain segment and serves its manifest and chunks.
@@ -31,9 +24,9 @@ class WeightServer:
     MAX_REQUEST_WAIT). Samplers then hear of a version the moment it is published, not at their
     next poll, and ask less often than a poll a second would. An empty request (or one that is not
     a valid long poll: counted) is answered at once. One waiting request per peer, `MAX_WAITERS` in
-    all, of which keys the node does not know (`Doors.trust`) hold at most half: beyond that, at
+    all, of which keys the node has not proven (`Doors.set_proven`) hold at most half: beyond that, at
     once (the caller asks again later), so however many fresh keys hold long polls, the proven
-    samplers' find room. Calls past `MANIFEST_BUDGET` are answered b"" after the door's tarpit."""
+    samplers' find room. Calls past the door's budget (swarm/p2p/doors.py `DOORS`) are answered b"" after its tarpit."""
 
     MAX_WAITERS = 256
     """Long polls held at once: each is a task and a small request in the node's loop (no stream,
@@ -54,7 +47,7 @@ class WeightServer:
         """Of them, the long polls of keys the node does not know."""
         self.stats: collections.Counter[str] = collections.Counter()
         """manifests served, long polls that waited, malformed requests, calls past the door's budget (busy)."""
-        self._door = node.doors.open(MANIFEST, MANIFEST_BUDGET)
+        self._door = node.doors.open(MANIFEST)
         node.add_handler(MANIFEST, self._on_manifest)
 
     async def _on_manifest(self, payload: bytes, remote: str) -> bytes:
@@ -65,7 +58,7 @@ class WeightServer:
             return b""
         self.stats["manifests"] += 1
         after, wait = self._long_poll(payload, remote)
-        unknown = not self.node.doors.is_trusted(remote)
+        unknown = not self.node.doors.is_proven(remote)
         if wait > 0 and after == self._newest and self._may_wait(remote, unknown):
             if self._published is None:
                 self._loop, self._published = asyncio.get_running_loop(), asyncio.Event()

@@ -19,7 +19,7 @@ from hivemind.p2p import P2P, PeerID
 
 from swarm.identity import Identity
 from swarm.p2p import call_gated
-from swarm.rollouts import ROLLOUTS
+from swarm.wire.batch import ROLLOUTS
 
 
 class Sybils:

@@ -88,8 +88,8 @@ def setup_logging(verbose: bool) -> None:
 
 
 CONFIG_KINDS = (("hetero-node local", "node.local:LocalConfig", "hetero-node init local"),
-                ("hetero-node simulate", "cli.simulate:SimulatorConfig", "hetero-node init simulate"),
-                ("hetero-node join", "cli.roles.config:JoinConfig", "hetero-node init sampler"))
+                ("hetero-node simulate", "cli.config:SimulatorConfig", "hetero-node init simulate"),
+                ("hetero-node join", "cli.config:JoinConfig", "hetero-node init sampler"))
 """node.config.ConfigKind's fields for each command's config files. Each class is named where it is
 defined: node.config recognises a command's own kind by the class's __module__ (a test checks)."""
 

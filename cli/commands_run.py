@@ -27,11 +27,11 @@ def demo(
     """Run a whole swarm on this machine: a bootstrap peer, a learner and samplers as real processes.
 
     They talk over hivemind on 127.0.0.1 only, with the built-in tiny model and arithmetic task;
-    the learner trains on the samplers' rollouts (GRPO for stale ones) and publishes new versions
+    the learner trains on the samplers' rollouts (GRPO for its own model's) and publishes new versions
     that the samplers load. Shows live progress and ends with a summary. Every process it started
     is stopped when it ends, also on Ctrl-C. For a single-process run, see `hetero-node local`.
     """
-    # "GRPO": the learner's default stale_loss (node.learner.LearnerConfig; a test keeps the two equal)
+    # "GRPO": the learner's default own_loss (node.learner.LearnerConfig; a test keeps the two equal)
     claim = claim_dir(workdir, "--workdir", "demo") if workdir else None  # held until the demo ends
     setup_logging(verbose)
     from cli.demo import run_demo
@@ -43,7 +43,7 @@ def demo(
 def local(
     config: ConfigOpt = None,
     model: Annotated[Optional[str], typer.Option(help="HF model folder or hub id (default: the built-in tiny model).")] = None,
-    algorithm: Annotated[Optional[Loss], typer.Option(help="The loss (sets learner.stale_loss).")] = None,
+    algorithm: Annotated[Optional[Loss], typer.Option(help="The loss (sets learner.own_loss).")] = None,
     steps: Annotated[Optional[int], typer.Option(min=1, help="Optimizer steps.")] = None,
     lr: Annotated[Optional[float], typer.Option(help="Learning rate (sets learner.lr; > 0).")] = None,
     time_budget: Annotated[Optional[float], typer.Option(help="Stop after this many seconds (> 0).")] = None,
@@ -61,7 +61,7 @@ def local(
     from node.models import resolve_model_path
 
     cfg = load(LocalConfig, config, {
-        "model": model, "learner.stale_loss": algorithm, "steps": steps, "learner.lr": lr,
+        "model": model, "learner.own_loss": algorithm, "steps": steps, "learner.lr": lr,
         "time_budget_s": time_budget, "metrics_path": as_str(metrics), "tensorboard_dir": as_str(tensorboard),
         "seed": seed, "device": device, "dtype": dtype,
     })
@@ -69,7 +69,7 @@ def local(
     resolve_model_path(cfg.model)  # a wrong path fails now, in one line, not after the imports
     resolve(cfg.device, cfg.dtype)  # so does a GPU this machine does not have
     run_with_progress(partial(run_local, cfg), cfg.steps, f"local RL: model [cyan]{cfg.model}[/], loss "
-                      f"[cyan]{cfg.learner.stale_loss}[/], {cfg.learner.groups_per_step} prompts x "
+                      f"[cyan]{cfg.learner.own_loss}[/], {cfg.learner.groups_per_step} prompts x "
                       f"{cfg.sampling.group_size} completions per step")
 
 
@@ -78,11 +78,16 @@ def simulate(
     config: ConfigOpt = None,
     steps: Annotated[Optional[int], typer.Option(min=1, help="Learner steps.")] = None,
     max_delay: Annotated[Optional[int], typer.Option(min=0, help="Cap on weight delays, in learner steps (0 = online).")] = None,
-    stale_loss: Annotated[Optional[RouteLoss], typer.Option(help="Loss for the learner's own stale rollouts.")] = None,
+    own_loss: Annotated[Optional[RouteLoss], typer.Option(
+        "--own-loss", "--stale-loss", help="Loss for the learner's own model's rollouts, of any version (sets "
+                                           "learner.own_loss; --stale-loss is its old name).")] = None,
     foreign_loss: Annotated[Optional[RouteLoss], typer.Option(help="Loss for other models' rollouts.")] = None,
     metrics: MetricsOpt = None,
     tensorboard: TensorboardOpt = None,
     seed: SeedOpt = None,
+    model: Annotated[Optional[str], typer.Option(help="HF model folder or hub id (default: the built-in tiny model).")] = None,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
     """Simulate a swarm in one process: a learner, virtual samplers, injected WAN delays.
@@ -91,14 +96,20 @@ def simulate(
     virtual clock. Deterministic under --seed. Prints eval accuracy and staleness as it goes.
     """
     setup_logging(verbose)
-    from cli.simulate import Simulator, SimulatorConfig
+    from cli.config import SimulatorConfig
+    from cli.simulate import Simulator
+    from node.device import resolve
+    from node.models import resolve_model_path
 
     cfg = load(SimulatorConfig, config, {
-        "steps": steps, "max_delay_steps": max_delay, "seed": seed, "learner.stale_loss": stale_loss,
-        "learner.foreign_loss": foreign_loss, "metrics_path": as_str(metrics), "tensorboard_dir": as_str(tensorboard)})
+        "steps": steps, "max_delay_steps": max_delay, "seed": seed, "learner.own_loss": own_loss,
+        "learner.foreign_loss": foreign_loss, "metrics_path": as_str(metrics), "tensorboard_dir": as_str(tensorboard),
+        "model": model, "device": device, "dtype": dtype})
     _check_outputs(cfg)
+    resolve_model_path(cfg.model)  # a wrong path fails now, in one line, not after the imports
+    resolve(cfg.device, cfg.dtype)  # so does a GPU this machine does not have
     run_with_progress(Simulator(cfg).run, cfg.steps, f"simulated swarm: {len(cfg.samplers)} sampler kinds, "
-                      f"stale loss [cyan]{cfg.learner.stale_loss}[/], foreign [cyan]{cfg.learner.foreign_loss}[/]")
+                      f"own loss [cyan]{cfg.learner.own_loss}[/], foreign [cyan]{cfg.learner.foreign_loss}[/]")
 
 
 def _check_outputs(cfg) -> None:

@@ -15,7 +15,7 @@ import typer
 
 from cli.app import app, as_str, load, setup_logging
 from cli.errors import UserError
-from cli.network import nat_default, network_overrides
+from cli.network import check_public_ip, nat_default, network_overrides
 from cli.options import (AnnounceOpt, ConfigOpt, DeviceOpt, DtypeOpt, HostOpt, NatOpt, PeersOpt, PortOpt, PublicIpOpt,
                       SwarmOpt, VerboseOpt)
 from cli.paths import claim_dir, claim_file, writable_file
@@ -53,8 +53,10 @@ def bootstrap(
     from cli.procs import stop_on_signals
     from cli.roles import parse_learners, reachability_check, read_learners_file, run_bootstrap, tcp_port, volunteer_command
 
+    check_public_ip(public_ip)  # before the NAT default reads it
     net = load(NetworkConfig, None, {k.split(".", 1)[1]: v for k, v in
-                                     network_overrides(host, port, public_ip, initial_peers, False, nat, True,
+                                     network_overrides(host, port, public_ip, initial_peers, False,
+                                                       nat if nat is not None else nat_default(host, public_ip), True,
                                                        announce_maddr).items()})
     if addr_file:
         writable_file(addr_file, "--addr-file")
@@ -93,12 +95,13 @@ def join(
     workdir: Annotated[Optional[Path], typer.Option(help="Identity, outbox, journal, checkpoints, metrics (default ./hetero-node-<role>).")] = None,
     host: Annotated[Optional[str], typer.Option(help="Listen address: 127.0.0.1 (this machine only) or 0.0.0.0 (all "
                                                 "interfaces; the default when a bootstrap is on another machine).")] = None,
-    port: PortOpt = 0,
+    port: Annotated[Optional[int], typer.Option(min=0, max=65535, help="TCP port to listen on (default: the "
+                                                "config's, else 0: a free one).")] = None,
     public_ip: PublicIpOpt = None,
     reachability: Annotated[Optional[Literal["auto", "public", "private"]], typer.Option(
         help="Whether peers can dial this machine: auto (ask the bootstrap; the default), public, or private "
              "(behind a NAT: a DHT client, reached through relays).")] = None,
-    client_mode: Annotated[bool, typer.Option(help="Same as --reachability private.")] = False,
+    client_mode: Annotated[Optional[bool], typer.Option("--client-mode", help="Same as --reachability private.")] = None,
     nat: NatOpt = None,
     announce_maddr: AnnounceOpt = [],
     follow: Annotated[Optional[str], typer.Option(help="Sampler: the learner peer id to follow (default: the first found).")] = None,
@@ -123,7 +126,8 @@ def join(
     from node.models import resolve_model_path
 
     from cli.procs import stop_on_signals
-    from cli.roles import JoinConfig, run_both, run_learner, run_sampler
+    from cli.config import JoinConfig
+    from cli.roles import run_both, run_learner, run_sampler
 
     if public_ip and host and host.startswith("127."):
         host = "0.0.0.0"
@@ -146,7 +150,10 @@ def join(
 
 def _settle_join(cfg, role: Optional[str], config: Optional[Path], nat: Optional[bool]) -> None:
     """What join needs past the config's own checks: a role, and a bootstrap peer to reach."""
-    if nat is None:  # the listen address is settled now (NetworkConfig: from the bootstraps, when not given)
+    from node.config import read_toml
+
+    # the listen address is settled now (NetworkConfig: from the bootstraps, when not given)
+    if nat is None and "nat_port_map" not in (read_toml(config).get("network", {}) if config is not None else {}):
         cfg.network.nat_port_map = nat_default(cfg.network.host, cfg.network.public_ip)
     if role is None and (config is None or "role" not in _toml_keys(config)):
         raise UserError("join needs a role", "add --role sampler, --role learner or --role sampler,learner "

@@ -9,17 +9,21 @@ from typing import Optional
 from cli.errors import UserError
 
 
-def network_overrides(host: str, port: int, public_ip: Optional[str], initial_peers: list[str], client_mode: bool,
-                      nat: Optional[bool], relay: bool, announce: list[str] = (),
+def network_overrides(host: Optional[str], port: Optional[int], public_ip: Optional[str], initial_peers: list[str],
+                      client_mode: Optional[bool], nat: Optional[bool], relay: bool, announce: list[str] = (),
                       reachability: Optional[str] = None) -> dict:
-    """The [network] table's overrides from flags (validated with the rest of the config)."""
+    """The [network] table's overrides from the flags given (validated with the rest of the config): a
+    flag left out is None, which the loader drops, so the config file's value stands."""
     check_public_ip(public_ip)
-    return {"network.host": host, "network.port": port, "network.public_ip": public_ip,
-            "network.reachability": reachability,
-            "network.initial_peers": list(initial_peers) or None, "network.client_mode": client_mode,
-            "network.announce_maddrs": list(announce) or None,
-            "network.nat_port_map": nat if nat is not None or host is None else nat_default(host, public_ip),
-            "network.use_relay": relay or client_mode, "network.use_auto_relay": client_mode}
+    out = {"network.host": host, "network.port": port, "network.public_ip": public_ip,
+           "network.reachability": reachability,
+           "network.initial_peers": list(initial_peers) or None, "network.client_mode": client_mode,
+           "network.announce_maddrs": list(announce) or None, "network.nat_port_map": nat}
+    if relay or client_mode:  # a relay is what a client behind a NAT (or a public peer relaying) needs
+        out["network.use_relay"] = True
+    if client_mode:
+        out["network.use_auto_relay"] = True
+    return out
 
 
 def check_public_ip(public_ip: Optional[str]) -> None:

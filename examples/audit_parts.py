@@ -13,9 +13,9 @@ import torch
 
 from node.audit.margins import AuditItem
 from node.sampling.race import keys_tensor, position_keys, race_margins
-from node.engines.base import SamplingParams
+from node.sampling.params import SamplingParams
 from node.engines.hf import PickTokens, _bare_generation_defaults
-from node.learner.config import LearnerConfig
+from node.learner.config import AuditConfig
 from node.training.logprobs import completion_logits, logprobs_from_logits, pack
 
 log = logging.getLogger("audit_parts")
@@ -106,7 +106,7 @@ class Measured:
 
 @torch.no_grad()
 def measure(model32, items: list[AuditItem], params: SamplingParams, pad: int, per_pass: int,
-            slack: float = LearnerConfig.audit_margin) -> Measured:
+            slack: float = AuditConfig.margin) -> Measured:
     """The float32 auditor's margins and log-probs for every group (`per_pass` groups per forward),
     top-k / top-p applied with `slack` logits of slack (node/checkable.race_margins)."""
     device = next(model32.parameters()).device

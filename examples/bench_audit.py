@@ -16,15 +16,18 @@
 
 from __future__ import annotations
 
+from node.learner.config import AuditConfig
+
 import argparse
 import dataclasses
 import logging
 import random
 
-from cli.simulate import SimSamplerSpec, Simulator, SimulatorConfig
+from cli.config import SimSamplerSpec, SimulatorConfig
+from cli.simulate import Simulator
 from node.audit.margins import audit_group
 from node.sampling.race import group_seeds
-from node.config import SamplingConfig
+from node.sampling.params import SamplingConfig
 from node.learner import LearnerConfig
 from node.models import BUILTIN_MODEL, load_model, load_tokenizer
 from swarm.delay import DelayConfig
@@ -34,13 +37,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--chosen", type=int, default=500, help="chosen groups audited per attack")
-    ap.add_argument("--margin", type=float, default=LearnerConfig.audit_margin,
-                    help="the audit's tolerance in logits (LearnerConfig.audit_margin)")
+    ap.add_argument("--margin", type=float, default=AuditConfig.margin,
+                    help="the audit's tolerance in logits (AuditConfig.margin)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     sampling = SamplingConfig()
     cfg = SimulatorConfig(
-        learner=LearnerConfig(audit_rate=1.0, audit_rate_trusted=1.0, eval_every=0, eval_size=50, audit_margin=args.margin),
+        learner=LearnerConfig(audit=AuditConfig(rate=1.0, rate_established=1.0, margin=args.margin), eval_every=0, eval_size=50),
         sampling=sampling, steps=args.steps,
         samplers=(SimSamplerSpec(count=1), SimSamplerSpec(name="stale", count=2,
                                                           weight_delay=DelayConfig(kind="lognormal", lower_s=30, upper_s=20 * 30))),
@@ -69,7 +72,7 @@ def main() -> None:
         for _ in range(sampling.group_size):
             ids = tok(p.answer + str(rng.randrange(10)), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
             chosen.append((ids, [-2.0] * len(ids)))
-        r = audit_group(model, prompt_ids, chosen, seeds, params, tok.pad_token_id, learner.cfg.audit_margin)
+        r = audit_group(model, prompt_ids, chosen, seeds, params, tok.pad_token_id, learner.cfg.audit.margin)
         caught["answer plus a digit, all 8"] += not r.passed
         honest = engine.engine.generate([p.prompt], params, [seeds])[0].completions
         comps = [(c.token_ids, c.logprobs) for c in honest]
@@ -78,7 +81,7 @@ def main() -> None:
             comps[0] = (ids, [-0.5] * len(ids))
             engine.engine.model.eval()
             r = audit_group(engine.engine.model, prompt_ids, comps, seeds, params, tok.pad_token_id,
-                            learner.cfg.audit_margin)
+                            learner.cfg.audit.margin)
             caught["one of 8 swapped for the answer"] += not r.passed
             tried["one of 8 swapped for the answer"] += 1  # (a swap for what was sampled anyway changes nothing)
     print("2. detection per audited group:")
@@ -97,7 +100,7 @@ def main() -> None:
     steps = [r for r in d.history if r.get("kind") == "step"]
     half, last = steps[len(steps) // 2], steps[-1]
     print(f"   in the run's second half (v{half['version']}-v{last['version']}; a sampler is audited at "
-          f"{d.cfg.audit_rate_trusted:.0%} once past {d.cfg.audit_trusted_after} audits): "
+          f"{d.cfg.audit.rate_established:.0%} once past {d.cfg.audit.established_after} audits): "
           f"{last['audit']['audits'] - half['audit']['audits']} audits, "
           f"{(last['audit']['time_s'] - half['audit']['time_s']) / (last['train_time_s'] - half['train_time_s']):.1%} "
           f"of learner compute (goal <= 5%)")

@@ -10,7 +10,7 @@ audits in float32 (node/audit/margins.py): at every position, how far (in logits
 score is below the best (node/checkable.race_margins). Per sampler setting this prints:
   - flips: the share of tokens whose margin exceeds node/audit.FLIP_MARGIN (the sampler's token is
     not the float32 race's choice), with its 95% interval, and the margins' p99, p99.9 and max;
-  - honest groups failed at the tolerance (`--margin`, default LearnerConfig.audit_margin), with
+  - honest groups failed at the tolerance (`--margin`, default AuditConfig.margin), with
     the 95% interval, and the chance that the flip test (node/audit.FlipTest at the learner's
     audit_flip_rate) ever refuses such a sampler within 10,000 audited groups, by resampling the
     measured groups' flips (Monte Carlo);
@@ -54,9 +54,9 @@ from examples.audit_parts import DTYPES, Measured, generate, measure, random_mod
 from node.audit.margins import FLIP_MARGIN, AuditItem, audit_margins
 from node.audit.flips import FlipRate, FlipTest, flip_llr, wilson  # noqa: E402
 from node.sampling.race import group_seeds, keys_tensor, pick_tokens, position_keys, race_margins  # noqa: E402
-from node.engines.base import SamplingParams  # noqa: E402
+from node.sampling.params import SamplingParams  # noqa: E402
 from node.engines.hf import PickTokens  # noqa: E402
-from node.learner.config import LearnerConfig  # noqa: E402
+from node.learner.config import AuditConfig  # noqa: E402
 from node.training.logprobs import completion_logits, logprobs_from_logits, pack  # noqa: E402
 
 WRITE = None
@@ -395,15 +395,15 @@ def main() -> None:
     ap.add_argument("--big-layers", type=int, help="layers of the Qwen3-0.6B shape (28 is the real one)")
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--per-pass", type=int, default=16, help="groups per audit forward pass")
-    ap.add_argument("--margin", type=float, default=LearnerConfig.audit_margin)
+    ap.add_argument("--margin", type=float, default=AuditConfig.margin)
     ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (every model)")
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus filter (every model)")
     ap.add_argument("--top-k", type=int, default=0, help="top-k filter (every model; 0: none)")
     ap.add_argument("--filter-slack", type=float,
                     help="logits of slack the audit applies top-k / top-p with (default: --margin, as the learner "
                          "does; 0: the filters exactly, as before protocol 2's slack)")
-    ap.add_argument("--flip-rate", type=float, default=LearnerConfig.audit_flip_rate)
-    ap.add_argument("--alarm", type=float, default=LearnerConfig.audit_alarm)
+    ap.add_argument("--flip-rate", type=float, default=AuditConfig.flip_rate)
+    ap.add_argument("--alarm", type=float, default=AuditConfig.alarm)
     ap.add_argument("--no-calibrate", dest="calibrate", action="store_false",
                     help="hold samplers to --flip-rate itself, not the rate measured on the model (node/audit.FlipRate)")
     ap.add_argument("--vllm", action="store_true", help="also sample the built-in model with vLLM (its venv)")
@@ -432,7 +432,7 @@ def main() -> None:
     if args.out:  # the tables so far after every setting: a run cut short keeps what it measured
         WRITE = lambda: args.out.write_text(markdown(table, attack_rows, costs, args, device_name))  # noqa: E731
     if "builtin" in args.models:
-        from node.config import SamplingConfig
+        from node.sampling.params import SamplingConfig
         from node.models import BUILTIN_MODEL, eos_token_ids, load_model, load_tokenizer
         from node.tasks import ArithmeticConfig, make_task
 

@@ -34,7 +34,7 @@ from cli.procs import stop  # noqa: E402
 from helpers.swarmkit import Forger, Swarm, flood_rates, peer_of, start_bootstrap  # noqa: E402
 from helpers.sybils import learner_maddrs  # noqa: E402
 
-LEARNER_TOML = "[learner]\ncheckpoint_every = 10\neval_every = 0\nmax_staleness = 100000\n"
+LEARNER_TOML = "[learner]\ncheckpoint = { every = 10 }\neval_every = 0\nmax_staleness = 100000\n"
 
 
 def attack(learner: str, maddrs: str, keys: int, seconds: float, nice: int, garbage_mib: float,

@@ -40,8 +40,8 @@ from examples.audit_parts import DTYPES, generate, measure, random_model  # noqa
 from node.audit.margins import FLIP_MARGIN, AuditItem
 from node.audit.flips import wilson  # noqa: E402
 from node.sampling.race import group_seeds  # noqa: E402
-from node.engines.base import SamplingParams  # noqa: E402
-from node.learner.config import LearnerConfig  # noqa: E402
+from node.sampling.params import SamplingParams  # noqa: E402
+from node.learner.config import AuditConfig  # noqa: E402
 
 SETTING_KEYS = ("shape", "layers", "weights", "dtype", "batch", "tokens", "temperature", "top_k", "top_p", "device")
 """What makes two groups the same measurement; everything else in a record is per group or per run."""
@@ -143,7 +143,7 @@ def main() -> None:
     r.add_argument("--out", type=Path, required=True, help="JSON-lines file the groups are appended to")
     s = sub.add_parser("summary", help="pool every file's groups per setting into one table (markdown)")
     s.add_argument("files", type=Path, nargs="+")
-    s.add_argument("--margin", type=float, default=LearnerConfig.audit_margin, help="the audit's tolerance (logits)")
+    s.add_argument("--margin", type=float, default=AuditConfig.margin, help="the audit's tolerance (logits)")
     args = ap.parse_args()
     run(args) if args.command == "run" else summary(args)
 

@@ -109,7 +109,7 @@ def timed(fn, device, steps: int) -> tuple[float, int]:
 
 
 def sampler_tokens_per_s(model, vocab: int, device, prompts: int, group: int, new_tokens: int) -> float:
-    from node.engines.base import SamplingParams
+    from node.sampling.params import SamplingParams
     from node.engines.hf import HFEngine
 
     engine = HFEngine(model, tokenizer(vocab), "bench")

@@ -21,9 +21,10 @@ import logging
 
 import torch
 
-from cli.simulate import SimSamplerSpec, Simulator, SimulatorConfig
+from cli.config import SimSamplerSpec, SimulatorConfig
+from cli.simulate import Simulator
 from node.sampling.race import BASE_NONCE, completion_seed
-from node.config import SamplingConfig
+from node.sampling.params import SamplingConfig
 from node.engines.hf import HFEngine
 from node.learner import LearnerConfig
 from node.training.logprobs import completion_logprobs, completion_span, pack
@@ -74,7 +75,7 @@ def main() -> None:
     sim.run()
     tok = load_tokenizer(BUILTIN_MODEL)
     problems = sim.task.split("train")[: args.prompts]
-    bound = LearnerConfig().max_logprob_gap
+    bound = LearnerConfig().behaviour.max_logprob_gap
     print(f"built-in model, lr {args.lr}, {args.steps} versions, {args.prompts} prompts x {sampling.group_size}; "
           f"bound max_logprob_gap = {bound}")
     print(f"{'from v':>6} {'stale s':>7} {'mean':>8} {'p99':>8} {'max':>8}")

@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from node.algorithms import ALGORITHMS, LossInputs  # noqa: E402
-from node.engines.base import SamplingParams  # noqa: E402
+from node.sampling.params import SamplingParams  # noqa: E402
 from node.engines.hf import HFEngine  # noqa: E402
 from node.training.logprobs import completion_logprobs  # noqa: E402
 from node.models import BUILTIN_MODEL, load_model, load_tokenizer  # noqa: E402

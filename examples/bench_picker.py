@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from node.sampling.race import group_seeds  # noqa: E402
-from node.engines.base import SamplingParams  # noqa: E402
+from node.sampling.params import SamplingParams  # noqa: E402
 from node.engines.hf import PickTokens  # noqa: E402
 
 

@@ -201,7 +201,7 @@ class Soak:
         self.addr = wait_for_file(boot_dir / "boot.addr", 90, boot).decode().split()[0]
         extra = []
         if self.args.checkpoint_interval_s is not None:
-            (self.base / "learner.toml").write_text(f"[learner]\ncheckpoint_interval_s = {self.args.checkpoint_interval_s}\n")
+            (self.base / "learner.toml").write_text(f"[learner.checkpoint]\ninterval_s = {self.args.checkpoint_interval_s}\n")
             extra = ["--config", str(self.base / "learner.toml")]
         self._join("learner", "learner", *extra)
         for i in range(self.args.samplers):

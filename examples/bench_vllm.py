@@ -47,7 +47,7 @@ def main() -> None:
     from vllm import SamplingParams as VSamplingParams
     from vllm.inputs import TokensPrompt
 
-    from node.config import SamplingConfig
+    from node.sampling.params import SamplingConfig
     from node.engines.hf import HFEngine
     from node.engines.vllm import VLLMConfig, VLLMEngine
     from node.models import load_model, load_tokenizer, tokenizer_hash

@@ -57,7 +57,7 @@ class KeepingLink:
             self.blobs = {}  # a keyframe starts a new segment
         self.blobs[v.version] = v.blob
 
-    def receive_rollouts(self, max_records: int, timeout: float = 0.0) -> list[bytes]:
+    def receive_rollouts(self, max_records: int, timeout: float = 0.0) -> list:
         return []
 
 

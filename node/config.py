@@ -2,14 +2,18 @@
 
     cfg = load_config(LocalConfig, "run.toml", {"steps": 100, "learner.lr": 1e-5})
 
-Every command reads the same tables with the same meaning: `[task]`, `[sampling]` (how completions
-are drawn: read by learners and samplers alike), `[learner]`. Nested tables are nested
+Every command's root (`local`: node/local.py; `simulate` and `join`: cli/config.py) is composed of the
+same blocks, each field declared once with one default: `ModelBlock` (model, device, dtype),
+`ProcessBlock` (seed, threads), `RunBlock` (steps, time budget, outputs: the finite runs) here, and
+`TablesBlock` (node/tables.py): the tables every command reads with the same meaning, `[task]`,
+`[sampling]` (how completions are drawn: read by learners and samplers alike), `[learner]`. Nested tables are nested
 dataclasses; a `task` table picks its kind with `kind = "arithmetic"` (default) or `"dataset"`.
 Values are checked against the field types before anything runs: an unknown key, a wrong type
 or an out-of-range value is a `ConfigError` that names the file, the key and the fix, so a typo
 never silently falls back to a default and a bad value never surfaces deep inside a run. A file
 written for another command (`ConfigKind`: the CLI names its commands' configs) is recognised as
-such, and an empty file is run on defaults with a warning.
+such, and an empty file is run on defaults with a warning. A key that was renamed (a class's
+`RENAMED`: old key -> its new dotted place) still works, with a warning that names the new key.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from node.engines.base import SamplingParams
+from node.models import BUILTIN_MODEL
 from node.tasks import ArithmeticConfig, ChainConfig, DatasetTaskConfig
 
 T = TypeVar("T")
@@ -45,28 +49,97 @@ class ConfigError(ValueError):
         self.fix = fix
 
 
-@dataclasses.dataclass(frozen=True)
-class SamplingConfig:
-    """How completions are drawn: one `[sampling]` table, read by the learner (which computes
-    log-probs at this temperature and refuses other records) and by every sampler."""
+DEVICES = "auto, cpu, cuda or cuda:N"
+DTYPES = ("auto", "float32", "bfloat16")
 
-    group_size: int = 8
-    """Completions per prompt (G); advantages are relative to the group."""
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    """0 disables top-k."""
-    max_new_tokens: int = 6
+
+class DeviceError(ValueError):
+    """A --device/--dtype a user must change: the message says what is wrong, `fix` what to pass."""
+
+    def __init__(self, what: str, fix: str) -> None:
+        super().__init__(what)
+        self.fix = fix
+
+
+def check_spec(device: str, dtype: str) -> None:
+    """Syntax only (no GPU probing, no torch): for config validation on any machine (node/device.py
+    resolves a spec on this one)."""
+    if device not in ("auto", "cpu", "cuda") and not (device.startswith("cuda:") and device[5:].isdigit()):
+        raise DeviceError(f"device {device!r} is not one of {DEVICES}", "pass --device auto (or cpu, cuda, cuda:1)")
+    if dtype not in DTYPES:
+        raise DeviceError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}", "pass --dtype auto (or float32, bfloat16)")
+
+
+@dataclasses.dataclass(kw_only=True)
+class Block:
+    """The base of the shared blocks: each block's checks run, whatever root composes it."""
 
     def __post_init__(self) -> None:
-        if self.group_size < 2:
-            raise ValueError("sampling.group_size must be >= 2: advantages are relative to the group")
-        self.params  # SamplingParams checks the rest
+        pass
 
-    @property
-    def params(self) -> SamplingParams:
-        return SamplingParams(n=self.group_size, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                              max_new_tokens=self.max_new_tokens)
+
+@dataclasses.dataclass(kw_only=True)
+class ModelBlock(Block):
+    """What model a command runs, where, and in which precision (`local`, `simulate`, `join`)."""
+
+    model: str = BUILTIN_MODEL
+    """A Hugging Face model folder or hub id (default: the built-in tiny model)."""
+    device: str = "auto"
+    """auto (a CUDA GPU where torch sees one, else the CPU), cpu, cuda or cuda:N (node/device.py)."""
+    dtype: str = "auto"
+    """Compute dtype: float32 or bfloat16; auto is bfloat16 on a GPU (a learner keeps float32 master
+    weights; a sampler generates in bfloat16, which the learner's audit by race margin passes) and
+    float32 on the CPU."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_spec(self.device, self.dtype)
+
+
+@dataclasses.dataclass(kw_only=True)
+class ProcessBlock(Block):
+    """The process's randomness and threads (`local`, `simulate`, `join`)."""
+
+    seed: int = 0
+    threads: int | None = None
+    """torch CPU threads (default: $HETERO_NODE_THREADS, else torch's own choice: the cores)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.threads is not None and self.threads < 1:
+            raise ValueError("need threads >= 1 (or leave it out: torch's own choice)")
+
+    def apply(self) -> None:
+        """Seed Python's and torch's RNGs and set torch's threads, as this block says."""
+        import os
+        import random
+
+        import torch
+
+        torch.manual_seed(self.seed)
+        random.seed(self.seed)
+        threads = self.threads or int(os.environ.get("HETERO_NODE_THREADS", "0") or 0)
+        if threads:
+            torch.set_num_threads(threads)
+
+
+@dataclasses.dataclass(kw_only=True)
+class RunBlock(Block):
+    """A finite run and what it writes (`local`, `simulate`; a `join` runs until stopped)."""
+
+    steps: int = 300
+    """Optimizer steps."""
+    time_budget_s: float | None = None
+    """Stop after this many seconds (a final evaluation still runs)."""
+    metrics_path: str | None = None
+    """JSONL file with one line per step (and per evaluation)."""
+    tensorboard_dir: str | None = None
+    """Also write TensorBoard event files here."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.steps < 1 or (self.time_budget_s is not None and self.time_budget_s <= 0):
+            raise ValueError("need steps >= 1 and time_budget_s > 0")
 
 
 def task_from_dict(d: dict[str, Any], where: str = "task") -> TaskConfig:
@@ -125,7 +198,40 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
                       f"not {value!r}")
 
 
+def upgrade(cls: type, d: dict[str, Any], where: str = "config", renamed: list[str] | None = None) -> dict[str, Any]:
+    """`d` with the keys `cls` renamed (its `RENAMED`: old key -> new dotted place) moved to their new
+    place, in nested tables too; each move is appended to `renamed` as "old -> new". ConfigError if
+    a table sets both a key's old name and its new one."""
+    if not (dataclasses.is_dataclass(cls) and isinstance(d, dict)):
+        return d
+    out = dict(d)
+    for old, new in getattr(cls, "RENAMED", {}).items():
+        if old not in out:
+            continue
+        *parents, leaf = new.split(".")
+        node = out
+        for part in parents:
+            node[part] = dict(node.get(part) or {})
+            node = node[part]
+        at = f"{where}.{new}" if where != "config" else new
+        if leaf in node:
+            raise ConfigError(f"{at} is set twice: as {old!r} (its old name) and as {leaf!r}", f"keep {at} only")
+        node[leaf] = out.pop(old)
+        if renamed is not None:
+            renamed.append(f"{f'{where}.' if where != 'config' else ''}{old} -> {at}")
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in out and dataclasses.is_dataclass(hints.get(f.name)):
+            out[f.name] = upgrade(hints[f.name], out[f.name], f"{where}.{f.name}" if where != "config" else f.name,
+                                  renamed)
+    return out
+
+
 def from_dict(cls: type[T], d: dict[str, Any], where: str = "config") -> T:
+    said: list[str] = []
+    d = upgrade(cls, d, where, said)
+    for move in said:
+        logger.warning("config key %s: the old name still works; rename it", move)
     hints = typing.get_type_hints(cls)
     valid = {f.name for f in dataclasses.fields(cls)}
     unknown = set(d) - valid
@@ -186,8 +292,10 @@ class ConfigKind:
     """The command that writes an example file, e.g. "hetero-node init sampler"."""
 
     def fields(self) -> set[str]:
+        """Its top-level keys, old names included."""
         module, name = self.config.split(":")
-        return {f.name for f in dataclasses.fields(getattr(importlib.import_module(module), name))}
+        cls = getattr(importlib.import_module(module), name)
+        return {f.name for f in dataclasses.fields(cls)} | set(getattr(cls, "RENAMED", {}))
 
 
 def written_for(data: dict[str, Any], cls: type, kinds: Sequence[ConfigKind]) -> tuple[ConfigKind, str] | None:
@@ -212,6 +320,14 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: dict[st
     data = read_toml(path) if path is not None else {}
     if path is not None and not data:
         logger.warning("%s sets nothing: running on defaults", path)
+    # renamed keys moved before the flags are laid over the file: a flag sets the new name, and wins
+    said: list[str] = []
+    try:
+        data = upgrade(cls, data, renamed=said)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}", e.fix) from None
+    for move in said:
+        logger.warning("%s: %s (the old name still works; rename it)", path, move)
     merged = _merge(data, _nest(overrides or {}))
     try:
         return from_dict(cls, merged)

@@ -17,25 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-DEVICES = "auto, cpu, cuda or cuda:N"
-DTYPES = ("auto", "float32", "bfloat16")
-
-
-class DeviceError(ValueError):
-    """A --device/--dtype a user must change: the message says what is wrong, `fix` what to pass."""
-
-    def __init__(self, what: str, fix: str) -> None:
-        super().__init__(what)
-        self.fix = fix
-
-
-def check_spec(device: str, dtype: str) -> None:
-    """Syntax only (no GPU probing): for config validation on any machine."""
-    if device not in ("auto", "cpu", "cuda") and not (device.startswith("cuda:") and device[5:].isdigit()):
-        raise DeviceError(f"device {device!r} is not one of {DEVICES}", "pass --device auto (or cpu, cuda, cuda:1)")
-    if dtype not in DTYPES:
-        raise DeviceError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}", "pass --dtype auto (or float32, bfloat16)")
-
+from node.config import DeviceError, check_spec  # noqa: F401  (the syntax: torch-free, for configs)
 
 @dataclass(frozen=True)
 class Placement:

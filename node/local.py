@@ -10,71 +10,49 @@ simulator's delayed runs are compared with.
 from __future__ import annotations
 
 import logging
-import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from node.algorithms import get_algorithm
-from node.config import SamplingConfig, TaskConfig
-from node.device import check_spec, resolve
+from node.config import ModelBlock, ProcessBlock, RunBlock
+from node.device import resolve
 from node.engines.hf import HFEngine
 from node.learner.evaluate import eval_problems, evaluate
-from node.learner import DROP, LearnerConfig
+from node.learner import DROP
 from node.metrics import Kind, Metric, MetricsWriter
-from node.models import BUILTIN_MODEL, load_model, load_tokenizer
-from node.tasks import ArithmeticConfig, PromptStream, make_task
+from node.models import load_model, load_tokenizer
+from node.tables import TablesBlock
+from node.tasks import PromptStream, make_task
 from node.training.batch import ScoredGroup, TrainPart, build_batch
 from node.training.step import StepOptions, train_step
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class LocalConfig:
-    """`hetero-node local`: the same [task], [sampling] and [learner] tables as every command;
-    the loss is `learner.stale_loss` (all rollouts are the learner's own, version 0 stale)."""
-
-    model: str = BUILTIN_MODEL
-    task: TaskConfig = field(default_factory=ArithmeticConfig)
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    learner: LearnerConfig = field(default_factory=LearnerConfig)
-    steps: int = 400
-    time_budget_s: float | None = None
-    """Stop after this many seconds (a final evaluation still runs)."""
-    seed: int = 0
-    threads: int = 2
-    device: str = "cpu"
-    """cpu, cuda, cuda:N or auto (node/device.py); the learner keeps float32 master weights."""
-    dtype: str = "auto"
-    """Compute dtype of the forward: auto (bfloat16 on a GPU, float32 on a CPU), float32 or bfloat16."""
-    metrics_path: str | None = None
-    """JSONL file with one line per step (and per evaluation)."""
-    tensorboard_dir: str | None = None
-    """Also write TensorBoard event files here."""
+@dataclass(kw_only=True)
+class LocalConfig(TablesBlock, RunBlock, ProcessBlock, ModelBlock):
+    """`hetero-node local`: the shared blocks (node/config.py, node/tables.py) and nothing of its own;
+    the loss is `learner.own_loss` (every rollout is the learner's own, on-policy)."""
 
     def __post_init__(self) -> None:
-        if self.learner.stale_loss == DROP:
-            raise ValueError("learner.stale_loss: 'drop' would train on nothing; choose a loss")
-        check_spec(self.device, self.dtype)
-        if self.steps < 1 or self.threads < 1 or (self.time_budget_s is not None and self.time_budget_s <= 0):
-            raise ValueError("need steps >= 1, threads >= 1 and time_budget_s > 0")
+        super().__post_init__()
+        if self.learner.own_loss == DROP:
+            raise ValueError("learner.own_loss: 'drop' would train on nothing; choose a loss")
 
 
 def run_local(cfg: LocalConfig, on_record: Callable[[dict], None] | None = None) -> list[dict]:
     """Train; returns the records written to metrics (step records and eval records)."""
-    torch.manual_seed(cfg.seed)
-    random.seed(cfg.seed)
-    torch.set_num_threads(cfg.threads)
+    cfg.apply()  # seeds and threads (ProcessBlock)
     place = resolve(cfg.device, cfg.dtype)
     tok, model = load_tokenizer(cfg.model), load_model(cfg.model, torch.float32, place.device)
     task = make_task(cfg.task, tok)
     options = StepOptions(cfg.learner.max_tokens_per_microbatch or None, place.autocast_dtype)
     lc = cfg.learner
-    algo = get_algorithm(lc.stale_loss)
-    algo_cfg = algo.make_config(lc.stale_options)
+    algo = get_algorithm(lc.own_loss)
+    algo_cfg = algo.make_config(lc.own_options)
     engine = HFEngine(model, tok, cfg.model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lc.lr, weight_decay=0.0)
     eval_set = eval_problems(task, lc.eval_size)
@@ -104,7 +82,7 @@ def run_local(cfg: LocalConfig, on_record: Callable[[dict], None] | None = None)
             rec = {Metric.KIND: Kind.STEP, Metric.VERSION: version, Metric.REWARD: _mean([x for g in groups for x in g.rewards])}
             batch = build_batch(groups, algo_cfg.normalize_std, tok.pad_token_id)
             if batch is not None:
-                part = TrainPart(lc.stale_loss, batch, algo, algo_cfg)
+                part = TrainPart(lc.own_loss, batch, algo, algo_cfg)
                 m = train_step(model, optimizer, [part], cfg.sampling.temperature, lc.max_grad_norm, options)
                 m.pop("routes")
                 rec.update(m)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from swarm.identity import short_id
 from swarm.p2p import SwarmNode
@@ -105,6 +106,26 @@ def most_recent(tally: Tally | None, n: int) -> list[str]:
     than a newcomer, the newcomer would never be read (and never be anyone's mate)."""
     credit = credits(tally)
     return sorted(credit, key=lambda m: (-tally.peers[m].last, m))[:n]
+
+
+class Peers(Protocol):
+    """Whom a sampler deals with, as discovery keeps it up to date (`LearnerTracker`): what its link's
+    sender and fetcher read each time they act."""
+
+    @property
+    def current(self) -> str | None:
+        """The learner it follows (None: none yet)."""
+        ...
+
+    @property
+    def partners(self) -> list[str]:
+        """Learners of other models that take its model's groups."""
+        ...
+
+    @property
+    def mates(self) -> list[str]:
+        """Samplers it shares version downloads with (credited by its learner)."""
+        ...
 
 
 class LearnerTracker:

@@ -13,7 +13,7 @@ receive calls take a timeout, and nothing here blocks forever.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from swarm.buckets import TokenBuckets  # noqa: F401  (re-exported: a node's own budgets (node/learner/scoring_time.py) are the doors')
 from swarm.wire.reasons import Busy, Drop
@@ -36,6 +36,15 @@ class WeightVersion:
     """The encoded tensors (node/weights/blob.py); opaque to swarm/."""
 
 
+class Received(NamedTuple):
+    """A rollout record the learner reads: as journaled, and as the receiver decoded it to check it
+    before its ack, when it did so in this process (else None: the learner decodes `raw`, as it must
+    for what a restart replays from the journal)."""
+
+    raw: bytes
+    group: RolloutGroup | None = None
+
+
 class SamplerLink(Protocol):
     def send_rollouts(self, records: list[tuple[str, bytes]]) -> None:
         """Queue encoded RolloutGroup records, as (record id, bytes), for the learner."""
@@ -49,7 +58,7 @@ class SamplerLink(Protocol):
 
 
 class LearnerLink(Protocol):
-    def receive_rollouts(self, max_records: int, timeout: float = 0.0) -> list[bytes]:
+    def receive_rollouts(self, max_records: int, timeout: float = 0.0) -> list[Received]:
         """Records that have arrived, oldest first, at most `max_records`."""
         ...
 

@@ -8,10 +8,10 @@ weights in (`weights.WeightFetcher`). Both sides draw their injected delays from
 from __future__ import annotations
 
 import random
-from typing import Callable
 
 from swarm.delay import DelayConfig
-from swarm.exchange import Intake, IntakeConfig, WeightVersion
+from swarm.discovery import Peers
+from swarm.exchange import Intake, IntakeConfig, Received, WeightVersion
 from swarm.rollouts.journal import Journal
 from swarm.rollouts.outbox import Outbox
 from swarm.p2p import SwarmNode
@@ -40,7 +40,7 @@ class SwarmLearnerLink:
         """Journal records handed to the learner so far (it saves this in its checkpoints)."""
         return self.rollouts.cursor
 
-    def receive_rollouts(self, max_records: int, timeout: float = 0.0) -> list[bytes]:
+    def receive_rollouts(self, max_records: int, timeout: float = 0.0) -> list[Received]:
         return self.rollouts.receive(max_records, timeout)
 
     def publish_weights(self, version: WeightVersion) -> None:
@@ -48,15 +48,17 @@ class SwarmLearnerLink:
 
 
 class SwarmSamplerLink:
-    def __init__(self, node: SwarmNode, outbox: Outbox, learner: Callable[[], str | None],
+    def __init__(self, node: SwarmNode, outbox: Outbox, peers: Peers,
                  weight_delay: DelayConfig = DelayConfig(), rollout_delay: DelayConfig = DelayConfig(),
-                 seed: int = 0, mates: Callable[[], list[str]] = lambda: [], rpc_timeout: float = 30.0,
-                 weight_poll_s: float = 1.0, fetch: FetchConfig = FetchConfig(),
-                 partners: Callable[[], list[str]] = lambda: [], max_partner_owed: int = 256) -> None:
+                 seed: int = 0, rpc_timeout: float = 30.0, weight_poll_s: float = 1.0,
+                 fetch: FetchConfig = FetchConfig(), max_partner_owed: int = 256) -> None:
+        """`peers`: whom the sampler follows, feeds and shares downloads with, as discovery keeps it
+        (swarm/discovery.py, `LearnerTracker`): read each time the sender or the fetcher acts."""
         rng = random.Random(seed)
-        self.rollouts = RolloutSender(node, outbox, learner, rollout_delay, rng, rpc_timeout, partners,
-                                      max_partner_owed)
-        self.weights = WeightFetcher(node, learner, weight_delay, rng, rpc_timeout, mates, cfg=fetch)
+        self.rollouts = RolloutSender(node, outbox, lambda: peers.current, rollout_delay, rng, rpc_timeout,
+                                      lambda: peers.partners, max_partner_owed)
+        self.weights = WeightFetcher(node, lambda: peers.current, weight_delay, rng, rpc_timeout, lambda: peers.mates,
+                                     cfg=fetch)
         # versions download while the sampler generates; it applies them between batches
         self.prefetch = WeightPrefetcher(self.weights, weight_poll_s)
 

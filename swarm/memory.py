@@ -15,7 +15,7 @@ import itertools
 import random
 
 from swarm.delay import DelayConfig, ReloadTimer, sample_delay
-from swarm.exchange import WeightVersion, plan_fetch
+from swarm.exchange import Received, WeightVersion, plan_fetch
 
 
 class VirtualClock:
@@ -41,10 +41,10 @@ class MemoryExchange:
         return MemorySamplerLink(self, ReloadTimer(weight_delay, self._rng), rollout_delay)
 
     # ---- LearnerLink ---------------------------------------------------------------------------
-    def receive_rollouts(self, max_records: int, timeout: float = 0.0) -> list[bytes]:
+    def receive_rollouts(self, max_records: int, timeout: float = 0.0) -> list[Received]:
         out = []
         while self._inflight and self._inflight[0][0] <= self.clock.now and len(out) < max_records:
-            out.append(heapq.heappop(self._inflight)[2])
+            out.append(Received(heapq.heappop(self._inflight)[2]))
         return out
 
     def publish_weights(self, version: WeightVersion) -> None:

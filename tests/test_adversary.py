@@ -27,7 +27,7 @@ from swarm.wire.manifest import MANIFEST
 from helpers.swarmkit import Forger, flood_rates, honest_swarm, owed_now, peer_of, undelivered
 
 # a version every 2 steps: versions in between were never published, and a claim of one is refused
-LEARNER_TOML = ("[learner]\ncheckpoint_every = 10\neval_every = 0\nmax_staleness = 100000\n"
+LEARNER_TOML = ("[learner]\ncheckpoint = { every = 10 }\neval_every = 0\nmax_staleness = 100000\n"
                 "[learner.weights]\nevery_steps = 2\n")
 
 

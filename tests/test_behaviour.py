@@ -4,6 +4,8 @@ forged claims dropped and counted, and claims kept where the version cannot be r
 
 from __future__ import annotations
 
+from node.learner.config import AuditConfig, BehaviourConfig
+
 import math
 import time
 
@@ -53,9 +55,9 @@ def test_the_mismatch_figures_by_hand():
     assert s["behaviour_clip_share"] == 0.5  # p/q: |e^0.5 - 1| = 0.65 > 0.2; |e^-0.1 - 1| = 0.095 is not
 
 
-def _step(mode: str, sampler_dtype: torch.dtype, tamper=None, **overrides) -> tuple[dict, object]:
-    s = tiny_swarm(groups_per_step=4, samplers=1, start=True, behaviour_logprobs=mode, audit_first=0, audit_rate=0.0,
-                   **overrides)
+def _step(mode: str, sampler_dtype: torch.dtype, tamper=None, rollout_is_cap: float | None = None) -> tuple[dict, object]:
+    behaviour = BehaviourConfig(source=mode, **({} if rollout_is_cap is None else {"rollout_is_cap": rollout_is_cap}))
+    s = tiny_swarm(groups_per_step=4, samplers=1, start=True, behaviour=behaviour, audit=AuditConfig(first=0, rate=0.0))
     s.samplers[0].engine.model.to(sampler_dtype)  # a GPU volunteer's engine; the learner stays float32
     s.samplers[0].maybe_update(s.link("s0"))
     # groups with a reward signal: a step whose groups all score alike trains on nothing (no routes)
@@ -113,7 +115,7 @@ def test_the_rollout_correction_weighs_the_claims_engine_and_bounds_a_lowered_cl
 
 
 def test_the_audit_copy_is_let_go_before_the_training_step():
-    s = tiny_swarm(groups_per_step=4, samplers=1, start=True, behaviour_logprobs="learner")  # audits on: 4 first
+    s = tiny_swarm(groups_per_step=4, samplers=1, start=True, behaviour=BehaviourConfig(source="learner"))  # audits on: 4 first
     held, train = [], s.learner.training.train
     s.learner.training.train = lambda *a: (held.append(s.learner.auditor._copy), train(*a))[1]
     s.samplers[0].run_once(s.link("s0"), 4)
@@ -123,13 +125,13 @@ def test_the_audit_copy_is_let_go_before_the_training_step():
 
 
 def test_greedy_sampling_takes_log_probs_at_temperature_one_not_zero():
-    from node.config import SamplingConfig
+    from node.sampling.params import SamplingConfig
     from node.learner import Learner
     from node.models import load_tokenizer
     from node.tasks import ArithmeticConfig, make_task
 
     tok = load_tokenizer(BUILTIN_MODEL)
-    learner = Learner(LearnerConfig(behaviour_logprobs="learner", eval_every=0, eval_size=20), load_model(BUILTIN_MODEL),
+    learner = Learner(LearnerConfig(behaviour=BehaviourConfig(source="learner"), eval_every=0, eval_size=20), load_model(BUILTIN_MODEL),
                       tok, make_task(ArithmeticConfig(), tok), model_id=BUILTIN_MODEL,
                       sampling=SamplingConfig(temperature=0.0))
     # as samplers and audits take them (a 0 made every log-prob NaN and every step skipped)
@@ -137,7 +139,7 @@ def test_greedy_sampling_takes_log_probs_at_temperature_one_not_zero():
 
 
 def test_a_version_the_learner_cannot_rebuild_keeps_the_samplers_claims():
-    s = tiny_swarm(start=True, behaviour_logprobs="learner")  # version 0 of its chain published
+    s = tiny_swarm(start=True, behaviour=BehaviourConfig(source="learner"))  # version 0 of its chain published
     chain = s.learner.chain
     taken = [BufferedGroup(_group([5, 6], [[7, 8]], -2.0), Route.OWN, "a", b"", "old-chain", 3),
              BufferedGroup(_group([5, 6], [[7, 8]], -2.0), Route.OWN, "b", b"", chain, 0),
@@ -152,7 +154,7 @@ def test_a_version_the_learner_cannot_rebuild_keeps_the_samplers_claims():
 
 
 def test_a_recomputation_that_fails_leaves_the_claims_and_the_step_goes_on(caplog):
-    s = tiny_swarm(start=True, behaviour_logprobs="learner")
+    s = tiny_swarm(start=True, behaviour=BehaviourConfig(source="learner"))
     vocab = load_model(BUILTIN_MODEL).config.vocab_size
     # a token past the embedding makes the forward itself raise (as an out-of-memory would)
     taken = [BufferedGroup(_group([5, 6], [[7, vocab + 5]], -2.0), Route.OWN, "a", b"", s.learner.chain, 0)]
@@ -164,16 +166,16 @@ def test_a_recomputation_that_fails_leaves_the_claims_and_the_step_goes_on(caplo
 
 
 def test_an_unknown_source_is_refused_with_the_choices():
-    with pytest.raises(ValueError, match="behaviour_logprobs sampler, learner or auto"):
-        LearnerConfig(behaviour_logprobs="engine")
+    with pytest.raises(ValueError, match="learner.behaviour: need source sampler, learner or auto"):
+        LearnerConfig(behaviour=BehaviourConfig(source="engine"))
 
 
 # ---- over the real protocol --------------------------------------------------------------------
 
 # audits off: what stops forged claims here is the recomputation's check alone (with audits on, the
 # attacker's first audited group would refuse it before any step: tests/test_steering.py)
-SWARM_TOML = ('[learner]\nbehaviour_logprobs = "learner"\naudit_first = 0\naudit_rate = 0.0\n'
-              'audit_rate_trusted = 0.0\neval_every = 0\n')
+SWARM_TOML = ('[learner]\nbehaviour = { source = "learner" }\naudit = { first = 0, rate = 0.0, rate_established = 0.0 }\n'
+              'eval_every = 0\n')
 
 
 @pytest.mark.integration

@@ -16,7 +16,7 @@ from helpers.swarmkit import Swarm, peer_of
 
 pytestmark = pytest.mark.integration
 
-LEARNER_TOML = "[learner]\ncheckpoint_every = 50\neval_every = 0\nmax_staleness = 1000\ngroups_per_step = 8\n"
+LEARNER_TOML = "[learner]\ncheckpoint = { every = 50 }\neval_every = 0\nmax_staleness = 1000\ngroups_per_step = 8\n"
 
 
 def _accepted(s: Swarm, name: str) -> int:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from node.sampling.race import keys_tensor, position_keys, race_margins
-from node.engines.base import SamplingParams
+from node.sampling.params import SamplingParams
 from node.engines.hf import HFEngine
 from node.training.logprobs import completion_logits, completion_logprobs, completion_span, pack
 from node.models import (BUILTIN_MODEL, build_char_tokenizer, eos_token_ids, load_model, load_tokenizer,

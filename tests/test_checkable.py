@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from node.learner.config import AuditConfig, BehaviourConfig, ForeignConfig
+
 import json
 import math
 
@@ -213,7 +215,7 @@ def test_chosen_completions_fail_the_audit_and_cost_the_sampler_its_place_and_cr
 def test_a_sampler_refused_in_a_step_earns_nothing_for_its_other_groups_of_that_step(task, tmp_path):
     """An unaudited honest group and a failing one from the same sampler in one step: the refusal
     covers both (before, the honest one was kept and credited after the credit had been revoked)."""
-    learner, sampler = _pair(task, tmp_path, audit_first=0, audit_rate=0.5)
+    learner, sampler = _pair(task, tmp_path, audit=AuditConfig(first=0, rate=0.5))
     x = sampler("x")
     good, bad = [g for g in x.produce(16) if has_signal([c.reward for c in g.completions])][:2]
     c0 = bad.completions[0]  # chosen completions: another's tokens, and tokens its race would not pick
@@ -234,7 +236,7 @@ def test_a_sampler_refused_in_a_step_earns_nothing_for_its_other_groups_of_that_
 
 @pytest.mark.parametrize("source", ["sampler", "auto"])
 def test_forged_logprobs_are_dropped_from_the_step_counted_and_not_credited(task, tmp_path, source):
-    learner, sampler = _pair(task, tmp_path, audit_first=0, audit_rate=0.0, behaviour_logprobs=source)
+    learner, sampler = _pair(task, tmp_path, audit=AuditConfig(first=0, rate=0.0), behaviour=BehaviourConfig(source=source))
     honest, liar = sampler("honest"), sampler("liar")
     forged = [g for g in liar.produce(12) if has_signal([c.reward for c in g.completions])][:2]  # trained on if honest
     assert len(forged) == 2
@@ -280,7 +282,7 @@ def test_a_made_up_model_in_our_tokenizer_is_checked_as_ours_and_a_named_one_is_
     assert learner.ingest(_relabel(g1, model_id="made-up/model", chain="made-up")) == "unknown_chain"
     assert learner.ingest(_relabel(g2, model_id="made-up/model")) is None
     assert learner.buffer[-1].route is Route.OWN  # audited, gap-checked, staleness: the label proved nothing
-    named, _ = _pair(task, tmp_path / "named", accept_models=("made-up/model",))
+    named, _ = _pair(task, tmp_path / "named", foreign=ForeignConfig(accept_models=("made-up/model",)))
     g3, g4, g5 = s.produce(3)[:3]
     # it never ran our chain: claiming it is a lie
     assert named.ingest(_relabel(g3, model_id="made-up/model", chain=named.chain)) == "foreign_version"
@@ -294,8 +296,7 @@ def test_a_made_up_model_in_our_tokenizer_is_checked_as_ours_and_a_named_one_is_
 
 
 def test_foreign_groups_fill_only_their_share_of_a_step_and_earn_no_credit(task, tmp_path):
-    learner, sampler = _pair(task, tmp_path, groups_per_step=4, foreign_step_share=0.5, foreign_per_sampler=1,
-                             accept_models=("other/model",))
+    learner, sampler = _pair(task, tmp_path, groups_per_step=4, foreign=ForeignConfig(step_share=0.5, per_sampler=1, accept_models=("other/model",)))
     honest, other = sampler("honest"), sampler("other")
     assert learner.ingest_many([g.encode() for g in honest.produce(4)]) == 4
     foreign = [_relabel(g, model_id="other/model", chain="", version=0) for g in other.produce(4)]
@@ -307,16 +308,14 @@ def test_foreign_groups_fill_only_their_share_of_a_step_and_earn_no_credit(task,
     assert learner.books.accepted_by_sampler["other"] == 1 and "other" not in learner.credit.peers
     assert learner.untrained("other") == 3  # kept, within its quota, for later steps
     assert not learner.ready()  # h3 is checked work: wait for more of it rather than a foreign step
-    only = _pair(task, tmp_path / "only", groups_per_step=4, foreign_step_share=0.5, foreign_per_sampler=1,
-                 accept_models=("other/model",))[0]
+    only = _pair(task, tmp_path / "only", groups_per_step=4, foreign=ForeignConfig(step_share=0.5, per_sampler=1, accept_models=("other/model",)))[0]
     assert only.ingest_many([_relabel(g, model_id="other/model", chain="", version=0) for g in other.produce(6)]) >= 4
     recs = []  # only foreign groups wait (a swarm of them, or the unproven budget full of them): short steps
     _trained_groups(only, recs)
     assert recs and all((r["groups_own"], r["groups_foreign"]) == (0, 1) for r in recs), recs
     # the same wait, once unproven keys' groups fill their shared budget (4 here: h3 and f1-f3, neither
     # key proven), would stall the swarm: no new sampler could send the checked work waited for
-    full, sampler = _pair(task, tmp_path / "full", groups_per_step=4, foreign_step_share=0.5, foreign_per_sampler=1,
-                          accept_models=("other/model",), intake=IntakeConfig(unproven_quota=4))
+    full, sampler = _pair(task, tmp_path / "full", groups_per_step=4, foreign=ForeignConfig(step_share=0.5, per_sampler=1, accept_models=("other/model",)), intake=IntakeConfig(unproven_quota=4))
     full.ingest_many([g.encode() for g in sampler("honest").produce(4)])
     full.ingest_many([_relabel(g, model_id="other/model", chain="", version=0) for g in sampler("other").produce(4)])
     assert full.ready() and full.step()["groups_foreign"] == 1  # [h0, f0, h1, h2], as above
@@ -343,14 +342,14 @@ def test_a_new_key_claiming_an_earlier_runs_chain_is_trained_only_within_the_una
 
 
 def test_a_long_record_is_audited_lightly_and_the_bounds_are_checked(task, tmp_path):
-    learner, _ = _pair(task, tmp_path, audit_first=4, audit_rate=0.1, audit_trusted_after=32, audit_rate_trusted=0.03)
+    learner, _ = _pair(task, tmp_path, audit=AuditConfig(first=4, rate=0.1, established_after=32, rate_established=0.03))
     rates = []
     for passed in (0, 4, 31, 32, 500):
         learner.auditor.audits["x"] = passed
         rates.append(learner.auditor.rate("x"))
     assert rates == [0.1, 0.1, 0.1, 0.03, 0.03]
     assert learner.auditor.rate("never-seen") == 0.1
-    with pytest.raises(ValueError, match="audit_trusted_after >= audit_first"):
-        LearnerConfig(audit_first=8, audit_trusted_after=4)
-    with pytest.raises(ValueError, match="audit_rate_trusted"):
-        LearnerConfig(audit_rate_trusted=1.5)
+    with pytest.raises(ValueError, match="learner.audit: need established_after >= first"):
+        LearnerConfig(audit=AuditConfig(first=8, established_after=4))
+    with pytest.raises(ValueError, match="rate_established"):
+        LearnerConfig(audit=AuditConfig(rate_established=1.5))

@@ -7,6 +7,8 @@ tests/test_checkpoint_kill9.py."""
 
 from __future__ import annotations
 
+from node.learner.config import AuditConfig, CheckpointConfig
+
 import pytest
 
 from cli.roles.learner import Checkpoints, JournalCursor, Quarantine
@@ -40,11 +42,11 @@ def test_the_schedule_fires_on_versions_or_time_whichever_first_and_never_twice_
 
 
 def test_the_config_says_how_to_turn_checkpoints_off():
-    assert LearnerConfig().checkpoint_every > 0 and LearnerConfig().checkpoint_interval_s > 0  # on by default
-    with pytest.raises(ValueError, match=r"checkpoint_interval_s >= 0 \(0: off\)"):
-        LearnerConfig(checkpoint_interval_s=-1.0)
-    with pytest.raises(ValueError, match=r"checkpoint_every >= 0 \(0: off\)"):
-        LearnerConfig(checkpoint_every=-1)
+    assert LearnerConfig().checkpoint.every > 0 and LearnerConfig().checkpoint.interval_s > 0  # on by default
+    with pytest.raises(ValueError, match=r"learner.checkpoint: need interval_s >= 0 \(0: off\)"):
+        LearnerConfig(checkpoint=CheckpointConfig(interval_s=-1.0))
+    with pytest.raises(ValueError, match=r"learner.checkpoint: need every >= 0 \(0: off\)"):
+        LearnerConfig(checkpoint=CheckpointConfig(every=-1))
 
 
 def test_pruning_keeps_the_newest_and_deletes_what_a_kill_during_a_write_left(tmp_path):
@@ -77,8 +79,7 @@ def test_the_learner_checkpoints_by_versions_and_by_time_keeps_a_bounded_disk_an
     journal = Journal(tmp_path / "work" / "journal.bin")
     reader = Reader(journal)
     cursor = JournalCursor(journal, reader)
-    s = tiny_swarm(folder, groups_per_step=2, checkpoint_every=3, checkpoint_interval_s=1.0, keep_checkpoints=2,
-                   audit_first=0, audit_rate=0.0, audit_trusted_after=0, audit_rate_trusted=0.0,
+    s = tiny_swarm(folder, groups_per_step=2, checkpoint=CheckpointConfig(every=3, interval_s=1.0, keep=2), audit=AuditConfig(first=0, rate=0.0, established_after=0, rate_established=0.0),
                    checkpoint_extra=cursor.checkpoint_extra)  # as the runner builds it (make_learner)
     learner, sampler, clock = s.learner, s.samplers[0], Clock()
     ckpts = Checkpoints(learner, folder, cursor, clock=clock)

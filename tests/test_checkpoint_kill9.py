@@ -16,7 +16,7 @@ from node.learner import LearnerConfig
 from swarm.rollouts.journal import Journal
 
 INTERVAL_S = 3.0
-LEARNER_TOML = f"[learner]\ncheckpoint_interval_s = {INTERVAL_S}\n"  # everything else at its default
+LEARNER_TOML = f"[learner.checkpoint]\ninterval_s = {INTERVAL_S}\n"  # everything else at its default
 
 
 def _version(path) -> int:
@@ -33,7 +33,7 @@ def test_a_learner_on_the_defaults_checkpoints_by_time_and_resumes_after_kill9(t
         first = latest_checkpoint(folder)
         assert first is not None, f"no checkpoint {INTERVAL_S} s into training; logs in {s.logs}"
         # by time: the versions trigger (every 100 by default) cannot have fired yet
-        assert 0 < _version(first) < LearnerConfig().checkpoint_every
+        assert 0 < _version(first) < LearnerConfig().checkpoint.every
         s.wait_version(_version(first) + 2, timeout=60)  # trained on past it, then killed
         s.nodes["learner"].kill9()
         stop([s.nodes["learner"]])  # reap its DHT and p2pd
@@ -41,7 +41,7 @@ def test_a_learner_on_the_defaults_checkpoints_by_time_and_resumes_after_kill9(t
         resumed_from = _version(latest_checkpoint(folder))
         assert 0 < resumed_from <= killed_at
         kept = [p for p in folder.iterdir() if p.name.startswith("v")]
-        assert len(kept) <= LearnerConfig().keep_checkpoints, kept
+        assert len(kept) <= LearnerConfig().checkpoint.keep, kept
         journal = Journal(s.base / "learner" / "journal.bin")
         compacted = journal.first  # records a checkpoint held, gone from the file
         journal.close()

@@ -4,6 +4,8 @@ whose claims sit far (or are not measured yet) and trains on the claims of those
 
 from __future__ import annotations
 
+from node.learner.config import AuditConfig, BehaviourConfig
+
 import math
 
 import pytest
@@ -79,7 +81,7 @@ def test_forgetting_keeps_the_newest_samplers_and_errs_on_recomputing():
 def test_an_audit_measures_the_claims_k3_against_the_recomputed_log_probs():
     from node.audit.margins import AuditItem, audit_groups
     from node.sampling.race import group_seeds
-    from node.engines.base import SamplingParams
+    from node.sampling.params import SamplingParams
     from node.training.logprobs import completion_logprobs, completion_span, pack
     from node.models import BUILTIN_MODEL, load_model, load_tokenizer
 
@@ -103,8 +105,7 @@ def test_an_audit_measures_the_claims_k3_against_the_recomputed_log_probs():
 def _auto(sampler_dtype: torch.dtype, threshold: float, **overrides):
     # 8 groups a step: the arithmetic task's answers are short (~15 tokens a group of 4), and an
     # estimate is believed from MIN_TOKENS (64) on
-    s = tiny_swarm(groups_per_step=8, samplers=1, start=True, behaviour_logprobs="auto",
-                   behaviour_auto_k3=threshold, **{"audit_first": 8, **overrides})
+    s = tiny_swarm(groups_per_step=8, samplers=1, start=True, behaviour=BehaviourConfig(source="auto", auto_k3=threshold), **{"audit": AuditConfig(first=8), **overrides})
     s.samplers[0].engine.model.to(sampler_dtype)  # a GPU volunteer's engine; the learner stays float32
     s.samplers[0].maybe_update(s.link("s0"))
     return s
@@ -138,17 +139,17 @@ def test_auto_recomputes_a_sampler_whose_claims_sit_far_and_so_trains_at_a_ratio
 
 @pytest.mark.parametrize("dtype,far", [(torch.float32, 0), (torch.bfloat16, 1), (torch.float16, 1)])
 def test_the_default_threshold_keeps_a_float32_engines_claims_and_recomputes_any_other_precisions(dtype, far):
-    s = _auto(dtype, LearnerConfig().behaviour_auto_k3)
+    s = _auto(dtype, LearnerConfig().behaviour.auto_k3)
     _feed(s)
     rec = s.learner.step()
     assert rec["claim_gaps"]["measured"] == 1 and rec["claim_gaps"]["far"] == far
     # each engine's gap sits 10x or more from the threshold, on its side (float32: rounding)
-    k3_, threshold = rec["claim_gaps"]["k3_max"], LearnerConfig().behaviour_auto_k3
+    k3_, threshold = rec["claim_gaps"]["k3_max"], LearnerConfig().behaviour.auto_k3
     assert (k3_ > 10 * threshold) if far else (k3_ < threshold / 10)
 
 
 def test_auto_recomputes_an_unmeasured_sampler_and_measures_it_so():
-    s = _auto(torch.float32, 1e-3, audit_first=0, audit_rate=0.0, audit_rate_trusted=0.0)  # never audited
+    s = _auto(torch.float32, 1e-3, audit=AuditConfig(first=0, rate=0.0, rate_established=0.0))  # never audited
     _feed(s)
     first = s.learner.step()
     assert first["audit"]["audits"] == 0
@@ -173,7 +174,7 @@ def test_the_estimates_survive_a_checkpoint(tmp_path):
 
 
 def test_a_groups_claims_dropped_past_the_gap_count_toward_its_samplers_estimate():
-    s = _auto(torch.float32, 1e-3, audit_first=0, audit_rate=0.0, audit_rate_trusted=0.0)
+    s = _auto(torch.float32, 1e-3, audit=AuditConfig(first=0, rate=0.0, rate_established=0.0))
     groups = s.samplers[0].produce(8)
     for c in groups[0].completions:
         c.logprobs = [-18.0] * len(c.token_ids)  # forged: dropped by the recomputation's check
@@ -185,7 +186,7 @@ def test_a_groups_claims_dropped_past_the_gap_count_toward_its_samplers_estimate
 
 
 def test_a_learner_in_bfloat16_measures_the_gap_against_its_own_compute_not_the_audits_float32():
-    from node.config import SamplingConfig
+    from node.sampling.params import SamplingConfig
     from node.learner import Learner, LearnerConfig
     from node.models import BUILTIN_MODEL, load_model, load_tokenizer
     from node.tasks import ArithmeticConfig, make_task

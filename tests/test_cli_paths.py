@@ -177,9 +177,12 @@ def test_public_ip_must_be_an_ip_address(tmp_path, argv):
 ])
 def test_nat_port_mapping_is_on_only_for_an_internet_join(host, public_ip, nat):
     from cli.main import _network
+    from cli.network import nat_default
 
-    assert _network(host, 0, public_ip, [], False, None, False)["network.nat_port_map"] is nat
+    assert nat_default(host, public_ip) is nat  # what bootstrap, and join without a file that says, take
     assert _network(host, 0, public_ip, [], False, not nat, False)["network.nat_port_map"] is (not nat)  # flag wins
+    assert "network.nat_port_map" not in {k for k, v in _network(host, 0, public_ip, [], None, None, False).items()
+                                          if v is not None}  # no flag: the config file's, or the default
 
 
 def test_a_lock_kept_by_a_child_that_outlived_its_parent_says_so(tmp_path):

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from cli.main import LOSSES, app, main
-from node.config import ConfigError, SamplingConfig, load_config
+from node.config import ConfigError, load_config
+from node.sampling.params import SamplingConfig
 from node.learner import LearnerConfig
 from node.local import LocalConfig
 from node.tasks import ArithmeticConfig, DatasetTaskConfig
@@ -22,15 +23,67 @@ DEAD_PEER = "/ip4/127.0.0.1/tcp/9/p2p/QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWj
 def test_toml_then_flags_with_nested_tables(tmp_path):
     (tmp_path / "a.jsonl").write_text('{"question": "1+1", "answer": "2"}\n')
     f = tmp_path / "run.toml"
-    f.write_text('steps = 7\n[learner]\nstale_loss = "grpo"\nlr = 1e-5\n[learner.stale_options]\neps_high = 0.28\n'
+    f.write_text('steps = 7\n[learner]\nown_loss = "grpo"\nlr = 1e-5\n[learner.own_options]\neps_high = 0.28\n'
                  '[sampling]\ngroup_size = 4\n[task]\nkind = "arithmetic"\ndigits = 1\nops = ["+"]\n')
     cfg = load_config(LocalConfig, f, {"steps": 3, "learner.lr": None, "sampling.temperature": 0.7})
-    assert cfg.steps == 3 and cfg.learner.stale_loss == "grpo" and cfg.learner.lr == 1e-5
-    assert cfg.learner.stale_options == {"eps_high": 0.28}
+    assert cfg.steps == 3 and cfg.learner.own_loss == "grpo" and cfg.learner.lr == 1e-5
+    assert cfg.learner.own_options == {"eps_high": 0.28}
     assert cfg.sampling == SamplingConfig(group_size=4, temperature=0.7)
     assert cfg.task == ArithmeticConfig(digits=1, ops=("+",))
     f.write_text(f'[task]\nkind = "dataset"\ntrain_files = ["{tmp_path / "a.jsonl"}"]\n')
     assert isinstance(load_config(LocalConfig, f).task, DatasetTaskConfig)
+
+
+def test_a_renamed_key_still_works_says_its_new_name_and_a_flag_still_wins_over_it(tmp_path, caplog):
+    """[learner]'s flat keys moved into tables of their own (`LearnerConfig.RENAMED`): a file that uses an old
+    name runs as before, with a warning naming the new key, and the flag that sets the new key wins over it."""
+    f = tmp_path / "old.toml"
+    f.write_text('[learner]\nstale_loss = "gepo"\naudit_first = 2\naudit_rate_trusted = 0.5\ncheckpoint_every = 7\n'
+                 'accept_models = ["m/b"]\nbehaviour_logprobs = "sampler"\n[learner.stale_options]\nbeta = 0.01\n')
+    with caplog.at_level("WARNING"):
+        cfg = load_config(LocalConfig, f)
+    lc = cfg.learner
+    assert (lc.own_loss, lc.own_options, lc.audit.first, lc.audit.rate_established) == ("gepo", {"beta": 0.01}, 2, 0.5)
+    assert (lc.checkpoint.every, lc.foreign.accept_models, lc.behaviour.source) == (7, ("m/b",), "sampler")
+    assert "learner.stale_loss -> learner.own_loss" in caplog.text and "learner.audit_first -> learner.audit.first" in caplog.text
+    assert load_config(LocalConfig, f, {"learner.own_loss": "grpo"}).learner.own_loss == "grpo"  # the flag wins
+
+
+def test_every_command_reads_the_same_blocks_with_one_default_each():
+    """`local`, `simulate` and `join` are composed of the same blocks (node/config.py, node/tables.py):
+    a field they share is declared once, so its default is the same in each root."""
+    import dataclasses
+
+    from cli.config import JoinConfig, SimulatorConfig
+    from node.config import ModelBlock, ProcessBlock, RunBlock
+    from node.tables import TablesBlock
+
+    roots = (LocalConfig, SimulatorConfig, JoinConfig)
+    for block in (ModelBlock, ProcessBlock, TablesBlock):
+        assert all(issubclass(root, block) for root in roots), block
+    assert issubclass(LocalConfig, RunBlock) and issubclass(SimulatorConfig, RunBlock)
+    defaults = {}
+    for root in roots:
+        for f in dataclasses.fields(root()):
+            value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            defaults.setdefault(f.name, set()).add(repr(value))
+    shared = {name: d for name, d in defaults.items() if sum(name in {f.name for f in dataclasses.fields(r)} for r in roots) > 1}
+    assert {"model", "device", "dtype", "seed", "threads", "task", "sampling", "learner"} <= set(shared)
+    assert all(len(d) == 1 for d in shared.values()), {k: v for k, v in shared.items() if len(v) > 1}
+
+
+def test_join_keeps_the_config_files_network_settings_unless_a_flag_is_given(tmp_path):
+    """Before: the flags' defaults (port 0, no client mode, no relay) always overrode the file's [network]."""
+    from cli.config import JoinConfig
+    from cli.network import network_overrides
+
+    peer = "/ip4/127.0.0.1/tcp/9/p2p/QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
+    f = tmp_path / "sampler.toml"
+    f.write_text("[network]\nport = 4001\nclient_mode = true\nuse_relay = true\nuse_auto_relay = true\nnat_port_map = true\n")
+    net = load_config(JoinConfig, f, network_overrides(None, None, None, [peer], None, None, relay=False)).network
+    assert (net.port, net.client_mode, net.use_relay, net.use_auto_relay, net.nat_port_map) == (4001, True, True, True, True)
+    net = load_config(JoinConfig, f, network_overrides(None, 5005, None, [peer], None, False, relay=False)).network
+    assert (net.port, net.nat_port_map, net.client_mode) == (5005, False, True)  # what a flag says wins
 
 
 @pytest.mark.parametrize("toml,match", [
@@ -40,8 +93,9 @@ def test_toml_then_flags_with_nested_tables(tmp_path):
     ("[learner]\nlr = true", "learner.lr must be a float"),
     ("[learner]\nmodel = 'x'", r"learner: unknown key\(s\) \['model'\]"),  # no shadowed fields
     ("[sampling]\ngroup_size = 1", "group_size must be >= 2"),
-    ("[learner]\nstale_loss = 'ppo'", "choose one of"),
-    ("[learner.stale_options]\nclip = 0.1", "valid:"),
+    ("[learner]\nown_loss = 'ppo'", "choose one of"),
+    ("[learner.own_options]\nclip = 0.1", "valid:"),
+    ("[learner]\nstale_loss = 'gepo'\nown_loss = 'grpo'", r"learner.own_loss is set twice: as 'stale_loss' \(its old name\)"),
     ("[task]\nkind = 'chess'", "task.kind must be one of"),
     ("steps = ", "is not valid TOML"),
 ])
@@ -66,13 +120,13 @@ def test_losses_offered_by_the_cli_are_the_registered_ones():
     assert typing.get_args(Loss) == LOSSES and typing.get_args(RouteLoss) == ROUTES
 
 
-def test_demo_help_names_the_loss_the_demo_trains_stale_rollouts_with():
+def test_demo_help_names_the_loss_the_demo_trains_its_own_rollouts_with():
     from typer.main import get_command
 
     from cli.demo import LEARNER_TOML
 
-    assert "stale_loss" not in LEARNER_TOML  # the demo's learner keeps the default
-    assert f"({LearnerConfig().stale_loss.upper()} for stale ones)" in get_command(app).commands["demo"].help
+    assert "own_loss" not in LEARNER_TOML and "stale_loss" not in LEARNER_TOML  # the demo's learner keeps the default
+    assert f"({LearnerConfig().own_loss.upper()} for its own model's)" in get_command(app).commands["demo"].help
 
 
 def _cli(capsys, *argv: str) -> tuple[int, list[str]]:
@@ -168,8 +222,8 @@ def test_help_is_instant_and_explains_every_option():
     assert out.stdout.startswith("hetero-node ")
 
 
-@pytest.mark.parametrize("kind,cls", [("local", "node.local:LocalConfig"), ("simulate", "cli.simulate:SimulatorConfig"),
-                                      ("sampler", "cli.roles:JoinConfig"), ("learner", "cli.roles:JoinConfig")])
+@pytest.mark.parametrize("kind,cls", [("local", "node.local:LocalConfig"), ("simulate", "cli.config:SimulatorConfig"),
+                                      ("sampler", "cli.config:JoinConfig"), ("learner", "cli.config:JoinConfig")])
 def test_init_writes_example_configs_that_load(tmp_path, capsys, kind, cls):
     import importlib
 
@@ -202,14 +256,15 @@ def test_simulate_command_with_config_and_flags(tmp_path, capsys):
     metrics = tmp_path / "runs" / "m.jsonl"
     assert main(["simulate", "--config", str(cfg), "--steps", "4", "--stale-loss", "grpo", "--metrics", str(metrics)]) == 0
     out = capsys.readouterr().out
-    assert "stale loss grpo" in out and "eval accuracy" in out
+    assert "own loss grpo" in out and "eval accuracy" in out
     steps = [json.loads(x) for x in metrics.read_text().splitlines() if '"step"' in x]
     assert [s["version"] for s in steps] == [1, 2, 3, 4]
     assert [s["staleness_mean"] for s in steps] == [0.0, 1.0, 0.0, 1.0]  # reload every 60 s = 2 steps
 
 
 def test_local_simulate_and_learner_write_the_same_metric_keys(tmp_path):
-    from cli.simulate import SimSamplerSpec, Simulator, SimulatorConfig
+    from cli.config import SimSamplerSpec, SimulatorConfig
+    from cli.simulate import Simulator
     from node.local import run_local
 
     learner = LearnerConfig(groups_per_step=4, eval_every=2, eval_size=10)
@@ -342,7 +397,7 @@ def test_each_commands_config_kind_names_its_class_where_it_is_defined():
 def test_a_config_with_a_typo_still_lists_the_unknown_key(tmp_path):
     from node.config import ConfigKind, written_for
 
-    kinds = [ConfigKind("hetero-node join", "cli.roles:JoinConfig", "hetero-node init sampler")]
+    kinds = [ConfigKind("hetero-node join", "cli.config:JoinConfig", "hetero-node init sampler")]
     assert written_for({"role": "sampler", "steps": 3}, LocalConfig, kinds)[1] == "role"
     assert written_for({"stepz": 3}, LocalConfig, kinds) is None  # known to no command: a typo
     assert written_for({"steps": 3}, LocalConfig, kinds) is None  # nothing unknown

@@ -39,7 +39,7 @@ from swarm.wire.manifest import MANIFEST
 
 
 ROOT = Path(__file__).resolve().parents[1]
-LEARNER_TOML = "[learner]\ncheckpoint_every = 10\neval_every = 0\nmax_staleness = 1000\ngroups_per_step = 4\n"
+LEARNER_TOML = "[learner]\ncheckpoint = { every = 10 }\neval_every = 0\nmax_staleness = 1000\ngroups_per_step = 4\n"
 NOFILE = 1024
 
 

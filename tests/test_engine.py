@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from node.engines.base import SamplingParams
+from node.sampling.params import SamplingParams
 from node.engines.hf import HFEngine
 from node.training.logprobs import completion_logits, completion_logprobs, completion_span, pack
 from node.models import BUILTIN_MODEL, BUILTIN_MODEL_B, load_model, load_tokenizer, resolve_model_path

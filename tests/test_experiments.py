@@ -125,30 +125,30 @@ def test_a_lag_pins_every_rollout_at_the_delay_and_the_sampling_flags_reach_the_
     assert (cfg.sampling.temperature, cfg.sampling.top_p, cfg.sampling.top_k) == (0.6, 0.95, 20)
     online = build_config("grpo-paper", 0, 0, _args(lag=True), "/dev/null").samplers[0]
     assert online.rollout_delay.kind == "none" and online.weight_delay.kind == "none"
-    assert cfg.learner.behaviour_logprobs == "sampler" and cfg.learner.rollout_is_cap == 0  # as the older cells ran
-    assert build_config("grpo", 32, 0, _args(behaviour_logprobs="learner"), "/dev/null").learner.behaviour_logprobs == "learner"
+    assert cfg.learner.behaviour.source == "sampler" and cfg.learner.behaviour.rollout_is_cap == 0  # as the older cells ran
+    assert build_config("grpo", 32, 0, _args(behaviour_logprobs="learner"), "/dev/null").learner.behaviour.source == "learner"
     assert build_config("grpo", 0, 0, _args(sampler_logit_error=0.3), "/dev/null").samplers[0].logit_error == 0.3
 
 
 def test_variants_set_the_reference_codes_knobs():
     paper = build_config("grpo-paper", 8, 0, _args(), "/dev/null").learner
-    assert (paper.stale_loss, paper.stale_options) == ("grpo", {"dual_clip": math.inf, "normalize_std": False, "beta": 0.005})
-    assert build_config("gepo+kl", 8, 0, _args(), "/dev/null").learner.stale_options == {"beta": 0.005}
+    assert (paper.own_loss, paper.own_options) == ("grpo", {"dual_clip": math.inf, "normalize_std": False, "beta": 0.005})
+    assert build_config("gepo+kl", 8, 0, _args(), "/dev/null").learner.own_options == {"beta": 0.005}
     gspo = build_config("gspo-clip0.2", 8, 0, _args(), "/dev/null").learner
-    assert (gspo.stale_loss, gspo.stale_options) == ("gspo", {"eps_low": 0.2, "eps_high": 0.2})
+    assert (gspo.own_loss, gspo.own_options) == ("gspo", {"eps_low": 0.2, "eps_high": 0.2})
     for variant, options in (("m2po-cap", {"bound": "cap"}), ("m2po-nodual", {"dual_clip": math.inf}),
                              ("m2po-released", {"bound": "cap", "dual_clip": math.inf})):
         m2po = build_config(variant, 8, 0, _args(), "/dev/null").learner
-        assert (m2po.stale_loss, m2po.stale_options) == ("m2po", options)
+        assert (m2po.own_loss, m2po.own_options) == ("m2po", options)
 
 
 def test_a_guard_suffix_turns_the_guard_on_with_its_threshold():
     plain = build_config("grpo", 8, 0, _args(), "/dev/null").learner
     assert not plain.guard.enabled
     default = build_config("grpo+guard", 8, 0, _args(), "/dev/null").learner
-    assert default.stale_loss == "grpo" and default.guard.enabled and default.guard.kl_high == 0.05
+    assert default.own_loss == "grpo" and default.guard.enabled and default.guard.kl_high == 0.05
     low = build_config("gepo-released+guard@0.02", 8, 0, _args(), "/dev/null").learner
-    assert (low.stale_loss, low.stale_options["e_hat_rows"]) == ("gepo", 8)
+    assert (low.own_loss, low.own_options["e_hat_rows"]) == ("gepo", 8)
     assert low.guard.enabled and low.guard.kl_high == 0.02 and low.guard.kl_low == pytest.approx(0.008, rel=1e-12)
     with pytest.raises(ValueError, match="guard suffix"):
         build_config("grpo+guardx", 8, 0, _args(), "/dev/null")

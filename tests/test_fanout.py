@@ -5,6 +5,8 @@ dead peer, in one process; tests/test_swarm_learners.py runs three learners as p
 
 from __future__ import annotations
 
+from node.learner.config import ForeignConfig
+
 import sqlite3
 import time
 
@@ -98,11 +100,11 @@ def test_takes_needs_the_model_named_and_never_counts_a_learners_own_model():
 
 def test_a_learner_invites_the_models_it_names_and_those_whose_tokenizers_it_holds():
     assert accepted_models(LearnerConfig()) == []  # "*" alone names nobody: an unnamed model in our tokenizer is audited as ours
-    held = LearnerConfig(accept_models=("m/b", "*"), foreign_tokenizers={"m/c": "/tok", "m/d": "/tok-d"})
+    held = LearnerConfig(foreign=ForeignConfig(accept_models=("m/b", "*"), tokenizers={"m/c": "/tok", "m/d": "/tok-d"}))
     # m/c's tokenizer is another: "*" takes it as foreign; m/d's is our own: unnamed, it would be audited as ours
     assert accepted_models(held, {"m/c"}) == ["m/b", "m/c"]
-    assert accepted_models(LearnerConfig(accept_models=("m/b",), foreign_tokenizers={"m/c": "/tok"}), {"m/c"}) == ["m/b"]
-    assert accepted_models(LearnerConfig(accept_models=("m/b",), foreign_loss="drop")) == []
+    assert accepted_models(LearnerConfig(foreign=ForeignConfig(accept_models=("m/b",), tokenizers={"m/c": "/tok"})), {"m/c"}) == ["m/b"]
+    assert accepted_models(LearnerConfig(foreign=ForeignConfig(accept_models=("m/b",)), foreign_loss="drop")) == []
 
 
 # ---- the coordinator's list ---------------------------------------------------------------------

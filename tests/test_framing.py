@@ -114,3 +114,16 @@ async def _reply(data: bytes) -> bytes:
     reader.feed_data(data)
     reader.feed_eof()
     return await read_reply(reader, "t.rpc", "QmPeer", 64)
+
+
+def test_a_gated_calls_wait_follows_its_payload_at_the_handlers_slowest_rate():
+    """A fixed 30 s gave up on a 3 MiB batch below ~0.8 Mbit/s, which the learner would still take:
+    the caller allows the ask, the door's tarpit, the payload at GATED_BODY's rate, and the reply."""
+    from swarm.p2p.framing import GATED_ASK_S, GATED_BODY, gated_call_s
+
+    assert (GATED_ASK_S, GATED_BODY.idle_s, GATED_BODY.min_rate) == (10.0, 10.0, 64 * 1024)
+    assert gated_call_s(0, 30.0) == 10 + 10 + 2 * 10 + 30  # ask, tarpit, the body's two idle windows, the reply
+    three_mib = 3 * 1024 * 1024
+    assert gated_call_s(three_mib, 30.0) == 70 + three_mib / (64 * 1024) == 118.0
+    # the slowest link the handler takes (64 KiB/s) delivers the largest batch within the caller's wait
+    assert three_mib / (64 * 1024) < gated_call_s(three_mib, 30.0) - GATED_ASK_S - 10.0

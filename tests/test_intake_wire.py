@@ -132,7 +132,7 @@ def test_a_foreign_completion_far_longer_in_our_tokens_is_refused_over_the_wire(
     from helpers.swarmkit import Forger
     from node.learner.intake import MAX_RETOKENIZED
     from node.models import tokenizer_hash
-    from node.config import SamplingConfig
+    from node.sampling.params import SamplingConfig
 
     other = other_tokenizer[1]
     eight = len(other) - 1

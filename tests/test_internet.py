@@ -28,7 +28,7 @@ from test_wan import _last_step, _sampler_version, _wait
 
 pytestmark = pytest.mark.integration
 
-LEARNER_TOML = "[learner]\ncheckpoint_every = 50\neval_every = 0\nmax_staleness = 1000\ngroups_per_step = 8\n"
+LEARNER_TOML = "[learner]\ncheckpoint = { every = 50 }\neval_every = 0\nmax_staleness = 1000\ngroups_per_step = 8\n"
 SAMPLER_TOML = "status_every_s = 2.0\nannounce_every_s = 5.0\n"
 
 
@@ -108,7 +108,7 @@ def test_volunteers_behind_nat_join_with_no_flag_and_the_swarm_learns(tmp_path):
     assert not any(p.group_alive() for p in procs)
 
 
-CHURN_LEARNER_TOML = "[learner]\ncheckpoint_every = 5\neval_every = 0\nmax_staleness = 1000\ngroups_per_step = 8\n"
+CHURN_LEARNER_TOML = "[learner]\ncheckpoint = { every = 5 }\neval_every = 0\nmax_staleness = 1000\ngroups_per_step = 8\n"
 
 
 def _gaps_within_lifetimes(steps: list[dict]) -> list[float]:

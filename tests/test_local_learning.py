@@ -9,7 +9,7 @@ from node.local import LocalConfig, run_local
 @pytest.mark.integration
 @pytest.mark.parametrize("algorithm", ["gepo", "grpo"])
 def test_eval_accuracy_rises(algorithm, tmp_path, capsys):
-    cfg = LocalConfig(learner=LearnerConfig(stale_loss=algorithm, eval_every=40, eval_size=300), steps=80,
+    cfg = LocalConfig(learner=LearnerConfig(own_loss=algorithm, eval_every=40, eval_size=300), steps=80,
                       metrics_path=str(tmp_path / "m.jsonl"))
     records = run_local(cfg)
     evals = [(r["version"], r["eval_acc"]) for r in records if r["kind"] == "eval"]

@@ -349,7 +349,7 @@ def test_the_flip_rate_is_twice_the_measured_honest_rate_within_a_floor_and_the_
 def test_the_auditor_counts_its_own_bfloat16_flips_beside_an_unchanged_float32_audit():
     from node.audit.margins import AuditItem, audit_margins
     from node.sampling.race import group_seeds
-    from node.engines.base import SamplingParams
+    from node.sampling.params import SamplingParams
     from node.models import BUILTIN_MODEL, load_model, load_tokenizer
 
     tok, model = load_tokenizer(BUILTIN_MODEL), load_model(BUILTIN_MODEL).eval()

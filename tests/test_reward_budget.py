@@ -166,7 +166,7 @@ def dataset(tmp_path_factory):
 
 
 def _learner(task):
-    from node.config import SamplingConfig
+    from node.sampling.params import SamplingConfig
     from node.learner import Learner, LearnerConfig
     from node.models import BUILTIN_MODEL, load_model, load_tokenizer
 

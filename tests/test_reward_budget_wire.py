@@ -33,7 +33,7 @@ def _config(role: str, data: str) -> str:
         f'role = "{role}"', 'swarm = "demo"', f'model = "{BUILTIN_MODEL}"',
         "[task]", 'kind = "dataset"', f"train_files = [{json.dumps(data)}]", 'chat_template = "off"', "eval_fraction = 0.1",
         "[sampling]", "group_size = 8", "temperature = 1.0", "max_new_tokens = 24",
-        "[learner]", "groups_per_step = 4", "eval_every = 0", "checkpoint_every = 10", "max_staleness = 100000", ""])
+        "[learner]", "groups_per_step = 4", "eval_every = 0", "checkpoint = { every = 10 }", "max_staleness = 100000", ""])
 
 
 @pytest.fixture(scope="module")

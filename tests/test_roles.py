@@ -1,6 +1,8 @@
 """Sampler and learner on the in-memory exchange: versions advance, parameters change, stale and
 malformed records are dropped and counted while training goes on, and resume is exact."""
 
+from node.learner.config import AuditConfig, ForeignConfig
+
 import copy
 
 import msgpack
@@ -110,7 +112,7 @@ def test_claimed_rewards_are_recomputed_not_trusted(task):
 
 def test_foreign_model_routes_to_ftis_and_can_be_dropped(task):
     # a model in our tokenizer is foreign only if named (else checked as ours); its share uncapped here
-    named = dict(accept_models=(BUILTIN_MODEL_B,), foreign_step_share=1.0, foreign_per_sampler=4)
+    named = dict(foreign=ForeignConfig(accept_models=(BUILTIN_MODEL_B,), step_share=1.0, per_sampler=4))
     s = make_swarm(task, **named)
     ex, learner, sampler = s.link("s0"), s.learner, s.samplers[0]
     foreign = s.add_sampler("b0", BUILTIN_MODEL_B)
@@ -135,7 +137,7 @@ def test_foreign_model_routes_to_ftis_and_can_be_dropped(task):
     assert all("filtered_frac" in m and "truncated_frac" in m for m in ftis_steps)
     dropper = make_pair(task, foreign_loss="drop", **named)[2]
     assert dropper.ingest(foreign.produce(1)[0].encode()) == "foreign_dropped"
-    picky = make_pair(task, accept_models=(BUILTIN_MODEL,))[2]
+    picky = make_pair(task, foreign=ForeignConfig(accept_models=(BUILTIN_MODEL,)))[2]
     assert picky.ingest(foreign.produce(1)[0].encode()) == "unknown_model"
 
 
@@ -153,7 +155,7 @@ def test_foreign_tokenizer_is_retokenized_and_corrected_at_sequence_level(task, 
     other.save_pretrained(tmp_path / "other")
     other = load_tokenizer_folder(tmp_path / "other")
     assert tokenizer_hash(other) != tokenizer_hash(load_tokenizer(BUILTIN_MODEL))
-    clock, ex, learner, sampler = make_pair(task, foreign_tokenizers={"other-family/model": str(tmp_path / "other")})
+    clock, ex, learner, sampler = make_pair(task, foreign=ForeignConfig(tokenizers={"other-family/model": str(tmp_path / "other")}))
     g = sampler.produce(2)[0]
     g.model_id, g.tokenizer = "other-family/model", tokenizer_hash(other)
     for j, c in enumerate(g.completions):  # its own token ids for the same text; the last one cut by length
@@ -187,7 +189,7 @@ def test_a_foreign_completion_that_re_tokenizes_far_past_the_swarms_length_is_re
     other = load_tokenizer_folder(tmp_path / "other")
     long_id = len(other) - 1
     assert other.decode([long_id]) == "0" * 8
-    clock, ex, learner, sampler = make_pair(task, foreign_tokenizers={"other-family/model": str(tmp_path / "other")})
+    clock, ex, learner, sampler = make_pair(task, foreign=ForeignConfig(tokenizers={"other-family/model": str(tmp_path / "other")}))
     most = learner.checks.sampling.max_new_tokens
 
     def group(gid: str, n: int):
@@ -289,7 +291,7 @@ def test_a_record_that_breaks_ingest_is_quarantined_and_the_learner_goes_on(task
 
 
 def test_credit_goes_only_to_groups_trained_on_and_never_twice_for_the_same_content(task):
-    clock, ex, learner, sampler = make_pair(task, audit_first=0, audit_rate=0.0)  # audits would refuse the garbage
+    clock, ex, learner, sampler = make_pair(task, audit=AuditConfig(first=0, rate=0.0))  # audits would refuse the garbage
     groups = sampler.produce(4)
     flat = groups[0]
     for c in flat.completions:  # random-looking garbage the verifier scores 0: all rewards equal
@@ -308,7 +310,7 @@ def test_credit_goes_only_to_groups_trained_on_and_never_twice_for_the_same_cont
 
 def test_own_groups_made_with_the_learners_weights_in_memory_are_trained_on_not_audited_not_credited(task):
     """`join --role sampler,learner`: the sampler generates with the learner's own model object."""
-    _, _, learner, _ = make_pair(task, audit_first=4)
+    _, _, learner, _ = make_pair(task, audit=AuditConfig(first=4))
     learner.start()
     engine = HFEngine(learner.model, learner.tok, BUILTIN_MODEL)  # the same weights, not a copy
     own = Sampler(learner.peer_id, task, engine, tokenizer_hash(learner.tok), sampling=learner.sampling, prompts_per_batch=4)

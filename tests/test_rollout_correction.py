@@ -4,6 +4,8 @@ against the learner's policy while the tokens stay weighed for the engine that d
 
 from __future__ import annotations
 
+from node.learner.config import BehaviourConfig
+
 import math
 
 import pytest
@@ -136,5 +138,5 @@ def test_the_weight_is_truncated_to_within_a_factor_of_the_cap_either_way():
 def test_a_cap_below_one_or_infinite_is_refused():
     for bad in (0.5, math.inf):  # inf: exp of a long sequence's gap could overflow
         with pytest.raises(ValueError, match="1 <= rollout_is_cap < inf"):
-            LearnerConfig(rollout_is_cap=bad)
-    assert LearnerConfig(rollout_is_cap=0).rollout_is_cap == 0  # off
+            LearnerConfig(behaviour=BehaviourConfig(rollout_is_cap=bad))
+    assert LearnerConfig(behaviour=BehaviourConfig(rollout_is_cap=0)).behaviour.rollout_is_cap == 0  # off

@@ -8,7 +8,8 @@ import pytest
 
 from node.config import load_config
 from node.learner import LearnerConfig
-from cli.simulate import SimSamplerSpec, Simulator, SimulatorConfig
+from cli.config import SimSamplerSpec, SimulatorConfig
+from cli.simulate import Simulator
 from swarm.delay import DelayConfig, lognormal_params, sample_delay
 from swarm.exchange import WeightVersion, plan_fetch
 from swarm.memory import MemoryExchange, VirtualClock
@@ -63,7 +64,7 @@ def test_memory_exchange_follows_the_papers_delay_model():
     link.send_rollouts([("a", b"a"), ("b", b"b")])
     assert ex.receive_rollouts(10) == []
     clock.advance_to(clock.now + 25)
-    assert ex.receive_rollouts(1) == [b"a"] and ex.receive_rollouts(10) == [b"b"]
+    assert ex.receive_rollouts(1) == [(b"a", None)] and ex.receive_rollouts(10) == [(b"b", None)]
 
 
 def small(max_delay, steps=6, seed=0, **kw):
@@ -101,11 +102,11 @@ def test_max_staleness_drops_are_counted_in_metrics(bound):
 
 def test_toml_config_with_sampler_tables(tmp_path):
     f = tmp_path / "sim.toml"
-    f.write_text('steps = 3\nmax_delay_steps = 8\n[learner]\nstale_loss = "grpo"\n[sampling]\ngroup_size = 4\n'
+    f.write_text('steps = 3\nmax_delay_steps = 8\n[learner]\nown_loss = "grpo"\n[sampling]\ngroup_size = 4\n'
                  '[[samplers]]\nname = "a"\ncount = 2\nweight_delay = { kind = "lognormal" }\n'
                  '[[samplers]]\nname = "b"\nmodel = "builtin:tiny-arith-b"\nshare = 0.5\n')
     cfg = load_config(SimulatorConfig, f)
-    assert cfg.learner.stale_loss == "grpo" and cfg.sampling.group_size == 4
+    assert cfg.learner.own_loss == "grpo" and cfg.sampling.group_size == 4
     assert [s.name for s in cfg.samplers] == ["a", "b"] and cfg.samplers[0].weight_delay.kind == "lognormal"
     sim = Simulator(cfg)
     assert [s.peer_id for s, _, _ in sim.samplers] == ["a-0", "a-1", "b"]
@@ -171,13 +172,13 @@ def test_the_learner_audits_an_emulated_engine_with_a_tolerance_derived_from_its
     cfg = replace(small(0, steps=4), samplers=(SimSamplerSpec(count=2, logit_error=0.5),))
     sim = Simulator(cfg)
     lcfg = sim.learner.cfg
-    assert lcfg.audit_margin == pytest.approx(3.0) and lcfg.audit_logprob_gap == pytest.approx(1.0)
-    assert not lcfg.audit_calibrate
+    assert lcfg.audit.margin == pytest.approx(3.0) and lcfg.audit.logprob_gap == pytest.approx(1.0)
+    assert not lcfg.audit.calibrate
     steps = [r for r in sim.run() if r["kind"] == "step"]  # the simulator stops if it refuses one of its samplers
     audit = steps[-1]["audit"]
     assert audit["audits"] > 0 and audit["failed"] == 0 and steps[-1]["refused_samplers"] == 0
     assert 0.5 < audit["margin_max"] < 3.0  # the emulated error shows in the margins, inside the tolerance
-    assert Simulator(small(0, steps=1)).learner.cfg.audit_margin == LearnerConfig().audit_margin
+    assert Simulator(small(0, steps=1)).learner.cfg.audit.margin == LearnerConfig().audit.margin
 
 
 def test_a_group_refused_as_a_duplicate_is_made_again_so_the_learner_steps_every_tick():

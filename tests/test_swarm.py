@@ -23,8 +23,8 @@ from helpers.swarmkit import Swarm, check_books, owed_now, peer_of as _peer, sta
 from swarm.wire.rollout import CompletionRecord, RecordError, RolloutGroup
 from swarm.wire.batch import ROLLOUTS
 
-LEARNER_TOML = ("[learner]\ncheckpoint_every = 5\neval_every = 0\nmax_staleness = 1000\ngroups_per_step = 8\n"
-                "accept_models = [\"builtin:tiny-arith-b\"]\n")  # named: taken as foreign (F-TIS), not audited
+LEARNER_TOML = ("[learner]\ncheckpoint = { every = 5 }\neval_every = 0\nmax_staleness = 1000\ngroups_per_step = 8\n"
+                "foreign = { accept_models = [\"builtin:tiny-arith-b\"] }\n")  # named: taken as foreign (F-TIS), not audited
 
 
 # ---- unit: identity, envelopes -------------------------------------------------------------------

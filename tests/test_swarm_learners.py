@@ -25,7 +25,7 @@ STEPS = 40
 def learner_toml(model: str) -> str:
     others = ", ".join(f'"{m}"' for m in MODELS.values() if m != model)
     return ("[learner]\neval_every = 10\neval_size = 200\nmax_staleness = 1000\ngroups_per_step = 8\n"
-            f"foreign_step_share = 0.5\nforeign_per_sampler = 2\naccept_models = [{others}]\n")
+            f"foreign = {{ step_share = 0.5, per_sampler = 2, accept_models = [{others}] }}\n")
 
 
 def metrics(base: Path, name: str) -> list[dict]:
@@ -131,8 +131,8 @@ def test_two_nodes_that_are_sampler_and_learner_train_on_their_own_groups_and_ea
         for k, model in pair.items():
             other = next(m for m in pair.values() if m != model)
             (tmp_path / f"node-{k}.toml").write_text(
-                "[learner]\neval_every = 0\ngroups_per_step = 8\nforeign_step_share = 0.25\nforeign_per_sampler = 2\n"
-                f"accept_models = [\"{other}\"]\n")
+                "[learner]\neval_every = 0\ngroups_per_step = 8\n"
+                f"foreign = {{ step_share = 0.25, per_sampler = 2, accept_models = [\"{other}\"] }}\n")
             s.join(f"node-{k}", "sampler,learner", "--model", model, "--config", str(tmp_path / f"node-{k}.toml"),
                    "--max-steps", str(steps))
         wait_versions(s, [f"node-{k}" for k in pair], steps, timeout=400)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from helpers.external import require_vllm
-from node.engines.base import SamplingParams
+from node.sampling.params import SamplingParams
 from node.engines.vllm import VLLMConfig
 from node.training.logprobs import completion_logprobs, completion_span, pack
 from node.models import BUILTIN_MODEL, load_model, load_tokenizer
@@ -177,7 +177,7 @@ def test_a_vllm_sampler_takes_part_in_a_loopback_swarm(tmp_path):
     s = Swarm(tmp_path)
     try:
         start_bootstrap(s)
-        (s.base / "learner.toml").write_text("[learner]\ncheckpoint_every = 5\neval_every = 0\ngroups_per_step = 4\n")
+        (s.base / "learner.toml").write_text("[learner]\ncheckpoint = { every = 5 }\neval_every = 0\ngroups_per_step = 4\n")
         (s.base / "sampler.toml").write_text('[vllm]\ndtype = "float32"\nmax_model_len = 256\n')
         s.join("learner", "learner", "--config", str(s.base / "learner.toml"))
         s.join("sampler-vllm", "sampler", "--engine", "vllm", "--config", str(s.base / "sampler.toml"))

@@ -18,7 +18,7 @@ from cli.procs import NodeProcess, wait_for_file
 from examples.wan import LISTEN_PORT, Wan, in_ns, received_by, sent_by, skip_reason
 from swarm.identity import Identity
 
-LEARNER_TOML = "[learner]\ncheckpoint_every = 50\neval_every = 0\nmax_staleness = 1000\ngroups_per_step = 8\n"
+LEARNER_TOML = "[learner]\ncheckpoint = { every = 50 }\neval_every = 0\nmax_staleness = 1000\ngroups_per_step = 8\n"
 SAMPLER_TOML = "status_every_s = 2.0\nannounce_every_s = 5.0\n"
 SAMPLERS = ("sampler-a", "sampler-b")
 

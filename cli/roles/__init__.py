@@ -7,7 +7,6 @@ loses its counterpart waits and retries with backoff and says so; every `status_
 logs one status line, and a summary when it stops; on stop the learner checkpoints, the sampler
 closes its outbox, and the DHT and p2pd are shut down.
 
-    config.py     JoinConfig, the `join` config tree (and the [sampler] table)
     common.py     joining the swarm, pacing, the volunteers' command line
     bootstrap.py  a coordinator's peer and its learners file
     learner.py    a learner: built with its link (the Intake seam), its loop (LearnerRun)
@@ -16,16 +15,15 @@ closes its outbox, and the DHT and p2pd are shut down.
     both.py       sampler,learner in one process (LocalSampler)
 
 Importing it loads torch, transformers and hivemind: the CLI imports it only inside the commands
-that run a role.
+that run a role. The `join` config tree: cli/config.py.
 """
 
 from cli.roles.bootstrap import LearnersFile, parse_learners, read_learners_file, run_bootstrap
 from cli.roles.both import LocalSampler, run_both
 from cli.roles.common import Every, reachability_check, start_node, tcp_port, volunteer_command
-from cli.roles.config import ROLES, JoinConfig, SamplerRoleConfig
 from cli.roles.learner import LearnerRun, accepted_models, make_learner, run_learner
 from cli.roles.sampler import run_sampler
 
-__all__ = ["ROLES", "Every", "JoinConfig", "LearnerRun", "LearnersFile", "LocalSampler", "SamplerRoleConfig",
-           "accepted_models", "make_learner", "parse_learners", "reachability_check", "read_learners_file",
-           "run_bootstrap", "run_both", "run_learner", "run_sampler", "start_node", "tcp_port", "volunteer_command"]
+__all__ = ["Every", "LearnerRun", "LearnersFile", "LocalSampler", "accepted_models", "make_learner", "parse_learners",
+           "reachability_check", "read_learners_file", "run_bootstrap", "run_both", "run_learner", "run_sampler",
+           "start_node", "tcp_port", "volunteer_command"]

@@ -23,7 +23,7 @@ from swarm.p2p import SwarmNode
 from swarm.rollouts import RolloutSender
 
 from cli.roles.common import start_node
-from cli.roles.config import JoinConfig
+from cli.config import JoinConfig
 from cli.roles.learner import LearnerRun
 
 log = logging.getLogger("hetero-node")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import threading
 import time
@@ -15,7 +14,7 @@ from swarm.identity import Identity
 from swarm.p2p import SwarmNode, raise_nofile_limit
 from swarm.p2p.reach import settle
 
-from cli.roles.config import JoinConfig
+from cli.config import JoinConfig
 
 log = logging.getLogger("hetero-node")
 T = TypeVar("T")
@@ -74,11 +73,7 @@ class Heartbeat:
 
 def start_node(cfg: JoinConfig) -> SwarmNode:
     open_file_limit()
-    threads = cfg.threads or int(os.environ.get("HETERO_NODE_THREADS", "0"))
-    if threads:
-        import torch  # the role's work needs it anyway; a bootstrap never gets here
-
-        torch.set_num_threads(threads)
+    cfg.apply()  # seeds and threads (ProcessBlock); the role's work needs torch anyway, a bootstrap never gets here
     Path(cfg.workdir).mkdir(parents=True, exist_ok=True)
     identity = Identity.load_or_create(cfg.identity_path)
     net, _ = settle(cfg.network, unknown_is_public=cfg.learns)

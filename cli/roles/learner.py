@@ -35,7 +35,7 @@ from swarm.wire.peer import PeerInfo
 from swarm.links import SwarmLearnerLink
 
 from cli.roles.common import Every, Heartbeat, start_node, survive, volunteer_command
-from cli.roles.config import JoinConfig
+from cli.config import JoinConfig
 from cli.roles.report import LearnerReport
 
 log = logging.getLogger("hetero-node")
@@ -128,7 +128,7 @@ class Checkpoints:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.learner, self.directory, self.cursor = learner, Path(directory), cursor
         lc = learner.cfg
-        self.schedule = CheckpointSchedule(lc.checkpoint_every, lc.checkpoint_interval_s, learner.version, clock)
+        self.schedule = CheckpointSchedule(lc.checkpoint.every, lc.checkpoint.interval_s, learner.version, clock)
 
     def after_step(self) -> Path | None:
         """Checkpoint if one is due; where it went, or None."""
@@ -306,8 +306,8 @@ def accepted_models(lc: LearnerConfig, other_tokenizers: set[str] = frozenset())
     against weights it never ran, and refused), so it must not be invited. Nothing when it drops them."""
     if lc.foreign_loss == "drop":
         return []
-    named = {m for m in lc.accept_models if m != "*"}
-    return sorted(named | (set(other_tokenizers) if "*" in lc.accept_models else set()))
+    named = {m for m in lc.foreign.accept_models if m != "*"}
+    return sorted(named | (set(other_tokenizers) if "*" in lc.foreign.accept_models else set()))
 
 
 def check_named(node: SwarmNode, model: str) -> bool:

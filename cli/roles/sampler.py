@@ -23,7 +23,7 @@ from swarm.wire.peer import PeerInfo
 from swarm.links import SwarmSamplerLink
 
 from cli.roles.common import Every, Heartbeat, start_node
-from cli.roles.config import JoinConfig
+from cli.config import JoinConfig
 from cli.roles.report import SamplerReport
 
 log = logging.getLogger("hetero-node")
@@ -36,10 +36,8 @@ def run_sampler(cfg: JoinConfig, stop: threading.Event) -> None:
     link = None
     try:
         tracker = LearnerTracker(node, cfg.follow, cfg.model)
-        link = SwarmSamplerLink(node, outbox, lambda: tracker.current, cfg.sampler.weight_delay,
-                                cfg.sampler.rollout_delay, cfg.seed, mates=lambda: tracker.mates,
-                                fetch=cfg.sampler.fetch, partners=lambda: tracker.partners,
-                                max_partner_owed=cfg.sampler.max_outbox)
+        link = SwarmSamplerLink(node, outbox, tracker, cfg.sampler.weight_delay, cfg.sampler.rollout_delay, cfg.seed,
+                                fetch=cfg.sampler.fetch, max_partner_owed=cfg.sampler.max_outbox)
         sampler = _make_sampler(cfg, node)
         SamplerLoop(cfg, node, outbox, link, sampler, tracker, SamplerReport(metrics, sampler, link)).run(stop)
     finally:
@@ -82,7 +80,7 @@ def _waiting_for(tracker: LearnerTracker, swarm: str) -> str:
     if tracker.named_models:
         return (f"waiting for a learner of model {tracker.model_id!r} or one that takes its rollouts: the learners "
                 f"in swarm {swarm!r} train {', '.join(map(repr, tracker.named_models))} and none names "
-                f"{tracker.model_id!r} in its learner.accept_models; join with --model set to one of theirs")
+                f"{tracker.model_id!r} in its learner.foreign.accept_models; join with --model set to one of theirs")
     return f"waiting for a learner to join swarm {swarm!r} (none seen yet; is --swarm the coordinator's?)"
 
 

@@ -108,9 +108,10 @@ def loss_and_options(loss: str) -> tuple[str, dict, dict]:
 
 
 def build_config(loss: str, delay: int, seed: int, args: argparse.Namespace, metrics_path: str):
-    from cli.simulate import SimSamplerSpec, SimulatorConfig
-    from node.config import SamplingConfig
+    from cli.config import SimSamplerSpec, SimulatorConfig
+    from node.sampling.params import SamplingConfig
     from node.learner import LearnerConfig
+    from node.learner.config import BehaviourConfig
     from node.tasks import ArithmeticConfig, ChainConfig
     from swarm.delay import DelayConfig
 
@@ -121,10 +122,10 @@ def build_config(loss: str, delay: int, seed: int, args: argparse.Namespace, met
     # after it was made: staleness pinned at the cap (the authors' runs sat near theirs: mean 26.5 of 32)
     rollouts = DelayConfig(kind="fixed", fixed_s=delay * sps) if args.lag and delay else DelayConfig()
     base, options, learner_options = loss_and_options(loss)
-    learner = LearnerConfig(stale_loss=base, stale_options=options, lr=args.lr, groups_per_step=args.groups,
+    learner = LearnerConfig(own_loss=base, own_options=options, lr=args.lr, groups_per_step=args.groups,
                             eval_every=args.eval_every, eval_size=args.eval_size,
                             max_staleness=max(64, 2 * delay),  # never drop an honest rollout for its age here
-                            behaviour_logprobs=args.behaviour_logprobs, rollout_is_cap=args.rollout_is_cap,
+                            behaviour=BehaviourConfig(source=args.behaviour_logprobs, rollout_is_cap=args.rollout_is_cap),
                             **learner_options)
     return SimulatorConfig(
         model=args.model, task=ChainConfig() if args.task == "chain" else ArithmeticConfig(),
@@ -484,14 +485,14 @@ def main() -> None:
                     help="the samplers' engine precision (bfloat16: a GPU volunteer's; the learner stays float32)")
     ap.add_argument("--sampler-logit-error", type=float, default=0.0,
                     help="std (logits) of Gaussian noise the samplers' engines add to every logit: a larger model's "
-                         "low-precision error on this one (cli.simulate.SimSamplerSpec.logit_error)")
+                         "low-precision error on this one (cli.config.SimSamplerSpec.logit_error)")
     ap.add_argument("--behaviour-logprobs", default="sampler", choices=["sampler", "learner", "auto"],
                     help="q of the losses' ratios: the samplers' claims, the learner's own recomputation at each "
-                         "group's version, or that for samplers whose claims sit far (learner.behaviour_logprobs; "
+                         "group's version, or that for samplers whose claims sit far (learner.behaviour.source; "
                          "the grids' default stays the claims, as their older cells ran)")
     ap.add_argument("--rollout-is-cap", type=float, default=0.0,
                     help="with --behaviour-logprobs learner or auto: weigh each recomputed token by ours / claimed "
-                         "within [1/cap, cap], the rollout correction (learner.rollout_is_cap; 0: off, as the older cells ran)")
+                         "within [1/cap, cap], the rollout correction (learner.behaviour.rollout_is_cap; 0: off, as the older cells ran)")
     ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (the authors': 0.6)")
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (the authors': 0.95)")
     ap.add_argument("--top-k", type=int, default=0, help="top-k sampling, 0 = off (the authors': 20)")

@@ -70,7 +70,7 @@ def gate_values(learner: str, generator: str, n_prompts: int, seed: int) -> tupl
     import torch
 
     from node.algorithms.base import k3, seq_mean
-    from node.engines.base import SamplingParams
+    from node.sampling.params import SamplingParams
     from node.engines.hf import HFEngine
     from node.training.logprobs import completion_logprobs, completion_span, pack
     from node.models import load_model, load_tokenizer, resolve_model_path
@@ -128,8 +128,9 @@ def gate_report(models: dict[str, str], n_prompts: int) -> str:
 # ---- the partner runs ----------------------------------------------------------------------------
 
 def build_config(learner: str, partner: str, setting: str, seed: int, args: argparse.Namespace, metrics_path: str):
-    from cli.simulate import SimSamplerSpec, SimulatorConfig
+    from cli.config import SimSamplerSpec, SimulatorConfig
     from node.learner import LearnerConfig
+    from node.learner.config import ForeignConfig
     from node.tasks import ArithmeticConfig
 
     foreign = {"alone": "drop", "ftis": "ftis", "text": "pg"}[setting]
@@ -137,10 +138,10 @@ def build_config(learner: str, partner: str, setting: str, seed: int, args: argp
                 (SimSamplerSpec(name="own"), SimSamplerSpec(name="partner", model=partner)))
     return SimulatorConfig(
         model=learner, task=ArithmeticConfig(),
-        learner=LearnerConfig(stale_loss="gepo", foreign_loss=foreign, foreign_options=dict(args.ftis_options),
+        learner=LearnerConfig(own_loss="gepo", foreign_loss=foreign, foreign_options=dict(args.ftis_options),
                               eval_every=args.eval_every, eval_size=args.eval_size,
                               # the partner shares our tokenizer: named, it is taken as foreign, at its own share
-                              accept_models=(partner,), foreign_step_share=1.0, foreign_per_sampler=1 << 20),
+                              foreign=ForeignConfig(accept_models=(partner,), step_share=1.0, per_sampler=1 << 20)),
         samplers=samplers, steps=args.steps, seed=seed, threads=1, metrics_path=metrics_path)
 
 

@@ -24,6 +24,8 @@ summary; the analysis writes `table.md`, `results.json` and `share.png`.
 
 from __future__ import annotations
 
+from node.learner.config import ForeignConfig
+
 import argparse
 import json
 import statistics
@@ -77,9 +79,7 @@ def make_parties(setting: str, seed: int, args: argparse.Namespace, out: Path) -
         cfg = LearnerConfig(foreign_loss=SETTINGS[setting], foreign_options=dict(args.ftis_options),
                             eval_every=args.eval_every, eval_size=args.eval_size, lr=args.lr,
                             groups_per_step=own_groups(setting, args) + foreign,
-                            foreign_step_share=foreign / (own_groups(setting, args) + foreign),
-                            foreign_per_sampler=args.share,
-                            accept_models=others)  # named: the partners' models are foreign (F-TIS), not audited
+                            foreign=ForeignConfig(step_share=foreign / (own_groups(setting, args) + foreign), per_sampler=args.share, accept_models=others))  # named: the partners' models are foreign (F-TIS), not audited
         tok = load_tokenizer(model)
         task = make_task(ArithmeticConfig(), tok)
         exchange = MemoryExchange(_Clock.shared, seed=seed)

@@ -24,7 +24,7 @@ from node.audit.flips import FlipRate, FlipTest
 from node.audit.refusals import RefusalList
 from node.audit.archive import VersionArchive
 from node.sampling.race import group_seeds
-from node.config import SamplingConfig
+from node.sampling.params import SamplingConfig
 from node.device import matmul_rates
 from node.weights.blob import retie
 from node.audit.claim_gaps import ClaimGaps
@@ -53,11 +53,11 @@ class Auditor:
         self.archive, self.refusals, self.peer_id, self.measures_claims = archive, refusals, peer_id, measures_claims
         self.audits: collections.Counter[str] = collections.Counter()
         """Audits done per sampler (the first `audit_first` of each are always done)."""
-        self.flip_test = FlipTest(cfg.audit_flip_rate, cfg.audit_alarm)
+        self.flip_test = FlipTest(cfg.audit.flip_rate, cfg.audit.alarm)
         """Each sampler's flips over all its audited positions (node/audit.FlipTest)..."""
         self.flip_rate = FlipRate()
         """...against the honest rate measured on this model (node/audit.FlipRate)."""
-        self.claim_gaps = ClaimGaps(cfg.behaviour_auto_k3)
+        self.claim_gaps = ClaimGaps(cfg.behaviour.auto_k3)
         """How far each sampler's claimed log-probs sit from ours, measured by every audit and every
         recomputed group (node/audit/claim_gaps.py; what `behaviour_logprobs = "auto"` reads)."""
         self.stats: dict[str, Any] = dict(NEW_STATS)
@@ -71,7 +71,7 @@ class Auditor:
         to 150x slower than float32. Skipped when its FlipRate.ENOUGH positions would take longer
         than CALIBRATION_S (estimated from the model's size and the measured rates): a 39M-parameter
         model's took hours here; the built-in model's, a minute."""
-        if not self.cfg.audit_calibrate:
+        if not self.cfg.audit.calibrate:
             return False
         f32, bf16 = matmul_rates(str(next(self.model.parameters()).device))
         params = sum(p.numel() for p in self.model.parameters())
@@ -81,12 +81,12 @@ class Auditor:
             return True
         log.warning("this device runs bfloat16 %.0fx slower than float32: measuring the honest flip rate would "
                     "take ~%.0f s of audits, so the flip test holds samplers to audit_flip_rate (%g) instead",
-                    f32 / bf16, seconds, self.cfg.audit_flip_rate)
+                    f32 / bf16, seconds, self.cfg.audit.flip_rate)
         return False
 
     def is_proven(self, peer: str) -> bool:
         """Whether `peer` passed its first `audit_first` audits and was never refused."""
-        return peer not in self.refusals and self.audits[peer] >= self.cfg.audit_first
+        return peer not in self.refusals and self.audits[peer] >= self.cfg.audit.first
 
     def kind_of(self, b: BufferedGroup) -> GroupKind:
         """Which share of a step `b` may fill: never audited (foreign), a version we cannot rebuild
@@ -102,8 +102,8 @@ class Auditor:
     def rate(self, sampler: str) -> float:
         """The share of `sampler`'s groups audited once past its first `audit_first`: heavier while
         its record is short."""
-        trusted = self.audits[sampler] >= self.cfg.audit_trusted_after
-        return self.cfg.audit_rate_trusted if trusted else self.cfg.audit_rate
+        trusted = self.audits[sampler] >= self.cfg.audit.established_after
+        return self.cfg.audit.rate_established if trusted else self.cfg.audit.rate
 
     def draw(self, sampler: str) -> bool:
         """True with probability `rate(sampler)`, unpredictably to the sampler."""
@@ -114,7 +114,7 @@ class Auditor:
         samplers that failed, each with the reason of its first failure. The caller `release`s the
         audit copy once the step needs it no more."""
         chosen = [b for b in taken if b.own and b.sampler != self.peer_id  # (made in this process)
-                  and (self.audits[b.sampler] < self.cfg.audit_first or self.draw(b.sampler))]
+                  and (self.audits[b.sampler] < self.cfg.audit.first or self.draw(b.sampler))]
         # one forward pass per claimed version: its weights are rebuilt and loaded once
         by_version: dict[tuple[str, int], list[BufferedGroup]] = {}
         for b in chosen:
@@ -156,7 +156,7 @@ class Auditor:
             return [""] * len(groups)
         items = [AuditItem(b.group.prompt_ids, [(c.token_ids, c.logprobs) for c in b.group.completions],
                            group_seeds(nonce, b.group.problem_id, b.sampler, len(b.group.completions))) for b in groups]
-        results = audit_groups(model, items, self.sampling.params, self.pad_id, self.cfg.audit_margin,
+        results = audit_groups(model, items, self.sampling.params, self.pad_id, self.cfg.audit.margin,
                                reference=self.calibrates and self.flip_rate.wanted())
         self.stats["time_s"] += time.perf_counter() - t0
         return [self._judge(b, r) for b, r in zip(groups, results)]
@@ -168,14 +168,14 @@ class Auditor:
         st["audits"] += 1
         st["positions"] += result.positions
         st["flips"] += result.flips
-        rate = self.flip_rate.rate(self.cfg.audit_flip_rate) if self.calibrates else self.cfg.audit_flip_rate
+        rate = self.flip_rate.rate(self.cfg.audit.flip_rate) if self.calibrates else self.cfg.audit.flip_rate
         alarmed = self.flip_test.add(b.sampler, result.flips, result.positions, rate)
         if result.reference_flips is not None:  # after: the rate is fixed before the group
             self.flip_rate.add(result.reference_flips, result.positions)
         st["flip_rate"] = rate
         if self.measures_claims:
             self.claim_gaps.add(b.sampler, result.claim_k3, result.positions)
-        if result.passed and result.logprob_gap <= self.cfg.audit_logprob_gap and not alarmed:
+        if result.passed and result.logprob_gap <= self.cfg.audit.logprob_gap and not alarmed:
             st["logprob_gap_max"] = max(st["logprob_gap_max"], result.logprob_gap)  # honest engines' numerics
             st["margin_max"] = max(st["margin_max"], result.max_margin)
             b.verdict = Verdict.PASS
@@ -185,8 +185,8 @@ class Auditor:
         if not result.passed:
             return (f"audit failed: {result.failed_positions} of {result.positions} tokens are not the ones its "
                     f"race selects at v{b.claimed_version} (largest margin {result.max_margin:.3g} > "
-                    f"{self.cfg.audit_margin:g} logits)")
-        if result.logprob_gap > self.cfg.audit_logprob_gap:
+                    f"{self.cfg.audit.margin:g} logits)")
+        if result.logprob_gap > self.cfg.audit.logprob_gap:
             return f"audit failed: claimed log-probs {result.logprob_gap:.3f}/token away from v{b.claimed_version}'s"
         return self.flip_test.why(b.sampler)
 

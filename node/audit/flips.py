@@ -39,7 +39,7 @@ class FlipRate:
     Every audit also runs the model in REFERENCE_DTYPE (`audit_margins(reference=True)`) and counts
     the positions where that honest engine's race pick is not the float32 one. The rate is twice
     the upper end of that share's 95% interval, at least FLOOR (kernels other than the learner's)
-    and at most `cap` (LearnerConfig.audit_flip_rate: the highest honest rate measured on any
+    and at most `cap` (AuditConfig.flip_rate: the highest honest rate measured on any
     model). Why: the honest rate depends on the model by 10x (bfloat16: 0.34% on the built-in
     model, 4.3% on a 151k vocabulary), and a constant loose enough for the second lets a sampler
     that chooses tokens flip at 9% unrefused on the first (docs/BENCHMARKS.md)."""

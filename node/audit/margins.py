@@ -18,7 +18,7 @@ import torch
 
 from node.algorithms.base import k3
 from node.sampling.race import keys_tensor, pick_tokens, position_keys, race_margins, within_tolerance
-from node.engines.base import SamplingParams
+from node.sampling.params import SamplingParams
 from node.training.logprobs import completion_logits, logprobs_from_logits, pack
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from node.engines.base import Completion, Engine, PromptResult, SamplingParams
+from node.engines.base import Completion, Engine, PromptResult
+from node.sampling.params import SamplingParams
 
 ENGINES = ("hf", "vllm")
 

@@ -11,27 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    n: int = 8
-    """Completions per prompt (the group size G)."""
-    temperature: float = 1.0
-    """0 means greedy (log-probs are then reported at T = 1)."""
-    top_p: float = 1.0
-    top_k: int = 0
-    """0 disables top-k."""
-    max_new_tokens: int = 8
-
-    def __post_init__(self) -> None:
-        if self.n < 1 or self.max_new_tokens < 1:
-            raise ValueError("sampling: n and max_new_tokens must be >= 1")
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
-            raise ValueError("sampling: need temperature >= 0, 0 < top_p <= 1, top_k >= 0")
-
-    @property
-    def logprob_temperature(self) -> float:
-        return self.temperature if self.temperature > 0 else 1.0
+from node.sampling.params import SamplingParams
 
 
 @dataclass

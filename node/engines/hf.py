@@ -22,7 +22,8 @@ import logging
 import torch
 
 from node.sampling.race import KEY_WORDS, PositionKeys, pick_with_logprobs
-from node.engines.base import Completion, PromptResult, SamplingParams
+from node.engines.base import Completion, PromptResult
+from node.sampling.params import SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,8 @@ from dataclasses import dataclass
 import torch
 
 from node.sampling.race import KEY_BLOCK, PositionKeys, pick_with_logprobs
-from node.engines.base import Completion, PromptResult, SamplingParams
+from node.engines.base import Completion, PromptResult
+from node.sampling.params import SamplingParams
 
 log = logging.getLogger(__name__)
 

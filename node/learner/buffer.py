@@ -73,9 +73,9 @@ class GroupBuffer:
         if self.cfg.take_newest:  # newest version first; arrival order among equals
             order.sort(key=lambda i: -buf[i].group.version)
         picked = pick_groups([(buf[i].sampler, kind_of(buf[i])) for i in order], n,
-                             {GroupKind.FOREIGN: math.floor(self.cfg.foreign_step_share * n + 1e-9),
+                             {GroupKind.FOREIGN: math.floor(self.cfg.foreign.step_share * n + 1e-9),
                               GroupKind.UNAUDITED: self.cfg.unaudited_per_step},
-                             {GroupKind.FOREIGN: self.cfg.foreign_per_sampler})
+                             {GroupKind.FOREIGN: self.cfg.foreign.per_sampler})
         return [order[j] for j in picked]
 
     def ready(self, kind_of: Callable[[BufferedGroup], GroupKind], is_proven: Callable[[str], bool]) -> bool:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import random
 from typing import Sequence
 
-from node.engines.base import Engine, SamplingParams
+from node.engines.base import Engine
+from node.sampling.params import SamplingParams
 from node.tasks.base import Problem, Task
 
 

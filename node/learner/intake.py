@@ -19,7 +19,8 @@ from swarm.wire.rollout import RolloutGroup
 
 from node.audit.refusals import RefusalList
 from node.audit.archive import VersionArchive
-from node.config import ConfigError, SamplingConfig
+from node.config import ConfigError
+from node.sampling.params import SamplingConfig
 from node.models import tokenizer_hash
 from node.tasks import Task
 from node.learner.config import LearnerConfig
@@ -63,7 +64,7 @@ class RecordChecks:
         self.chains, self.archive, self.refusals = chains, archive, refusals
         self.tokenizer_id = tokenizer_hash(tokenizer)
         self.vocab_size = len(tokenizer)
-        self.foreign_toks = {model: _local_tokenizer(path) for model, path in cfg.foreign_tokenizers.items()}
+        self.foreign_toks = {model: _local_tokenizer(path) for model, path in cfg.foreign.tokenizers.items()}
         """model id -> (its tokenizer, its hash), for checking foreign rollouts' text."""
         self.seen: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.seen_content: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -73,7 +74,7 @@ class RecordChecks:
         """Whether `g` is checked as our model's (audits, gap check, version, staleness): ours, or
         in our tokenizer under a model id the operator did not name, whose label proves nothing."""
         return g.model_id == self.model_id or (g.tokenizer == self.tokenizer_id
-                                               and g.model_id not in self.cfg.accept_models)
+                                               and g.model_id not in self.cfg.foreign.accept_models)
 
     def other_tokenizer_models(self) -> set[str]:
         """Models of `foreign_tokenizers` whose tokenizer differs from ours."""
@@ -105,7 +106,7 @@ class RecordChecks:
         problem = self.task.get(g.prompt_id)
         if problem is None or problem.prompt != g.prompt:
             return Drop.UNKNOWN_PROMPT
-        accepted = self.cfg.accept_models
+        accepted = self.cfg.foreign.accept_models
         if g.model_id != self.model_id and "*" not in accepted and g.model_id not in accepted:
             return Drop.UNKNOWN_MODEL
         return None
@@ -200,6 +201,6 @@ def _local_tokenizer(path: str):
     try:
         tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as e:
-        raise ConfigError(f"learner.foreign_tokenizers: cannot load a tokenizer from {path!r} ({type(e).__name__})",
+        raise ConfigError(f"learner.foreign.tokenizers: cannot load a tokenizer from {path!r} ({type(e).__name__})",
                           "give a local folder saved with save_pretrained that holds the model's tokenizer") from None
     return tok, tokenizer_hash(tok)

@@ -35,12 +35,12 @@ from typing import Any, Callable
 
 import torch
 
-from swarm.exchange import LearnerLink
+from swarm.exchange import LearnerLink, Received
 from swarm.wire.rollout import RecordError, RolloutGroup, decode_rollout_group
 
 from node.audit.refusals import RefusalList
 from node.audit.archive import VersionArchive
-from node.config import SamplingConfig
+from node.sampling.params import SamplingConfig
 from node.engines.hf import HFEngine
 from node.learner.evaluate import eval_problems, evaluate
 from node.metrics import Kind, Metric, MetricsWriter
@@ -127,10 +127,10 @@ class Learner:
         self.recompute = (Recompute(self.auditor.model_at, sampling.params.logprob_temperature, tokenizer.pad_token_id,
                                     # the trainer's micro-batches, in the compute dtype even with FSDP
                                     replace(self.training.options, autocast_dtype=compute_dtype),
-                                    cfg.max_logprob_gap, self.auditor.claim_gaps,
-                                    only_far=cfg.behaviour_logprobs == "auto",
+                                    cfg.behaviour.max_logprob_gap, self.auditor.claim_gaps,
+                                    only_far=cfg.behaviour.source == "auto",
                                     resample=None if in_float32 else self.auditor.draw)
-                          if cfg.behaviour_logprobs != "sampler" else None)
+                          if cfg.behaviour.source != "sampler" else None)
         """Puts the learner's own log-probs into own-model groups (`behaviour_logprobs`)."""
         self.buffer = GroupBuffer(cfg)
         self.books = Books()
@@ -188,11 +188,13 @@ class Learner:
         self.books.throttle(why, n)
 
     # ---- ingest ----------------------------------------------------------------------------------
-    def ingest(self, data: bytes) -> Drop | None:
-        """Validate and accept one record; returns None if accepted, else the drop reason."""
-        group = None
+    def ingest(self, data: bytes, decoded: RolloutGroup | None = None) -> Drop | None:
+        """Validate and accept one record (`decoded`: as the receiver decoded it, else decoded here);
+        returns None if accepted, else the drop reason. The checks run again whatever the receiver
+        found: the learner may have moved on since (its version, the groups it holds)."""
+        group = decoded
         try:
-            group = decode_rollout_group(data)
+            group = group if group is not None else decode_rollout_group(data)
             reason = self.checks.check(group, self.version, self.publishing.published)
             if reason is None:
                 reason = self._accept(group, data)
@@ -209,8 +211,9 @@ class Learner:
                 log.info("dropped group %s from %s (v%d): %s", group.id[:8], group.sampler, group.version, reason)
         return reason
 
-    def ingest_many(self, records: list[bytes]) -> int:
-        return sum(self.ingest(r) is None for r in records)
+    def ingest_many(self, records: list[Received | bytes]) -> int:
+        """Ingest each (as the link received it, or raw bytes); how many were accepted."""
+        return sum((self.ingest(*r) if isinstance(r, Received) else self.ingest(r)) is None for r in records)
 
     def ingest_own(self, group: RolloutGroup, raw: bytes | None = None) -> Drop | None:
         """Accept a group this process's own sampler made with this learner's weights, in memory
@@ -387,7 +390,7 @@ class Learner:
             self.books.credit.revoke(sampler)
 
     def save_checkpoint(self, directory: Path) -> Path:
-        return save_checkpoint(directory, self.version, self.state_dict(), keep=self.cfg.keep_checkpoints)
+        return save_checkpoint(directory, self.version, self.state_dict(), keep=self.cfg.checkpoint.keep)
 
     def load_checkpoint(self, path: Path) -> None:
         self.load_state_dict(load_checkpoint(path))

@@ -335,7 +335,7 @@ def race_margins(logits: torch.Tensor, tokens: torch.Tensor, keys: torch.Tensor,
 
 
 def within_tolerance(margins: torch.Tensor, tol: float) -> torch.Tensor:
-    """The audit's rule per position: margin <= tol (logits; LearnerConfig.audit_margin)."""
+    """The audit's rule per position: margin <= tol (logits; AuditConfig.margin)."""
     return margins <= tol
 
 

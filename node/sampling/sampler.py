@@ -16,7 +16,7 @@ from swarm.exchange import SamplerLink
 from swarm.wire.rollout import CompletionRecord, RolloutGroup
 
 from node.sampling.race import BASE_NONCE, group_seeds
-from node.config import SamplingConfig
+from node.sampling.params import SamplingConfig
 from node.engines.base import Engine
 from node.tasks import PromptStream, Task
 from node.weights.codec import apply_version

@@ -35,7 +35,7 @@ class Training:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.options = StepOptions(cfg.max_tokens_per_microbatch or None, compute_dtype)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-        self.losses = {Route.OWN: (cfg.stale_loss, cfg.stale_options), Route.FOREIGN: (cfg.foreign_loss, cfg.foreign_options),
+        self.losses = {Route.OWN: (cfg.own_loss, cfg.own_options), Route.FOREIGN: (cfg.foreign_loss, cfg.foreign_options),
                        Route.FOREIGN_SEQ: (cfg.foreign_loss, cfg.foreign_options)}
         """Each route's loss and its options."""
         self.lr_scale = 1.0
@@ -64,8 +64,8 @@ class Training:
             if batch is not None:
                 # claimed log-probs are checkable only for our own model (another model's differ by
                 # design; F-TIS caps their weight instead)
-                gap = self.cfg.max_logprob_gap if route is Route.OWN else None
-                cap = self.cfg.rollout_is_cap if route is Route.OWN and self.cfg.rollout_is_cap else None
+                gap = self.cfg.behaviour.max_logprob_gap if route is Route.OWN else None
+                cap = self.cfg.behaviour.rollout_is_cap if route is Route.OWN and self.cfg.behaviour.rollout_is_cap else None
                 parts.append(TrainPart(route.value, batch, algo, cfg, gap, cap))
         return parts, skipped
 

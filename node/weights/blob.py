@@ -9,6 +9,7 @@ a patch only applies to weights of the same chain) and tied-tensor aliases. Tied
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import struct
@@ -108,6 +109,13 @@ def version_nonce(blob: bytes) -> bytes:
     h = hashlib.blake2b(json.dumps(meta, sort_keys=True).encode(), digest_size=SEED_BYTES)
     h.update(memoryview(blob)[data:])
     return h.digest()
+
+
+def in_blob(enc: EncodedVersion, blob: bytes) -> EncodedVersion:
+    """`enc` with its byte planes as views of `blob`, its encoding (`encode_version`): what a learner
+    archives of a version it publishes, so the archive and the chunk server share one copy."""
+    tensors = _byte_tensors(blob)
+    return dataclasses.replace(enc, positions=tensors["positions"], values=tensors["values"])
 
 
 def decode_version(blob: bytes) -> tuple[EncodedVersion, dict[str, str]]:

@@ -13,7 +13,7 @@ from swarm.exchange import LearnerLink, WeightVersion
 
 from node.audit.archive import VersionArchive
 from node.weights.codec import PublishConfig, Publisher, publish_due
-from node.weights.blob import decode_version, encode_version, untie, version_nonce
+from node.weights.blob import encode_version, in_blob, untie, version_nonce
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class Publishing:
         enc = self.publisher.publish(weights, version)
         blob = encode_version(enc, self.model_id, self.chain, aliases)
         # archived as views of the blob the link serves: one copy of a keyframe, not two
-        self.archive.put(self.chain, version, decode_version(blob)[0], version_nonce(blob), view=self.publisher.published)
+        self.archive.put(self.chain, version, in_blob(enc, blob), version_nonce(blob), view=self.publisher.published)
         self.link.publish_weights(WeightVersion(self.model_id, self.chain, version, enc.base, blob))
         self._last = (version, time.monotonic(), len(blob))
         # the whole of it (encode, archive, offering it to samplers), and when samplers could ask for it

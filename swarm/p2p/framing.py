@@ -49,6 +49,26 @@ class Stall:
     idle_s: float
     min_rate: float
 
+    def within_s(self, nbytes: int) -> float:
+        """The longest an item of `nbytes` may take, its header included, under these bounds."""
+        return 2 * self.idle_s + nbytes / self.min_rate
+
+
+GATED_BODY = Stall(idle_s=10.0, min_rate=64 * 1024)
+"""A gated call's payload, once the door let it in (`SwarmNode.add_gated_handler`): it must start
+within 10 s and average 64 KiB/s (~0.5 Mbit/s, under any volunteer's uplink), so a trickle holds no
+handler; what a caller allows for its call follows from it (`gated_call_s`)."""
+GATED_ASK_S = 10.0
+"""What a gated call's ask (its declared size) may take to arrive: the handler's request timeout."""
+
+
+def gated_call_s(nbytes: int, reply_s: float) -> float:
+    """What a caller of a gated call with a payload of `nbytes` waits at most: the ask, the door's
+    tarpit (at most 10 s), the payload at the handler's slowest rate (`GATED_BODY`), and `reply_s`
+    for the handler's work and the reply. A fixed 30 s gave up on a 3 MiB batch below ~0.8 Mbit/s,
+    which the learner would still have taken."""
+    return GATED_ASK_S + 10.0 + GATED_BODY.within_s(nbytes) + reply_s
+
 
 def varint(n: int) -> bytes:
     """Protobuf's base-128 varint of `n` >= 0: 7 bits a byte, low first, the high bit set on all but the last."""

@@ -22,7 +22,7 @@ from swarm.identity import Identity
 from swarm.p2p.budget import StreamBudget
 from swarm.p2p.doors import Doors
 from swarm.p2p.calls import Calls
-from swarm.p2p.framing import MAX_MESSAGE, Stall
+from swarm.p2p.framing import GATED_ASK_S, GATED_BODY, MAX_MESSAGE, Stall
 from swarm.p2p.handlers import Gate, GatedHandler, Handler, StreamHandler, streaming, unary
 from swarm.p2p.loop import SwarmLoop
 from swarm.wire.peer import Holder, PeerInfo
@@ -115,8 +115,8 @@ class SwarmNode:
                                                                      self.streams)),
                  timeout=10)
 
-    def add_gated_handler(self, name: str, door: Gate, handler: Handler, request_timeout: float = 10.0,
-                          body: Stall = Stall(idle_s=10.0, min_rate=64 * 1024), send_timeout: float = 30.0) -> None:
+    def add_gated_handler(self, name: str, door: Gate, handler: Handler, request_timeout: float = GATED_ASK_S,
+                          body: Stall = GATED_BODY, send_timeout: float = 30.0) -> None:
         """A request/reply RPC whose payload is read only once `door` lets it in (`call_gated`).
 
         A unary hivemind call hands the handler a payload that p2pd has already read whole, so a peer

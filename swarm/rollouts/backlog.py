@@ -11,8 +11,16 @@ from typing import Callable
 
 import msgpack
 
-from swarm.rollouts.journal import Journal
+from swarm.exchange import Received
 from swarm.p2p.handlers import decrement
+from swarm.rollouts.journal import Journal
+from swarm.wire.rollout import RolloutGroup
+
+PASS_BYTES = 32 << 20
+"""Journal bytes after the cursor whose decoded groups are kept for the learner (`Received.group`), so
+that it does not decode what the receiver decoded to check it; past this (a long step, a flood of
+the unproven pool) the rest are handed over raw and decoded when read. A decoded group takes several
+times its record's bytes (Python lists of its token ids and log-probs)."""
 
 
 class Backlog:
@@ -25,8 +33,10 @@ class Backlog:
         """Journal records already handed to the learner (a global index, saved in its checkpoints)."""
         self._untrained = untrained
         self._lock = threading.Lock()
-        self._unread: collections.deque[tuple[str, int]] = collections.deque()
-        """(sampler, bytes) of each journal record after the cursor, in order."""
+        self._unread: collections.deque[tuple[str, int, RolloutGroup | None]] = collections.deque()
+        """(sampler, bytes, the group decoded or None) of each journal record after the cursor, in order."""
+        self._passed = 0
+        """Bytes of the records in `_unread` whose decoded group is kept (at most PASS_BYTES)."""
         self._unread_n: collections.Counter[str] = collections.Counter()
         self._unread_bytes: collections.Counter[str] = collections.Counter()
         self._senders: set[str] = set()
@@ -73,31 +83,39 @@ class Backlog:
                 out[peer] = held
         return out
 
-    def append(self, sampler: str, records: list[bytes]) -> None:
+    def append(self, sampler: str, records: list[bytes], groups: list[RolloutGroup | None] | None = None) -> None:
         """Journal `sampler`'s checked records, durably (fsynced: an acknowledged rollout survives a
         learner crash), counted with the append, atomically: `take` (the learner's thread) must
-        never read a record whose count is not there yet."""
+        never read a record whose count is not there yet. `groups`: each record as the receiver
+        decoded it, kept for the learner within PASS_BYTES."""
         with self._lock:
             self.journal.append(records)
-            for r in records:
-                self._note(sampler, len(r))
+            for r, g in zip(records, groups or [None] * len(records)):
+                self._note(sampler, len(r), g)
 
-    def take(self, max_records: int) -> list[bytes]:
+    def take(self, max_records: int) -> list[Received]:
         """Up to `max_records` records after the cursor, which moves past them; now uncounted. Only
         the learner's thread calls this, so the read needs no lock (the network thread's appends
         land after what it reads)."""
-        out = self.journal.read(self.cursor, max_records)
+        raws = self.journal.read(self.cursor, max_records)
+        out = []
         with self._lock:
-            self.cursor += len(out)
-            for _ in out:
-                sampler, nbytes = self._unread.popleft()
+            self.cursor += len(raws)
+            for raw in raws:
+                sampler, nbytes, group = self._unread.popleft()
+                if group is not None:
+                    self._passed -= nbytes
                 decrement(self._unread_n, sampler, 1)
                 decrement(self._unread_bytes, sampler, nbytes)
+                out.append(Received(raw, group))
         return out
 
-    def _note(self, sampler: str, nbytes: int) -> None:
+    def _note(self, sampler: str, nbytes: int, group: RolloutGroup | None = None) -> None:
         """Count one record as unread; the caller holds `_lock` (with the append it belongs to)."""
-        self._unread.append((sampler, nbytes))
+        if group is not None and self._passed + nbytes > PASS_BYTES:
+            group = None
+        self._passed += nbytes if group is not None else 0
+        self._unread.append((sampler, nbytes, group))
         self._unread_n[sampler] += 1
         self._unread_bytes[sampler] += nbytes
         self._senders.add(sampler)

@@ -25,11 +25,11 @@ import time
 from dataclasses import dataclass, field
 
 from swarm.wire.envelope import open_envelope
-from swarm.exchange import Intake, IntakeConfig
+from swarm.exchange import Intake, IntakeConfig, Received
 from swarm.identity import short_id
 from swarm.rollouts.journal import Journal
 from swarm.p2p import SwarmNode
-from swarm.wire.rollout import RecordError, decode_rollout_group
+from swarm.wire.rollout import RecordError, RolloutGroup, decode_rollout_group
 from swarm.p2p.doors import TARPIT_S, rollouts_budget
 from swarm.rollouts.admission import Admission, Standing, Visit
 from swarm.rollouts.backlog import Backlog
@@ -54,7 +54,9 @@ class _Settled:
     rejected: dict[str, str] = field(default_factory=dict)
     busy: list[str] = field(default_factory=list)
     records: list[bytes] = field(default_factory=list)
-    """The records of `ok` not journaled before, to journal."""
+    """The records of `ok` not journaled before, to journal..."""
+    groups: list[RolloutGroup] = field(default_factory=list)
+    """...and each as decoded (the learner reads it so, not decoding it again)."""
     journaled: list[str] = field(default_factory=list)
     """Their ids."""
     whys: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -115,7 +117,7 @@ class RolloutReceiver:
         """Bytes of `sampler`'s records in the journal that the learner has not read yet."""
         return self._backlog.unread_bytes(sampler) if self._backlog is not None else 0
 
-    def receive(self, max_records: int, timeout: float = 0.0) -> list[bytes]:
+    def receive(self, max_records: int, timeout: float = 0.0) -> list[Received]:
         """Journaled records after the cursor, oldest first, waiting up to `timeout` for some."""
         deadline = time.monotonic() + timeout
         while True:
@@ -159,7 +161,7 @@ class RolloutReceiver:
                 self._intake.count_busy(why, n)
             log.debug("%s: %d items busy (%s)", short_id(remote), len(done.busy), dict(done.whys))
         if done.records:
-            self._backlog.append(remote, done.records)  # durable before we acknowledge
+            self._backlog.append(remote, done.records, done.groups)  # durable before we acknowledge
             remote = sys.intern(remote)  # one string per peer, however many of its ids are kept
             for rid in done.journaled:
                 self._acked[rid] = remote
@@ -186,7 +188,7 @@ class RolloutReceiver:
                 continue
             reason = None
             try:
-                record = self._open(item, visit.peer)
+                record, group = self._open(item, visit.peer)
             except RecordError as e:
                 reason = e.reason
                 log.warning("rejected rollout %s from %s: %s", item.id[:8], short_id(visit.peer), e)
@@ -200,12 +202,13 @@ class RolloutReceiver:
             for room in visit.rooms:
                 room.add(len(record))
             done.records.append(record)
+            done.groups.append(group)
             done.journaled.append(item.id)
             done.ok.append(item.id)
         return done
 
-    def _open(self, item: BatchItem, remote: str) -> bytes:
-        """The record inside one item, if it passes every check (else RecordError)."""
+    def _open(self, item: BatchItem, remote: str) -> tuple[bytes, RolloutGroup]:
+        """The record inside one item, and it decoded, if it passes every check (else RecordError)."""
         if item.envelope is None:
             raise RecordError(Drop.SCHEMA, "item is not [id, envelope]")
         record, signer = open_envelope(item.envelope)
@@ -219,7 +222,7 @@ class RolloutReceiver:
         reason = self._intake.check(group)
         if reason is not None:
             raise RecordError(reason, "refused by the learner's checks")
-        return record
+        return record, group
 
     def _reply(self, remote: str, **parts) -> bytes:
         return RolloutReply(backlog=self.backlog(remote), **parts).encode()

@@ -18,6 +18,7 @@ from swarm.wire.envelope import seal
 from swarm.identity import short_id
 from swarm.rollouts.outbox import OWN, Outbox
 from swarm.p2p import MAX_MESSAGE, SwarmNode
+from swarm.p2p.framing import gated_call_s
 from swarm.wire.batch import MAX_BATCH, ROLLOUTS, RolloutReply, pack_batch
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ class RolloutSender:
         who = "the learner" if target == OWN else f"partner learner {short_id(target)}"
         payload = pack_batch(due)
         try:
-            raw = self.node.call_gated(learner, ROLLOUTS, payload, self.rpc_timeout)
+            raw = self.node.call_gated(learner, ROLLOUTS, payload, gated_call_s(len(payload), self.rpc_timeout))
         except (ConnectionError, EOFError) as e:  # the stream ended (not a slow or failed learner):
             # once more after a moment, then the backoff. Safe: unanswered (NotAnswered), the learner
             # read none of it; answered but the reply lost, it acknowledges what it journaled again.
@@ -142,7 +143,7 @@ class RolloutSender:
                 raise
             stats["retried"] += 1
             log.debug("the stream to %s ended (%s: %s): sending again", who, type(e).__name__, e)
-            raw = self.node.call_gated(learner, ROLLOUTS, payload, self.rpc_timeout)
+            raw = self.node.call_gated(learner, ROLLOUTS, payload, gated_call_s(len(payload), self.rpc_timeout))
         reply = RolloutReply.decode(raw)
         if reply.error:  # our batch itself was refused: a bug on one side, not a busy learner
             stats["batch_errors"] += 1

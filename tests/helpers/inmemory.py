@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from node.config import SamplingConfig
+from node.sampling.params import SamplingConfig
 from node.engines.hf import HFEngine
 from node.learner import Learner, LearnerConfig
 from node.models import BUILTIN_MODEL, load_model, load_tokenizer, tokenizer_hash

@@ -1,23 +1,87 @@
-"""The config tree of `hetero-node join` (`JoinConfig`): the tables every command shares (task,
-sampling, learner: node/), and what only a node on the real swarm reads (network, sampler, vllm).
-It lives in cli/ because it is where node/ and swarm/ configs meet (node/ imports no swarm/ config)."""
+"""Each command's config: one tree, the same blocks in every root (node/config.py, node/tables.py),
+each field declared once with one default.
+
+    local      node.local.LocalConfig    = model, process, run, tables
+    simulate   SimulatorConfig           = model, process, run, tables + the virtual samplers and clock
+    join       JoinConfig                = model, process, tables + role, network, [sampler], [vllm]
+
+The roots of `simulate` and `join` live here because they meet swarm/'s configs (delays, the
+network, weight fetching), which node/ does not import; `local`'s is node/'s own.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from node.config import SamplingConfig, TaskConfig
-from node.device import check_spec
+from node.config import ModelBlock, ProcessBlock, RunBlock
 from node.engines import ENGINES
 from node.engines.vllm import VLLMConfig
-from node.learner import LearnerConfig
-from node.models import BUILTIN_MODEL
-from node.tasks import ArithmeticConfig
+from node.local import LocalConfig
+from node.tables import TablesBlock
 from swarm.delay import DelayConfig
 from swarm.dht.network import NetworkConfig
 from swarm.dht.validation import MAX_TTL
 from swarm.weights import FetchConfig
+from swarm.wire.peer import MAX_DISPLAY_NAME
+
+__all__ = ["ROLES", "JoinConfig", "LocalConfig", "SamplerRoleConfig", "SimSamplerSpec", "SimulatorConfig"]
+
+
+@dataclass(frozen=True)
+class SimSamplerSpec:
+    """One `[[samplers]]` entry: `count` virtual samplers alike."""
+
+    name: str = "sampler"
+    model: str = ""
+    """Model they serve; "" = the learner's. Another model's rollouts are foreign (F-TIS)."""
+    count: int = 1
+    share: float = 1.0
+    """Relative rollout rate: a sampler with share 2 makes twice the groups of one with share 1."""
+    weight_delay: DelayConfig = field(default_factory=DelayConfig)
+    rollout_delay: DelayConfig = field(default_factory=DelayConfig)
+    dtype: str = "float32"
+    """The precision their engine computes in: "bfloat16" is a GPU volunteer's sampler (behaviour
+    log-probs from another precision than the learner's)."""
+    logit_error: float = 0.0
+    """Standard deviation (logits) of Gaussian noise added to every logit their engine computes, at
+    every position: an emulated engine error. A small model in bfloat16 errs far less than a large
+    one (the behaviour log-probs' k3 against the learner's: ~1e-4 on the built-in model, ~5e-3 on a
+    151k-vocabulary model in bfloat16, docs/BENCHMARKS.md), so this gives a small model a large
+    one's gap, to ask on a CPU what that gap does to training. 0.3 on the built-in chain model at
+    T = 0.6: k3 ~3e-3 a token, 1.2% of tokens past GRPO's clip (docs/RESULTS.md, section 6)."""
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or self.share <= 0:
+            raise ValueError("samplers: need count >= 1 and share > 0")
+        if not 0 <= self.logit_error < 10:
+            raise ValueError(f"samplers: logit_error {self.logit_error} is not in [0, 10) logits")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"samplers: dtype {self.dtype!r} is not float32, bfloat16 or float16")
+
+
+@dataclass(kw_only=True)
+class SimulatorConfig(TablesBlock, RunBlock, ProcessBlock, ModelBlock):
+    """`hetero-node simulate`: the shared blocks (the learner and every sampler's engine run on
+    `device`, the learner computes in `dtype`), and the virtual samplers and clock."""
+
+    samplers: tuple[SimSamplerSpec, ...] = (SimSamplerSpec(count=2),)
+    seconds_per_step: float = 30.0
+    """Virtual seconds per learner step: maps delays in seconds to staleness in steps."""
+    max_delay_steps: int | None = None
+    """The paper's 'max delay': caps every weight delay at this many learner steps (0 = online)."""
+    max_ticks_factor: float = 3.0
+    """Give up after steps * this many ticks without enough data (rollout delays can starve)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.samplers:
+            raise ValueError("simulator: give at least one sampler in [[samplers]]")
+        if self.seconds_per_step <= 0:
+            raise ValueError("simulator: need seconds_per_step > 0")
+        if self.max_delay_steps is not None and self.max_delay_steps < 0:
+            raise ValueError(f"max_delay_steps must be >= 0 (0 = online), not {self.max_delay_steps}")
+
 
 ROLES = ("sampler", "learner", "sampler,learner")
 """sampler,learner: both in one process on one device, sharing the weights (cli/roles/both.py)."""
@@ -46,23 +110,18 @@ class SamplerRoleConfig:
             raise ValueError("sampler: prompts_per_batch, max_outbox and max_learner_backlog must be >= 1")
 
 
-@dataclass
-class JoinConfig:
+@dataclass(kw_only=True)
+class JoinConfig(TablesBlock, ProcessBlock, ModelBlock):
+    """`hetero-node join`: the shared blocks, and what only a node on the real swarm reads."""
+
     role: str = "sampler"
     """sampler (generate rollouts), learner (train on them), or sampler,learner (both in one
     process on one device, taking turns and sharing the weights, as an RL Swarm node does)."""
     swarm: str = "demo"
-    model: str = BUILTIN_MODEL
     workdir: str = ""
     """Identity key, outbox, journal, checkpoints and metrics; default ./hetero-node-<role>."""
     name: str = ""
     """Sampler: display name on the leaderboard (at most 64 characters; shown escaped)."""
-    device: str = "auto"
-    """auto (a CUDA GPU where torch sees one, else the CPU), cpu, cuda or cuda:N."""
-    dtype: str = "auto"
-    """Compute dtype: float32 or bfloat16; auto is bfloat16 on a GPU (a learner keeps float32 master
-    weights; a sampler generates in bfloat16, which the learner's audit by race margin passes) and
-    float32 on the CPU."""
     engine: str = "hf"
     """Sampler: 'hf' (transformers, anywhere) or 'vllm' (the vllm extra; settings in [vllm])."""
     follow: str | None = None
@@ -72,9 +131,6 @@ class JoinConfig:
     swarm peer. `join` starts torchrun itself when this is > 1."""
     max_steps: int | None = None
     """Learner: stop (after a final eval and checkpoint) at this version."""
-    seed: int = 0
-    threads: int | None = None
-    """torch CPU threads (default: $HETERO_NODE_THREADS, else torch's own choice)."""
     status_every_s: float = 30.0
     """Seconds between the one-line status reports in the log."""
     tally_every_s: float = 15.0
@@ -84,21 +140,18 @@ class JoinConfig:
     """PeerInfo records expire after this; a vanished peer is forgotten then."""
     tensorboard: bool = False
     """Learner: also write TensorBoard event files to <workdir>/tensorboard."""
-    task: TaskConfig = field(default_factory=ArithmeticConfig)
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
-    learner: LearnerConfig = field(default_factory=LearnerConfig)
     sampler: SamplerRoleConfig = field(default_factory=SamplerRoleConfig)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, not {self.role!r}")
-        check_spec(self.device, self.dtype)
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
-        if len(self.name) > 64:
-            raise ValueError(f"name has {len(self.name)} characters; at most 64")
+        if len(self.name) > MAX_DISPLAY_NAME:
+            raise ValueError(f"name has {len(self.name)} characters; at most {MAX_DISPLAY_NAME}")
         if self.nproc_per_node < 1 or (self.nproc_per_node > 1 and self.role != "learner"):
             raise ValueError("nproc_per_node must be >= 1, and > 1 only for a learner (not sampler,learner: one device)")
         if self.role == "sampler,learner" and self.engine != "hf":

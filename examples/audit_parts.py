@@ -108,7 +108,7 @@ class Measured:
 def measure(model32, items: list[AuditItem], params: SamplingParams, pad: int, per_pass: int,
             slack: float = AuditConfig.margin) -> Measured:
     """The float32 auditor's margins and log-probs for every group (`per_pass` groups per forward),
-    top-k / top-p applied with `slack` logits of slack (node/checkable.race_margins)."""
+    top-k / top-p applied with `slack` logits of slack (node/sampling/race.race_margins)."""
     device = next(model32.parameters()).device
     out = Measured()
     for s in range(0, len(items), per_pass):

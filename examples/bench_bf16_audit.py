@@ -7,7 +7,7 @@ float32 audit by margin, what a tolerance lets an attacker do, and what the race
 
 A volunteer's GPU samples in bfloat16 or float16 with its own kernels and batch sizes; the learner
 audits in float32 (node/audit/margins.py): at every position, how far (in logits) the claimed token's race
-score is below the best (node/checkable.race_margins). Per sampler setting this prints:
+score is below the best (node/sampling/race.race_margins). Per sampler setting this prints:
   - flips: the share of tokens whose margin exceeds node/audit.FLIP_MARGIN (the sampler's token is
     not the float32 race's choice), with its 95% interval, and the margins' p99, p99.9 and max;
   - honest groups failed at the tolerance (`--margin`, default AuditConfig.margin), with

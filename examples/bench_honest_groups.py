@@ -16,7 +16,7 @@ count: honest groups failed at `--margin` with a Wilson 95% interval, the larges
 the flips. Kernels differ between GPUs, so the device is part of the setting.
 
 Sampling is the HF engine's own picker (node/engines/hf.PickTokens) in the sampler's dtype; the
-audit is the float32 copy of the same model on the same device (node/checkable.race_margins, as
+audit is the float32 copy of the same model on the same device (node/sampling/race.race_margins, as
 the learner's audit computes it), like examples/bench_bf16_audit.py, with the pieces both share
 (examples/audit_parts.py).
 """

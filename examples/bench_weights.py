@@ -10,7 +10,7 @@ optimizer steps: `node.training.step.train_step` with AdamW at `--lr` (1e-6, the
 packed batches of synthetic groups. After every step the learner's `Publisher` publishes a
 lossless patch of the bfloat16 view; for each version we print
   * bytes of the patch and their ratio to a full bf16 copy, and the changed fraction of the view;
-  * the entropy bound (node/weight_codec.entropy_bound_bytes: which elements changed and by how
+  * the entropy bound (node/weights/codec.entropy_bound_bytes: which elements changed and by how
     many bf16 steps, per tensor) and how far the patch is from it;
   * encode time (learner) and decode time (a sampler's apply_version, digest check included);
   * the baseline: the int8 blockwise deltas with error feedback the project sent before (lossy,

@@ -1,16 +1,18 @@
-"""node: the roles and the RL of hetero-node. It never imports swarm/'s networking: only the seam
-(swarm.exchange) and the wire records (swarm.wire.rollout).
+"""node: the roles and the RL of hetero-node, no networking. From swarm/ it imports only the seam
+(swarm.exchange) and the records (swarm.wire).
 
-    config.py      the typed config tree ([task], [sampling], [learner]) and its checked loader
+    config.py      the loader (TOML, then flags) and the blocks every command's root is made of
+    tables.py      the tables every command reads alike: [task], [sampling], [learner]
     tasks/         problems, splits and verifiable rewards
-    algorithms/    policy losses (GRPO, Dr. GRPO, GSPO, GEPO, F-TIS, pg), one pure function each
+    algorithms/    policy losses (GRPO, Dr. GRPO, GSPO, GEPO, M2PO, F-TIS, pg), one pure function each
     engines/       generation engines (HF transformers; vLLM optional) and `make_engine`
-    logprobs.py    token log-probs, one code path for samplers and learners
-    trainer.py     rollout groups -> a batch -> one optimizer step
-    sampler.py     the sampler role; learner.py the learner role (validate, route, train, publish)
-    guard.py       the divergence guard: the learner's lr from the divergence it measures
-    weight_codec.py, weights.py  versions as keyframes and patches; blobs of tensors
-    entropy.py     patches' gaps and steps at their empirical entropy (ANS)
-    checkpoint.py  learner state on disk; accounting.py credit per sampler; metrics.py JSONL + TensorBoard
-    local.py       the single-process on-policy learning loop
+    sampling/      how completions are drawn: the settings, checkable sampling's race, the sampler role
+    training/      one optimizer step: batches, micro-batches, log-probs, the guard, FSDP2
+    audit/         spot audits: the version archive, margins, flips, refusals, the Auditor
+    weights/       versions: the view, lossless patches and keyframes, their coder, publishing
+    learner/       the learner role: its intake, buffer, books, credit, checkpoints, evaluation
+    models.py      loading models and tokenizers (and the built-in tiny ones)
+    device.py      where a node computes, in which precision
+    metrics.py     metrics records: JSONL (and TensorBoard), the keys read beyond their writer
+    local.py       the single-process on-policy learning loop (`hetero-node local`)
 """

@@ -4,7 +4,7 @@
     cpu | cuda | cuda:N, and float32 | bfloat16
 
 The learner keeps float32 *master* weights and optimizer state wherever it runs and computes its
-forward in the compute dtype under autocast (node/trainer.StepOptions), so bfloat16 changes
+forward in the compute dtype under autocast (node/training/step.StepOptions), so bfloat16 changes
 speed and memory, not what the optimizer accumulates. Samplers hold their weights in the compute
 dtype (the view they sample with).
 """

@@ -9,6 +9,8 @@ restart with everything the attack left in its journal.
 
 from __future__ import annotations
 
+from swarm.wire.peer import PeerInfo
+
 import threading
 import time
 
@@ -63,8 +65,8 @@ def test_a_peer_announcing_itself_learner_is_not_followed(swarm, attacker):
         return None
 
     attacker.add_gated_handler(ROLLOUTS, door, impostor)
-    assert attacker.announce({"role": "learner", "model_id": BUILTIN_MODEL, "version": 10**6, "engine": "hf",
-                              "throughput": 0.0, "maddrs": attacker.maddrs()}, ttl=120)
+    assert attacker.announce(PeerInfo(peer_id=attacker.peer_id, role="learner", model_id=BUILTIN_MODEL, version=10**6,
+                                      engine="hf", throughput=0.0, maddrs=attacker.maddrs()), ttl=120)
     before = swarm.version()
     time.sleep(25)  # samplers re-check their learner every 10 s
     swarm.wait_version(before + 3, timeout=120)  # the real learner still gets the honest rollouts

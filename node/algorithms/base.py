@@ -72,7 +72,7 @@ class LossInputs:
     """[B, T] optional, no gradient: the log of each token's truncated importance weight
     p_old / q_engine (within [1/C, C]) from the policy whose log-probs are `old_logp` (the
     learner's own, recomputed) to the engine that sampled the token (the sampler's claims): the
-    rollout correction of decoupled PPO (node/trainer.rollout_weight). Token-level losses multiply
+    rollout correction of decoupled PPO (node/training/step.rollout_weight). Token-level losses multiply
     each token's term by the weight, sequence-level ones each sequence's term by its geometric mean
     (`seq_rollout`). None: weight 1."""
 

@@ -65,14 +65,14 @@ samplers run by default, and the one that flips most (docs/BENCHMARKS.md)."""
 @torch.no_grad()
 def audit_margins(model: torch.nn.Module, items: list[AuditItem], params: SamplingParams, pad_id: int,
                   reference: bool = False, slack: float = 0.0) -> list[tuple[torch.Tensor, float, int | None, float]]:
-    """Per group: every completion position's race margin (node/checkable.race_margins: logits,
+    """Per group: every completion position's race margin (node/sampling/race.race_margins: logits,
     float64 on the CPU, rows in order) under `model` (the weights of the version the groups
     claim), the mean |claimed - recomputed| behaviour log-prob per completion, and, with
     `reference`, the positions at which an honest engine in REFERENCE_DTYPE would flip: a second
     forward pass under autocast on the same prefixes, whose race pick is scored by the float32
     margins (None without `reference`), and the k3 of log q/p (claimed against recomputed) summed
     over the group's positions. One forward pass (two with `reference`) for all groups.
-    `slack`: the tolerance top-k / top-p are applied with (node/checkable.race_margins)."""
+    `slack`: the tolerance top-k / top-p are applied with (node/sampling/race.race_margins)."""
     rows = [(it.prompt_ids, toks, claimed, seed) for it in items for (toks, claimed), seed in zip(it.completions, it.seeds)]
     device = next(model.parameters()).device
     batch = pack([r[0] for r in rows], [r[1] for r in rows], pad_id).to(device)

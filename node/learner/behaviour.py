@@ -10,7 +10,7 @@ clip (docs/BENCHMARKS.md, "The audit across precisions"). Recomputed by the lear
 on-policy ratio is 1 to rounding and a stale group's ratio measures policy change alone.
 
 What a sampler claims is then checked, and enters the loss only as the rollout correction's weight
-p_ours / q_claimed kept within a factor of `rollout_is_cap` (node/trainer.rollout_weight): a
+p_ours / q_claimed kept within a factor of `rollout_is_cap` (node/training/step.rollout_weight): a
 sequence whose claims are further than `max_logprob_gap` from the recomputed ones (the same
 version, so honest claims differ by engine rounding only) drops its group from the step, as the
 trainer's own check does.
@@ -114,7 +114,7 @@ class Recompute:
     def __init__(self, model_at, temperature: float, pad_id: int, options: StepOptions, max_gap: float,
                  gaps: ClaimGaps, only_far: bool = False, resample: Callable[[str], bool] | None = None) -> None:
         """`model_at((chain, version))`: the audit copy with that version's published weights
-        loaded, or None if they cannot be rebuilt (node/learner/auditor.Auditor.model_at).
+        loaded, or None if they cannot be rebuilt (node/audit/auditor.Auditor.model_at).
         `gaps`: where each recomputed group's claim gap is counted, per sampler; with `only_far`
         ("auto"), only the groups of samplers whose claims it finds far (or not measured) are
         recomputed, the others keep their claims, but for those `resample(sampler)` picks (at
@@ -160,7 +160,7 @@ class Recompute:
                 for d in errors:
                     one.add(d)
                 self.gaps.add(b.sampler, one.k3_sum, one.tokens)  # dropped or not: the furthest claims count too
-                # the trainer's check (node/trainer.logprob_gap: mean |gap| per token), at the claimed version
+                # the trainer's check (node/training/batch.logprob_gap: mean |gap| per token), at the claimed version
                 if any(not float(d.abs().mean()) <= self.max_gap for d in errors if d.numel()):
                     dropped.add(id(b))
                     continue

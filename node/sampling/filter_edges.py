@@ -1,5 +1,5 @@
 """Top-k and top-p at the edge of the kept set, as any engine within a tolerance could have applied
-them: the audit's side of checkable sampling's filters (node/checkable.race_margins).
+them: the audit's side of checkable sampling's filters (node/sampling/race.race_margins).
 
 A sampler's engine keeps a token by its own logits; the auditor's differ by the engines' error. A
 token the sampler kept by a hair can fall outside the auditor's set, and one the auditor keeps by a

@@ -225,7 +225,7 @@ def token_scores(x: torch.Tensor, keys: torch.Tensor, chunk: torch.Tensor) -> to
 
 BLOCK_BYTES = 64 << 20
 """The race works on blocks of rows whose float64 [rows, V] copies take at most this: an
-auditor's head chunk of a 151k vocabulary (node/logprobs.HEAD_CHUNK_BYTES, ~440 rows) would
+auditor's head chunk of a 151k vocabulary (node/training/logprobs.HEAD_CHUNK_BYTES, ~440 rows) would
 otherwise make several copies of 0.5 GB at once. Blocks change no result: each row is its own race."""
 
 

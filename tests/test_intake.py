@@ -354,6 +354,51 @@ def test_a_refused_key_is_answered_by_id_unopened_and_costs_the_pool_nothing(tmp
     assert len(intake.send(keys[6], [make_item(keys[6]) for _ in range(3)])["ok"]) == 2
 
 
+class Checking(Intake):
+    """An Intake whose learner counts the records it checks and takes only those in `fresh`, each
+    once; every other is refused as content it has seen (as a flooder's resent forgeries are)."""
+
+    def __init__(self, tmp_path, fresh: set[str], **cfg) -> None:
+        super().__init__(tmp_path, **cfg)
+        self.fresh, self.checks = set(fresh), 0
+
+    def check(self, group: RolloutGroup) -> str | None:
+        self.checks += 1
+        if group.id in self.fresh:
+            self.fresh.discard(group.id)
+            return None
+        return "duplicate_content"
+
+
+def test_a_flood_that_resends_its_batches_is_checked_within_the_pool_and_tallied_so(tmp_path, keys):
+    """tests/test_intake_wire.py's flood on a frozen clock: 8 fresh keys send the same 64 records
+    round and round; the first key's first 16 are new (accepted once), the rest seen before. The
+    learner checks at most the pool's burst plus its rate, and the attacker's tally (helpers/sybils.py)
+    says exactly that many: an accepted id sent again is acknowledged again unopened on every later
+    call, and counted as opened it made 95 checks look like 399, past the 96 of the pool."""
+    from helpers.sybils import new_counts, opened, tally
+
+    flooders = keys[2:10]
+    batches = [[make_item(k) for _ in range(64)] for k in flooders]  # signed once, resent
+    # the wire test's pool: 16 checks saved up, 4 a second back
+    intake = Checking(tmp_path, fresh={item[0] for item in batches[0][:16]}, unproven_quota=16, unproven_rate=4.0)
+    counts, acked = new_counts(), set()
+    seconds = 20
+    for _ in range(seconds):  # each key calls once a second (the wire's tarpit), one after another
+        for i, key in enumerate(flooders):
+            intake.clock.t += 1 / len(flooders)
+            tally(counts, acked, i, intake.send(key, batches[i]))
+        intake.receiver.receive(10_000)  # the learner reads (and trains on) what was journaled
+    assert intake.checks <= 16 + 4.0 * seconds  # the pool: charged before each record is opened
+    assert opened(counts) == intake.checks, (opened(counts), intake.checks, counts)
+    assert counts["ok"] == 16 and counts["acked_again"] == intake.receiver.acked_again > 0, counts
+    # refused for good (its audit failed): its ids, acknowledged before, are now refused unopened
+    intake.refused.add(flooders[0].peer_id)
+    checks = intake.checks
+    tally(counts, acked, 0, intake.send(flooders[0], batches[0]))
+    assert counts["reasons"]["refused_sampler"] == 64 and intake.checks == checks == opened(counts)
+
+
 def test_a_restarted_receiver_rebuilds_backlogs_from_the_journal(tmp_path, keys):
     intake = Intake(tmp_path, proven={keys[0].peer_id})
     intake.send(keys[0], [make_item(keys[0]) for _ in range(3)])

@@ -92,9 +92,15 @@ def forged(sybils, i: int, n: int, pad: int = 0) -> list[list]:
 
 
 def checked(replies: list[dict]) -> int:
-    """Items the learner opened and checked (accepted or refused; a key refused for good has its
-    items refused unopened, and a few of those checked may be among them: not counted)."""
-    return sum(len(r["ok"]) + sum(why != "refused_sampler" for why in r["rejected"].values()) for r in replies)
+    """Items the learner opened and checked, the i-th reply key i's: as a flood counts them
+    (helpers/sybils.py, `opened`: accepted or refused; an id acknowledged again, or refused unopened
+    as its key's, is not counted)."""
+    from helpers.sybils import new_counts, opened, tally
+
+    counts, acked = new_counts(), set()
+    for i, reply in enumerate(replies):
+        tally(counts, acked, i, reply)
+    return opened(counts)
 
 
 def next_step(swarm) -> dict:
@@ -206,7 +212,7 @@ def test_fresh_keys_share_one_pool_while_the_proven_sampler_goes_on(swarm, sybil
 @pytest.mark.integration
 def test_a_flood_of_fresh_keys_is_held_to_the_pool(swarm, sybils, capsys):
     from helpers.swarmkit import flood_rates, peer_of
-    from helpers.sybils import batches_of
+    from helpers.sybils import batches_of, opened
 
     honest = peer_of(swarm, "honest")
     pools = {i: batches_of(forged(sybils, i, 64)) for i in range(12, 20)}  # 8 fresh keys: sign once, resend
@@ -219,11 +225,14 @@ def test_a_flood_of_fresh_keys_is_held_to_the_pool(swarm, sybils, capsys):
     base, during = flood_rates(swarm.metrics(), honest, t_base, t_flood, swarm.metrics()[-1]["time_s"])
     with capsys.disabled():
         print(f"\n  {len(pools)} fresh keys for 20 s: {counts['calls']} calls, {counts['sent']} records sent "
-              f"({counts['ok']} accepted, {counts['busy']} busy, {counts['rejected']} refused: {dict(counts['reasons'])}; "
+              f"({counts['ok']} accepted, {counts['acked_again']} acknowledged again, {counts['busy']} busy, "
+              f"{counts['rejected']} refused: {dict(counts['reasons'])}; "
               f"busy by bound {counts['why']}); "
               f"honest sampler {base:.2f} -> {during:.2f} groups/s trained on")
-    opened = counts["ok"] + counts["rejected"] - counts["reasons"]["refused_sampler"]  # as in checked()
-    assert opened <= POOL_QUOTA + POOL_RATE * elapsed, (counts, elapsed)
+    # what the pool bounds is records checked: an accepted id sent again is acknowledged again
+    # unopened on every call let in, so it counts once (tally), or a key left unaudited for the
+    # whole flood (a learner slow to audit on a loaded machine) seemed to take its records again
+    assert opened(counts) <= POOL_QUOTA + POOL_RATE * elapsed, (opened(counts), counts, elapsed)
     assert during > 0, "the honest, proven sampler was starved by the fresh keys"  # its own budget, not the pool's
     assert sum(n for why, n in counts["why"].items() if why.startswith("unproven_")) >= 1, counts
 

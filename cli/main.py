@@ -21,8 +21,8 @@ import typer
 from cli import commands_run, commands_swarm, commands_tools  # noqa: F401  (registers the commands, in this order)
 from cli.app import app
 from cli.errors import is_user_error, report
-from cli.network import network_overrides as _network  # noqa: F401  (tests/test_cli_paths.py)
-from cli.options import LOSSES  # noqa: F401  (tests/test_config_cli.py)
+from cli.network import network_overrides as _network  # noqa: F401  (tests/unit/cli/test_cli_paths.py)
+from cli.options import LOSSES  # noqa: F401  (tests/unit/cli/test_config_cli.py)
 
 __all__ = ["LOSSES", "app", "main"]
 

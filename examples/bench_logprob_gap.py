@@ -10,7 +10,7 @@ samplers do) with the weights of version v and measures, for staleness s, the pe
 
 that the learner sees when it trains at version v+s on rollouts of version v. Prints mean, p99
 and max beside the default bound, and the gap a liar claiming -18/token produces. Engine
-numerics (vLLM vs HF at the same weights) are measured by tests/test_vllm.py.
+numerics (vLLM vs HF at the same weights) are measured by tests/unit/node/test_vllm.py.
 """
 
 from __future__ import annotations

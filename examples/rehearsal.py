@@ -398,7 +398,7 @@ def report(args: argparse.Namespace, table: Table, peaks: dict, params: int, sha
     print("\n" + "\n".join(lines), flush=True)
     out = args.out or base / "rehearsal.md"
     out.write_text("\n".join(lines) + "\n")
-    # the same, for a program (tests/test_rehearsal.py): rows, arrivals, what fired, peaks
+    # the same, for a program (tests/integration/swarm/test_rehearsal.py): rows, arrivals, what fired, peaks
     (base / "rehearsal.json").write_text(json.dumps({
         "rows": table.rows, "held": table.held, "fired_total": {k: dict(v) for k, v in table.fired_total.items()},
         "tokens_per_s": rates, "peak_gib": peaks, "params": params}, indent=1))

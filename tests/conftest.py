@@ -2,11 +2,16 @@
 
 A newcomer's first command should answer in minutes, not after 20 minutes of real swarms and
 training, and should say what it left out. So when the run selects nothing itself (no `-m`, no
-`-k`, no test file or test id named; directories such as `tests/` count as the whole suite),
-tests marked `integration` are deselected and the terminal summary says how many, with the
-command that runs them. `--all` runs everything; `-m integration` runs only them; naming a file
-or a test (`python -m pytest tests/test_swarm.py -k forged`) runs exactly what was named.
+`-k`, no test file or test id named; directories such as `tests/` or `tests/unit/` count as the
+whole suite, while tests/integration/ or a folder in it chooses its tests), tests marked
+`integration` are deselected and the terminal summary says how many, with the command that runs
+them. `--all` runs everything; `-m integration` runs only them; naming a file or a test
+(`python -m pytest tests/integration/swarm/test_swarm.py -k forged`) runs exactly what was named.
 CI (.ci/run) runs the default command and then `-m integration`.
+
+The tree says which tests are which: every test under tests/integration/ is marked `integration`
+here, so its files need no marker of their own, and tests/unit/ holds the fast ones; each is
+divided by the layer its tests are about (swarm/, node/, cli/).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import pytest
 INTEGRATION_TIME = "about 20 minutes on a 2-core CPU"
 
 _deselected = pytest.StashKey[int]()
+INTEGRATION = Path(__file__).resolve().parent / "integration"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -32,15 +38,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _names_tests(config: pytest.Config) -> bool:
-    """Whether the command line itself chose tests: -m, -k, or a test file or id."""
+    """Whether the command line itself chose tests: -m, -k, a test file or id, or a folder of
+    integration tests (tests/integration/ or one inside it)."""
     if config.option.markexpr or config.option.keyword:
         return True
     if config.args_source is not pytest.Config.ArgsSource.ARGS:
         return False
-    return any("::" in arg or not Path(arg).is_dir() for arg in config.args)
+    return any("::" in arg or not Path(arg).is_dir() or Path(arg).resolve().is_relative_to(INTEGRATION)
+               for arg in config.args)
 
 
+@pytest.hookimpl(tryfirst=True)  # marked before -m selects (the mark plugin's own modifyitems)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:  # the tree says which tests are integration tests
+        if item.path.resolve().is_relative_to(INTEGRATION):
+            item.add_marker(pytest.mark.integration)
     if config.getoption("--all") or _names_tests(config):
         return
     slow = [item for item in items if item.get_closest_marker("integration")]

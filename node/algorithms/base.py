@@ -8,7 +8,7 @@ under a token budget, and may split a group). Every loss is a sum of per-row ter
 normalisers plus group statistics of the *behaviour* log-probs, so `LossInputs.whole` (the step's
 shape) and `LossInputs.log_e_hat` (its group statistics) are all a micro-batch needs: the
 micro-batch losses then sum to the whole batch's loss, and their gradients to its gradient.
-Every tensor made here lives on the inputs' device (tests/test_algorithms.py checks that with
+Every tensor made here lives on the inputs' device (tests/unit/node/test_algorithms.py checks that with
 torch's default device set to `meta`).
 """
 

@@ -12,7 +12,7 @@ same prompt:
 with PPO's min dual-clipped for A_i < 0 (base.clipped_surrogate), so every weight is bounded.
 
 Replacing the per-sample q_i by a group constant is what cuts the weight variance once KL(p||q)
-is large (the paper's Theorem 1, checked in tests/test_algorithms.py). The group is the prompt's,
+is large (the paper's Theorem 1, checked in tests/unit/node/test_algorithms.py). The group is the prompt's,
 as the paper defines it; the authors' released code (HanlardResearch/Hetero-RL, `_compute_loss`)
 takes E_hat over a shuffled micro-batch of 8 rows instead, keeps zero-variance groups, and caps
 neither the loss of A < 0 nor its KL: `e_hat_rows = 8, keep_zero_variance = true, dual_clip =

@@ -5,7 +5,7 @@ Behaviour log-probs. vLLM reports the sampled token's log-prob itself; with
 filtering (renormalised over the kept tokens). Our convention (engines/base.py) is the unfiltered
 tempered distribution, so:
   - no top-k / top-p (the default): vLLM's numbers are ours up to kernel noise; the gap to the
-    learner's recomputation is measured by tests/test_vllm.py and examples/bench_vllm.py;
+    learner's recomputation is measured by tests/unit/node/test_vllm.py and examples/bench_vllm.py;
   - with top-k or top-p, or where the gap matters (another dtype, another kernel): set
     `logprobs = "recompute"` and the engine recomputes them with the training code path
     (`node.training.logprobs.completion_logprobs`) on an HF copy of the same weights.

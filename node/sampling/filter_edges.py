@@ -6,7 +6,7 @@ token the sampler kept by a hair can fall outside the auditor's set, and one the
 hair may never have raced for the sampler. `admitted` answers, per token, whether every engine
 within h of the auditor's tempered logits keeps it and whether some engine does, looking only at
 the tokens near the edge where it can (`_top_p_band`, the band near the k-th logit) and giving the
-whole row's answer exactly (tests/test_race.py).
+whole row's answer exactly (tests/unit/node/test_race.py).
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@
 The step itself is `node.training.step.train_step(..., dist=collective)`, which every rank calls with the
 same parts: micro-batches are dealt round-robin over ranks, FSDP2 all-gathers each layer's weights
 around its forward/backward and reduce-scatters its gradients, so every rank holds and updates a
-1/N shard of the float32 weights and of AdamW's state. CPU runs on gloo (tests/test_distributed.py
-trains 2 ranks and compares them with 1 process), CUDA on NCCL.
+1/N shard of the float32 weights and of AdamW's state. CPU runs on gloo
+(tests/integration/node/test_distributed_ranks.py trains 2 ranks and compares them with 1 process),
+CUDA on NCCL.
 
 Two process groups: the default one carries the step's collectives and fails after `timeout`;
 rank 0's commands travel on a gloo group of their own with a long `idle_timeout`, because a

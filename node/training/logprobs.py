@@ -2,7 +2,7 @@
 
 docs/DESIGN.md, "The algorithms": token log-probs come from logits divided by the sampling
 temperature. The HF engine and the learner both go through `logprobs_from_logits`, so behaviour
-and learner log-probs on the same weights agree to floating-point noise (tests/test_engine.py
+and learner log-probs on the same weights agree to floating-point noise (tests/unit/node/test_engine.py
 measures it).
 
 Memory at LLM scale: the learner needs log-probs of completion tokens only, and never the

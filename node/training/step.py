@@ -6,7 +6,7 @@
 Memory follows the token budget, not the batch: `plan_microbatches` cuts a step into micro-batches
 of at most `max_tokens` padded tokens (a group may be split), and every loss takes the whole
 batch's normalisers and group statistics (node/algorithms/base.py), so the accumulated gradient
-is the full batch's gradient (tests/test_trainer.py checks it for every loss). Under FSDP the
+is the full batch's gradient (tests/unit/node/test_trainer.py checks it for every loss). Under FSDP the
 micro-batches are dealt out over ranks (`Collective`, node/training/distributed.py).
 """
 

@@ -6,7 +6,7 @@ us a `BytesValue` holding raw bytes (msgpack), so no .proto files are needed. It
 a hand-made header and read back as views: hivemind would copy each item three times (into a
 BytesValue, into its serialization, and the caller's slice), which on a memory-bound host costs more
 than the transfer itself (examples/bench_distribution.py). The bytes are exactly what hivemind's own
-`send_protobuf` writes and `receive_protobuf` reads (tests/test_framing.py).
+`send_protobuf` writes and `receive_protobuf` reads (tests/unit/swarm/test_framing.py).
 """
 
 from __future__ import annotations

@@ -69,8 +69,8 @@ INDEX_COST = 64
 charged before any is looked up: a lookup is work whatever the answer, and one request may name
 MAX_INDICES (2.9 MiB of budget for the largest). Small: at 1 KiB an index (1/1024 of a chunk), two
 fresh samplers fetching the 219M rehearsal's keyframe from the learner were refused by its pool of
-unknown keys (tests/test_rehearsal.py, a weight fetch failed; at 64 bytes it passes, as before the
-charge), so honest fetches name chunks more often than once each.
+unknown keys (tests/integration/swarm/test_rehearsal.py, a weight fetch failed; at 64 bytes it
+passes, as before the charge), so honest fetches name chunks more often than once each.
 The call budget (8 a second a key, and the pool's) binds an attacker first; a call's work is then
 its lookups and at most MAX_GAPS empty frames."""
 

@@ -1,5 +1,6 @@
-"""An attacker's sampler for tests/test_steering.py: a real `hetero-node join --role sampler`
-process, with its own key, that tampers with its groups before it signs and sends them.
+"""An attacker's sampler for tests/integration/node/test_steering.py: a real `hetero-node join
+--role sampler` process, with its own key, that tampers with its groups before it signs and sends
+them.
 
     python -m tests.helpers.attacker MODE join --role sampler --initial-peers ... [join options]
 

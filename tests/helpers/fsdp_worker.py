@@ -1,4 +1,5 @@
-"""One rank of tests/test_distributed.py: `torchrun --nproc-per-node 2 tests/helpers/fsdp_worker.py MODE OUT [RESUME]`.
+"""One rank of tests/integration/node/test_distributed_ranks.py:
+`torchrun --nproc-per-node 2 tests/helpers/fsdp_worker.py MODE OUT [RESUME]`.
 
 MODE "spmd": every rank calls train_step on the sharded model for STEPS steps; rank 0 saves the
 gathered weights, optimizer state and metrics to OUT (torch.save).

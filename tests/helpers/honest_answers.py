@@ -3,8 +3,8 @@ GSM8K-style problems look like, right or wrong, after a few sentences of working
 
 `honest_groups(n, size)` gives n groups of `size` completions, one gold answer each, its completions
 answers of the gold's form (a group answers one question). examples/bench_reward_budget.py measures
-what they cost to score; tests/test_reward_budget.py checks they all pass the pre-check and score
-right within the budget.
+what they cost to score; tests/unit/node/test_reward_budget.py checks they all pass the pre-check
+and score right within the budget.
 """
 
 from __future__ import annotations

@@ -1,11 +1,14 @@
-"""Tallies as a learner signs them, and the leaderboard service in a thread, for the leaderboard's tests."""
+"""Tallies as a learner signs them, the leaderboard service in a thread, and raw sockets against its
+page server, for the leaderboard's tests."""
 
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 from swarm.leaderboard import LeaderboardStore, serve
 from swarm.wire.peer import PeerInfo
@@ -48,3 +51,44 @@ def served(store: LeaderboardStore, source=None):
     finally:
         stop.set()
         t.join(timeout=5)
+
+
+# ---- the page server's sockets (tests/unit/swarm/test_leaderboard_server.py, and its load test) ----
+
+HALF_SENT = b"GET / HTTP/1.1\r\nHost: x\r\n"  # no blank line: the head never ends
+
+
+def history_store(path: Path, peers: int = 20, tallies: int = 20) -> LeaderboardStore:
+    """A store whose history has peers x tallies points (/api/history grows with both)."""
+    store = LeaderboardStore(path)
+    for seq in range(1, tallies + 1):
+        store.ingest({"learner": "L1", "seq": seq, "time": 1000.0 + seq, "model_id": "m",
+                      "peers": {f"P{i:04d}": {"groups": seq, "rollouts": 4 * seq, "tokens": 40 * seq, "first": 999.0,
+                                              "last": 1000.0 + seq, "models": ["m"]} for i in range(peers)}})
+    return store
+
+
+def get(url: str, timeout: float = 30) -> tuple[int, bytes]:
+    """The status and body of a GET of `url`."""
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.status, r.read()
+
+
+def connect(address: tuple[str, int], send: bytes = b"") -> socket.socket:
+    s = socket.create_connection(address, timeout=30)
+    if send:
+        s.sendall(send)
+    return s
+
+
+def closed_by_server(s: socket.socket, within: float) -> bool:
+    """Whether the server closes `s` within `within` s (any bytes it sends first are read and skipped)."""
+    s.settimeout(within)
+    try:
+        while s.recv(65536):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False

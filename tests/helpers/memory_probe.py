@@ -1,4 +1,5 @@
-"""Peak memory of one learner step, in a fresh process (run by tests/test_memory.py).
+"""Peak memory of one learner step, in a fresh process (run by
+tests/integration/node/test_memory.py).
 
     python tests/helpers/memory_probe.py BUDGET GROUPS [full]
 

@@ -1,5 +1,7 @@
-"""Custom rewards (`package.module:function`, as a user configures one) that cost a learner more than
-any budget on some texts: tests/test_reward_budget.py holds them to the same deadline as math-verify.
+"""Custom rewards (`package.module:function`, as a user configures one) that cost a learner more
+than any budget on some texts: tests/unit/node/test_reward_budget.py holds them to the same deadline
+as math-verify. And two answers that cost math-verify itself seconds (TOWER, EVADES), for that test
+and its twin over the wire, tests/integration/node/test_reward_budget_wire.py.
 
     sleepy     sleeps a minute on a text containing "slow" (Python code: the worker's timer stops it)
     stubborn   the same with SIGALRM blocked (as C code that checks no signal): only the kill stops it
@@ -13,6 +15,11 @@ from __future__ import annotations
 
 import signal
 import time
+
+TOWER = "\\boxed{9^{9^{9}}}"
+"""5.3 s in math-verify on the main thread (its two 5 s timeouts), none off it: the review's case."""
+EVADES = "\\boxed{(x+1)^{1000}}"
+"""No pre-check catches it (an exponent of 1,000); math-verify spends over 3 s on it: the deadline's."""
 
 
 def _exact(completion: str, answer: str) -> float:

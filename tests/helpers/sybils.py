@@ -1,5 +1,5 @@
-"""Many fresh keys at once, as an attacker would run them: for tests/test_intake_wire.py and
-examples/bench_flood.py.
+"""Many fresh keys at once, as an attacker would run them: for
+tests/integration/swarm/test_intake_wire.py and examples/bench_flood.py.
 
 Each key is a bare libp2p host (hivemind's `P2P`, one p2pd each) dialled straight to the learner,
 without a DHT of its own: keys are free, and so, nearly, is a peer per key. All of them share one
@@ -127,7 +127,7 @@ def tally(counts: dict, acked: set[tuple[int, str]], i: int, reply: dict) -> Non
     with no check and nothing taken from any budget (swarm/rollouts/receiver.py, `_settle`). It is
     counted as "acked_again", not as "ok": a key that resends its batches would otherwise seem to
     have each of its accepted records checked again on every call let past the door (in
-    tests/test_intake.py, one key's 16 accepted ids, acknowledged again on its 19 later calls, made
+    tests/unit/swarm/test_intake.py, one key's 16 accepted ids, acknowledged again on its 19 later calls, made
     the learner's 95 checks look like 399). The first "ok" of an id is its one check, even where the
     reply of the call that checked it was lost."""
     for rid in reply.get("ok", []):

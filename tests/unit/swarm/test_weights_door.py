@@ -1,0 +1,101 @@
+"""The chunk door's handler (hetero.chunks.v1, swarm/weights/chunks.py) answering by hand, no
+network: a stream ends at the first chunk not held and each index named is charged first, a download
+in progress answers its gaps up to a bound, and a malformed request or broken frame costs a call and
+a tarpit and is counted. The same door against a stranger flooding it over the real protocol:
+tests/integration/swarm/test_weights_door_wire.py."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import msgpack
+import pytest
+
+from helpers.clock import Clock
+from swarm.p2p import Doors
+from swarm.p2p.doors import DOORS, Bound
+from swarm.p2p.handlers import BoundedStream
+from swarm.weights import ChunkStore
+from swarm.weights.chunks import INDEX_COST
+from swarm.wire.chunks import CHUNK_SIZE, CHUNKS, MAX_INDICES, MAX_REQUEST_BYTES, ChunkRequest
+
+
+class _Node:
+    """A SwarmNode as a ChunkStore sees it: doors, and where its handler is registered."""
+
+    def __init__(self) -> None:
+        self.doors, self.handler = Doors(clock=Clock()), None  # a stopped clock: no bucket refills
+
+    def add_stream_handler(self, name, handler, **kw) -> None:
+        self.handler = handler
+
+
+def _store() -> tuple[ChunkStore, _Node, list[str]]:
+    node, tarpitted = _Node(), []
+    store = ChunkStore(node)
+
+    async def tarpit(peer: str, why: str = "calls", nbytes: int = 0) -> None:  # the door's 1 s, not waited here
+        tarpitted.append(why)
+    store._door.tarpit = tarpit
+    return store, node, tarpitted
+
+
+def _ask(node: _Node, payload: bytes, peer: str = "peer") -> list[bytes]:
+    async def collect() -> list[bytes]:
+        return [bytes(item) async for item in node.handler(payload, peer)]
+    return asyncio.run(collect())
+
+
+def test_a_stream_ends_at_the_first_chunk_not_held_and_each_index_named_is_charged_first():
+    store, node, tarpitted = _store()
+    assert isinstance(node.handler, BoundedStream) and node.handler.max_request == MAX_REQUEST_BYTES
+    blob = os.urandom(2 * CHUNK_SIZE + 5)  # 3 chunks
+    store.put("c", 0, blob)
+    door = node.doors._doors[CHUNKS]
+    first_two = [blob[:CHUNK_SIZE], blob[CHUNK_SIZE:2 * CHUNK_SIZE]]
+    assert _ask(node, ChunkRequest("c", 0, [0, 1, 7, 2], 0.0).encode()) == first_two  # 7 not held: the end
+    assert door.served == 4 * INDEX_COST + 2 * CHUNK_SIZE
+    # the most a request may name, of a version not held: no frame at all, every index charged
+    assert _ask(node, ChunkRequest("c", 9, list(range(MAX_INDICES)), 0.0).encode(), "other") == []
+    assert door.served == 4 * INDEX_COST + 2 * CHUNK_SIZE + MAX_INDICES * INDEX_COST and tarpitted == []
+    # past the door: tarpitted, then no frame at all (before: one b"" per index named)
+    for _ in range(int(DOORS[CHUNKS].call_burst)):
+        door.enter("flood")
+    assert _ask(node, ChunkRequest("c", 0, list(range(MAX_INDICES)), 0.0).encode(), "flood") == []
+    assert tarpitted == ["calls"] and store.malformed == 0
+
+
+def test_a_download_in_progress_answers_its_gaps_with_empty_frames_up_to_a_bound():
+    from swarm.weights.chunks import MAX_GAPS
+
+    store, node, _ = _store()
+    store.begin("c", 3)
+    for i in (0, 2, MAX_GAPS + 3):
+        store.add_chunk("c", 3, i, bytes([i]))
+    # a mate mid-download: the chunk after a gap is still worth taking from it
+    assert _ask(node, ChunkRequest("c", 3, [0, 1, 2], 0.0).encode()) == [b"\x00", b"", b"\x02"]
+    # but no more than MAX_GAPS empty frames a call: chunk MAX_GAPS + 3 sits past MAX_GAPS + 1 gaps
+    got = _ask(node, ChunkRequest("c", 3, list(range(1, MAX_GAPS + 4)), 0.0).encode(), "other")
+    assert got == [b""] + [b"\x02"] + [b""] * (MAX_GAPS - 1)
+
+
+@pytest.mark.parametrize("payload, why", [pytest.param(p, why, id=why) for p, why in [
+    (b"\xc1", "undecodable"), (msgpack.packb(["c", "zero", [0], 0.0]), "schema"),
+    (msgpack.packb(["c", 0, [0] * (1 << 16), 0.0]), "too_many"),
+    (msgpack.packb(["c", 0, list(range(1 << 16)), 0.0]), "oversize"),  # (the node's frame bound refuses it first)
+]])
+def test_a_malformed_request_costs_a_call_and_a_tarpit_and_is_counted(payload, why):
+    store, node, tarpitted = _store()
+    store.put("c", 0, bytes(CHUNK_SIZE))
+    door = node.doors._doors[CHUNKS]
+    assert _ask(node, payload) == [] and store.malformed_why == {why: 1} and tarpitted == ["calls"]
+    assert door.left(Bound.CALLS, "peer") == DOORS[CHUNKS].call_burst - 1  # its call taken before decoding
+    assert door.served == INDEX_COST * min(len(payload), MAX_INDICES)  # what it could have named
+
+
+def test_a_broken_request_frame_costs_a_call_and_a_tarpit_and_is_counted():
+    store, node, tarpitted = _store()
+    asyncio.run(node.handler.refused("peer", "RemoteError: a frame of 3000000 bytes, over the 143283 allowed"))
+    assert store.malformed_why == {"frame": 1} and tarpitted == ["calls"]
+    assert node.doors._doors[CHUNKS].left(Bound.CALLS, "peer") == DOORS[CHUNKS].call_burst - 1

@@ -4,6 +4,7 @@ validators, ending with the node's process, and callable from several threads at
 
 from __future__ import annotations
 
+import os
 import threading
 
 from hivemind.dht import DHT
@@ -12,6 +13,8 @@ from hivemind.dht.crypto import RSASignatureValidator
 from swarm.identity import Identity
 from swarm.lifetime import end_with_parent
 from swarm.dht.network import NetworkConfig, SwarmConnectError
+from swarm.dht.storage import CACHE_ROWS
+from swarm.dht.storage import install as install_storage
 from swarm.dht.validation import OwnerValidator
 
 
@@ -48,8 +51,10 @@ class _DHT(DHT):
         # thread's can split. A role's heartbeat, its fetcher's announcer and its loop all call
         self._outer_pipe = _LockedSend(self._outer_pipe)
 
-    def run(self) -> None:
+    def run(self) -> None:  # the DHT's own process
         end_with_parent()
+        install_storage()  # its storage and cache budgeted, its pushes to newcomers bounded (storage.py)
+        self._inner_pipe = _BlockingRecv(self._inner_pipe)
         super().run()
 
 
@@ -71,12 +76,35 @@ class _LockedSend:
         return getattr(self._conn, name)
 
 
+class _BlockingRecv:
+    """The DHT process's receiving end, read whole. hivemind's loop watches the pipe with
+    `loop.add_reader`, which makes its descriptor non-blocking; `Connection.recv` then fails with
+    EAGAIN partway through any message longer than the pipe's buffer (64 KiB: a tally of a few
+    hundred peers), and every message after it is read from the middle: the DHT process died on
+    the first large tally a learner published. Each message is read in blocking mode (the sender
+    is writing it now), and the descriptor left non-blocking for the loop."""
+
+    def __init__(self, conn) -> None:
+        self._conn = conn
+
+    def recv(self):
+        fd = self._conn.fileno()
+        os.set_blocking(fd, True)
+        try:
+            return self._conn.recv()
+        finally:
+            os.set_blocking(fd, False)
+
+    def __getattr__(self, name: str):
+        return getattr(self._conn, name)
+
+
 def _dht(identity: Identity, net: NetworkConfig, validators: list, announce: list[str] | None) -> DHT:
     return _DHT(
         initial_peers=net.initial_peers or None, start=True, record_validators=validators,
         identity_path=str(identity.path), host_maddrs=[f"/ip4/{net.host}/tcp/{net.port}"],
         announce_maddrs=announce or None, nat_port_map=net.nat_port_map, use_relay=net.use_relay,
-        use_auto_relay=net.use_auto_relay, client_mode=net.client_mode, startup_timeout=30,
+        use_auto_relay=net.use_auto_relay, client_mode=net.client_mode, startup_timeout=30, cache_size=CACHE_ROWS,
         # behind a NAT: ask for a relay at once rather than after AutoNAT's verdict (which 1.1.12's
         # daemon got wrong for a NAT'd peer: docs/DESIGN.md, "Dependencies")
         force_reachability="private" if net.client_mode and net.use_auto_relay else None,

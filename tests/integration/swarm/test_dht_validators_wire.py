@@ -30,3 +30,28 @@ def test_the_dht_keeps_a_learners_tally_and_refuses_forged_ones(tmp_path):
     finally:
         for n in reversed(nodes):
             n.shutdown()
+
+
+def test_a_tally_larger_than_the_dht_pipes_buffer_is_published_and_read(tmp_path):
+    """A tally of 5,000 samplers (its 2,048 largest by name, ~0.25 MB) crosses the pipe to the DHT's process in one message:
+    hivemind's loop left that pipe non-blocking, and the DHT process died reading the first
+    message past 64 KiB (swarm/dht/process.py, _BlockingRecv)."""
+    from swarm.p2p import SwarmNode
+
+    nodes = []
+    try:
+        learner = SwarmNode(Identity.load_or_create(tmp_path / "l.key"), NetworkConfig(), "big")
+        nodes.append(learner)
+        reader = SwarmNode(Identity.load_or_create(tmp_path / "r.key"), NetworkConfig(initial_peers=learner.maddrs()), "big")
+        nodes.append(reader)
+        t = Credit()
+        for i in range(5000):
+            t.credit(f"sampler-{i:05d}", 8, 40, "m")
+        assert learner.publish_tally(t.tally(learner.peer_id, "m"))
+        assert learner.publish_tally(t.tally(learner.peer_id, "m"))  # the pipe still reads whole messages
+        got = reader.tally_of(learner.peer_id)
+        assert got is not None and len(got.peers) == 2048 and got.others.count == 5000 - 2048
+        assert next(iter(got.peers.values())).rollouts == 8
+    finally:
+        for n in reversed(nodes):
+            n.shutdown()

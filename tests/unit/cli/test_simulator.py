@@ -123,8 +123,11 @@ def test_the_divergence_guard_cuts_the_lr_on_stale_data_and_gives_it_back():
     steps = [r for r in h if r["kind"] == "step"]
     assert [r["staleness_mean"] for r in steps] == [0.0, 1.0, 2.0, 0.0, 1.0, 2.0]
     kls = [r["guard_kl"] for r in steps]
-    # fresh data: no divergence (or nothing measured, NaN, where the draws left every group zero-variance); stale: some
-    assert kls[0] == 0.0 and (kls[3] == 0.0 or kls[3] != kls[3]) and min(kls[1], kls[2]) > 1e-5
+    # fresh data: no divergence (or nothing measured, NaN, where the draws left every group zero-variance); stale: some.
+    # "None" is within float32's rounding: the behaviour and training passes may take different kernels (seen:
+    # -2e-8 on one CPU, 0.0 on another), so within a tenth of the band, which the stale steps are well above
+    settled = guard.kl_low / 10
+    assert abs(kls[0]) < settled and (abs(kls[3]) < settled or kls[3] != kls[3]) and min(kls[1], kls[2]) > 1e-5
     expect, scale = [], 1.0  # the rule, by hand, from the measured k3
     for kl in kls:
         expect.append(lr * scale)

@@ -81,8 +81,11 @@ def setup_logging(verbose: bool) -> None:
     # hivemind reads this when first imported (here and in its forked DHT process): its INFO lines
     # are about its own machinery, not the user's run
     os.environ.setdefault("HIVEMIND_LOGLEVEL", "DEBUG" if verbose else "WARNING")
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s",
-                        handlers=[RichHandler(console=Console(stderr=True), show_path=False)])
+    from swarm.wire.text import PeerTextFilter
+
+    handler = RichHandler(console=Console(stderr=True), show_path=False)
+    handler.addFilter(PeerTextFilter())  # a peer's text in any line is escaped, not acted on by the terminal
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s", handlers=[handler])
     for noisy in ("httpx", "urllib3", "filelock", "datasets", "hivemind"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if verbose and noisy == "hivemind" else logging.WARNING)
 

@@ -148,11 +148,15 @@ def _leaderboard(console: Console, url: str, records: list[dict], db: Path, wait
     if not board or not board["peers"]:
         console.print(f"[yellow]the leaderboard at {url} had no tallies yet[/]")
         return
+    from rich.markup import escape
+
+    from swarm.wire.text import printable
+
     table = Table(title="leaderboard: rollouts credited per peer")
     for col in ("#", "peer", "name", "credited rollouts", "tokens", "share"):
         table.add_column(col, justify="left" if col in ("peer", "name") else "right")
-    for p in board["peers"]:
-        table.add_row(str(p["rank"]), short_id(p["peer_id"]), p["name"], str(p["rollouts"]), str(p["tokens"]),
+    for p in board["peers"]:  # a name is its peer's text: escaped, and never rich markup
+        table.add_row(str(p["rank"]), short_id(p["peer_id"]), escape(printable(p["name"])), str(p["rollouts"]), str(p["tokens"]),
                       f"{p['share']:.1%}")
     console.print(table)
     console.print("Credited: the rollouts of groups the learner trained on (a group whose rollouts all scored the "

@@ -66,11 +66,13 @@ def status_table(peers: list[dict], swarm: str, width: int):
     from rich.table import Table
 
     from swarm.identity import short_id
+    from swarm.wire.text import printable
 
-    software = sorted({p["software"] for p in peers})
+    software = sorted({printable(p["software"]) for p in peers})
     rows = [{"peer": short_id(p["peer_id"]), "name": p.get("name", ""), "role": p["role"], "model": p["model_id"],
              "engine": p["engine"], "version": str(p["version"]), "rollouts/s": f"{p['throughput']:.1f}",
              "software": p["software"], "seen": f"{p['last_seen_s']:.0f} s ago"} for p in peers]
+    rows = [{c: printable(v) for c, v in r.items()} for r in rows]  # other peers' text: escaped, never acted on
     columns = [c for c in rows[0] if c != "software" or len(software) > 1]
     widths = {c: min(max(len(c), *(cell_len(r[c]) for r in rows)), FOLDED.get(c, width)) for c in columns}
     # the model first, then the name, share what the fixed columns leave (2: the gap between two columns)

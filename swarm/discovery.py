@@ -146,6 +146,8 @@ class LearnerTracker:
         self.named_models: list[str] = []
         self._disputed: set[str] = set()
         self._checked = 0.0
+        self._kept: str | None = None
+        """The learner followed though its records could not be read (said once)."""
 
     def refresh(self, force: bool = False) -> str | None:
         if not force and time.monotonic() - self._checked < self.every:
@@ -154,6 +156,10 @@ class LearnerTracker:
         trusted = {} if self.follow else self.node.trusted_learners(self.node.coordinators)
         named = [self.follow] if self.follow else sorted(trusted)
         c = choose(list(self.node.peer_records(named).values()), trusted, self.model_id, self.follow)
+        if c.follow is None and self.current not in c.disputed and self._still_there(trusted):
+            c.follow = self.current  # its record is unreadable, but it answers us: never dropped for that
+        else:
+            self._kept = None
         for pid in sorted(set(c.disputed) - self._disputed):
             self._disputed.add(pid)
             log.warning("ignoring learner %s: it announces another model than the swarm record gives it", short_id(pid))
@@ -167,6 +173,22 @@ class LearnerTracker:
         self.current, self.partners, self.named_models = c.follow, c.partners, c.models
         self.mates = self._mates(c.follow)
         return self.current
+
+    def _still_there(self, trusted: dict[str, str]) -> bool:
+        """Whether the learner we follow still answers us and no record we read says otherwise: our
+        coordinators' records still name it (or none could be read), with our model."""
+        learner = self.current
+        if learner is None or not self.node.answers(learner):
+            return False
+        if trusted and learner not in trusted:
+            return False
+        if trusted.get(learner, "") not in ("", self.model_id):
+            return False
+        if self._kept != learner:
+            self._kept = learner
+            log.warning("cannot read the records of learner %s, but it answers us: still following it",
+                        short_id(learner))
+        return True
 
     def unnamed_learners(self) -> list[str]:
         """Peers in the index announcing role=learner that no coordinator we trust names: what a

@@ -84,11 +84,16 @@ def _live_values(dht: DHT, key: str) -> list[tuple[Any, float]]:
     return [(e.value, e.expiration_time - now) for e in found.value.values() if e.expiration_time > now]
 
 
+def stamped(identity: Identity, info: PeerInfo) -> PeerInfo:
+    """`info` with who it is, what it runs and when it said so filled in."""
+    return msgspec.structs.replace(info, peer_id=identity.peer_id, software=SOFTWARE, protocol=PROTOCOL,
+                                   updated=float(get_dht_time()))
+
+
 def announce(dht: DHT, identity: Identity, swarm: str, info: PeerInfo, ttl: float = 60.0) -> bool:
     """Store (or refresh) this peer's PeerInfo, signed, expiring in `ttl` seconds: in the index and at
-    its own key. Who it is, what it runs and when it said so are filled in here."""
-    info = msgspec.structs.replace(info, peer_id=identity.peer_id, software=SOFTWARE, protocol=PROTOCOL,
-                                   updated=float(get_dht_time()))
+    its own key (`stamped` here if it is not yet)."""
+    info = info if info.peer_id == identity.peer_id and info.updated else stamped(identity, info)
     indexed = _store(dht, peers_key(swarm), info, ttl, identity)
     return _store(dht, own_key(swarm, "peer", identity.peer_id), info, ttl, identity) and indexed
 
@@ -96,6 +101,11 @@ def announce(dht: DHT, identity: Identity, swarm: str, info: PeerInfo, ttl: floa
 def own_records(dht: DHT, swarm: str, kind: str, owners: list[str]) -> dict[str, Struct]:
     """owner -> its live record of `kind` (its struct, swarm/dht/schema.py `KINDS`), for at most
     MAX_OWNERS `owners` (one DHT traversal)."""
+    return {owner: record for owner, (record, _) in own_entries(dht, swarm, kind, owners).items()}
+
+
+def own_entries(dht: DHT, swarm: str, kind: str, owners: list[str]) -> dict[str, tuple[Struct, float]]:
+    """owner -> (its live record of `kind`, the DHT time it expires at), as `own_records`."""
     owners = list(dict.fromkeys(owners))[:MAX_OWNERS]
     if not owners:
         return {}
@@ -111,7 +121,8 @@ def own_records(dht: DHT, swarm: str, kind: str, owners: list[str]) -> dict[str,
     out = {}
     for key, entries in found.items():
         owner = keys.get(key)
-        live = [r for r in (from_value(KINDS[kind], v) for v, expires in entries if expires > now) if r is not None]
+        live = [(r, expires) for r, expires in ((from_value(KINDS[kind], v), expires) for v, expires in entries
+                                                if expires > now) if r is not None]
         if owner is not None and live:
             out[owner] = live[0]  # the validators let exactly one record live there: its owner's
     return out
@@ -172,21 +183,30 @@ def tally_of(dht: DHT, swarm: str, learner: str) -> Tally | None:
     return own_records(dht, swarm, "tally", [learner]).get(learner)
 
 
-def publish_swarm_record(dht: DHT, identity: Identity, swarm: str, learners: dict[str, str], model_id: str = "",
-                         ttl: float = 60.0) -> bool:
+def swarm_record(identity: Identity, learners: dict[str, str], model_id: str = "") -> SwarmRecord:
     """As this swarm's coordinator, name the learners its samplers may follow, each with the model it
-    trains ("" = unstated), signed and expiring."""
-    record = SwarmRecord(coordinator=identity.peer_id, learners=sorted(learners), model_id=model_id,
-                         models={k: v for k, v in sorted(learners.items()) if v}, updated=float(get_dht_time()))
+    trains ("" = unstated)."""
+    return SwarmRecord(coordinator=identity.peer_id, learners=sorted(learners), model_id=model_id,
+                       models={k: v for k, v in sorted(learners.items()) if v}, updated=float(get_dht_time()))
+
+
+def publish_swarm_record(dht: DHT, identity: Identity, swarm: str, record: SwarmRecord, ttl: float = 60.0) -> bool:
+    """Store our swarm record (`swarm_record`), signed and expiring."""
     return _store(dht, own_key(swarm, "swarm", identity.peer_id), record, ttl, identity)
 
 
 def trusted_learners(dht: DHT, swarm: str, coordinators: set[str]) -> dict[str, str]:
-    """Learners named by the swarm records of `coordinators` (every other record is ignored), each
-    with the model a record says it trains ("" where none says; two coordinators that disagree
-    about a learner's model: "?", which matches no model, so no sampler follows it)."""
+    """Learners named by the swarm records of `coordinators` in the DHT (every other record is
+    ignored), each with its model as `named_by` gives it."""
+    return named_by(list(own_records(dht, swarm, "swarm", sorted(coordinators)).values()))
+
+
+def named_by(records: list[SwarmRecord]) -> dict[str, str]:
+    """Learners the swarm `records` name, each with the model a record says it trains ("" where none
+    says; two coordinators that disagree about a learner's model: "?", which matches no model, so no
+    sampler follows it)."""
     out: dict[str, str] = {}
-    for record in own_records(dht, swarm, "swarm", sorted(coordinators)).values():
+    for record in records:
         for learner in record.learners:
             model, have = record.models.get(learner, ""), out.get(learner, "")
             out[learner] = "?" if model and have and model != have else (have or model)

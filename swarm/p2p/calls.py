@@ -4,7 +4,9 @@ routed (a peer that has just joined may have no route to the target yet)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
+import math
 import queue
 import threading
 import time
@@ -88,8 +90,25 @@ class Calls:
     """Blocking calls on `p2p` through `loop`; `record(peer_id)` is a peer's own PeerInfo record
     (where a peer we have no route to yet says it can be dialled)."""
 
+    MAX_ANSWERED = 4096
+    """Peers whose last answer is remembered (those called last): a node calls whom it chooses."""
+
     def __init__(self, loop: SwarmLoop, p2p: P2P, record: Callable[[str], dict | None]) -> None:
         self._loop, self._p2p, self._record = loop, p2p, record
+        self._answered: collections.OrderedDict[str, float] = collections.OrderedDict()
+        self._answered_lock = threading.Lock()  # several threads call
+
+    def answered(self, peer_id: str) -> float:
+        """time.monotonic() of `peer_id`'s last answer to a call of ours (-inf: none remembered): a
+        peer that answers is there, whatever its records say (swarm/directory/directory.py)."""
+        return self._answered.get(peer_id, -math.inf)
+
+    def _heard(self, peer_id: str) -> None:
+        with self._answered_lock:
+            self._answered[peer_id] = time.monotonic()
+            self._answered.move_to_end(peer_id)
+            while len(self._answered) > self.MAX_ANSWERED:
+                self._answered.popitem(last=False)
 
     def call(self, peer_id: str, name: str, payload: bytes, timeout: float, stop: threading.Event | None) -> bytes:
         run = None if stop is None else lambda c, t: self._loop.run_until(c, t, stop)
@@ -115,7 +134,9 @@ class Calls:
         deadline, pause = time.monotonic() + timeout, 0.2
         while True:
             try:
-                return (run or self._loop.run)(make_call(), max(deadline - time.monotonic(), 0.1))
+                result = (run or self._loop.run)(make_call(), max(deadline - time.monotonic(), 0.1))
+                self._heard(peer_id)
+                return result
             except P2PDaemonError as e:
                 if "routing" not in str(e) or time.monotonic() + pause >= deadline:
                     raise

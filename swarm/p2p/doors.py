@@ -33,6 +33,7 @@ from swarm.buckets import TokenBuckets, worth_logging
 from swarm.exchange import IntakeConfig
 from swarm.wire.batch import ROLLOUTS
 from swarm.wire.chunks import CHUNKS, MAX_REQUEST_WAIT
+from swarm.wire.directory import DIRECTORY
 from swarm.wire.manifest import MANIFEST
 from swarm.wire.reach import REACH
 
@@ -134,6 +135,13 @@ DOORS: dict[str, DoorBudget] = {
         why="a joiner asks once (again after a busy answer, about once a second); no pool: every key is new to a "
             "bootstrap, and the slots per address bound the probes' cost"),
     ROLLOUTS: rollouts_budget(IntakeConfig()),
+    DIRECTORY: DoorBudget(
+        calls_per_s=1.0, call_burst=8, bytes_per_s=2 * MiB, byte_burst=4 * MiB,
+        unproven_calls_per_s=128.0, unproven_call_burst=256, unproven_bytes_per_s=16 * MiB, unproven_byte_burst=16 * MiB,
+        why="a node asks each coordinator once per refresh (10 s), each learner it reads once, a few more when it "
+            "joins; a reply is a few records of ~1 KB, or a tally (<= 1 MiB) when one changed: a bootstrap answers "
+            "1,280 unproven samplers refreshing every 10 s within the pool, and any number of fresh keys take at "
+            "most 16 MiB/s of its uplink (proven here: the peers the node favours, swarm/directory/book.py)"),
 }
 """Every inbound door's budget (the rollout gate's as `[learner.intake]`'s defaults make it; a learner
 opens it with its own). The streams a door's calls hold open are bounded before any door: budget.py."""
@@ -305,11 +313,14 @@ class Doors:
     def is_proven(self, peer: str) -> bool:
         return self._proven(peer)
 
-    def open(self, name: str, budget: DoorBudget | None = None) -> Door:
-        """The door `name`, with its budget in `DOORS` unless given (one per name: opening it twice is a bug)."""
+    def open(self, name: str, budget: DoorBudget | None = None, proven: Callable[[str], bool] | None = None) -> Door:
+        """The door `name`, with its budget in `DOORS` unless given (one per name: opening it twice is a
+        bug); `proven` adds keys this door alone does not charge to its pools."""
         if name in self._doors:
             raise ValueError(f"door {name} is already open")
-        door = self._doors[name] = Door(name, budget or DOORS[name], self.is_proven, clock=self._clock)
+        also = proven
+        check = self.is_proven if also is None else (lambda peer: self.is_proven(peer) or also(peer))
+        door = self._doors[name] = Door(name, budget or DOORS[name], check, clock=self._clock)
         return door
 
     def stats(self) -> dict[str, dict[str, int]]:

@@ -7,6 +7,7 @@ handlers.py, calling to calls.py.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from typing import Awaitable, Callable, TypeVar
@@ -14,10 +15,15 @@ from typing import Awaitable, Callable, TypeVar
 import msgspec
 from google.protobuf.wrappers_pb2 import BytesValue
 
+from hivemind.utils import get_dht_time
+
 from swarm.dht.network import NetworkConfig, peer_id_of_maddr
-from swarm.dht.records import (Listed, announce, announce_holdings, holdings_of, list_peers, peer_records,
-                               publish_swarm_record, publish_tally, tally_of, trusted_learners)
+from swarm.dht.records import (Listed, announce, announce_holdings, holdings_of, list_peers, named_by, own_entries,
+                               publish_swarm_record, publish_tally, stamped, swarm_record)
 from swarm.dht.process import create_dht
+from swarm.dht.storage import favour_in_process, stats_in_process
+from swarm.directory.book import LastGood
+from swarm.directory.directory import Directory
 from swarm.identity import Identity
 from swarm.p2p.budget import StreamBudget
 from swarm.p2p.doors import Doors
@@ -25,7 +31,8 @@ from swarm.p2p.calls import Calls
 from swarm.p2p.framing import GATED_ASK_S, GATED_BODY, MAX_MESSAGE, Stall
 from swarm.p2p.handlers import Gate, GatedHandler, Handler, StreamHandler, streaming, unary
 from swarm.p2p.loop import SwarmLoop
-from swarm.wire.peer import Holder, PeerInfo
+from swarm.wire.directory import DIRECTORY
+from swarm.wire.peer import Holder, PeerInfo, SwarmRecord
 from swarm.wire.tally import Tally
 
 log = logging.getLogger(__package__)  # the package's one logger: its lines read as before the split
@@ -44,11 +51,20 @@ class SwarmNode:
         self.dht = create_dht(identity, net, swarm)  # forks: do this before CUDA is initialised
         self._loop = SwarmLoop()
         self.p2p = self.run(self.dht.replicate_p2p(), timeout=30)
-        self._calls = Calls(self._loop, self.p2p, self.peer_record)
+        self._calls = Calls(self._loop, self.p2p, lambda peer: self._records("peer", [peer]).get(peer))
         self.doors = Doors()
         """Every inbound door's calls and bytes, per peer and for unproven keys (swarm/p2p/doors.py)."""
         self.streams = StreamBudget(proven=self.doors.is_proven)
         """Inbound streams held open, per peer and protocol, of unknown keys, and in all (budget.py)."""
+        self.directory = Directory(
+            identity, swarm, self.coordinators, call=lambda peer, payload, t: self.call(peer, DIRECTORY, payload, t),
+            answered=self._calls.answered,
+            door=self.doors.open(DIRECTORY, proven=lambda peer: self.directory.book.favours(peer)))
+        """The records that decide who trains, from the peers that hold them (swarm/directory/)."""
+        self.add_handler(DIRECTORY, self.directory.on_call)
+        self._last_good = LastGood()
+        """What the DHT gave last, per record: used while no newer one is read and its owner answers."""
+        self._favoured: frozenset[str] = frozenset()
 
     @property
     def peer_id(self) -> str:
@@ -66,19 +82,35 @@ class SwarmNode:
     def maddrs(self) -> list[str]:
         return [str(m) for m in self.dht.get_visible_maddrs()]
 
-    # the swarm's signed records in the DHT (swarm/dht/records.py)
+    # the swarm's signed records: from the directory (swarm/directory/) first, the DHT (swarm/dht/records.py)
+    # for the rest, the last good copy while its owner answers
 
     def announce(self, info: PeerInfo, ttl: float = 60.0) -> bool:
-        """`info` with whether this peer can be dialled (`private`: the node knows, swarm/p2p/reach.py)."""
-        return announce(self.dht, self.identity, self.swarm, msgspec.structs.replace(info, private=self.private), ttl)
+        """`info` with whether this peer can be dialled (`private`: the node knows, swarm/p2p/reach.py);
+        a learner's also offered to its coordinators (they keep it if they name it)."""
+        info = stamped(self.identity, msgspec.structs.replace(info, private=self.private))
+        self.directory.hold_own("peer", info, ttl)
+        if info.role == "learner":
+            self.directory.push(("peer",))
+        return announce(self.dht, self.identity, self.swarm, info, ttl)
 
     def peers(self) -> list[Listed]:
         """Every row of the peers index: for listings (status, the leaderboard). Its size is any key's
-        to grow: a reader that knows whom it wants calls `peer_records`."""
-        return list_peers(self.dht, self.swarm)
+        to grow: a reader that knows whom it wants calls `peer_records`. The learners our coordinators
+        name are listed even where the DHT hides them."""
+        listed = list_peers(self.dht, self.swarm)
+        have = {p.info.peer_id for p in listed}
+        now = get_dht_time()
+        for learner in sorted(set(self.directory.book.named()) - have):
+            held = self.directory.book.get("peer", learner)
+            if held is not None and held.entry.expires > now:
+                info = held.record
+                listed.append(Listed(info, round(held.entry.expires - now, 1), round(now - info.updated, 1)))
+        return sorted(listed, key=lambda p: (p.info.role, p.info.peer_id))
 
     def peer_records(self, peer_ids: list[str]) -> dict[str, PeerInfo]:
-        return peer_records(self.dht, self.swarm, peer_ids)
+        self.refresh_directory()
+        return self._records("peer", peer_ids)
 
     def peer_record(self, peer_id: str) -> PeerInfo | None:
         return self.peer_records([peer_id]).get(peer_id)
@@ -90,16 +122,69 @@ class SwarmNode:
         return holdings_of(self.dht, self.swarm, peer_ids)
 
     def publish_tally(self, tally: Tally, ttl: float = 600.0) -> bool:
+        """Our tally, offered to our coordinators and served to whoever asks, and in the DHT."""
+        self.directory.hold_own("tally", tally, ttl)
+        self.directory.push(("tally",))
+        self._favour()
         return publish_tally(self.dht, self.identity, self.swarm, tally, ttl)
 
     def tally_of(self, learner: str) -> Tally | None:
-        return tally_of(self.dht, self.swarm, learner)
+        self.directory.want_tally(learner)
+        self.refresh_directory()
+        return self._records("tally", [learner]).get(learner)
 
     def publish_swarm_record(self, learners: dict[str, str], model_id: str = "", ttl: float = 60.0) -> bool:
-        return publish_swarm_record(self.dht, self.identity, self.swarm, learners, model_id, ttl)
+        """As a coordinator: the learners we name, served to whoever asks (our book keeps the records
+        they offer us), and in the DHT."""
+        record = swarm_record(self.identity, learners, model_id)
+        self.directory.hold_own("swarm", record, ttl)
+        self._favour()
+        return publish_swarm_record(self.dht, self.identity, self.swarm, record, ttl)
 
     def trusted_learners(self, coordinators: set[str]) -> dict[str, str]:
-        return trusted_learners(self.dht, self.swarm, coordinators)
+        """The learners the swarm records of `coordinators` name, with their models (`named_by`)."""
+        self.refresh_directory()
+        records = self._records("swarm", sorted(coordinators))
+        return named_by([r for r in records.values() if isinstance(r, SwarmRecord)])
+
+    def answers(self, peer_id: str) -> bool:
+        """Whether `peer_id` answered a call of ours lately (directory.LAST_GOOD_S): it is there,
+        whatever its records say."""
+        return self.directory.answered_lately(peer_id)
+
+    def refresh_directory(self, force: bool = False) -> None:
+        """Ask our coordinators and the learners we read for newer records (at most every
+        directory.REFRESH_S), and tell the DHT's storage whom to favour."""
+        self.directory.refresh(force)
+        self._favour()
+
+    def dht_storage(self) -> dict[str, dict[str, int]]:
+        """The DHT storage's and cache's figures (swarm/dht/storage.py): bytes by pool, rows, refusals."""
+        return self.dht.run_coroutine(stats_in_process)
+
+    def _favour(self) -> None:
+        favoured = self.directory.book.favoured()
+        if favoured != self._favoured:
+            self._favoured = favoured
+            self.dht.run_coroutine(functools.partial(favour_in_process, favoured), return_future=True)
+
+    def _records(self, kind: str, owners: list[str]) -> dict[str, object]:
+        """owner -> its record of `kind`: the directory's if unexpired, else the DHT's, else the last
+        good one (either's) while its owner answers us."""
+        out = {o: r for o in owners if (r := self.directory.record(kind, o)) is not None}
+        rest = [o for o in owners if o not in out]
+        if rest:
+            for owner, (record, expires) in own_entries(self.dht, self.swarm, kind, rest).items():
+                self._last_good.put(kind, owner, record, expires)
+                out[owner] = record
+        for owner in [o for o in rest if o not in out]:
+            if not self.directory.answered_lately(owner):
+                continue
+            held = self.directory.record(kind, owner, stale_ok=True)
+            last = self._last_good.get(kind, owner)
+            if held is not None or last is not None:
+                out[owner] = held if held is not None else last[0]
+        return out
 
     # serving (handlers.py)
 

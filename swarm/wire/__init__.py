@@ -9,6 +9,9 @@ encode, decode and bounds in one place, and the direction it travels.
     reach.py     hetero.reach.v1: ReachRequest, ReachReply    a joining node -> a bootstrap, and back
     peer.py      PeerInfo, Holder, SwarmRecord    any peer -> the DHT
     tally.py     Tally    learner -> the DHT (read by its samplers and the leaderboard)
+    directory.py hetero.directory.v1: DirectoryRequest, DirectoryReply, Entry, Want
+                 any node -> a coordinator or a named learner (the DHT's records, sealed), and back
+    text.py      printable, PeerTextFilter: a peer's text made terminal-safe    any peer -> a terminal or log
 
 The DHT's records and the small messages are msgspec Structs (typed decoding straight from
 msgpack). The rollout record and the batch keep their hand-written decoders: their bounds

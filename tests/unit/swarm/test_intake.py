@@ -22,6 +22,7 @@ from swarm.identity import Identity
 from swarm.rollouts.journal import Journal
 from swarm.exchange import IntakeConfig
 from swarm.wire.batch import MAX_BATCH, ROLLOUTS, BatchItem, RolloutReply, unpack_batch
+from swarm.wire.rollout import RolloutGroup
 from swarm.buckets import TokenBuckets
 from swarm.rollouts import MAX_OPEN_CALLS, Room, RolloutReceiver, pool_bound
 

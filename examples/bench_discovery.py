@@ -12,6 +12,8 @@ learner, one honest sampler), warmed to version 100 (the learner's archive of ve
   - eclipse: `--per-key` withholding DHT nodes next to each key that decides who trains (the
     swarm record's, the learner's peer record and tally; tests/helpers/eclipse.py), started while
     the swarm runs, held for `--window` s (past every record's 60 s life), then stopped.
+  - control: as many DHT nodes as the eclipse's, honest and at random ids: its load on this
+    machine's CPU without the attack.
   - flood: `--keys` fresh keys store the five records a key may store, each at its largest (tests/
     helpers/storage_flood.py), one full round; then a newcomer joins (what set off the pushes that
     cost every node gigabytes), then the flood is stopped.
@@ -40,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from cli.procs import stop  # noqa: E402
-from helpers.discovery import (LEARNER_TOML, WARM, critical_keys, join_newcomer, learner_clock, rate, rss_mb,  # noqa: E402
+from helpers.discovery import (LEARNER_TOML, WARM, cpu_s, critical_keys, join_newcomer, learner_clock, rate, rss_mb,  # noqa: E402
                                start_eclipse, start_storage_flood)
 from helpers.fake_records import make_keys  # noqa: E402
 from helpers.swarmkit import Swarm, peer_of, start_bootstrap  # noqa: E402
@@ -83,18 +85,21 @@ def run(kind: str, args: argparse.Namespace) -> dict:
         mem0 = memory(s)
         out["before"] = window(s, args.window, honest)
         attacker = None
-        if kind == "eclipse":
+        if kind in ("eclipse", "control"):
             keys = critical_keys(s)[:3]  # the swarm record's, the learner's peer record and tally
             t = time.monotonic()
-            attacker = start_eclipse(s, args.per_key, keys, timeout=1200)
-            out["setup"] = f"{args.per_key * len(keys)} withholding nodes up in {time.monotonic() - t:.0f} s"
+            attacker = start_eclipse(s, args.per_key, keys, timeout=1200, control=kind == "control")
+            what = "honest DHT nodes at random ids" if kind == "control" else "withholding nodes"
+            out["setup"] = f"{args.per_key * len(keys)} {what} up in {time.monotonic() - t:.0f} s"
         elif kind == "flood":
             keydir = Path(tempfile.gettempdir()) / f"bench-discovery-keys-{args.keys}"
             make_keys(keydir, args.keys)  # kept between runs: making 1,000 RSA keys takes minutes
             t = time.monotonic()
             attacker, line = start_storage_flood(s, args.keys, keydir, timeout=3600)
             out["setup"] = f"{args.keys} keys: {line} (ready after {time.monotonic() - t:.0f} s)"
+        cpu0, t = (cpu_s(attacker) if attacker else 0.0), time.monotonic()
         out["during"] = window(s, args.window, honest)
+        out["cpu"] = (cpu_s(attacker) - cpu0) / (time.monotonic() - t) if attacker else 0.0
         out["join_s"] = join_newcomer(s, "newcomer", timeout=600)
         time.sleep(10)  # pushes to the newcomer done
         out["memory"] = grew(mem0, memory(s))
@@ -159,8 +164,9 @@ def main() -> None:
     ap.add_argument("--per-key", type=int, default=64, help="withholding DHT nodes next to each critical key")
     ap.add_argument("--keys", type=int, default=1000, help="fresh keys storing their largest records")
     ap.add_argument("--window", type=float, default=60.0, help="seconds of the learner's clock each rate is read over")
-    ap.add_argument("--only", choices=["honest", "eclipse", "flood", "directory"], action="append",
-                    help="run only these (repeatable); default: honest, eclipse, flood, directory")
+    ap.add_argument("--only", choices=["honest", "eclipse", "control", "flood", "directory"], action="append",
+                    help="run only these (repeatable); default: honest, eclipse, flood, directory; control: the "
+                         "eclipse's load without the attack (as many honest DHT nodes at random ids)")
     args = ap.parse_args()
     kinds = args.only or ["honest", "eclipse", "flood", "directory"]
     if "directory" in kinds:
@@ -176,7 +182,8 @@ def main() -> None:
         print(f"{kind:<8} {r['before']:>24.2f} {r['during']:>7.2f} {r['during'] / max(r['before'], 1e-9):>5.2f} "
               f"{r['join_s']:>14.1f}s {r['after']:>30.2f} {after:>13}   {r['memory']}")
         if "setup" in r:
-            print(f"         {r['setup']}; stopped in {r['stop_s']:.1f} s")
+            print(f"         {r['setup']}; the attacker used {r['cpu']:.2f} of this machine's 2 cores during the "
+                  f"window; stopped in {r['stop_s']:.1f} s")
     print("(attackers at nice 19; versions reached: " + ", ".join(f"{k} {r['version']}" for k, r in results.items()) + ")")
 
 

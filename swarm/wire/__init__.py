@@ -21,5 +21,18 @@ most of the time is the token and log-prob arrays). This package imports nothing
 `swarm.identity` (keys), so every other part of swarm/, and node/, may import it.
 """
 
+import msgspec as _msgspec
+
 MAX_MESSAGE = 3 * 1024 * 1024
 """One message at most: hivemind caps an RPC reply at 4 MiB, so ours stay under this."""
+
+
+def decode_message(decoder: _msgspec.msgpack.Decoder, data: bytes, limit: int, what: str):
+    """A peer's message of at most `limit` bytes, decoded by `decoder`; ValueError (and nothing
+    else: garbage, a wrong type, nesting deep enough to recurse) if it is not one."""
+    if len(data) > limit:
+        raise ValueError(f"{what} of {len(data)} bytes (at most {limit})")
+    try:
+        return decoder.decode(data)
+    except (_msgspec.DecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise ValueError(f"not {what}: {e}") from None

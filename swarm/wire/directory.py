@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from swarm.wire import MAX_MESSAGE
+from swarm.wire import MAX_MESSAGE, decode_message
 
 DIRECTORY = "hetero.directory.v1"
 
@@ -93,12 +93,7 @@ class DirectoryReply(Struct, forbid_unknown_fields=True, gc=False):
 
 
 def _decode(decoder: msgspec.msgpack.Decoder, data: bytes):
-    if len(data) > MAX_MESSAGE:
-        raise ValueError(f"a directory message of {len(data)} bytes (at most {MAX_MESSAGE})")
-    try:
-        return decoder.decode(data)
-    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise ValueError(f"not a directory message: {e}") from None
+    return decode_message(decoder, data, MAX_MESSAGE, "a directory message")
 
 
 _REQUEST = msgspec.msgpack.Decoder(DirectoryRequest)

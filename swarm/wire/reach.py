@@ -14,6 +14,8 @@ from typing import Annotated
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from swarm.wire import decode_message
+
 REACH = "hetero.reach.v1"
 MAX_PORTS = 4
 MAX_REPLY_BYTES = 1024
@@ -50,12 +52,7 @@ class ReachReply(Struct, gc=False):
     @classmethod
     def decode(cls, data: bytes) -> ReachReply:
         """A bootstrap's reply; ValueError if it is none."""
-        if len(data) > MAX_REPLY_BYTES:
-            raise ValueError(f"a reach reply of {len(data)} bytes")
-        try:
-            return _REPLY.decode(data)
-        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as e:
-            raise ValueError(f"not a reach reply: {e}") from None
+        return decode_message(_REPLY, data, MAX_REPLY_BYTES, "a reach reply")
 
 
 _REQUEST = msgspec.msgpack.Decoder(ReachRequest)

@@ -12,6 +12,7 @@ a node's memory (its process group: the node, its DHT process and p2pd).
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -39,10 +40,12 @@ def critical_keys(s: Swarm) -> list[str]:
             peers_key(SWARM)]
 
 
-def start_eclipse(s: Swarm, per_key: int, keys: list[str], timeout: float = 300) -> NodeProcess:
-    """`per_key` withholding DHT nodes next to each of `keys`, joined through the bootstrap."""
+def start_eclipse(s: Swarm, per_key: int, keys: list[str], timeout: float = 300, control: bool = False) -> NodeProcess:
+    """`per_key` withholding DHT nodes next to each of `keys`, joined through the bootstrap (with
+    `control`, as many honest ones at random ids)."""
     ready = s.base / "eclipse.ready"
-    node = s.start("eclipse", [str(ready), s.addr, str(per_key), *keys], module="tests.helpers.eclipse")
+    node = s.start("eclipse", [str(ready), s.addr, str(per_key), *keys, *(["--control"] if control else [])],
+                   module="tests.helpers.eclipse")
     wait_for_file(ready, timeout, node)
     return node
 
@@ -76,6 +79,18 @@ def rss_mb(node: NodeProcess, dht_only: bool = False) -> float:
         except OSError:
             pass  # gone since listed
     return total / 1024
+
+
+def cpu_s(node: NodeProcess) -> float:
+    """CPU seconds (user + system) the live processes of a node's group have used so far."""
+    total = 0
+    for pid in group_members(node.pgid):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def first_accepted(s: Swarm, peer: str, timeout: float) -> float:

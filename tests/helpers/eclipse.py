@@ -1,14 +1,15 @@
 """An attacker that hides records by placing withholding DHT nodes next to their keys, as issue 58
 measured it:
 
-    python -m tests.helpers.eclipse READY_FILE INITIAL_PEER N KEY...
+    python -m tests.helpers.eclipse READY_FILE INITIAL_PEER N KEY... [--control]
 
 For each KEY (a DHT key as the swarm names it, e.g. hetero_<swarm>_peer/<learner id>), N DHT nodes
 (each its own key and p2pd, one process for all) whose ids sit next to the key by XOR: hivemind
 lets a node choose its id, so they are the key's nearest replicas however many honest peers there
 are. They answer every store "ok" and keep nothing, and every find "not found", naming only each
 other as nearer nodes, so a lookup that reaches them goes no further. READY_FILE gets the number
-of nodes up once all have joined; they stay until the process is stopped (SIGTERM).
+of nodes up once all have joined; they stay until the process is stopped (SIGTERM). With
+`--control`, as many honest DHT nodes at random ids (the same load on the machine, no attack).
 """
 
 from __future__ import annotations
@@ -52,18 +53,20 @@ def next_to(key: str, i: int) -> DHTID:
     return DHTID(target ^ (random.getrandbits(24) << 8 | i + 1))
 
 
-async def main(ready: Path, initial_peer: str, n: int, keys: list[str]) -> None:
+async def main(ready: Path, initial_peer: str, n: int, keys: list[str], control: bool = False) -> None:
+    """With `control`, as many honest DHT nodes at random ids: the same load on this machine, no attack."""
     os.nice(19)  # an attacker's own machines would not take the honest peers' CPU
-    DHTProtocol.rpc_store = withhold_store  # before any node registers its handlers
-    DHTProtocol.rpc_find = withhold_find
+    if not control:
+        DHTProtocol.rpc_store = withhold_store  # before any node registers its handlers
+        DHTProtocol.rpc_find = withhold_find
     nodes = []
     for key in keys:
         for i in range(n):
             p2p = await P2P.create(initial_peers=[initial_peer], host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-            node_id = next_to(key, i)
+            node_id = DHTID.generate() if control else next_to(key, i)
             LIARS[node_id] = p2p.peer_id
             nodes.append(await DHTNode.create(p2p=p2p, node_id=node_id, initial_peers=[initial_peer],
-                                              record_validator=None, cache_locally=False, cache_nearest=0))
+                                              record_validator=None, cache_locally=control, cache_nearest=0))
     ready.write_text(str(len(nodes)))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -77,5 +80,6 @@ async def main(ready: Path, initial_peer: str, n: int, keys: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    ready_file, peer, count, *targets = sys.argv[1:]
-    asyncio.run(main(Path(ready_file), peer, int(count), targets))
+    control = "--control" in sys.argv
+    ready_file, peer, count, *targets = [a for a in sys.argv[1:] if a != "--control"]
+    asyncio.run(main(Path(ready_file), peer, int(count), targets, control))

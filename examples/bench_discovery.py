@@ -164,13 +164,15 @@ def main() -> None:
     ap.add_argument("--per-key", type=int, default=64, help="withholding DHT nodes next to each critical key")
     ap.add_argument("--keys", type=int, default=1000, help="fresh keys storing their largest records")
     ap.add_argument("--window", type=float, default=60.0, help="seconds of the learner's clock each rate is read over")
+    ap.add_argument("--directory-seconds", type=float, default=60.0,
+                    help="seconds the coordinator's directory load is read over (--only directory)")
     ap.add_argument("--only", choices=["honest", "eclipse", "control", "flood", "directory"], action="append",
                     help="run only these (repeatable); default: honest, eclipse, flood, directory; control: the "
                          "eclipse's load without the attack (as many honest DHT nodes at random ids)")
     args = ap.parse_args()
     kinds = args.only or ["honest", "eclipse", "flood", "directory"]
     if "directory" in kinds:
-        directory_load()
+        directory_load(args.directory_seconds)
     results = {k: run(k, args) for k in kinds if k != "directory"}
     if not results:
         return

@@ -114,3 +114,16 @@ def test_a_peers_name_and_engine_reach_status_and_logs_escaped(tmp_path):
     for log in s.logs.glob("*.log"):
         text = log.read_text(errors="replace")
         assert not any(c in text for c in ("\x1b", "\x07", "\u202e", "\x00")), log
+
+
+@pytest.mark.timeout(180)
+def test_the_discovery_bench_runs():
+    """examples/bench_discovery.py at its smallest (the directory's load, 12 s): a change that breaks
+    the bench fails here, not when someone next reads BENCHMARKS."""
+    from helpers.repo import ROOT
+
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "bench_discovery.py"), "--only", "directory",
+                          "--directory-seconds", "12"], capture_output=True, text=True, timeout=150)
+    assert out.returncode == 0, out.stderr[-2000:]
+    line = next(x for x in out.stdout.splitlines() if x.startswith("coordinator's directory:"))
+    assert float(line.split(": ")[2].split(" B/s")[0]) > 0, line  # it served the samplers something

@@ -102,7 +102,9 @@ class Book:
             if kind == "tally" and isinstance(h.record, Tally):
                 recent = sorted(h.record.peers.items(), key=lambda kv: -kv[1].last)[:MAX_CREDITED]
                 credited.update(p for p, c in recent if c.rollouts > 0)
-        self._favoured = frozenset(self.coordinators | set(self._named) | credited)
+        favoured = frozenset(self.coordinators | set(self._named) | credited)
+        if favoured != self._favoured:  # the same object otherwise: the node pushes a new one to its DHT
+            self._favoured = favoured
 
     def add_coordinator(self, peer: str) -> None:
         with self._lock:

@@ -36,7 +36,7 @@ from swarm.buckets import worth_logging
 from swarm.dht.sealed import Sealer
 from swarm.directory.book import Book
 from swarm.identity import Identity, short_id
-from swarm.wire.directory import MAX_REPLY, DirectoryReply, DirectoryRequest, Entry, Want
+from swarm.wire.directory import MAX_REPLY, MAX_WANTS, DirectoryReply, DirectoryRequest, Entry, Want
 
 if TYPE_CHECKING:
     from swarm.p2p.doors import Door
@@ -129,9 +129,11 @@ class Directory:
             self._refreshed = time.monotonic()
             coordinators = sorted(self.book.coordinators - {self.peer_id})
             for c in coordinators:  # swarm records and the named learners' peer records
-                self._fetch(c, [("swarm", x) for x in coordinators] + [("peer", x) for x in self.book.named()])
-                unknown = [("peer", x) for x in self.book.named() if self.book.get("peer", x) is None]
-                if unknown:  # named only by what it just sent (a newcomer's first ask)
+                asked = set(self.book.named())
+                if not self._fetch(c, [("swarm", x) for x in coordinators] + [("peer", x) for x in sorted(asked)]):
+                    continue  # not answering: asked again next time, not twice now
+                unknown = [("peer", x) for x in sorted(set(self.book.named()) - asked)]
+                if unknown:  # named only by the swarm record it just sent (a newcomer's first ask)
                     self._fetch(c, unknown)
             missing = []
             for learner in sorted(self._interest & set(self.book.named()) - {self.peer_id}):
@@ -145,7 +147,7 @@ class Directory:
     def _fetch(self, peer: str, wanted: list[tuple[str, str]]) -> bool:
         """Ask `peer` for `wanted` (kind, owner) newer than ours; whether it answered."""
         wants = [Want(k, o, h.entry.expires if (h := self.book.get(k, o)) else 0.0) for k, o in wanted]
-        reply = self._ask(peer, DirectoryRequest(wants=wants[:64]))
+        reply = self._ask(peer, DirectoryRequest(wants=wants[:MAX_WANTS]))
         if reply is None:
             return False
         for entry in reply.entries:

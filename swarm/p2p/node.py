@@ -89,8 +89,8 @@ class SwarmNode:
         """`info` with whether this peer can be dialled (`private`: the node knows, swarm/p2p/reach.py);
         a learner's also offered to its coordinators (they keep it if they name it)."""
         info = stamped(self.identity, msgspec.structs.replace(info, private=self.private))
-        self.directory.hold_own("peer", info, ttl)
-        if info.role == "learner":
+        if info.role == "learner":  # the only peer records a directory asks for (a signature each)
+            self.directory.hold_own("peer", info, ttl)
             self.directory.push(("peer",))
         return announce(self.dht, self.identity, self.swarm, info, ttl)
 
@@ -164,7 +164,7 @@ class SwarmNode:
 
     def _favour(self) -> None:
         favoured = self.directory.book.favoured()
-        if favoured != self._favoured:
+        if favoured is not self._favoured:  # the book makes a new set only when it changed
             self._favoured = favoured
             self.dht.run_coroutine(functools.partial(favour_in_process, favoured), return_future=True)
 

@@ -49,11 +49,9 @@ def test_withholding_dht_nodes_next_to_every_critical_key_hide_no_learner(tmp_pa
             dht.shutdown()
         assert hidden is None
         v = s.version()
-        took = join_newcomer(s, "newcomer", timeout=NEWCOMER_S)
-        assert took <= NEWCOMER_S
+        join_newcomer(s, "newcomer", timeout=NEWCOMER_S)  # TimeoutError past it
         stop([s.nodes["newcomer"]])  # churn: it leaves, another joins
-        took = join_newcomer(s, "late", timeout=NEWCOMER_S)
-        assert took <= NEWCOMER_S
+        join_newcomer(s, "late", timeout=NEWCOMER_S)
         s.wait_version(v + 5, timeout=180)  # versions keep coming
     finally:
         s.stop_all()
@@ -77,11 +75,10 @@ def test_fresh_keys_storing_their_largest_records_then_a_join_leave_memory_bound
         make_keys(keydir, 150)
         start_storage_flood(s, 150, keydir)
         v = s.version()
-        took = join_newcomer(s, "newcomer", timeout=NEWCOMER_S)
+        join_newcomer(s, "newcomer", timeout=NEWCOMER_S)  # TimeoutError past it
         time.sleep(10)  # the pushes to the newcomer are done
         grew = {n: rss_mb(s.nodes[n], dht_only=True) - before[n] for n in honest}
         assert all(g < 100 for g in grew.values()), grew
-        assert took <= NEWCOMER_S
         s.wait_version(v + 5, timeout=180)
     finally:
         s.stop_all()
@@ -90,8 +87,8 @@ def test_fresh_keys_storing_their_largest_records_then_a_join_leave_memory_bound
 @pytest.mark.timeout(300)
 def test_a_peers_name_and_engine_reach_status_and_logs_escaped(tmp_path):
     """A stranger announces a name and engine of terminal escapes (clipboard write, clear screen,
-    window title, a right-to-left override, NUL): `status` prints them escaped, and no node's log
-    carries a control character from a peer."""
+    window title, a right-to-left override, NUL): `status` prints them escaped. (That every log
+    record is escaped: tests/unit/swarm/test_text.py, on the filter the CLI installs.)"""
     s = Swarm(tmp_path)
     stranger = None
     try:
@@ -111,9 +108,6 @@ def test_a_peers_name_and_engine_reach_status_and_logs_escaped(tmp_path):
         if stranger is not None:
             stranger.shutdown()
         s.stop_all()
-    for log in s.logs.glob("*.log"):
-        text = log.read_text(errors="replace")
-        assert not any(c in text for c in ("\x1b", "\x07", "\u202e", "\x00")), log
 
 
 @pytest.mark.timeout(180)

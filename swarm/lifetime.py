@@ -15,6 +15,7 @@ thread.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -119,9 +120,14 @@ def end_with_parent(poll_s: float = 1.0) -> None:
             if os.getppid() != parent:
                 break
             if tick % 5 == 0:
-                theirs = hivemind_sockets(parent) or theirs
+                with contextlib.suppress(Exception):  # a look at /proc that failed: the last one seen stays
+                    theirs = hivemind_sockets(parent) or theirs
             time.sleep(poll_s)
-        log.warning("the node's process %d is gone: stopping its DHT and p2pd", parent)
+        # stderr may be a pipe whose reader died with the node: rich's handler then raises
+        # SystemExit (its answer to a broken pipe), which ended this thread silently and left the
+        # DHT and p2pd running for good (seen: a bootstrap killed by a test's timeout, its output captured)
+        with contextlib.suppress(Exception, SystemExit):
+            log.warning("the node's process %d is gone: stopping its DHT and p2pd", parent)
         stop_children_and_exit(0, also_remove=theirs)
 
     threading.Thread(target=watch, name="end-with-parent", daemon=True).start()

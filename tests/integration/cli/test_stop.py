@@ -9,6 +9,8 @@ its parent dies, and the demo stops its swarm on SIGTERM/SIGHUP as on Ctrl-C.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import time
 
@@ -16,7 +18,7 @@ import pytest
 
 from cli.procs import start_node, stop, wait_for_file
 from swarm.lifetime import descendants
-from tests.helpers.procs import wait_gone
+from tests.helpers.procs import alive, wait_gone
 
 
 def wait_until(check, timeout: float, what: str) -> None:
@@ -87,3 +89,30 @@ def test_one_ctrl_c_stops_a_command(tmp_path, command):
         assert "Traceback" not in log and "ERROR" not in log, log
     finally:
         stop([proc])
+
+
+def test_a_node_killed_with_its_output_piped_to_a_reader_that_died_leaves_no_process(tmp_path):
+    """A bootstrap whose stdout and stderr are pipes (a supervisor, a test's capture), killed with
+    -9, its reader gone with it: its DHT process logs that it stops, the broken pipe made rich's
+    handler raise SystemExit in the DHT's watch thread, and the DHT and p2pd lived on for good."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "bootstrap", "--port", "0", "--host", "127.0.0.1",
+                             "--no-nat", "--identity", str(tmp_path / "b.key"), "--addr-file", str(tmp_path / "addr")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    helpers: set[int] = set()
+    try:
+        wait_until(lambda: (tmp_path / "addr").exists(), 90, "the bootstrap's address")
+        helpers = set(descendants(proc.pid))  # its DHT process, p2pd, torch's shared-memory manager
+        assert helpers, "no DHT process or p2pd"
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()  # the reader is gone: the helpers' next write meets a broken pipe
+        proc.stderr.close()
+        assert not wait_gone(helpers, 30), "the DHT process or p2pd outlived the node"
+    finally:
+        proc.kill()
+        for pid in alive(helpers):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

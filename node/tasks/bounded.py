@@ -136,11 +136,14 @@ class RewardWorker:
         self._ready = False
         self.kills = 0
         """Workers killed (past their deadline, or found dead) and restarted."""
+        self.groups = 0
+        """Groups sent to the worker to score."""
 
     def rewards(self, texts: Sequence[str], answer: str) -> list[float]:
         budget = self.budget(len(texts))
         request = json.dumps({"texts": list(texts), "answer": answer, "budget_s": budget}).encode()
         with self._lock:
+            self.groups += 1
             self._await_ready()
             t0 = time.monotonic()
             try:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import uuid
 
 import pytest
@@ -21,7 +20,7 @@ import pytest
 from helpers.honest_answers import KINDS, honest_groups
 from helpers.slow_rewards import EVADES, TOWER
 from node.tasks import DatasetTask, DatasetTaskConfig, math_verify_reward
-from node.tasks.bounded import GRACE_S, MIN_GROUP_S, OverBudget, RewardWorker, group_budget_s
+from node.tasks.bounded import MIN_GROUP_S, OverBudget, RewardWorker, group_budget_s
 from node.tasks.rewards import (MAX_ANSWER_CHARS, MAX_EXPONENT, MAX_FACTORIAL, MAX_NESTING, MAX_POWER_BITS,
                                 math_verify_refusal)
 
@@ -63,10 +62,22 @@ def test_the_bounds_sit_far_above_honest_answers():
 
 @pytest.mark.parametrize("text", [")" * 32000 + "^1" * 16000, "^" * 64000, "{1}^" * 16000, "1" * 64000 + "!",
                                   "1+1^1+" * 10000, "(1+2*3^4-5)" * 6000, "\\binom{" * 9000])
-def test_the_precheck_is_cheap_on_any_text(text):
-    t = time.perf_counter()
+def test_the_precheck_is_bounded_on_any_text(text, monkeypatch):
+    """Cheap whatever the text: one pass over it, then at most _MAX_LOOKS powers, factorials and
+    binomials looked at, each within _SCAN characters (~5-35 ms on these texts; 0.1 s for 64,000
+    carets when every one was looked at). Counted, not timed: a loaded machine times anything."""
+    from node.tasks import rewards
+
+    looked, scanned = [], []
+    look, after = rewards._look, rewards._operand_after
+
+    def counted_after(text, i, limit=None):
+        scanned.append(min(len(text), i + rewards._SCAN if limit is None else limit) - i)
+        return after(text, i, limit)
+    monkeypatch.setattr(rewards, "_look", lambda t, kind, m: looked.append(kind) or look(t, kind, m))
+    monkeypatch.setattr(rewards, "_operand_after", counted_after)
     math_verify_refusal(text)
-    assert time.perf_counter() - t < 0.5  # ~5-35 ms here: it looks at 256 operands at most, 64 characters each
+    assert len(looked) <= rewards._MAX_LOOKS and max(scanned, default=0) <= rewards._SCAN
 
 
 # ---- the worker: the budget as a hard deadline, on any thread ------------------------------------
@@ -96,17 +107,16 @@ def test_a_pathological_group_is_dropped_within_its_budget_from_any_thread(worke
     out: list = []
 
     def score() -> None:  # off the main thread, where math-verify's own timeouts do not exist
-        t = time.monotonic()
         try:
             worker.rewards(["\\boxed{42}"] * 7 + [EVADES], "42")
         except OverBudget as e:
-            out.append((time.monotonic() - t, str(e)))
+            out.append(str(e))
     thread = threading.Thread(target=score)
     thread.start()
     thread.join(10)
-    assert len(out) == 1 and "deadline" in out[0][1], out
-    assert 0.9 * group_budget_s(8) < out[0][0], out  # the worker's own timer ran out (no earlier: no wall-clock
-    # bound above, which a loaded machine could break; that sympy stopped in time is the worker living on)
+    # the worker's own timer ran out ("ran past its deadline", said by the worker at its budget), not
+    # the caller's wait; that sympy stopped in time is the worker living on
+    assert len(out) == 1 and "ran past its deadline" in out[0], out
     assert worker.kills == 0  # sympy stopped in time: the worker lives on
     assert worker.rewards(["\\boxed{42}", "\\boxed{41}"], "42") == [1.0, 0.0]
 
@@ -116,12 +126,11 @@ def test_a_custom_reward_is_held_to_the_same_deadline(reward):
     w = RewardWorker(f"helpers.slow_rewards:{reward}")
     try:
         assert w.rewards(["7", "8"], "7") == [1.0, 0.0]
-        t = time.monotonic()
-        with pytest.raises(OverBudget):
+        with pytest.raises(OverBudget) as e:
             w.rewards(["7", "slow", "8"], "7")
-        took = time.monotonic() - t
-        budget = group_budget_s(3)
-        assert took < budget + GRACE_S + 0.2, took  # the kill (+ reaping it) when the timer cannot stop it
+        # the worker's timer stopped it, or the caller stopped waiting at budget + GRACE_S and killed
+        # it (`poll(budget + GRACE_S)`: its wait is bounded by construction, not asserted in seconds)
+        assert ("ran past its deadline" if reward == "sleepy" else "its worker was killed") in str(e.value)
         assert w.kills == (0 if reward == "sleepy" else 1)
         assert w.rewards(["7", "8"], "7") == [1.0, 0.0]  # restarted (its imports not in the budget)
     finally:
@@ -193,13 +202,10 @@ def test_the_learner_drops_a_group_over_its_budget_counts_it_and_credits_nothing
     learner = _learner(DatasetTask(DatasetTaskConfig(train_files=(dataset,), eval_fraction=0.1)))
     right = f"\\boxed{{{_answer(learner)}}}"
     honest = _group(learner, [right] * 4 + ["\\boxed{999}"] * 4, sampler="honest")
-    t = time.monotonic()
     assert learner.ingest(honest) is None  # the worker's start is not a group's budget
     assert learner.buffer[-1].group.rewards == [1.0] * 4 + [0.0] * 4
-    for texts, within in [([TOWER] * 8, 0.5), ([right] * 7 + [EVADES], group_budget_s(8) + GRACE_S + 0.5)]:
-        t = time.monotonic()
+    for texts in ([TOWER] * 8, [right] * 7 + [EVADES]):  # refused by the pre-check; past the deadline
         assert learner.ingest(_group(learner, texts)) == "reward_budget"
-        assert time.monotonic() - t < within, texts
     assert learner.drops["reward_budget"] == 2 and sum(learner.drops.values()) == 2
     assert [b.sampler for b in learner.buffer] == ["honest"]  # never buffered, never trained on
     assert learner.untrained("attacker") == 0 and not learner.credit.peers
@@ -211,9 +217,7 @@ def test_a_custom_rewards_groups_are_held_to_the_deadline_at_the_learner(dataset
     learner = _learner(DatasetTask(cfg))
     answer, wrong = _answer(learner), str(int(_answer(learner)) + 1)
     assert learner.ingest(_group(learner, [answer] * 2 + [wrong] * 6, sampler="honest")) is None
-    t = time.monotonic()
     assert learner.ingest(_group(learner, [answer] * 7 + ["slow"])) == "reward_budget"
-    assert time.monotonic() - t < group_budget_s(8) + GRACE_S + 0.5
     assert learner.drops == {"reward_budget": 1}
     assert learner.ingest(_group(learner, [answer] * 3 + [wrong + " "] * 5, sampler="honest")) is None
     assert learner.buffer[-1].group.rewards == [1.0] * 3 + [0.0] * 5
@@ -256,9 +260,11 @@ def test_keys_whose_groups_run_to_the_deadline_spend_the_unproven_keys_share_and
     learner.scoring_time = ScoringTime(burst_s=1.5, clock=clock)  # a frozen clock: no refill meanwhile
     for key in ("k1", "k2"):
         assert learner.ingest(_group(learner, [answer] * 7 + ["slow"], sampler=key)) == "reward_budget"
-    t = time.monotonic()
+    from node.tasks.bounded import worker_for
+
+    asked = worker_for(cfg.reward).groups
     assert learner.ingest(_group(learner, [answer] * 7 + ["slow"], sampler="k3")) == SCORING_TIME
-    assert time.monotonic() - t < 0.3  # not scored: the thread that trains spent nothing on it
+    assert worker_for(cfg.reward).groups == asked  # not scored: the thread that trains spent nothing on it
     assert learner.drops == {"reward_budget": 2, SCORING_TIME: 1}
     clock.t += 10.0  # paid back at 0.5 s a second
     assert learner.ingest(_group(learner, [answer] * 6 + [answer + " "] * 2, sampler="k4")) is None

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import socket
@@ -90,7 +91,8 @@ def join(
              "device, sharing the weights); required here or in --config.")] = None,
     swarm: Annotated[Optional[str], typer.Option(help="Swarm name (default: the config's, else demo).")] = None,
     initial_peers: PeersOpt = [],
-    model: Annotated[Optional[str], typer.Option(help="Model to serve or train: HF folder or hub id (default: the built-in tiny model).")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Model to serve or train: HF folder or hub id (default: a sampler runs the swarm's, "
+                                                  "from its learner; a learner trains the built-in tiny model).")] = None,
     config: ConfigOpt = None,
     workdir: Annotated[Optional[Path], typer.Option(help="Identity, outbox, journal, checkpoints, metrics (default ./hetero-node-<role>).")] = None,
     host: Annotated[Optional[str], typer.Option(help="Listen address: 127.0.0.1 (this machine only) or 0.0.0.0 (all "
@@ -123,6 +125,7 @@ def join(
     """
     setup_logging(verbose)
     from node.device import resolve
+    from node.engines.vllm_settings import vllm_preflight
     from node.models import resolve_model_path
 
     from cli.procs import stop_on_signals
@@ -137,20 +140,31 @@ def join(
         "nproc_per_node": nproc_per_node,
         **network_overrides(host, port, public_ip, initial_peers, client_mode, nat, relay=bool(public_ip) or client_mode,
                             announce=announce_maddr, reachability=reachability)})
-    _settle_join(cfg, role, config, nat)
+    _settle_join(cfg, role, config, nat, model)
     # one process per workdir (held until exit); torchrun's ranks > 0 run under rank 0's
     claim = claim_dir(cfg.workdir, "--workdir", "join") if os.environ.get("RANK", "0") == "0" else None
-    resolve_model_path(cfg.model)  # a wrong model fails now, before the swarm is joined
+    if cfg.model:  # a sampler with none runs the swarm's (cli/roles/swarm_model.py)
+        resolve_model_path(cfg.model)  # a wrong model fails now, before the swarm is joined
     resolve(cfg.device, cfg.dtype)  # so does a GPU this machine does not have
+    if cfg.engine == "vllm" and cfg.role == "sampler":  # and a vLLM missing, or unable to use that device
+        vllm_preflight(cfg.device)
+    if os.environ.get("RANK", "0") == "0":  # and a machine that cannot hold the model (the swarm's: once known)
+        from cli.doctor import refuse_unfit
+
+        refuse_unfit(cfg)
     if cfg.nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
         raise typer.Exit(_torchrun(cfg.nproc_per_node))
     stop = stop_on_signals()
     {"learner": run_learner, "sampler": run_sampler, "sampler,learner": run_both}[cfg.role](cfg, stop)
 
 
-def _settle_join(cfg, role: Optional[str], config: Optional[Path], nat: Optional[bool]) -> None:
-    """What join needs past the config's own checks: a role, and a bootstrap peer to reach."""
+def _settle_join(cfg, role: Optional[str], config: Optional[Path], nat: Optional[bool], model: Optional[str]) -> None:
+    """What join needs past the config's own checks: a role, a bootstrap peer to reach, and for a
+    sampler given no model (no --model, none in --config), the swarm's: cfg.model "" (cli/roles/swarm_model.py)."""
     from node.config import read_toml
+
+    if cfg.role == "sampler" and model is None and (config is None or "model" not in _toml_keys(config)):
+        cfg.model = ""
 
     # the listen address is settled now (NetworkConfig: from the bootstraps, when not given)
     if nat is None and "nat_port_map" not in (read_toml(config).get("network", {}) if config is not None else {}):
@@ -226,7 +240,11 @@ def leaderboard(
 ) -> None:
     """Serve the public leaderboard: per peer, the rollouts that learners accepted (from their signed tallies)."""
     setup_logging(verbose)
+    from swarm.identity import check_peer_id
+
     host, port = _host_port(serve)
+    for peer in trusted_learner:
+        check_peer_id(peer, "--trusted-learner")
     for path, flag in ((db, "--db"), (identity, "--identity"), (url_file, "--url-file")):
         if path is not None:
             writable_file(path, flag)
@@ -259,18 +277,38 @@ def leaderboard(
 
 
 def _host_port(serve: str) -> tuple[str, int]:
-    host, _, port = serve.rpartition(":")
+    """--serve's HOST:PORT, or [IPv6]:PORT: "[::1]:0" -> ("::1", 0)."""
+    fix = "e.g. --serve 127.0.0.1:8080, or [::1]:8080 for IPv6 (port 0 picks a free one)"
+    bracketed = serve.startswith("[") and "]:" in serve
+    host, _, port = serve[1:].partition("]:") if bracketed else serve.rpartition(":")
     if not host or not port.isdigit() or int(port) > 65535:
-        raise UserError(f"--serve {serve!r} is not HOST:PORT", "e.g. --serve 127.0.0.1:8080 (port 0 picks a free one)")
+        raise UserError(f"--serve {serve!r} is not HOST:PORT", fix)
+    if bracketed and ":" not in host:
+        raise UserError(f"--serve {serve!r}: only an IPv6 address goes in brackets", fix)
+    if not bracketed and ":" in host:
+        raise UserError(f"--serve {serve!r}: an IPv6 address needs brackets", f"e.g. --serve [{host}]:{port}")
     return host, int(port)
 
 
 def _check_port_free(host: str, port: int) -> None:
+    """A busy port, or an address this machine does not have, is the user's to fix: say which."""
+    from swarm.leaderboard.server import listen_socket
+
+    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    address_fix = ("pass an address of this machine in --serve HOST:PORT, e.g. 127.0.0.1:8080 (this machine only) "
+                   "or 0.0.0.0:8080 (all interfaces)")
     try:
-        with socket.create_server((host, port)):
+        socket.getaddrinfo(host, port, socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    except socket.gaierror as e:  # a name that does not resolve (to an IPv4 address)
+        raise UserError(f"cannot serve on {shown}: {host!r} does not resolve ({e.strerror or e})",
+                        address_fix) from None
+    try:
+        with listen_socket(host, port):
             pass
     except OSError as e:
-        raise UserError(f"cannot serve on {host}:{port} ({e.strerror or e})",
+        why = os.strerror(e.errno) if e.errno and e.errno > 0 else str(e)
+        raise UserError(f"cannot serve on {shown} ({why})",
+                        address_fix if e.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT) else
                         "pick another port with --serve HOST:PORT (port 0 picks a free one)") from None
 
 

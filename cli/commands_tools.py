@@ -1,4 +1,5 @@
-"""Files: `plot` (runs' metrics to PNGs) and `init` (an example config to edit)."""
+"""Tools: `plot` (runs' metrics to PNGs), `init` (an example config to edit) and `doctor` (whether
+this machine can take part, and in which role)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from typing import Annotated, Literal, Optional
 
 import typer
 
-from cli.app import app
+from cli.app import app, as_str, load, setup_logging
 from cli.errors import UserError
+from cli.options import ConfigOpt, DeviceOpt, DtypeOpt, VerboseOpt
 from cli.paths import writable_dir, writable_file
 
 
@@ -44,3 +46,44 @@ def init(
     writable_file(out, "--out")
     out.write_text(files("cli").joinpath("configs", f"{kind}.toml").read_text())
     typer.echo(f"wrote {out}; edit it and pass --config {out}")
+
+
+@app.command()
+def doctor(
+    model: Annotated[Optional[str], typer.Option(help="The model to check: HF folder or hub id (only its config.json is "
+                                                 "read: from the folder, or the hub cache; published Qwen3 sizes are "
+                                                 "known by name; nothing is downloaded). Default: the built-in tiny model.")] = None,
+    role: Annotated[Literal["sampler", "learner", "all"], typer.Option(
+        help="The role to check; all: both (exit code 0 if either fits).")] = "all",
+    engine: Annotated[Optional[Literal["hf", "vllm"]], typer.Option(
+        help="A sampler's engine: hf or vllm (vLLM's automatic \\[vllm] settings are shown where it fits).")] = None,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+    workdir: Annotated[Optional[Path], typer.Option(help="Where the node would keep its files: the disk checked "
+                                                    "(default ./hetero-node-<role>).")] = None,
+    config: ConfigOpt = None,
+    table: Annotated[bool, typer.Option("--table", help="Print the README's table of what fits (Qwen3 sizes x "
+                                        "24/48/80 GB GPUs, and RAM) and exit.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the machine, the needs and the verdicts as JSON.")] = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Check whether this machine can take part: its GPUs, RAM, disk and software against what each
+    role needs for the model (budgets from --config), with the fix where something does not fit.
+
+    Exit code 0 when the role fits (with --role all: either), 2 when not, with a last line
+    `error: ... fix: ...`. The same check runs in `join` (cli/doctor.py `check_machine`).
+    """
+    if table:
+        from node.fit import fit_table
+
+        typer.echo(fit_table())
+        return
+    setup_logging(verbose)
+    from cli.config import JoinConfig
+    from cli.doctor import run_doctor
+    from node.fit import Role
+
+    roles = [Role.SAMPLER, Role.LEARNER] if role == "all" else [Role(role)]
+    cfg = load(JoinConfig, config, {"role": roles[0].value, "model": model, "engine": engine, "device": device,
+                                    "dtype": dtype, "workdir": as_str(workdir)})
+    run_doctor(cfg, roles, as_json, verbose)

@@ -156,8 +156,16 @@ class JoinConfig(TablesBlock, ProcessBlock, ModelBlock):
             raise ValueError("nproc_per_node must be >= 1, and > 1 only for a learner (not sampler,learner: one device)")
         if self.role == "sampler,learner" and self.engine != "hf":
             raise ValueError("sampler,learner generates with the learner's own model in memory: engine must be hf")
+        if self.engine == "vllm":
+            from node.engines.vllm_settings import check_vllm_config
+
+            check_vllm_config(self.vllm, self.sampling, self.dtype)
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError("max_steps must be >= 1")
+        if self.follow is not None:
+            from swarm.identity import check_peer_id  # imports hivemind: only for a --follow
+
+            check_peer_id(self.follow, "follow")
         if min(self.status_every_s, self.tally_every_s, self.announce_every_s, self.peer_ttl_s) <= 0:
             raise ValueError("status_every_s, tally_every_s, announce_every_s and peer_ttl_s must be > 0")
         if self.peer_ttl_s > MAX_TTL:

@@ -2,7 +2,7 @@
 
 The console entry point (`main`). The app is cli/app.py; its commands register from
 cli/commands_run.py (demo, local, simulate), cli/commands_swarm.py (bootstrap, join, peer-id,
-leaderboard, status) and cli/commands_tools.py (plot, init), imported here in the order
+leaderboard, status) and cli/commands_tools.py (plot, init, doctor), imported here in the order
 `hetero-node --help` lists them; cli/options.py holds the option types they share.
 
 Commands import torch/transformers lazily, inside the command, so `hetero-node --help` is instant.

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from node.metrics import Kind, Metric, read_metrics
+from node.metrics import Kind, Metric, read_metrics, skipped_lines
 
 log = logging.getLogger(__name__)
 
@@ -84,15 +84,20 @@ def _version(rec: dict[str, Any]) -> int | None:
 
 
 def load_run(path: Path, label: str) -> Run | None:
-    """The run in one JSONL file, or None if it holds no step or eval records."""
-    run = Run(label, path)
-    for rec in read_metrics(path):
+    """The run in one JSONL file, or None if it holds no step or eval records (not a metrics file:
+    quietly, however many lines it has). A metrics file's damaged lines cost one warning."""
+    run, skipped = Run(label, path), []
+    for rec in read_metrics(path, skipped):
         version = _version(rec)
         kind = rec.get(Metric.KIND, Kind.STEP)
         if version is None or kind not in (Kind.STEP, Kind.EVAL):
             continue
         (run.evals if kind == Kind.EVAL else run.steps)[version] = rec
-    return run if run.steps or run.evals else None
+    if not (run.steps or run.evals):
+        return None
+    if skipped:
+        log.warning("%s: %s", path, skipped_lines(skipped))
+    return run
 
 
 def _file_label(rel: Path, folder_name: str) -> str:
@@ -118,7 +123,8 @@ def find_runs(paths: Sequence[str | Path]) -> list[Run]:
             label = given.parent.resolve().name if given.name == "metrics.jsonl" else given.stem
             run = load_run(given, label or given.stem)
             if run is None:
-                raise FileNotFoundError(f"no metrics in {given}: it has no step or eval records; {HOW_TO_FIX}")
+                raise FileNotFoundError(f"{given} is not a metrics file: no line of it is a JSON record with a "
+                                        f"'version' key, as hetero-node local and join write one a step; {HOW_TO_FIX}")
             runs.append(run)
             continue
         name = given.resolve().name

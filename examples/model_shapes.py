@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import torch
 
+from node.fit.shape import QWEN3, ModelShape
+
+_FIGURES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+            "head_dim", "vocab_size", "tie_word_embeddings")
 SHAPES: dict[str, dict] = {
-    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                       num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
-    "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
-                       num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
+    # the published figures, kept once (node/fit/shape.py)
+    "qwen3-0.6b": {k: QWEN3["Qwen/Qwen3-0.6B"][k] for k in _FIGURES},
+    "qwen3-1.7b": {k: QWEN3["Qwen/Qwen3-1.7B"][k] for k in _FIGURES},
     # a tiny body under a Qwen3-sized vocabulary: the output head dominates memory (tests)
     "wide-vocab-tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                             num_key_value_heads=2, head_dim=32, vocab_size=151936, tie_word_embeddings=False),
@@ -47,11 +50,7 @@ def build(shape: str, max_positions: int = 40960, seed: int = 0, layers: int | N
 
 def parameters(shape: str, layers: int | None = None) -> int:
     """Parameter count of a shape (tied embeddings counted once), without building it."""
-    s = shape_of(shape, layers)
-    h, f, n, v = s["hidden_size"], s["intermediate_size"], s["num_hidden_layers"], s["vocab_size"]
-    q, kv = s["num_attention_heads"] * s["head_dim"], s["num_key_value_heads"] * s["head_dim"]
-    layer = h * (q + 2 * kv) + q * h + 3 * h * f + 2 * h + 2 * s["head_dim"]
-    return n * layer + v * h * (1 if s["tie_word_embeddings"] else 2) + h
+    return ModelShape.from_config(dict(shape_of(shape, layers), model_type="qwen3"), shape).parameters
 
 
 def synthetic_groups(vocab: int, n_groups: int, group_size: int, prompt_len: int, completion_len: int, seed: int = 0):

@@ -183,14 +183,13 @@ def peak_gib(pids: list[int]) -> float:
     return kb / 2 ** 20
 
 
-RUNTIME_GIB = 0.65
+# the figures this run measured, now kept where every memory check reads them (node/fit/needs.py)
+from node.fit.needs import HEAD_WORKSPACE, KEYFRAME_OF_VIEW as _KEYFRAME, NODE_RUNTIME  # noqa: E402
+
+RUNTIME_GIB = NODE_RUNTIME / GIB
 """A node before any model: Python, torch, its DHT process and p2pd (the bootstrap's peak here)."""
-KEYFRAME_OF_VIEW = 0.71
-"""A random-weights bfloat16 keyframe's bytes over its view's (311 of 438 MB here): zstd of the byte
-planes (trained weights were not measured)."""
-HEAD_CHUNKS = 3
-"""Output-head chunks of float32 logits alive at once in a backward (logits, log-softmax, gradient),
-each `node.training.logprobs.HEAD_CHUNK_BYTES`."""
+KEYFRAME_OF_VIEW = _KEYFRAME["bfloat16"]
+"""A random-weights bfloat16 keyframe's bytes over its view's (311 of 438 MB here)."""
 
 
 def predicted_gib(role: str, params: int, shape: dict, args: argparse.Namespace) -> tuple[float, str]:
@@ -202,8 +201,6 @@ def predicted_gib(role: str, params: int, shape: dict, args: argparse.Namespace)
     serves + its view, or at a keyframe the decode's planes and output in its place (2 views) + its
     KV cache + the runtime. With --device cuda, the weights, gradients, optimizer and activations are
     on the GPU, and the host holds the views, the blob and the runtime."""
-    from node.training.logprobs import HEAD_CHUNK_BYTES
-
     view = {"bfloat16": 2, "float32": 4, "auto": 2 if args.device != "cpu" else 4}[args.view] * params
     blob = KEYFRAME_OF_VIEW * view if view == 2 * params else view
     runtime = RUNTIME_GIB * GIB
@@ -212,7 +209,7 @@ def predicted_gib(role: str, params: int, shape: dict, args: argparse.Namespace)
         if args.device != "cpu":
             return (runtime + view + blob) / GIB, "host: a rebuilt view + the keyframe blob + runtime"
         tokens = args.groups_per_step * args.group_size * (args.completion_len + 32)
-        acts = 4 * tokens * layers * (12 * h + 4 * f) + HEAD_CHUNKS * HEAD_CHUNK_BYTES
+        acts = 4 * tokens * layers * (12 * h + 4 * f) + HEAD_WORKSPACE
         return ((16 * params + 2 * view + blob + acts + runtime) / GIB,
                 f"16 B/param + 2 views + keyframe + activations of {tokens} tokens ({acts / GIB:.1f}) + runtime")
     seqs = args.prompts_per_batch * args.group_size

@@ -150,6 +150,13 @@ def task_from_dict(d: dict[str, Any], where: str = "task") -> TaskConfig:
     return from_dict(TASK_KINDS[kind], d, where)
 
 
+def task_to_dict(task: TaskConfig) -> dict[str, Any]:
+    """A [task] table as `task_from_dict` reads it back (its kind named): what a learner tells the
+    samplers it serves its model to (swarm/wire/model_files.py)."""
+    kind = next(k for k, cls in TASK_KINDS.items() if isinstance(task, cls))
+    return {"kind": kind, **dataclasses.asdict(task)}
+
+
 def _type_name(hint: Any) -> str:
     return getattr(hint, "__name__", str(hint).replace("typing.", ""))
 

@@ -230,12 +230,13 @@ def _jsonable(obj: Any) -> Any:
     raise TypeError(f"metrics: {type(obj).__name__} is not JSON serializable")
 
 
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+def read_metrics(path: str | Path, skipped: list[int] | None = None) -> list[dict[str, Any]]:
     """The records of a metrics JSONL file, in file order.
 
     A torn last line (the writer crashed or is writing it right now) is skipped quietly; a bad
-    line elsewhere, or a line that is not a JSON object, is skipped with a warning, so one damaged
-    record does not hide a whole run. Raises FileNotFoundError if `path` does not exist.
+    line elsewhere, or a line that is not a JSON object, is skipped, so one damaged record does not
+    hide a whole run: their line numbers are appended to `skipped`, or, without it, named in one
+    warning. Raises FileNotFoundError if `path` does not exist.
     """
     path = Path(path)
     with open(path, encoding="utf-8", errors="replace") as f:  # a torn multi-byte char must not fail the file
@@ -243,6 +244,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     while lines and not lines[-1].strip():
         lines.pop()
     records: list[dict[str, Any]] = []
+    bad: list[int] = []
     for i, line in enumerate(lines):
         if not line.strip():
             continue
@@ -252,10 +254,21 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
             if i == len(lines) - 1:
                 log.debug("%s: torn last line skipped", path)
             else:
-                log.warning("%s:%d: not valid JSON; line skipped", path, i + 1)
+                bad.append(i + 1)
             continue
         if not isinstance(rec, dict):
-            log.warning("%s:%d: not a JSON object; line skipped", path, i + 1)
+            bad.append(i + 1)
             continue
         records.append(rec)
+    if skipped is not None:
+        skipped.extend(bad)
+    elif bad:
+        log.warning("%s: %s", path, skipped_lines(bad))
     return records
+
+
+def skipped_lines(lines: list[int], shown: int = 5) -> str:
+    """One phrase for the lines `read_metrics` skipped: "2 lines skipped, not JSON objects (lines 3, 9)"."""
+    more = f", ... ({len(lines) - shown} more)" if len(lines) > shown else ""
+    return (f"{len(lines)} line{'s' if len(lines) > 1 else ''} skipped, not JSON objects "
+            f"(line{'s' if len(lines) > 1 else ''} {', '.join(map(str, lines[:shown]))}{more})")

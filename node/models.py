@@ -43,7 +43,8 @@ def resolve_model_path(model_id: str) -> str:
     """Local folder for `builtin:NAME` or a path; anything else is a hub id, passed on as is.
 
     Checks what can be checked without loading: a builtin or a path-like id must be a folder with
-    a config.json, so a typo fails at once, in one line, not deep inside transformers."""
+    a config.json, and a hub id must be in the local cache or the hub must answer (`check_hub_id`),
+    so a typo or a machine offline fails at once, in one line, not deep inside transformers."""
     if model_id.startswith("builtin:"):
         path = ASSETS / model_id.split(":", 1)[1]
         if not (path / "config.json").exists():
@@ -55,7 +56,66 @@ def resolve_model_path(model_id: str) -> str:
     if looks_local and not (path / "config.json").is_file():
         why = "no such folder" if not path.exists() else "the folder has no config.json"
         raise ModelNotFoundError(f"model {model_id!r}: {why}")
-    return str(path) if looks_local else model_id
+    if looks_local:
+        return str(path)
+    check_hub_id(model_id)
+    return model_id
+
+
+HUB_PROBE_S = 4.0
+"""How long a hub id that is not in the local cache waits to learn whether the hub answers at all.
+Unchecked, huggingface_hub retries an unreachable hub for about a minute, a warning a try, before
+transformers gives up on the first file."""
+
+
+def check_hub_id(model_id: str) -> None:
+    """A hub id loads if it is in the local Hugging Face cache or the hub (huggingface_hub's endpoint,
+    HF_ENDPOINT) answers: else ModelNotFoundError now, in one line. With HF_HUB_OFFLINE set, the hub
+    is not asked. An id the hub does not have is transformers' to say (`_hub_errors`)."""
+    import huggingface_hub
+    from huggingface_hub import constants
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        cached = huggingface_hub.try_to_load_from_cache(model_id, "config.json")
+    except HFValidationError:
+        raise ModelNotFoundError(f"model {model_id!r} is neither a folder nor a hub id like Qwen/Qwen3-0.6B") from None
+    if isinstance(cached, str):
+        return
+    where = f"model {model_id!r} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE})"
+    if huggingface_hub.is_offline_mode():
+        e = ModelNotFoundError(f"{where}, and HF_HUB_OFFLINE is set")
+    else:
+        why = _hub_unreachable(constants.ENDPOINT)
+        if why is None:
+            return
+        e = ModelNotFoundError(f"{where}, and the hub ({constants.ENDPOINT}) cannot be reached ({why})")
+    e.fix = (f"give a local folder saved with save_pretrained, or builtin:tiny-arith; or download it first "
+             f"where the hub is reachable (`hf download {model_id}` fills the cache)"
+             + ("; or unset HF_HUB_OFFLINE" if huggingface_hub.is_offline_mode() else ""))
+    raise e
+
+
+def _hub_unreachable(endpoint: str) -> str | None:
+    """Why the hub at `endpoint` does not answer within HUB_PROBE_S (any HTTP answer will do), or None.
+    On a thread, so that a name lookup that hangs (no timeout of the HTTP client covers it) is bounded too."""
+    import threading
+
+    from huggingface_hub.utils import get_session  # the client the hub's own calls use (proxies and all)
+
+    result: list[str | None] = []
+
+    def ask() -> None:
+        try:
+            get_session().head(endpoint, timeout=HUB_PROBE_S)
+            result.append(None)
+        except Exception as e:  # noqa: BLE001 (whatever the client raises, the hub did not answer)
+            result.append(" ".join(str(e).split()) or type(e).__name__)
+
+    asker = threading.Thread(target=ask, name="hub-probe", daemon=True)
+    asker.start()
+    asker.join(HUB_PROBE_S + 1)
+    return result[0] if result else f"no answer in {HUB_PROBE_S:g} s"
 
 
 def build_char_tokenizer() -> "PreTrainedTokenizerBase":
@@ -177,3 +237,50 @@ def without_dropout(model: "torch.nn.Module") -> "torch.nn.Module":
         if rate(name, value):
             setattr(config, name, 0.0)
     return model
+
+
+def model_files(model_id: str, tokenizer: "PreTrainedTokenizerBase") -> dict[str, bytes]:
+    """What a sampler needs to run `model_id` besides its weights, by file name: its config, its
+    generation config (the EOS ids a completion stops on) and its tokenizer as `tokenizer` saves it
+    (a learner serves them: swarm/model_files.py). Only names a model folder reads (FILE_NAMES)."""
+    import tempfile
+
+    from transformers import AutoConfig
+
+    from swarm.wire.model_files import FILE_NAMES
+
+    with _hub_errors(model_id):
+        config = AutoConfig.from_pretrained(resolve_model_path(model_id))
+    with tempfile.TemporaryDirectory(prefix="hetero-files-") as folder:
+        config.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        source = Path(resolve_model_path(model_id)) / "generation_config.json"
+        if source.is_file():
+            (Path(folder) / "generation_config.json").write_bytes(source.read_bytes())
+        else:  # a hub id: its cached generation config, if any (never the network)
+            with contextlib.suppress(Exception):
+                from transformers import GenerationConfig
+
+                GenerationConfig.from_pretrained(model_id, local_files_only=True).save_pretrained(folder)
+        return {p.name: p.read_bytes() for p in sorted(Path(folder).iterdir()) if p.name in FILE_NAMES}
+
+
+def has_weights(folder: str | Path) -> bool:
+    """Whether a model folder holds weights (a bundle's folder holds none: they come as a keyframe)."""
+    return any(Path(folder).glob("*.safetensors")) or any(Path(folder).glob("pytorch_model*.bin"))
+
+
+def empty_model(folder: str | Path, dtype: "torch.dtype | None" = None, device: str = "cpu") -> "PreTrainedModel":
+    """The causal LM of `folder`'s config, its weights not initialised (a sampler loads the learner's
+    keyframe into it before it generates anything): no weights file, and none of the time random
+    initialisation takes at size. Buffers computed from the config (rotary frequencies) are set."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    config = AutoConfig.from_pretrained(folder)
+    with no_init_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype or torch.float32)
+    log.info("built %s from its config (weights from the learner): %.2fM parameters", folder,
+             sum(p.numel() for p in model.parameters()) / 1e6)
+    return without_dropout(model).to(device).eval()

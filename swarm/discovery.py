@@ -21,7 +21,8 @@ from typing import Protocol
 
 from swarm.identity import short_id
 from swarm.p2p import SwarmNode
-from swarm.wire.peer import PeerInfo
+from swarm.dht.records import named_by
+from swarm.wire.peer import PeerInfo, SwarmRecord
 from swarm.wire.tally import Tally
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,18 @@ def choose(peers: list[PeerInfo], trusted: dict[str, str], model_id: str, pin: s
         mates=sorted(p.peer_id for p in peers if is_mate(p, pick, model_id)) if pick else [],
         disputed=disputed,
         models=sorted({p.model_id for p in named.values()}))
+
+
+def swarm_model(records: list[SwarmRecord], peers: list[PeerInfo], pin: str | None = None) -> PeerInfo | None:
+    """The learner whose model a sampler given no model runs (its bundle: swarm/model_files.py), from
+    our coordinators' swarm `records` and the live `peers`' records: the pinned one if live, else the
+    first named learner (by id) that serves a bundle of the model the records name (`model_id`), else of
+    any model; never one whose announced model the records contradict. None while there is none."""
+    trusted = {pin: ""} if pin else named_by(records)
+    wanted = next((r.model_id for r in records if r.model_id), "")
+    serving = sorted((p for p in peers if p.role == "learner" and p.files and p.peer_id in trusted
+                      and trusted[p.peer_id] in ("", p.model_id)), key=lambda p: p.peer_id)
+    return next((p for p in serving if p.model_id == wanted), None) or (serving[0] if serving else None)
 
 
 def is_mate(peer: PeerInfo, learner: str | None, model_id: str) -> bool:

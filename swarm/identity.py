@@ -31,6 +31,38 @@ def peer_id_of(public_key_der: bytes) -> str:
     return base58.b58encode(multihash.encode(hashlib.sha256(proto).digest(), "sha2-256")).decode()
 
 
+SHA2_256, IDENTITY = 0x12, 0x00
+"""The multihash codes of peer ids."""
+MAX_INLINED_KEY = 42
+"""libp2p inlines a public key of at most 42 bytes in its peer id (the identity multihash: ed25519's
+ids, 12D3KooW...); a larger key's id is its sha2-256 (Qm..., the RSA keys hivemind and we use)."""
+
+
+class PeerIdError(ValueError):
+    """Text given as a peer id that is none: `str(e)` says where, `fix` where to get a real one."""
+
+    fix = "give the peer id as `hetero-node peer-id <its workdir>` prints it (Qm...)"
+
+
+def is_peer_id(text: str) -> bool:
+    """Whether `text` is a libp2p peer id as hivemind prints it: base58btc of a multihash, either
+    sha2-256 (32 bytes) of the public key or the key itself inlined (identity, 1..42 bytes)."""
+    if not 0 < len(text) <= 64:
+        return False
+    try:
+        mh = multihash.decode(base58.b58decode(text))
+    except (ValueError, multihash.MultihashError):  # not base58 (UnicodeEncodeError too), not a multihash
+        return False
+    return (mh.code == SHA2_256 and mh.length == 32) or (mh.code == IDENTITY and 0 < mh.length <= MAX_INLINED_KEY)
+
+
+def check_peer_id(text: str, where: str) -> str:
+    """`text` if it is a peer id (`is_peer_id`), else PeerIdError naming `where` (a flag, a file)."""
+    if not is_peer_id(text):
+        raise PeerIdError(f"{where}: {text!r} is not a peer id")
+    return text
+
+
 def verify(public_key_der: bytes, data: bytes, signature: bytes) -> bool:
     try:
         key = serialization.load_der_public_key(public_key_der)

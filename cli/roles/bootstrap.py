@@ -9,7 +9,7 @@ from typing import Callable
 
 from cli.errors import UserError
 from swarm.dht.network import NetworkConfig
-from swarm.identity import Identity, short_id
+from swarm.identity import Identity, is_peer_id, short_id
 from swarm.p2p import SwarmNode
 from swarm.p2p.reach import serve_reachability
 from swarm.wire.peer import PeerInfo
@@ -20,12 +20,13 @@ log = logging.getLogger("hetero-node")
 
 
 def parse_learners(entries: list[str], where: str = "--trusted-learner") -> dict[str, str]:
-    """`PEER_ID` or `PEER_ID=MODEL` entries -> {peer id: model ("" = unstated)}."""
+    """`PEER_ID` or `PEER_ID=MODEL` entries -> {peer id: model ("" = unstated)}; a peer id must be one
+    (`is_peer_id`: a typo would name a learner nobody can be, and samplers would follow none)."""
     out: dict[str, str] = {}
     for entry in entries:
         peer, _, model = entry.strip().partition("=")
         peer, model = peer.strip(), model.strip()
-        if not peer or len(peer) > 64 or any(c.isspace() for c in peer):
+        if not is_peer_id(peer):
             raise UserError(f"{where}: {entry!r} is not a peer id",
                             "give PEER_ID or PEER_ID=MODEL, as `hetero-node peer-id <learner workdir>` prints it")
         out[peer] = model

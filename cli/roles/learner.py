@@ -25,7 +25,8 @@ from node.device import resolve
 from node.training.distributed import Leader, follow, init_from_env, shard
 from node.learner import Learner, LearnerConfig
 from node.metrics import MetricsWriter
-from node.models import load_model, load_tokenizer
+from node.config import task_to_dict
+from node.models import load_model, load_tokenizer, model_files
 from node.weights.blob import untie
 from node.tasks import make_task
 from swarm.rollouts.journal import Journal
@@ -33,6 +34,8 @@ from swarm.p2p import SwarmNode
 from swarm.wire.rollout import MAX_RECORD_BYTES
 from swarm.wire.peer import PeerInfo
 from swarm.links import SwarmLearnerLink
+from swarm.model_files import FilesServer
+from swarm.wire.model_files import ModelFiles
 
 from cli.roles.common import Every, Heartbeat, start_node, survive, volunteer_command
 from cli.config import JoinConfig
@@ -202,6 +205,7 @@ class LearnerRun:
         self.learner, self.link, self.resumed, cursor = make_learner(cfg, node, place, coll)
         self.checkpoints = Checkpoints(self.learner, Path(cfg.workdir) / "checkpoints", cursor)
         self.local = make_local(self.learner) if make_local else None
+        self.files = serve_model_files(cfg, node, self.learner.tok)
         self.report = LearnerReport(self.learner)
         self.last_data = time.monotonic()
         self.named = False
@@ -280,7 +284,8 @@ class LearnerRun:
         learner, cfg = self.learner, self.cfg
         return PeerInfo(peer_id=self.node.peer_id, role="learner", model_id=cfg.model, version=learner.version,
                         engine="hf", throughput=round(self.report.rate() * cfg.sampling.group_size, 3),
-                        accepts=accepted_models(cfg.learner, learner.checks.other_tokenizer_models()))
+                        accepts=accepted_models(cfg.learner, learner.checks.other_tokenizer_models()),
+                        files=self.files.digest, files_bytes=self.files.nbytes)
 
     def _announce(self) -> None:
         self.node.announce(msgspec.structs.replace(self.card, maddrs=self.node.maddrs()), ttl=self.cfg.peer_ttl_s)
@@ -296,6 +301,20 @@ class LearnerRun:
             learner.leader.stop()
         learner.metrics.close()
         log.info(self.report.summary())
+
+
+def serve_model_files(cfg: JoinConfig, node: SwarmNode, tokenizer) -> FilesServer:
+    """Serve what a sampler given no --model needs to run ours besides the weights (config,
+    generation config, tokenizer) and the task and sampling it must draw with: its digest goes in
+    our peer record (swarm/model_files.py)."""
+    import dataclasses
+
+    bundle = ModelFiles(model_id=cfg.model, files=model_files(cfg.model, tokenizer), task=task_to_dict(cfg.task),
+                        sampling=dataclasses.asdict(cfg.sampling))
+    server = FilesServer(node, bundle)
+    log.info("serving %s's config and tokenizer to samplers (%d files, %.1f MB packed)", cfg.model,
+             len(bundle.files), server.nbytes / 1e6)
+    return server
 
 
 def accepted_models(lc: LearnerConfig, other_tokenizers: set[str] = frozenset()) -> list[str]:

@@ -23,6 +23,8 @@ from swarm.wire.peer import PeerInfo
 from swarm.links import SwarmSamplerLink
 
 from cli.roles.common import Every, Heartbeat, start_node
+from cli.roles.swarm_model import adopt_swarm_model
+from cli.doctor import refuse_unfit
 from cli.config import JoinConfig
 from cli.roles.report import SamplerReport
 
@@ -35,10 +37,17 @@ def run_sampler(cfg: JoinConfig, stop: threading.Event) -> None:
     metrics = MetricsWriter(Path(cfg.workdir) / "metrics.jsonl")
     link = None
     try:
+        folder = None
+        if not cfg.model:  # no --model: the swarm's, from its learner (cli/roles/swarm_model.py)
+            adopted = adopt_swarm_model(cfg, node, stop)
+            if adopted is None:
+                return
+            cfg, folder = adopted.cfg, adopted.folder
+            refuse_unfit(cfg, str(folder))  # the swarm's model must fit here too: said in one line if not
         tracker = LearnerTracker(node, cfg.follow, cfg.model)
         link = SwarmSamplerLink(node, outbox, tracker, cfg.sampler.weight_delay, cfg.sampler.rollout_delay, cfg.seed,
                                 fetch=cfg.sampler.fetch, max_partner_owed=cfg.sampler.max_outbox)
-        sampler = _make_sampler(cfg, node)
+        sampler = _make_sampler(cfg, node, folder)
         SamplerLoop(cfg, node, outbox, link, sampler, tracker, SamplerReport(metrics, sampler, link)).run(stop)
     finally:
         if link is not None:
@@ -80,19 +89,29 @@ def _waiting_for(tracker: LearnerTracker, swarm: str) -> str:
     if tracker.named_models:
         return (f"waiting for a learner of model {tracker.model_id!r} or one that takes its rollouts: the learners "
                 f"in swarm {swarm!r} train {', '.join(map(repr, tracker.named_models))} and none names "
-                f"{tracker.model_id!r} in its learner.foreign.accept_models; join with --model set to one of theirs")
+                f"{tracker.model_id!r} in its learner.foreign.accept_models: rejoin without --model to run the swarm's")
     return f"waiting for a learner to join swarm {swarm!r} (none seen yet; is --swarm the coordinator's?)"
 
 
-def _make_sampler(cfg: JoinConfig, node: SwarmNode) -> Sampler:
-    tok = load_tokenizer(cfg.model)
+def _make_sampler(cfg: JoinConfig, node: SwarmNode, folder: Path | None = None) -> Sampler:
+    """The sampler of `cfg.model`, or of the swarm's model from the learner's files in `folder`: built
+    from its config with no weights, it generates nothing until the learner's keyframe is loaded."""
+    where = str(folder) if folder is not None else cfg.model
+    tok = load_tokenizer(where)
     # auto: bfloat16 on a GPU (what every RL system samples in), float32 on the CPU. Audits by race
     # margin pass honest bfloat16 engines (docs/DESIGN.md, "The audit across precisions")
     place = resolve(cfg.device, cfg.dtype)
-    log.info("sampler generates on %s", place)
-    engine = make_engine(cfg.engine, cfg.model, tok, cfg.vllm, placement=place)
-    return Sampler(node.peer_id, make_task(cfg.task, tok), engine, tokenizer_hash(tok), sampling=cfg.sampling,
-                   swarm=cfg.swarm, prompts_per_batch=cfg.sampler.prompts_per_batch, seed=cfg.seed)
+    task, vllm = make_task(cfg.task, tok), cfg.vllm
+    if cfg.engine == "vllm":  # [vllm]'s "auto" settled from the model, this GPU, --dtype and the batch; logged
+        from cli.doctor import vllm_for_sampler
+
+        vllm = vllm_for_sampler(cfg, place, where, tok, task)
+    else:
+        log.info("sampler generates on %s", place)
+    engine = make_engine(cfg.engine, cfg.model, tok, vllm, placement=place, path=where)
+    return Sampler(node.peer_id, task, engine, tokenizer_hash(tok), sampling=cfg.sampling,
+                   swarm=cfg.swarm, prompts_per_batch=cfg.sampler.prompts_per_batch, seed=cfg.seed,
+                   weightless=folder is not None)
 
 
 class SamplerLoop:
@@ -105,6 +124,7 @@ class SamplerLoop:
         self.sampler, self.tracker, self.report = sampler, tracker, report
         self.status = Every(cfg.status_every_s)
         self.backoff, self.groups, self.t0, self.force = 1.0, 0, time.monotonic(), True
+        self.told_models = False
         self.card: PeerInfo | None = None
         """What the heartbeat announces: replaced whole by the loop, never changed in place."""
 
@@ -142,8 +162,11 @@ class SamplerLoop:
         self.report.arrivals()
         tracker.refresh(force=self.force)
         if not tracker.any:
-            log.info("%s (for %.0f s; retrying in %.0f s)", _waiting_for(tracker, cfg.swarm),
-                     time.monotonic() - self.t0, self.backoff)
+            why = _waiting_for(tracker, cfg.swarm)
+            # the first time a swarm of other models is seen, a warning: this sampler's work helps no one
+            (log.warning if tracker.named_models and not self.told_models else log.info)(
+                "%s (for %.0f s; retrying in %.0f s)", why, time.monotonic() - self.t0, self.backoff)
+            self.told_models = self.told_models or bool(tracker.named_models)
             stop.wait(self.backoff)
             self.backoff, self.force = min(self.backoff * 2, 30.0), True
             return
@@ -152,5 +175,8 @@ class SamplerLoop:
             stop.wait(0.2)  # the learner is behind or away: do not generate without bound
             return
         made = sampler.run_once(link)
+        if sampler.waiting_for_weights:
+            stop.wait(0.2)  # the learner's keyframe is on its way (the link's prefetcher fetches it)
+            return
         self.groups += made
         self.report.batch(made)

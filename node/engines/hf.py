@@ -27,9 +27,12 @@ from node.sampling.params import SamplingParams
 
 log = logging.getLogger(__name__)
 
+MAX_BATCH = 256
+"""Most sequences (prompts x G) per `generate` call by default: bounds the KV cache (node/fit counts it)."""
+
 
 class HFEngine:
-    def __init__(self, model, tokenizer, model_id: str, version: int = 0, max_batch: int = 256,
+    def __init__(self, model, tokenizer, model_id: str, version: int = 0, max_batch: int = MAX_BATCH,
                  eos_ids: list[int] | None = None) -> None:
         from node.models import eos_token_ids
 

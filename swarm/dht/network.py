@@ -1,5 +1,5 @@
 """Where a peer listens and whom it dials first: `NetworkConfig`, and the checks of the addresses a
-user names (bootstrap multiaddrs, announce addresses), each failing with the fix.
+user names (bootstrap multiaddrs, announce addresses, the listen host), each failing with the fix.
 
 Networking defaults are safe: loopback only and no UPnP/NAT-PMP gateway probing unless the
 caller opts in, which a real `join` on the internet does.
@@ -51,6 +51,26 @@ def check_multiaddr(addr: str) -> str:
     return addr
 
 
+def check_listen_host(host: str) -> str:
+    """`host` if it is an IP address to listen on: p2pd takes /ip4/ or /ip6/ literals, never a name
+    (`localhost` would end in the daemon's start-up failure, a traceback)."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        e = BadAddressError(f"listen host {host!r} is not an IP address (IPv4 or IPv6)")
+        e.fix = ("pass --host 127.0.0.1 for this machine only (what localhost means), or 0.0.0.0 for all "
+                 "interfaces")
+        raise e from None
+    return host
+
+
+def listen_maddr(host: str, port: int) -> str:
+    """The multiaddr p2pd listens on for an IP address `host` (checked by `check_listen_host`)."""
+    return f"/ip{6 if ':' in host else 4}/{host}/tcp/{port}"
+
+
 def check_announce_maddr(addr: str) -> str:
     """`addr` if it is a multiaddr with a TCP port other than 0 (what hivemind can announce)."""
     from hivemind.utils.multiaddr import Multiaddr
@@ -69,8 +89,9 @@ def check_announce_maddr(addr: str) -> str:
 @dataclass
 class NetworkConfig:
     host: str = ""
-    """Listen address: 127.0.0.1 (this machine only) or 0.0.0.0 (all interfaces); empty: 0.0.0.0 when
-    a bootstrap is on another machine (on 127.0.0.1 nobody there could dial us), else 127.0.0.1."""
+    """Listen address, an IP address: 127.0.0.1 (this machine only) or 0.0.0.0 (all interfaces), or an
+    IPv6 one (::1, ::); empty: 0.0.0.0 when a bootstrap is on another machine (on 127.0.0.1 nobody
+    there could dial us), else 127.0.0.1."""
     port: int = 0
     """0 picks a free port (tests); a fixed port on a public machine."""
     public_ip: str | None = None
@@ -96,7 +117,9 @@ class NetworkConfig:
             check_multiaddr(addr)
         for addr in self.announce_maddrs:
             check_announce_maddr(addr)
-        if not self.host:
+        if self.host:
+            check_listen_host(self.host)
+        else:
             remote = any(not is_loopback(m) for m in self.initial_peers)
             self.host = "0.0.0.0" if remote or self.public_ip else "127.0.0.1"
         if self.reachability not in ("auto", "public", "private"):

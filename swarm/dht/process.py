@@ -12,7 +12,7 @@ from hivemind.dht.crypto import RSASignatureValidator
 
 from swarm.identity import Identity
 from swarm.lifetime import end_with_parent
-from swarm.dht.network import NetworkConfig, SwarmConnectError
+from swarm.dht.network import NetworkConfig, SwarmConnectError, listen_maddr
 from swarm.dht.storage import CACHE_ROWS
 from swarm.dht.storage import install as install_storage
 from swarm.dht.validation import OwnerValidator
@@ -102,7 +102,7 @@ class _BlockingRecv:
 def _dht(identity: Identity, net: NetworkConfig, validators: list, announce: list[str] | None) -> DHT:
     return _DHT(
         initial_peers=net.initial_peers or None, start=True, record_validators=validators,
-        identity_path=str(identity.path), host_maddrs=[f"/ip4/{net.host}/tcp/{net.port}"],
+        identity_path=str(identity.path), host_maddrs=[listen_maddr(net.host, net.port)],
         announce_maddrs=announce or None, nat_port_map=net.nat_port_map, use_relay=net.use_relay,
         use_auto_relay=net.use_auto_relay, client_mode=net.client_mode, startup_timeout=30, cache_size=CACHE_ROWS,
         # behind a NAT: ask for a relay at once rather than after AutoNAT's verdict (which 1.1.12's

@@ -215,6 +215,14 @@ def _reset(transport: asyncio.BaseTransport | None) -> None:
     transport.abort()
 
 
+def listen_socket(host: str, port: int, backlog: int | None = None) -> socket.socket:
+    """A listening TCP socket on host:port: IPv6 for an IPv6 address (::1, ::), else IPv4 (a name
+    such as localhost resolves to its IPv4 address). Raises OSError (socket.gaierror for a name
+    that does not resolve)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=backlog)
+
+
 class LeaderboardServer:
     """The page's server over `store`: bound when made (a port in use raises OSError there; port 0
     picks a free one, see `address`), serving from `start()` until `close()` on a thread of its own
@@ -225,7 +233,7 @@ class LeaderboardServer:
                  live: bool = True, limits: ServerLimits = ServerLimits()) -> None:
         self.limits = limits
         self._routes = _routes(store, swarm, refresh_s, live)
-        self._sock = socket.create_server((host, port), backlog=limits.backlog)
+        self._sock = listen_socket(host, port, limits.backlog)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, limits.send_buffer)  # accepted ones inherit it
         self.address: tuple[str, int] = self._sock.getsockname()[:2]
         self._pool = ThreadPoolExecutor(limits.render_threads, thread_name_prefix="leaderboard-render")
@@ -238,7 +246,8 @@ class LeaderboardServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.address[0]}:{self.address[1]}/"
+        host = self.address[0]
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.address[1]}/"
 
     def start(self) -> None:
         self._thread.start()

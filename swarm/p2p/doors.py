@@ -35,6 +35,7 @@ from swarm.wire.batch import ROLLOUTS
 from swarm.wire.chunks import CHUNKS, MAX_REQUEST_WAIT
 from swarm.wire.directory import DIRECTORY
 from swarm.wire.manifest import MANIFEST
+from swarm.wire.model_files import MAX_BUNDLE, MODEL_FILES
 from swarm.wire.reach import REACH
 
 log = logging.getLogger(__package__)
@@ -142,6 +143,13 @@ DOORS: dict[str, DoorBudget] = {
             "joins; a reply is a few records of ~1 KB, or a tally (<= 1 MiB) when one changed: a bootstrap answers "
             "1,280 unproven samplers refreshing every 10 s within the pool, and any number of fresh keys take at "
             "most 16 MiB/s of its uplink (proven here: the peers the node favours, swarm/directory/book.py)"),
+    MODEL_FILES: DoorBudget(
+        calls_per_s=4.0, call_burst=MAX_BUNDLE // (1 << 20), bytes_per_s=8 * MiB, byte_burst=MAX_BUNDLE,
+        unproven_calls_per_s=32.0, unproven_call_burst=256, unproven_bytes_per_s=16 * MiB, unproven_byte_burst=MAX_BUNDLE,
+        why="a sampler given no model fetches the learner's bundle (config and tokenizer, ~2.4 MB packed for Qwen3) "
+            "once when it first joins, a part (1 MiB) a call: one peer may take the largest bundle at once, then 8 MiB/s; "
+            "all unproven keys share 16 MiB/s, so 1,000 volunteers joining at once have theirs within ~2.5 min and "
+            "any number of fresh keys take at most that of the learner's uplink"),
 }
 """Every inbound door's budget (the rollout gate's as `[learner.intake]`'s defaults make it; a learner
 opens it with its own). The streams a door's calls hold open are bounded before any door: budget.py."""

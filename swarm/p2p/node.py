@@ -143,9 +143,13 @@ class SwarmNode:
 
     def trusted_learners(self, coordinators: set[str]) -> dict[str, str]:
         """The learners the swarm records of `coordinators` name, with their models (`named_by`)."""
+        return named_by(self.swarm_records(coordinators))
+
+    def swarm_records(self, coordinators: set[str]) -> list[SwarmRecord]:
+        """The swarm records `coordinators` signed, those we could read, by coordinator."""
         self.refresh_directory()
         records = self._records("swarm", sorted(coordinators))
-        return named_by([r for r in records.values() if isinstance(r, SwarmRecord)])
+        return [r for _, r in sorted(records.items()) if isinstance(r, SwarmRecord)]
 
     def answers(self, peer_id: str) -> bool:
         """Whether `peer_id` answered a call of ours lately (directory.LAST_GOOD_S): it is there,

@@ -129,7 +129,7 @@ def probe(host: str, port: int, initial_peers: list[str], timeout: float = 20.0)
     """Whether a peer listening on host:port (port 0: one picked now) can be dialled from outside,
     as the first of the bootstraps in `initial_peers` to answer sees it; and the port. Blocks for
     at most about `timeout` seconds."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as listener:
         # a plain listener, so that the bootstrap's connection back finds something that accepts; our
         # own call goes out from another port: a NAT that lets a peer in once we sent it something
         # (an address-restricted cone) must not pass for an open port
@@ -147,7 +147,9 @@ def probe(host: str, port: int, initial_peers: list[str], timeout: float = 20.0)
 async def _probe(host: str, port: int, initial_peers: list[str]) -> Reach:
     from hivemind.p2p import P2P, PeerID
 
-    p2p = await P2P.create(initial_peers=initial_peers, host_maddrs=[f"/ip4/{host}/tcp/0"], auto_nat=False,
+    from swarm.dht.network import listen_maddr
+
+    p2p = await P2P.create(initial_peers=initial_peers, host_maddrs=[listen_maddr(host, 0)], auto_nat=False,
                            nat_port_map=False, use_relay=False, check_if_identity_free=False, startup_timeout=15)
     bootstraps = [maddr.rsplit("/p2p/", 1)[-1] for maddr in initial_peers]
 

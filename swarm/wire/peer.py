@@ -18,7 +18,9 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta, Struct
 
-PROTOCOL = 5
+from swarm.wire.model_files import MAX_BUNDLE
+
+PROTOCOL = 6
 """2: rollouts over a gated call (hetero.rollouts.v2), peer records say whether the peer is private.
 3: weight patches entropy-coded (node/weights/entropy.py): a protocol-2 sampler cannot apply them.
 4: several learners: peer records say which models a learner takes (`accepts`), swarm records which
@@ -26,7 +28,9 @@ model each learner trains (`models`).
 5: records also at their owner's own key (peer, holds, tally, swarm: swarm/dht/validation.py), where
 readers who know the owner read them; holder and swarm records only there; the DHT refuses anything
 else. Peers of protocol 5 from before these structs refuse a record with a field they do not know:
-a new field needs every peer upgraded, or a new protocol."""
+a new field needs every peer upgraded, or a new protocol.
+6: a learner's peer record names the model bundle it serves (`files`, `files_bytes`: hetero.model.v1),
+so a sampler given no --model runs the learner's model."""
 SOFTWARE = "hetero-node/0.1.0"
 
 NonNegative = Annotated[int, Meta(ge=0)]
@@ -60,6 +64,10 @@ class PeerInfo(Struct, kw_only=True, gc=False):
     accepts: list[Annotated[str, Meta(max_length=MAX_MODEL_NAME)]] = []
     """For learners: other models whose rollouts it trains on ("*": any it can check), so samplers
     of those models send it a copy of each group (docs/DESIGN.md, "Several learners")."""
+    files: Annotated[str, Meta(pattern=r"^([0-9a-f]{64})?$")] = ""
+    """For learners: the sha256 of the model bundle it serves (swarm/wire/model_files.py: what a
+    sampler needs to run its model besides the weights); "" for none."""
+    files_bytes: Annotated[int, Meta(ge=0, le=MAX_BUNDLE)] = 0
 
 
 class Holder(Struct, kw_only=True, gc=False):

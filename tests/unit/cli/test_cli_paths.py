@@ -202,3 +202,23 @@ def test_a_lock_kept_by_a_child_that_outlived_its_parent_says_so(tmp_path):
         assert str(e.value) == f"{work} is in use by a process left by hetero-node join (pid {pid}, exited)", e.value
     finally:
         os.kill(child, signal.SIGKILL)
+
+
+def test_a_released_claim_leaves_no_lock_and_no_folder_it_made(tmp_path):
+    """A command refused after its claim (a wrong --model) leaves nothing: tests/unit/cli/test_errors.py."""
+    claim = claim_dir(tmp_path / "a" / "b" / "run", "--workdir", "join")
+    assert (tmp_path / "a" / "b" / "run" / ".lock").is_file()
+    claim.close()
+    assert list(tmp_path.iterdir()) == []  # the three folders it made, empty again, are gone
+    claim = claim_file(tmp_path / "keys" / "b.key", "--identity", "bootstrap")
+    (tmp_path / "keys" / "b.key").write_text("")  # what the command made in the folder stays, with its folder
+    del claim  # dropped is released too
+    assert [p.name for p in (tmp_path / "keys").iterdir()] == ["b.key"]
+
+
+def test_a_claim_ended_by_exit_leaves_no_lock(tmp_path):
+    work = tmp_path / "run"
+    work.mkdir()
+    code = "import sys; from cli.paths import claim_dir; held = claim_dir(sys.argv[1], '--workdir', 'join'); sys.exit(3)"
+    assert subprocess.run([sys.executable, "-c", code, str(work)], timeout=60).returncode == 3
+    assert list(work.iterdir()) == []  # the folder was there before: it stays

@@ -17,10 +17,13 @@ from cli.errors import UserError
 from cli.roles import accepted_models, parse_learners, read_learners_file
 from node.learner import LearnerConfig
 from swarm.discovery import MAX_MATES, choose, earned, most_recent, takes
+from swarm.identity import peer_id_of
 from swarm.rollouts.outbox import OWN, Outbox
 from swarm.wire.peer import PeerInfo
 from swarm.wire.tally import Contribution, Tally
 
+
+QM_A, QM_B, QM_C = (peer_id_of(k) for k in (b"a", b"b", b"c"))  # real peer ids (Qm...), of no key
 
 def learner(pid: str, model: str, accepts: list[str] = ()) -> PeerInfo:
     return PeerInfo(peer_id=pid, role="learner", model_id=model, version=0, engine="hf", throughput=0.0,
@@ -109,15 +112,15 @@ def test_a_learner_invites_the_models_it_names_and_those_whose_tokenizers_it_hol
 # ---- the coordinator's list ---------------------------------------------------------------------
 
 def test_learners_are_named_with_or_without_their_model_and_a_bad_entry_says_what_to_give(tmp_path):
-    assert parse_learners(["QmA", "QmB=builtin:tiny-arith-b", " QmC = m "]) == {"QmA": "", "QmB": "builtin:tiny-arith-b",
-                                                                                "QmC": "m"}
-    for bad in ("", "=m", "Qm A", "x" * 65):
+    a, b, c = QM_A, QM_B, QM_C
+    assert parse_learners([a, f"{b}=builtin:tiny-arith-b", f" {c} = m "]) == {a: "", b: "builtin:tiny-arith-b", c: "m"}
+    for bad in ("", "=m", "Qm A", "x" * 65, "QmA", "Qm-typo", a[:-1], f"{a[:-1]}=m"):
         with pytest.raises(UserError, match="not a peer id") as e:
             parse_learners([bad])
         assert "PEER_ID=MODEL" in e.value.fix
     f = tmp_path / "learners.txt"
-    f.write_text("# the swarm's learners\nQmA=m/a  # the first\n\nQmB\n")
-    assert read_learners_file(f) == {"QmA": "m/a", "QmB": ""}
+    f.write_text(f"# the swarm's learners\n{a}=m/a  # the first\n\n{b}\n")
+    assert read_learners_file(f) == {a: "m/a", b: ""}
     with pytest.raises(UserError, match="cannot read"):
         read_learners_file(tmp_path)
 
@@ -179,13 +182,14 @@ def test_a_running_bootstrap_picks_up_learners_added_to_its_file_and_keeps_the_l
 
     f = tmp_path / "learners.txt"
     read = LearnersFile(f).read
+    a, b = QM_A, QM_B
     assert read() == {}  # not there yet: nobody
-    f.write_text("QmA=m/a\n")
-    assert read() == {"QmA": "m/a"}
-    f.write_text("QmA=m/a\nQmB=m/b\n")  # the coordinator adds a learner while the swarm runs
-    assert read() == {"QmA": "m/a", "QmB": "m/b"}
-    f.write_text("QmA=m/a\nQm B\n")  # a typo: the swarm keeps the learners it had
-    assert read() == {"QmA": "m/a", "QmB": "m/b"}
+    f.write_text(f"{a}=m/a\n")
+    assert read() == {a: "m/a"}
+    f.write_text(f"{a}=m/a\n{b}=m/b\n")  # the coordinator adds a learner while the swarm runs
+    assert read() == {a: "m/a", b: "m/b"}
+    f.write_text(f"{a}=m/a\n{b[:-1]}=m/b\n")  # a typo: the swarm keeps the learners it had
+    assert read() == {a: "m/a", b: "m/b"}
     assert "keeping the learners it named before" in caplog.text
     f.write_text("")
     assert read() == {}  # emptied on purpose: nobody

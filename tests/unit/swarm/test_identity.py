@@ -28,3 +28,17 @@ def test_identity_matches_libp2p_and_envelopes_bind_signer(tmp_path):
     with pytest.raises(RecordError) as e:
         open_envelope(b"\x93\x01")
     assert e.value.reason == "undecodable"
+
+
+def test_a_peer_id_is_base58_of_a_sha256_or_identity_multihash(tmp_path):
+    from swarm.identity import PeerIdError, check_peer_id, is_peer_id
+
+    ours = Identity.load_or_create(tmp_path / "a.key").peer_id  # RSA: sha2-256, Qm...
+    ed25519 = "12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA"  # a key inlined (identity multihash)
+    assert is_peer_id(ours) and is_peer_id(ed25519) and check_peer_id(ours, "--follow") == ours
+    for typo in ("", "Qm-typo", "Qmabc", ours[:-1], ours + "x", "12D3KooWabc", "5dsTkoid8BfXLjnQaCCAQdGBVhTgT9",
+                 "é" * 10, ours.lower()):  # the last but two: a sha1 multihash, not a libp2p id
+        assert not is_peer_id(typo), typo
+    with pytest.raises(PeerIdError, match="--follow: 'Qm-typo' is not a peer id") as e:
+        check_peer_id("Qm-typo", "--follow")
+    assert "hetero-node peer-id" in e.value.fix

@@ -1,0 +1,105 @@
+"""A sampler given no --model runs the swarm's: the model of the learner its coordinators name, from
+the bundle that learner serves (config, generation config, tokenizer; swarm/model_files.py) and the
+weights of its keyframe. So the command a coordinator prints is all a volunteer pastes: no model
+flag, no hub access, and a learner that trains a local checkpoint can be joined."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from node.config import from_dict, task_from_dict
+from node.sampling.params import SamplingConfig
+from swarm.discovery import swarm_model
+from swarm.identity import short_id
+from swarm.model_files import FetchFailed, fetch_bundle, held, unpack_to
+from swarm.p2p import SwarmNode
+from swarm.wire.model_files import MODEL_FILES, ModelFiles
+
+from cli.config import JoinConfig
+
+log = logging.getLogger("hetero-node")
+
+BUILT_IN_TASKS = ("arithmetic", "chain")
+"""Tasks a sampler takes from the learner's bundle as they are: made from their table alone (a
+dataset task reads files and may name a reward plugin, which is code: a sampler never runs a peer's)."""
+FOLDER = "swarm-model"
+"""Where in a sampler's workdir the bundle is unpacked, one folder per digest (the current one kept)."""
+
+
+@dataclass(frozen=True)
+class SwarmModel:
+    """The swarm's model as this sampler runs it."""
+
+    cfg: JoinConfig
+    """The sampler's config with the learner's model name, task and sampling."""
+    folder: Path
+    """Its config and tokenizer files (no weights: they come as the learner's keyframe)."""
+    learner: str
+
+
+def adopt_swarm_model(cfg: JoinConfig, node: SwarmNode, stop: threading.Event) -> SwarmModel | None:
+    """Wait for a named learner that serves a bundle, fetch it (or find it in the workdir) and say
+    what this sampler now runs; None if stopped first."""
+    backoff, t0 = 1.0, time.monotonic()
+    while not stop.is_set():
+        records = node.swarm_records(node.coordinators)
+        named = [cfg.follow] if cfg.follow else sorted({learner for r in records for learner in r.learners})
+        learner = swarm_model(records, list(node.peer_records(named).values()), cfg.follow)
+        if learner is not None:
+            try:
+                bundle, folder = _bundle(cfg, node, learner.peer_id, learner.files, learner.files_bytes, stop)
+                return _adopted(cfg, bundle, folder, learner.peer_id)
+            except (FetchFailed, ValueError) as e:  # a peer's bytes or tables: said, and asked again
+                if stop.is_set():
+                    return None
+                log.warning("could not take the swarm's model from learner %s: %s; asking again in %.0f s",
+                            short_id(learner.peer_id), e, backoff)
+        else:
+            log.info("waiting for a learner the coordinator names to say which model this swarm trains (for %.0f s; "
+                     "retrying in %.0f s)", time.monotonic() - t0, backoff)
+        stop.wait(backoff)
+        backoff = min(backoff * 2, 30.0)
+    return None
+
+
+def _bundle(cfg: JoinConfig, node: SwarmNode, learner: str, digest: str, nbytes: int,
+            stop: threading.Event) -> tuple[ModelFiles, Path]:
+    """The bundle of `digest`: the workdir's copy, else fetched from `learner` (and older copies removed)."""
+    root = Path(cfg.workdir) / FOLDER
+    folder = root / digest[:16]
+    bundle = held(folder, digest)
+    if bundle is None:
+        t0 = time.monotonic()
+        blob = fetch_bundle(lambda payload: node.call(learner, MODEL_FILES, payload, 30.0, stop), digest, nbytes, stop)
+        bundle = unpack_to(blob, folder)
+        log.info("took the swarm's model files from learner %s: %d files, %.1f MB in %.1f s", short_id(learner),
+                 len(bundle.files), nbytes / 1e6, time.monotonic() - t0)
+    for old in root.iterdir():  # one model's files kept: the one run now
+        if old != folder:
+            shutil.rmtree(old, ignore_errors=True)
+    return bundle, folder
+
+
+def _adopted(cfg: JoinConfig, bundle: ModelFiles, folder: Path, learner: str) -> SwarmModel:
+    """`cfg` running the bundle's model, with the task and sampling the learner checks rollouts against."""
+    task = cfg.task
+    if bundle.task.get("kind") in BUILT_IN_TASKS:
+        task = task_from_dict(bundle.task, "the learner's task")
+    elif bundle.task:  # its files are the coordinator's to hand out, and a reward plugin is code: never a peer's
+        log.warning("the learner trains on a %r task: this sampler draws from its own [task] (%s), which must be the "
+                    "learner's, with its files here; the coordinator says where to get them",
+                    bundle.task.get("kind"), type(cfg.task).__name__)
+    sampling = from_dict(SamplingConfig, bundle.sampling, "the learner's sampling") if bundle.sampling else cfg.sampling
+    if task != cfg.task or sampling != cfg.sampling:
+        log.info("drawing with the learner's task and sampling (%s; group size %d, temperature %g, top-p %g, "
+                 "top-k %d, %d new tokens)", type(task).__name__, sampling.group_size, sampling.temperature,
+                 sampling.top_p, sampling.top_k, sampling.max_new_tokens)
+    log.info("running the swarm's model %r (learner %s's config and tokenizer; its weights as it publishes them)",
+             bundle.model_id, short_id(learner))
+    return SwarmModel(dataclasses.replace(cfg, model=bundle.model_id, task=task, sampling=sampling), folder, learner)

@@ -21,6 +21,16 @@ def missing(what: str, install: str) -> None:
     pytest.skip(msg)
 
 
+def cannot(reason: str | None) -> None:
+    """Skip with `reason` (why this machine cannot make network namespaces, say), or fail in CI: the
+    emulated WAN and internet tests must run there (CI runs as root with iproute2 and nftables)."""
+    if reason is None:
+        return
+    if in_ci():
+        pytest.fail(f"CI must run this test: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
 def require_chromium() -> tuple[str, str]:
     """(chromium, chromedriver) executables, for the leaderboard's browser test."""
     browser = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -183,11 +183,10 @@ def test_serve_collects_from_its_source_until_stopped_and_frees_the_port(tmp_pat
 def test_serve_on_a_port_in_use_raises_oserror_before_anything_starts(tmp_path):
     store, called = LeaderboardStore(tmp_path / "lb.db"), []
     with socket.create_server(("127.0.0.1", 0)) as taken:
-        start = time.monotonic()
         with pytest.raises(OSError):
             serve(store, "demo", "127.0.0.1", taken.getsockname()[1], threading.Event(), source=_FakeSwarm(),
                   ready=called.append)
-    assert time.monotonic() - start < 2 and not called and not store.board()["peers"]
+    assert not called and not store.board()["peers"]  # refused before it served or collected anything
 
 
 def test_collector_takes_tallies_and_display_names(tmp_path):

@@ -132,9 +132,7 @@ def no_hub(tmp_path):
     ["join", "--role", "learner", "--model", "Qwen/Qwen3-0.6X", "--initial-peers", DEAD_PEER, "--workdir", "{t}/w"],
 ], ids=["local", "simulate", "join"])
 def test_a_hub_id_not_cached_with_the_hub_unreachable_is_one_line_at_once(run, no_hub, argv):
-    started = time.monotonic()
-    line = run(*argv, env=no_hub)
-    assert time.monotonic() - started < 30, "it waited on the hub"  # the CLI's start-up included; 66 s before
+    line = run(*argv, env=no_hub)  # one line: huggingface_hub's retries (66 s) printed 84 before
     assert ("model 'Qwen/Qwen3-0.6X' is not in the local Hugging Face cache" in line
             and f"the hub ({no_hub['HF_ENDPOINT']}) cannot be reached" in line and "builtin:tiny-arith" in line), line
     assert not Path(no_hub["HF_HOME"]).exists()  # nothing was fetched, nor a cache made

@@ -79,10 +79,10 @@ def test_chunks_of_a_lying_holder_are_taken_from_the_learner_and_the_holder_demo
 
 def test_a_stalling_holder_is_hedged_after_hedge_s_and_demoted():
     fetcher, node, g = gather({"h": "stall", LEARNER: "good"}, holders=["h"])
-    t0 = time.monotonic()
     assert run(fetcher, node, g) == BLOB
-    assert 0.3 <= time.monotonic() - t0 < 5.0  # one hedge, not the stall bound
-    assert fetcher.stats["hedged_streams"] >= 1 and fetcher.demoted["h"] == 1
+    # its chunks were asked of the learner on a hedge, not after the stall bound ended its stream
+    assert fetcher.stats["hedged_streams"] >= 1 and fetcher.stats["stalled_streams"] == 0
+    assert fetcher.demoted["h"] == 1
     assert {peer for peer, _, _ in node.asked} == {"h", LEARNER}
 
 
@@ -92,9 +92,7 @@ def test_a_stream_that_ends_short_hands_the_rest_to_their_next_source_at_once(ho
     # lacks it, sends no chunk at all): what the stream did not deliver is asked of the next source
     # as soon as it ends, not after a hedge, and is no failure
     fetcher, node, g = gather({"h": how, LEARNER: "good"}, holders=["h"], cfg=FetchConfig(hedge_s=30.0))
-    t0 = time.monotonic()
-    assert run(fetcher, node, g) == BLOB
-    assert time.monotonic() - t0 < 5.0  # no hedge (30 s) was waited for
+    assert run(fetcher, node, g) == BLOB  # no hedge (30 s) waited for: `hedged_streams` below
     served = {"first": 2, "ends": 0}[how]  # two streams to the holder (`_split`): each ends after its first, or at once
     assert fetcher.stats["bytes_from_holders"] == served * CHUNK_SIZE
     assert fetcher.stats["chunks_not_held"] == 4 - served and fetcher.stats["hedged_streams"] == 0

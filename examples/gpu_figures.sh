@@ -32,8 +32,8 @@ part() {  # part NAME SECONDS COMMAND...: run one part, its output to OUT/NAME.l
   timeout "$secs" "$@" 2>&1 | tee "$out/$name.log"
   echo "== $name: exit ${PIPESTATUS[0]} after $((SECONDS - t0)) s"
 }
-honest() {  # honest SHAPE DTYPE SECONDS: sample and audit groups for SECONDS (its limit: a minute more, to build)
-  part "honest-$1-$2" "$(($3 + 60))" python3 examples/bench_honest_groups.py run --device "$device" --shape "$1" \
+honest() {  # honest SHAPE DTYPE SECONDS: sample and audit groups for SECONDS (its limit: BUILD_S more, to build)
+  part "honest-$1-$2" "$(($3 + ${BUILD_S:-60}))" python3 examples/bench_honest_groups.py run --device "$device" --shape "$1" \
     --dtype "$2" --batch 128 --tokens 128 --seconds "$3" --out "$out/honest_groups.jsonl"
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt"

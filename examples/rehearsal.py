@@ -357,7 +357,8 @@ def run(args: argparse.Namespace, stop_evt) -> int:
                 # a sampler writes what it fetched between batches: wait for each to report the last
                 until = time.monotonic() + HOLD_WAIT_S
                 while time.monotonic() < until and not all(last in table.held[s] for s in samplers):
-                    stop_evt.wait(1.0)
+                    if stop_evt.wait(1.0):  # stopped: the rows so far are the table
+                        break
                     for s in samplers:
                         table.sampler_records(s, tails[s].read())
                 break

@@ -82,9 +82,12 @@ def raw_stream_mb_s(a: SwarmNode, b: SwarmNode, payload: bytes) -> float:
     return len(payload) / 1e6 / (time.perf_counter() - t0)
 
 
-def stream_vs_raw(ln: SwarmNode, lx: WeightServer, sx: WeightFetcher, mb: int) -> dict[str, float]:
-    """Our chunked, hash-checked download from the learner against a raw hivemind stream: MB/s."""
-    wv = make_version(mb, "raw")
+def stream_vs_raw(ln: SwarmNode, lx: WeightServer, sx: WeightFetcher, mb: int, run: int = 0) -> dict[str, float]:
+    """Our chunked, hash-checked download from the learner against a raw hivemind stream: MB/s.
+    Each run publishes a chain of its own, as a restarted learner does: the learner's chunk door serves
+    one peer a chunk of a version at most MAX_REPEATS (3) times, and every run fetches each chunk twice,
+    so a second run of one chain ended in chunks "verified from no source"."""
+    wv = make_version(mb, f"raw{run}")
     blob = wv.blob
     lx.publish(wv)
     rates = {"raw": raw_stream_mb_s(ln, sx.node, blob)}
@@ -123,7 +126,7 @@ def main() -> None:
         if not args.only_stream:
             distribution(args, lx, samplers, mates)
         mates[:] = []
-        runs = [stream_vs_raw(ln, lx, samplers[0], args.mb) for _ in range(args.repeat)]
+        runs = [stream_vs_raw(ln, lx, samplers[0], args.mb, run) for run in range(args.repeat)]
         if len(runs) > 1:
             ratios = {name: statistics.median(r[name] / r["raw"] for r in runs) for name in runs[0] if name != "raw"}
             print(f"\nmedian of {len(runs)}: " + ", ".join(f"{name} {q:.2f}x raw" for name, q in ratios.items()))

@@ -11,7 +11,7 @@ import typer
 
 from cli.app import app, as_str, load, setup_logging
 from cli.errors import UserError
-from cli.options import ConfigOpt, DeviceOpt, DtypeOpt, VerboseOpt
+from cli.options import ConfigOpt, DeviceOpt, DtypeOpt, PeersOpt, VerboseOpt
 from cli.paths import writable_dir, writable_file
 
 
@@ -52,7 +52,11 @@ def init(
 def doctor(
     model: Annotated[Optional[str], typer.Option(help="The model to check: HF folder or hub id (only its config.json is "
                                                  "read: from the folder, or the hub cache; published Qwen3 sizes are "
-                                                 "known by name; nothing is downloaded). Default: the built-in tiny model.")] = None,
+                                                 "known by name; nothing is downloaded). Default: with --initial-peers, "
+                                                 "the swarm's (its learner's files), else the built-in tiny model.")] = None,
+    initial_peers: PeersOpt = [],
+    swarm: Annotated[str, typer.Option(help="With --initial-peers: the swarm's name, as the coordinator's command "
+                                       "gives it.")] = "demo",
     role: Annotated[Literal["sampler", "learner", "all"], typer.Option(
         help="The role to check; all: both (exit code 0 if either fits).")] = "all",
     engine: Annotated[Optional[Literal["hf", "vllm"]], typer.Option(
@@ -70,6 +74,9 @@ def doctor(
     """Check whether this machine can take part: its GPUs, RAM, disk and software against what each
     role needs for the model (budgets from --config), with the fix where something does not fit.
 
+    With the coordinator's --initial-peers (and no --model), the swarm's own model, as its learner
+    serves it, how peers reach this machine (public, or behind a NAT), and the rate from the learner.
+
     Exit code 0 when the role fits (with --role all: either), 2 when not, with a last line
     `error: ... fix: ...`. The same check runs in `join` (cli/doctor.py `check_machine`).
     """
@@ -85,5 +92,9 @@ def doctor(
 
     roles = [Role.SAMPLER, Role.LEARNER] if role == "all" else [Role(role)]
     cfg = load(JoinConfig, config, {"role": roles[0].value, "model": model, "engine": engine, "device": device,
-                                    "dtype": dtype, "workdir": as_str(workdir)})
+                                    "dtype": dtype, "workdir": as_str(workdir), "swarm": swarm,
+                                    **({"network.initial_peers": list(initial_peers), "network.nat_port_map": False}
+                                       if initial_peers else {})})
+    if initial_peers and model is None:  # the swarm's model: its learner's files (cli/doctor.py probe_swarm)
+        cfg.model = ""
     run_doctor(cfg, roles, as_json, verbose)

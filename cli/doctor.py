@@ -142,26 +142,123 @@ def vllm_for_sampler(cfg: "JoinConfig", placement, where: str, tokenizer, task):
     return settled
 
 
+# ---- the swarm, from this machine --------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class SwarmProbe:
+    """What `doctor --initial-peers` found: how peers reach this machine, the swarm's model, and the
+    rate from its learner (its model bundle, timed: a short fetch over the real path)."""
+
+    reachability: str
+    """"public" (peers can dial it), "private" (behind a NAT: reached through relays), or why unknown."""
+    model: str
+    learner: str
+    bundle_bytes: int
+    fetch_s: float
+    folder: str
+    """The bundle's files (config, tokenizer), unpacked in a temporary folder."""
+
+    @property
+    def rate_mb_s(self) -> float:
+        return self.bundle_bytes / 1e6 / max(self.fetch_s, 1e-6)
+
+
+def probe_swarm(cfg: "JoinConfig", folder: str, wait_s: float = 60.0):
+    """Join the swarm of `cfg.network.initial_peers` for a moment, under a throwaway key, as a
+    sampler would: settle reachability, find the learner the coordinators name and take its model
+    bundle into `folder` (timed): (SwarmProbe, the bundle). A ConfigError (one line) if no such
+    learner answers in `wait_s`."""
+    import tempfile
+    import threading
+    import time
+    from pathlib import Path
+
+    from node.config import ConfigError
+    from swarm.discovery import swarm_model
+    from swarm.identity import Identity
+    from swarm.model_files import FetchFailed, fetch_bundle, unpack_to
+    from swarm.p2p import SwarmNode
+    from swarm.p2p.reach import settle
+    from swarm.wire.model_files import MODEL_FILES
+
+    net, reach = settle(cfg.network)
+    reachability = net.reachability if reach is None or reach.reachable is not None else f"unknown ({reach.why})"
+    with tempfile.TemporaryDirectory(prefix="hetero-doctor-") as keys:
+        node = SwarmNode(Identity.load_or_create(Path(keys) / "doctor.key"), net, cfg.swarm)
+    try:
+        deadline, learner = time.monotonic() + wait_s, None
+        while learner is None and time.monotonic() < deadline:
+            records = node.swarm_records(node.coordinators)
+            named = sorted({x for r in records for x in r.learners})
+            learner = swarm_model(records, list(node.peer_records(named).values()), cfg.follow)
+            if learner is None:
+                time.sleep(2.0)
+        if learner is None:
+            raise ConfigError(f"no learner named by swarm {cfg.swarm!r}'s coordinators answered within {wait_s:.0f} s",
+                              "check --initial-peers and --swarm against the coordinator's command; or pass --model")
+        t0 = time.monotonic()
+        try:
+            blob = fetch_bundle(lambda b: node.call(learner.peer_id, MODEL_FILES, b, 30.0), learner.files,
+                                learner.files_bytes, threading.Event(), deadline_s=wait_s)
+        except FetchFailed as e:
+            raise ConfigError(f"the learner did not give its model files: {e}", "try again; if it persists, tell the "
+                              "coordinator") from None
+        took = time.monotonic() - t0
+        bundle = unpack_to(blob, Path(folder) / "model")
+    finally:
+        node.shutdown()
+    return SwarmProbe(reachability, bundle.model_id, learner.peer_id, len(blob), took, str(Path(folder) / "model")), bundle
+
+
 # ---- the command's report ----------------------------------------------------------------------
 
 def run_doctor(cfg: "JoinConfig", roles: list[Role], as_json: bool, verbose: bool) -> None:
     """Print this machine, and for each of `roles` what it needs against what the machine has, with
-    the verdict; raise the verdict's error (exit code 2) where none of `roles` fits."""
-    machine = probe_machine(cfg.workdir)
-    shape = model_shape(cfg.model)
-    prompts = prompt_tokens(cfg, cfg.model)
-    verdicts = [check_machine(cfg, role.value, machine, prompts=prompts) for role in roles]
-    settled = _vllm_settled(cfg, shape, machine, prompts, verdicts)
+    the verdict; raise the verdict's error (exit code 2) where none of `roles` fits. With no model
+    and the swarm's bootstraps (`cfg.network.initial_peers`), the swarm's model, as its learner serves
+    it, and how this machine reaches the swarm (`probe_swarm`)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="hetero-doctor-") as scratch:
+        swarm = None
+        if not cfg.model:
+            from cli.roles.swarm_model import adopt_bundle_tables
+
+            swarm, bundle = probe_swarm(cfg, scratch)
+            cfg = adopt_bundle_tables(cfg, bundle)
+        where = swarm.folder if swarm is not None else cfg.model
+        machine = probe_machine(cfg.workdir)
+        shape = dataclasses.replace(model_shape(where), name=cfg.model)
+        prompts = prompt_tokens(cfg, where)
+        verdicts = [check_machine(cfg, role.value, machine, model_path=where, prompts=prompts) for role in roles]
+        settled = _vllm_settled(cfg, shape, machine, prompts, verdicts)
     if as_json:
         print(json.dumps({"machine": dataclasses.asdict(machine), "model": dataclasses.asdict(shape),
                           "parameters": shape.parameters, "prompt_tokens": dataclasses.asdict(prompts),
+                          "swarm": ({**dataclasses.asdict(swarm), "rate_mb_s": swarm.rate_mb_s}
+                                    if swarm is not None else None),
                           "verdicts": [dataclasses.asdict(v) for v in verdicts],
                           "vllm": dataclasses.asdict(settled) if settled is not None else None}, indent=1))
     else:
+        if swarm is not None:
+            _print_swarm(swarm)
         _print(machine, shape, prompts, verdicts, settled, verbose)
     if not any(v.ok for v in verdicts):
         bad = verdicts[0]
         raise bad.error() if len(verdicts) == 1 else _none_fits(verdicts)
+
+
+def _print_swarm(swarm: SwarmProbe) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
+    from swarm.identity import short_id
+    from swarm.wire.text import printable
+
+    Console().print(f"[bold]The swarm[/bold]\n  reachability  {escape(swarm.reachability)}\n"
+                    f"  model         {escape(printable(swarm.model))} (learner {short_id(swarm.learner)}'s files)\n"
+                    f"  from learner  {swarm.rate_mb_s:.1f} MB/s ({swarm.bundle_bytes / 1e6:.2f} MB of model files in "
+                    f"{swarm.fetch_s:.2f} s)\n")
 
 
 def _none_fits(verdicts: list[Verdict]) -> Exception:

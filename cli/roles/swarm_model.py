@@ -15,6 +15,7 @@ from pathlib import Path
 
 from node.config import from_dict, task_from_dict
 from node.sampling.params import SamplingConfig
+from swarm.directory.directory import REFRESH_S
 from swarm.discovery import swarm_model
 from swarm.identity import short_id
 from swarm.model_files import FetchFailed, fetch_bundle, held, unpack_to
@@ -64,7 +65,8 @@ def adopt_swarm_model(cfg: JoinConfig, node: SwarmNode, stop: threading.Event) -
             log.info("waiting for a learner the coordinator names to say which model this swarm trains (for %.0f s; "
                      "retrying in %.0f s)", time.monotonic() - t0, backoff)
         stop.wait(backoff)
-        backoff = min(backoff * 2, 30.0)
+        # no longer than the directory takes to hear of a new learner: more only delays a volunteer
+        backoff = min(backoff * 2, REFRESH_S)
     return None
 
 
@@ -88,6 +90,14 @@ def _bundle(cfg: JoinConfig, node: SwarmNode, learner: str, digest: str, nbytes:
 
 def _adopted(cfg: JoinConfig, bundle: ModelFiles, folder: Path, learner: str) -> SwarmModel:
     """`cfg` running the bundle's model, with the task and sampling the learner checks rollouts against."""
+    adopted = adopt_bundle_tables(cfg, bundle)
+    log.info("running the swarm's model %r (learner %s's config and tokenizer; its weights as it publishes them)",
+             bundle.model_id, short_id(learner))
+    return SwarmModel(adopted, folder, learner)
+
+
+def adopt_bundle_tables(cfg: JoinConfig, bundle: ModelFiles) -> JoinConfig:
+    """`cfg` with the bundle's model name, and its [task] (a built-in one) and [sampling]."""
     task = cfg.task
     if bundle.task.get("kind") in BUILT_IN_TASKS:
         task = task_from_dict(bundle.task, "the learner's task")
@@ -100,6 +110,4 @@ def _adopted(cfg: JoinConfig, bundle: ModelFiles, folder: Path, learner: str) ->
         log.info("drawing with the learner's task and sampling (%s; group size %d, temperature %g, top-p %g, "
                  "top-k %d, %d new tokens)", type(task).__name__, sampling.group_size, sampling.temperature,
                  sampling.top_p, sampling.top_k, sampling.max_new_tokens)
-    log.info("running the swarm's model %r (learner %s's config and tokenizer; its weights as it publishes them)",
-             bundle.model_id, short_id(learner))
-    return SwarmModel(dataclasses.replace(cfg, model=bundle.model_id, task=task, sampling=sampling), folder, learner)
+    return dataclasses.replace(cfg, model=bundle.model_id, task=task, sampling=sampling)

@@ -9,7 +9,10 @@ Every peer is a real process in a network namespace of its own on `examples/wan.
 bootstrap, a learner that runs `WeightServer`, and N fetch-only samplers that run the real
 `WeightFetcher` (holders, mates, `chunk_owner`) with a `LearnerTracker` pinned to the learner, once a
 second, as a sampler between batches does. The learner publishes a small keyframe v0, waits until every
-sampler holds it, then one patch every `--interval` seconds: `--patch-mb` MB of random bytes (spread
+sampler holds it (a new swarm: no sampler has earned anything, so none is another's mate), then
+credits them all in its signed tally, as a learner does once it has trained on a sampler's checked
+groups (the samplers here only fetch), so that they share downloads as mates, and publishes one
+patch every `--interval` seconds: `--patch-mb` MB of random bytes (spread
 depends on the size, not the content), or the files of `--blob-dir` (v1, v2, ... in the order of the
 number in their names; a v0 there is used as the keyframe), e.g. real encoded 0.6B patches.
 
@@ -124,9 +127,14 @@ def role_learner(args) -> None:
     chain, newest = uuid.uuid4().hex, {"v": 0}
 
     def announce_forever() -> None:  # so that samplers' trackers see a live learner
+        seq = 0
         while not stop.is_set():
             node.announce(PeerInfo(peer_id=node.peer_id, role="learner", model_id=MODEL, version=newest["v"], engine="",
                                    throughput=0.0, maddrs=node.maddrs()), ttl=30)
+            credited = _credited(Path(args.dir))
+            if credited:  # mates are earned: this learner's signed tally names them (swarm/discovery.py `earned`)
+                seq += 1
+                node.publish_tally(_tally(node.peer_id, seq, credited))
             stop.wait(5)
 
     threading.Thread(target=announce_forever, name="announce", daemon=True).start()
@@ -148,6 +156,26 @@ def role_learner(args) -> None:
     finally:
         _event(events, event="end", served=server.store.served_bytes)
         node.shutdown()
+
+
+def _credited(out: Path) -> list[str]:
+    """The samplers the driver says earned credit (`credit.json`), [] before it does."""
+    try:
+        return json.loads((out / "credit.json").read_text())
+    except (OSError, ValueError):
+        return []
+
+
+def _tally(learner: str, seq: int, samplers: list[str]):
+    """The learner's tally crediting each of `samplers` with one group: what a learner publishes
+    once it has trained on a sampler's checked groups. The bench's samplers only fetch, so the driver
+    says when they have earned it: once every sampler holds v0, i.e. at the first patch, where a real
+    swarm's samplers would have sent their first groups."""
+    from swarm.wire.tally import Contribution, Tally
+
+    now = time.time()
+    one = Contribution(groups=1, rollouts=8, tokens=64, first=now, last=now, models=[MODEL])
+    return Tally(learner=learner, seq=seq, time=now, model_id=MODEL, peers={s: one for s in samplers})
 
 
 def _wait_file(path: Path, timeout: float, stop: threading.Event) -> bool:
@@ -273,6 +301,9 @@ def run(args) -> None:
         print(f"{args.samplers} samplers, learner and bootstrap in namespaces of {wan.tag}; logs in {logs}")
         _wait(lambda: all(0 in _held(out, n) for n in names), 300, "not every sampler got v0", roles)
         t_v0 = time.monotonic()
+        # the samplers have now earned credit, as a real swarm's would have by their first groups
+        # trained on: the learner's tally names them, and each sampler's mates are the credited ones
+        (out / "credit.json").write_text(json.dumps(sampler_ids))
         # steady state: every sampler knows all its mates (their DHT records; private samplers are
         # nobody's mates), so that all compute the same chunk owners; before that, a version costs the
         # learner more (mates disagree on owners)

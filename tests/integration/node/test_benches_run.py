@@ -1,0 +1,47 @@
+"""Every benchmark of node/ runs, at its smallest, as cleanrl runs its real scripts with tiny budgets:
+a change that breaks one fails here, not when someone next reads docs/BENCHMARKS.md. Each prints
+its figures beside their baseline; these check that it ran to its table, not the figures."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from helpers.external import require_vllm
+from helpers.repo import ROOT
+
+BENCHES = {
+    "audit": (["bench_audit.py", "--steps", "4", "--chosen", "8"], r"ms per audited group"),
+    "bf16_audit": (["bench_bf16_audit.py", "--preset", "smoke", "--models", "builtin", "--dtypes", "bfloat16"],
+                   r"honest groups failed at margin"),
+    "filters": (["bench_filters.py", "--vocab", "1024", "--rows", "8", "--repeats", "1"], r"ms a position"),
+    "logprob_gap": (["bench_logprob_gap.py", "--steps", "3", "--prompts", "4"], r"a liar claiming"),
+    "losses": (["bench_losses.py", "--reps", "2"], r"(?m)^grpo\s+\d"),
+    "picker": (["bench_picker.py", "--batch", "4", "--vocab", "1024", "--steps", "2"], r"(?m)^\s+4\s+1024\s"),
+    "weights": (["bench_weights.py", "--shape", "wide-vocab-tiny", "--algos", "grpo", "--steps", "2", "--groups", "2",
+                 "--group-size", "2", "--prompt-len", "8", "--completion-len", "8"], r"mean: patch 1/"),
+}
+
+
+def run_bench(argv: list[str], timeout: float) -> str:
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / argv[0]), *argv[1:]], cwd=ROOT, capture_output=True,
+                         text=True, timeout=timeout)
+    assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-3000:])
+    return out.stdout
+
+
+@pytest.mark.parametrize("name", sorted(BENCHES))
+def test_a_node_benchmark_runs_to_its_table(name):
+    argv, shows = BENCHES[name]
+    printed = run_bench(argv, 600)
+    assert re.search(shows, printed), printed[-3000:]
+
+
+@pytest.mark.vllm
+def test_the_vllm_benchmark_runs_to_its_table():
+    require_vllm()
+    printed = run_bench(["bench_vllm.py", "--prompts", "4", "--group", "2", "--batches", "2"], 600)
+    assert "node overhead over vllm direct" in printed, printed[-3000:]

@@ -1,0 +1,44 @@
+"""Every benchmark of swarm/ runs, at its smallest (tests/integration/node/test_benches_run.py says
+why): real peers, real processes, the emulated WAN where the bench needs it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from helpers.external import cannot
+from helpers.repo import ROOT
+
+
+def run_bench(argv: list[str], timeout: float) -> str:
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / argv[0]), *argv[1:]], cwd=ROOT, capture_output=True,
+                         text=True, timeout=timeout)
+    assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-3000:])
+    return out.stdout
+
+
+def test_the_distribution_bench_runs_each_schedule_and_repeats():
+    printed = run_bench(["bench_distribution.py", "--mb", "2", "--ns", "1", "2", "--repeat", "2"], 600)
+    assert len(re.findall(r"(?m)^\s+2\s+(staggered|simultaneous|no sharing)\s", printed)) == 3, printed
+    assert "median of 2" in printed, printed  # a second repetition runs (it failed before: issue 60)
+
+
+def test_the_many_peers_bench_runs():
+    printed = run_bench(["bench_many.py", "--peers", "4", "--window", "10", "--newcomers", "1"], 600)
+    assert "goal: a newcomer knows the learner" in printed, printed[-3000:]
+
+
+def test_the_soak_bench_runs_with_churn_and_an_attack():
+    printed = run_bench(["bench_soak.py", "--minutes", "3", "--churn-s", "60", "--attack-every-s", "70",
+                         "--sample-s", "5"], 420)
+    assert re.search(r"soak of \d", printed) and "attack 1 done" in printed, printed[-3000:]
+
+
+def test_the_wan_bench_spreads_versions_to_earned_mates():
+    from examples.wan import skip_reason
+
+    cannot(skip_reason())
+    printed = run_bench(["bench_wan.py", "--samplers", "3", "--patch-mb", "1", "--versions", "2", "--interval", "6",
+                         "--rate-mbit", "50", "--rtt-ms", "20"], 600)
+    assert "knows its 3 public mates" in printed and "goals:" in printed, printed[-3000:]

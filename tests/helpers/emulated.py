@@ -5,12 +5,12 @@ outside."""
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from pathlib import Path
 
 from cli.procs import NodeProcess
+from helpers.jsonl import read_jsonl
 
 LEARNER_TOML = "[learner]\ncheckpoint = { every = 50 }\neval_every = 0\nmax_staleness = 1000\ngroups_per_step = 8\n"
 SAMPLER_TOML = "status_every_s = 2.0\nannounce_every_s = 5.0\n"
@@ -19,7 +19,7 @@ SAMPLER_TOML = "status_every_s = 2.0\nannounce_every_s = 5.0\n"
 def metrics(work: Path) -> list[dict]:
     """The records of the metrics.jsonl in workdir `work` (none yet: [])."""
     path = work / "metrics.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    return read_jsonl(path)
 
 
 def last_step(work: Path) -> dict:

@@ -17,6 +17,7 @@ from node.tasks import ArithmeticTask
 from swarm.wire.envelope import seal
 from swarm.identity import Identity
 from swarm.wire.rollout import CompletionRecord, RolloutGroup
+from helpers.jsonl import read_jsonl
 
 
 class Swarm:
@@ -51,7 +52,7 @@ class Swarm:
         path = self.base / "learner" / "metrics.jsonl"
         if not path.exists():
             return []
-        return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        return read_jsonl(path)
 
     def version(self) -> int:
         steps = [r["version"] for r in self.metrics() if r["kind"] == "step"]

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from cli.procs import NodeProcess, die_with_parent, stop
 from helpers.readme import BOOT_ADDR, PUBLIC_IP, readme_commands
+from helpers.jsonl import read_jsonl
 
 
 def _free_port() -> int:
@@ -58,7 +59,7 @@ def _wait_for(what: str, check, timeout: float, nodes: list[NodeProcess]):
 def _metrics(path: Path) -> list[dict]:
     if not path.exists():
         return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip().endswith("}")]
+    return read_jsonl(path)
 
 
 def _board(url: str) -> dict | None:

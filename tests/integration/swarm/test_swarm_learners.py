@@ -5,7 +5,6 @@ model's learner and sending a copy of every group to the other two."""
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 from node.models import BUILTIN_MODEL, BUILTIN_MODEL_B, BUILTIN_MODEL_C
 from swarm.identity import Identity
 from helpers.swarmkit import Swarm, wait_for_file
+from helpers.jsonl import read_jsonl
 
 MODELS = {"a": BUILTIN_MODEL, "b": BUILTIN_MODEL_B, "c": BUILTIN_MODEL_C}
 STEPS = 40
@@ -27,7 +27,7 @@ def learner_toml(model: str) -> str:
 
 def metrics(base: Path, name: str) -> list[dict]:
     path = base / name / "metrics.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    return read_jsonl(path)
 
 
 def version(base: Path, name: str) -> int:

@@ -169,17 +169,15 @@ def probe_swarm(cfg: "JoinConfig", folder: str, wait_s: float = 60.0):
     bundle into `folder` (timed): (SwarmProbe, the bundle). A ConfigError (one line) if no such
     learner answers in `wait_s`."""
     import tempfile
-    import threading
     import time
     from pathlib import Path
 
     from node.config import ConfigError
-    from swarm.discovery import swarm_model
+    from swarm.discovery import find_swarm_model
     from swarm.identity import Identity
-    from swarm.model_files import FetchFailed, fetch_bundle, unpack_to
+    from swarm.model_files import FetchFailed, fetch_from, unpack_to
     from swarm.p2p import SwarmNode
     from swarm.p2p.reach import settle
-    from swarm.wire.model_files import MODEL_FILES
 
     net, reach = settle(cfg.network)
     reachability = net.reachability if reach is None or reach.reachable is not None else f"unknown ({reach.why})"
@@ -188,9 +186,7 @@ def probe_swarm(cfg: "JoinConfig", folder: str, wait_s: float = 60.0):
     try:
         deadline, learner = time.monotonic() + wait_s, None
         while learner is None and time.monotonic() < deadline:
-            records = node.swarm_records(node.coordinators)
-            named = sorted({x for r in records for x in r.learners})
-            learner = swarm_model(records, list(node.peer_records(named).values()), cfg.follow)
+            learner = find_swarm_model(node, cfg.follow)
             if learner is None:
                 time.sleep(2.0)
         if learner is None:
@@ -198,8 +194,7 @@ def probe_swarm(cfg: "JoinConfig", folder: str, wait_s: float = 60.0):
                               "check --initial-peers and --swarm against the coordinator's command; or pass --model")
         t0 = time.monotonic()
         try:
-            blob = fetch_bundle(lambda b: node.call(learner.peer_id, MODEL_FILES, b, 30.0), learner.files,
-                                learner.files_bytes, threading.Event(), deadline_s=wait_s)
+            blob = fetch_from(node, learner, deadline_s=wait_s)
         except FetchFailed as e:
             raise ConfigError(f"the learner did not give its model files: {e}", "try again; if it persists, tell the "
                               "coordinator") from None

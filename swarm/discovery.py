@@ -82,6 +82,14 @@ def swarm_model(records: list[SwarmRecord], peers: list[PeerInfo], pin: str | No
     return next((p for p in serving if p.model_id == wanted), None) or (serving[0] if serving else None)
 
 
+def find_swarm_model(node: SwarmNode, pin: str | None = None) -> PeerInfo | None:
+    """`swarm_model` on what `node` reads now: its coordinators' swarm records and the peer records of
+    the learners they name (or of the pinned one)."""
+    records = node.swarm_records(node.coordinators)
+    named = [pin] if pin else sorted({learner for r in records for learner in r.learners})
+    return swarm_model(records, list(node.peer_records(named).values()), pin)
+
+
 def is_mate(peer: PeerInfo, learner: str | None, model_id: str) -> bool:
     """Whether a peer record is a sampler of `model_id` following `learner` that peers can dial."""
     return peer.role == "sampler" and peer.learner == learner and peer.model_id == model_id and not peer.private

@@ -20,6 +20,7 @@ from msgspec import UNSET
 
 from swarm.buckets import worth_logging
 from swarm.identity import short_id
+from swarm.wire.peer import PeerInfo
 from swarm.wire.model_files import MODEL_FILES, PART, FilesReply, FilesRequest, ModelFiles, digest, parts
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,12 @@ def fetch_bundle(call: Callable[[bytes], bytes], want: str, nbytes: int, stop: t
     if len(blob) != nbytes or digest(blob) != want:
         raise FetchFailed(f"the bundle's {len(blob)} bytes are not the {nbytes} its record names (digest differs)")
     return blob
+
+
+def fetch_from(node, learner: PeerInfo, stop: threading.Event | None = None, deadline_s: float = 300.0) -> bytes:
+    """`fetch_bundle` of the bundle `learner`'s signed peer record names, asked of that learner."""
+    return fetch_bundle(lambda payload: node.call(learner.peer_id, MODEL_FILES, payload, CALL_S, stop), learner.files,
+                        learner.files_bytes, stop, deadline_s)
 
 
 def unpack_to(blob: bytes, folder: Path) -> ModelFiles:

@@ -16,11 +16,12 @@ from pathlib import Path
 from node.config import from_dict, task_from_dict
 from node.sampling.params import SamplingConfig
 from swarm.directory.directory import REFRESH_S
-from swarm.discovery import swarm_model
+from swarm.discovery import find_swarm_model
 from swarm.identity import short_id
-from swarm.model_files import FetchFailed, fetch_bundle, held, unpack_to
+from swarm.model_files import FetchFailed, fetch_from, held, unpack_to
 from swarm.p2p import SwarmNode
-from swarm.wire.model_files import MODEL_FILES, ModelFiles
+from swarm.wire.model_files import ModelFiles
+from swarm.wire.peer import PeerInfo
 
 from cli.config import JoinConfig
 
@@ -49,12 +50,10 @@ def adopt_swarm_model(cfg: JoinConfig, node: SwarmNode, stop: threading.Event) -
     what this sampler now runs; None if stopped first."""
     backoff, t0 = 1.0, time.monotonic()
     while not stop.is_set():
-        records = node.swarm_records(node.coordinators)
-        named = [cfg.follow] if cfg.follow else sorted({learner for r in records for learner in r.learners})
-        learner = swarm_model(records, list(node.peer_records(named).values()), cfg.follow)
+        learner = find_swarm_model(node, cfg.follow)
         if learner is not None:
             try:
-                bundle, folder = _bundle(cfg, node, learner.peer_id, learner.files, learner.files_bytes, stop)
+                bundle, folder = _bundle(cfg, node, learner, stop)
                 return _adopted(cfg, bundle, folder, learner.peer_id)
             except (FetchFailed, ValueError) as e:  # a peer's bytes or tables: said, and asked again
                 if stop.is_set():
@@ -70,18 +69,16 @@ def adopt_swarm_model(cfg: JoinConfig, node: SwarmNode, stop: threading.Event) -
     return None
 
 
-def _bundle(cfg: JoinConfig, node: SwarmNode, learner: str, digest: str, nbytes: int,
-            stop: threading.Event) -> tuple[ModelFiles, Path]:
-    """The bundle of `digest`: the workdir's copy, else fetched from `learner` (and older copies removed)."""
+def _bundle(cfg: JoinConfig, node: SwarmNode, learner: PeerInfo, stop: threading.Event) -> tuple[ModelFiles, Path]:
+    """The bundle `learner`'s record names: the workdir's copy, else fetched from it (older copies removed)."""
     root = Path(cfg.workdir) / FOLDER
-    folder = root / digest[:16]
-    bundle = held(folder, digest)
+    folder = root / learner.files[:16]
+    bundle = held(folder, learner.files)
     if bundle is None:
         t0 = time.monotonic()
-        blob = fetch_bundle(lambda payload: node.call(learner, MODEL_FILES, payload, 30.0, stop), digest, nbytes, stop)
-        bundle = unpack_to(blob, folder)
-        log.info("took the swarm's model files from learner %s: %d files, %.1f MB in %.1f s", short_id(learner),
-                 len(bundle.files), nbytes / 1e6, time.monotonic() - t0)
+        bundle = unpack_to(fetch_from(node, learner, stop), folder)
+        log.info("took the swarm's model files from learner %s: %d files, %.1f MB in %.1f s", short_id(learner.peer_id),
+                 len(bundle.files), learner.files_bytes / 1e6, time.monotonic() - t0)
     for old in root.iterdir():  # one model's files kept: the one run now
         if old != folder:
             shutil.rmtree(old, ignore_errors=True)

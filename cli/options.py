@@ -11,7 +11,7 @@ from typing import Annotated, Literal, Optional
 
 import typer
 
-LOSSES = ("gepo", "grpo", "dr_grpo", "gspo", "m2po", "ftis", "pg")
+LOSSES = ("gepo", "grpo", "dr_grpo", "grpo_seqmask", "gspo", "m2po", "tis", "ftis", "pg")
 """The registered losses (the names of node.algorithms.ALGORITHMS, whose import takes torch; a test
 keeps the two equal), in the order `--help` lists them."""
 DROP = "drop"

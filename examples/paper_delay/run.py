@@ -20,11 +20,14 @@ a name ending in `+guard` (e.g. `gepo+guard`) runs with the learner's divergence
 `+guard@0.02` with the guard's `kl_high` at 0.02 (its `kl_low` at 0.4x that, the default's ratio).
 
 A run writes `<out>/<cell>.jsonl` (one line per step and eval) and `<out>/<cell>.summary.json`
-when it ends: the grid is resumable, finished cells are skipped. The analysis reads every summary
-it finds and writes `table.md`, `results.json` and three plots. `--workers 2` runs two cells at a
-time with one thread each (the tiny models do not use two threads per step well). The same
-command runs on a GPU with a larger model: `--model` and `--device cuda` (the simulator's
-engines and learner then run there).
+when it ends: the grid is resumable, finished cells are skipped. Evaluations are greedy, on 1,200
+held-out problems by default (docs/RESULTS.md, "Protocol"; `--eval-size 200` as the grids before
+it ran). `--evals burn-in` evaluates each run only from the protocol's burn-in on (protocol.burn_in)
+and the untrained model once per grid, in `<out>/step0.json` (`burn-in-no-start`: not at all).
+The analysis reads every summary it finds and writes `table.md`, `results.json` and three plots.
+`--workers 2` runs two cells at a time with one thread each (the tiny models do not use two
+threads per step well). The same command runs on a GPU with a larger model: `--model` and
+`--device cuda` (the simulator's engines and learner then run there).
 """
 
 from __future__ import annotations
@@ -36,8 +39,14 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from node.training.guard import GuardConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from examples.paper_delay.protocol import burn_in  # noqa: E402  (stdlib only)
 
 PAPER_RATIO = 32.0
 """upper / lower bound of the paper's delay distribution (1920 s / 60 s)."""
@@ -107,12 +116,25 @@ def loss_and_options(loss: str) -> tuple[str, dict, dict]:
     return base, options, {**(learner[0] if learner else {}), "guard": guard}
 
 
+def task_config(task: str):
+    from node.tasks import ArithmeticConfig, ChainConfig
+
+    return ChainConfig() if task == "chain" else ArithmeticConfig()
+
+
+def held_out(task: str) -> int:
+    """How many held-out problems `task` has: an evaluation takes at most that many
+    (node.learner.evaluate.eval_problems), whatever --eval-size asks."""
+    from node.tasks import make_task
+
+    return len(make_task(task_config(task)).split("eval"))
+
+
 def build_config(loss: str, delay: int, seed: int, args: argparse.Namespace, metrics_path: str):
     from cli.config import SimSamplerSpec, SimulatorConfig
     from node.sampling.params import SamplingConfig
     from node.learner import LearnerConfig
     from node.learner.config import BehaviourConfig
-    from node.tasks import ArithmeticConfig, ChainConfig
     from swarm.delay import DelayConfig
 
     sps = 30.0  # virtual seconds per learner step; only the ratio to the delays matters
@@ -128,7 +150,7 @@ def build_config(loss: str, delay: int, seed: int, args: argparse.Namespace, met
                             behaviour=BehaviourConfig(source=args.behaviour_logprobs, rollout_is_cap=args.rollout_is_cap),
                             **learner_options)
     return SimulatorConfig(
-        model=args.model, task=ChainConfig() if args.task == "chain" else ArithmeticConfig(),
+        model=args.model, task=task_config(args.task),
         sampling=SamplingConfig(group_size=args.group_size, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, max_new_tokens=args.max_new_tokens),
         learner=learner, samplers=(SimSamplerSpec(name="sampler", count=args.samplers, weight_delay=weights,
@@ -146,22 +168,34 @@ def recomputed_share(steps: list[dict]) -> float:
     return done / (done + left) if done + left else float("nan")
 
 
-def summarise(history: list[dict]) -> dict:
-    evals = [r for r in history if r["kind"] == "eval"]
+def own_route(record: dict, key: str):
+    """`key` of a step record, or of its own-model route's figures (a loss's diagnostic that the
+    trainer does not average over routes, e.g. `masked_frac`); None if neither has it."""
+    return record[key] if key in record else record.get("routes", {}).get("own", {}).get(key)
+
+
+def summarise(history: list[dict], start: float | None = None) -> dict:
+    """A run's summary from its records. `start`: the grid's step-0 accuracy when the run did not
+    evaluate step 0 itself (--evals burn-in): `start`, `best` and `gap` then include it; `evals`
+    stays the run's own evaluations, what protocol.py reads."""
+    evals = [(r["version"], r["eval_acc"]) for r in history if r["kind"] == "eval"]
     steps = [r for r in history if r["kind"] == "step"]
-    acc = [r["eval_acc"] for r in evals]
+    curve = [(0, start), *evals] if start is not None and not (evals and evals[0][0] == 0) else evals
+    acc = [a for _, a in curve] or [float("nan")]
 
     def mean_of(key: str) -> float:
-        xs = [r[key] for r in steps if key in r and r[key] == r[key]]
+        xs = [x for r in steps if (x := own_route(r, key)) is not None and x == x]
         return statistics.fmean(xs) if xs else float("nan")
 
     return {
-        "start": acc[0], "best": max(acc), "last": acc[-1], "gap": max(acc) - acc[-1],
-        "evals": [(r["version"], r["eval_acc"]) for r in evals],
+        "start": acc[0] if curve and curve[0][0] == 0 else float("nan"), "best": max(acc), "last": acc[-1],
+        "gap": max(acc) - acc[-1], "evals": evals,
         "steps": len(steps), "staleness": mean_of("staleness_mean"), "is_var": mean_of("is_weight_var"),
         "kl": mean_of("kl_k3"), "clip": mean_of("clip_frac"), "reward": mean_of("reward"),
         # the mechanism: how far p moved from q per token, and the weights' mean by advantage sign
         "drift": mean_of("drift_frac"), "w_pos": mean_of("weight_mean_pos"), "w_neg": mean_of("weight_mean_neg"),
+        # the share of sequences grpo_seqmask drops, of tokens tis truncates (NaN for the other losses)
+        "masked": mean_of("masked_frac"), "truncated": mean_of("truncated_frac"),
         # --behaviour-logprobs learner: how far the samplers' claims sat from the learner's own
         "behaviour_k3": mean_of("behaviour_k3"), "behaviour_clip": mean_of("behaviour_clip_share"),
         # --behaviour-logprobs auto: the share of own-model groups recomputed; the claims' k3 the audits
@@ -176,15 +210,77 @@ def summarise(history: list[dict]) -> dict:
 
 SETTINGS = ("steps", "task", "model", "lr", "groups", "group_size", "max_new_tokens", "samplers", "eval_every", "eval_size",
             "sampler_dtype", "temperature", "top_p", "top_k", "lag", "behaviour_logprobs", "sampler_logit_error",
-            "rollout_is_cap")
+            "rollout_is_cap", "evals")
 OLDER_SETTINGS = {"sampler_dtype": "float32", "temperature": 1.0, "top_p": 1.0, "top_k": 0, "lag": False,
-                  "behaviour_logprobs": "sampler", "sampler_logit_error": 0.0, "rollout_is_cap": 0.0}
+                  "behaviour_logprobs": "sampler", "sampler_logit_error": 0.0, "rollout_is_cap": 0.0, "evals": "all"}
 """What grids run before a setting existed ran with."""
 
 
 def settings(args: argparse.Namespace) -> dict:
     """What a run depends on besides its cell (loss, delay, seed): a resumed grid must not mix them."""
     return {k: getattr(args, k) for k in SETTINGS}
+
+
+EVALS = {
+    "all": "each run evaluates at step 0, every --eval-every steps and at its last (as every grid before issue 61)",
+    "burn-in": "each run evaluates only at the --eval-every steps from the protocol's burn-in "
+               "B = max(ceil(T/5), L) on and at its last; the untrained model once per grid (<out>/step0.json), "
+               "which every summary's start, best and gap include",
+    "burn-in-no-start": "as burn-in, without the step-0 evaluation (start is NaN; best over the run's evaluations)",
+}
+"""--evals: which learner steps a run evaluates at."""
+STEP0 = "step0.json"
+"""The grid's step-0 evaluation with --evals burn-in."""
+
+
+def first_eval(args: argparse.Namespace, delay: int) -> int:
+    """The first learner step a run of this grid evaluates at: 0, or the protocol's burn-in."""
+    return 0 if args.evals == "all" else burn_in(args.steps, delay if args.lag else 0)
+
+
+def evaluate_from(learner, first: int) -> None:
+    """Make `learner` skip the evaluations the simulator asks for before step `first` (--evals).
+    The simulator evaluates at step 0, every eval_every steps and at the end, with no schedule of
+    its own (cli/simulate.py), so the learner's `run_eval` is wrapped here, for this run only. A
+    greedy evaluation draws no randomness and leaves the model as it was, so a skipped one changes
+    nothing else in the run."""
+    run_eval = learner.run_eval
+
+    def from_first() -> float:
+        return run_eval() if learner.version >= first else float("nan")
+
+    learner.run_eval = from_first
+
+
+def write_atomically(path: Path, record: dict) -> None:
+    """`record` as JSON at `path`, whole or not at all."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.rename(path)  # a killed run leaves no file, so it is re-run
+
+
+def run_start(arg_dict: dict) -> str:
+    """The grid's step-0 evaluation (--evals burn-in): the untrained model, evaluated as every run
+    would at step 0 (its learner's run_eval). Greedy, it is the same whatever the cell's loss, delay
+    or seed, so a grid makes it once."""
+    import logging
+
+    from cli.simulate import Simulator
+
+    logging.basicConfig(level=logging.WARNING)
+    args = argparse.Namespace(**arg_dict)
+    out = Path(args.out)
+    t = time.time()
+    sim = Simulator(build_config("grpo", 0, 0, args, str(out / "step0.jsonl")))
+    acc = sim.learner.run_eval()
+    sim.metrics.close()
+    write_atomically(out / STEP0, {"settings": settings(args), "evals": [(0, acc)], "wall_s": round(time.time() - t, 1)})
+    return f"step 0, once for the grid: eval {acc:.3f} ({time.time() - t:.0f} s)"
+
+
+def grid_start(out: Path, evals: str) -> float | None:
+    """The grid's step-0 accuracy a run's summary includes: with --evals burn-in, from <out>/step0.json."""
+    return json.loads((out / STEP0).read_text())["evals"][0][1] if evals == "burn-in" else None
 
 
 def run_one(job: tuple[str, int, int, dict]) -> str:
@@ -200,12 +296,13 @@ def run_one(job: tuple[str, int, int, dict]) -> str:
     path = out / f"{name}.jsonl"
     path.unlink(missing_ok=True)
     t = time.time()
-    history = Simulator(build_config(loss, delay, seed, args, str(path))).run()
+    sim = Simulator(build_config(loss, delay, seed, args, str(path)))
+    if first := first_eval(args, delay):
+        evaluate_from(sim.learner, first)
+    history = sim.run()
     summary = {"loss": loss, "delay": delay, "seed": seed, "settings": settings(args), "wall_s": round(time.time() - t, 1),
-               **summarise(history)}
-    tmp = out / f"{name}.summary.json.tmp"
-    tmp.write_text(json.dumps(summary))
-    tmp.rename(out / f"{name}.summary.json")  # a killed run leaves no summary, so it is re-run
+               **summarise(history, grid_start(out, args.evals))}
+    write_atomically(out / f"{name}.summary.json", summary)
     return (f"{name:24s} eval {summary['start']:.3f} -> best {summary['best']:.3f}, last {summary['last']:.3f}, "
             f"staleness {summary['staleness']:.1f}  ({summary['wall_s']:.0f} s)")
 
@@ -477,7 +574,11 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--samplers", type=int, default=2)
     ap.add_argument("--eval-every", type=int, default=20)
-    ap.add_argument("--eval-size", type=int, default=200)
+    ap.add_argument("--eval-size", type=int, default=1200,
+                    help="held-out problems per evaluation: 1,200 by the protocol (docs/RESULTS.md; one evaluation's "
+                         "binomial SD under 1.5 points), 200 as the grids before it ran")
+    ap.add_argument("--evals", choices=list(EVALS), default="all",
+                    help="; ".join(f"{k}: {v}" for k, v in EVALS.items()))
     ap.add_argument("--workers", type=int, default=2, help="cells run at once, each in its own process")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per cell")
     ap.add_argument("--device", default="cpu", help="where the samplers' engines and the learner run (cuda on a GPU)")
@@ -515,7 +616,11 @@ def main() -> None:
             raise SystemExit(f"--losses {loss}: {e}") from None
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.analyse_only:
-        done = {p.name: json.loads(p.read_text()) for p in args.out.glob("*.summary.json")}
+        if args.eval_size > (held := held_out(args.task)):
+            raise SystemExit(f"--eval-size {args.eval_size}: --task {args.task} holds out {held} problems; "
+                             f"give --eval-size {held} or less")
+        done = {p.name: json.loads(p.read_text()) for p in [*args.out.glob("*.summary.json"), args.out / STEP0]
+                if p.exists()}
         for name, s in done.items():
             if {**OLDER_SETTINGS, **s.get("settings", {})} != settings(args):
                 raise SystemExit(f"{args.out}/{name} was run with {s.get('settings')}, not {settings(args)}: "
@@ -526,6 +631,8 @@ def main() -> None:
         arg_dict = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
         t0 = time.time()
         with grid_pool(args.workers) as pool:  # no worker outlives this process, however it ends
+            if todo and args.evals == "burn-in" and STEP0 not in done:  # before the runs: their summaries read it
+                print(pool.apply(run_start, (arg_dict,)), flush=True)
             for i, line in enumerate(pool.imap_unordered(run_one, [(*j, arg_dict) for j in todo])):
                 print(f"[{i + 1}/{len(todo)} {time.time() - t0:.0f} s] {line}", flush=True)
     print(analyse(args.out, args.losses, args.delays, args.against))

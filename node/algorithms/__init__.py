@@ -1,4 +1,5 @@
-"""Policy losses (GRPO, Dr. GRPO, GSPO, GEPO, M2PO, F-TIS, and `pg`: no correction), one small pure function each, chosen by name through `ALGORITHMS`.
+"""Policy losses (GRPO, Dr. GRPO, GRPO with a sequence drift mask, GSPO, GEPO, M2PO, truncated IS,
+F-TIS, and `pg`: no correction), one small pure function each, chosen by name through `ALGORITHMS`.
 
     from node.algorithms import get_algorithm, LossInputs
     algo = get_algorithm("gepo")
@@ -19,9 +20,11 @@ from node.algorithms.base import AGGREGATIONS, LossInputs, LossOutput
 from node.algorithms.ftis import FTISConfig, ftis_loss
 from node.algorithms.gepo import GEPOConfig, gepo_loss
 from node.algorithms.grpo import DrGRPOConfig, GRPOConfig, grpo_loss
+from node.algorithms.grpo_seqmask import GRPOSeqMaskConfig, grpo_seqmask_loss
 from node.algorithms.gspo import GSPOConfig, gspo_loss
 from node.algorithms.m2po import M2POConfig, m2po_loss
 from node.algorithms.pg import PGConfig, pg_loss
+from node.algorithms.tis import TISConfig, tis_loss
 
 
 @dataclass(frozen=True)
@@ -47,9 +50,11 @@ ALGORITHMS: dict[str, Algorithm] = {
     a.name: a for a in (
         Algorithm("grpo", grpo_loss, GRPOConfig),
         Algorithm("dr_grpo", grpo_loss, DrGRPOConfig),
+        Algorithm("grpo_seqmask", grpo_seqmask_loss, GRPOSeqMaskConfig),
         Algorithm("gspo", gspo_loss, GSPOConfig),
         Algorithm("gepo", gepo_loss, GEPOConfig),
         Algorithm("m2po", m2po_loss, M2POConfig),
+        Algorithm("tis", tis_loss, TISConfig),
         Algorithm("ftis", ftis_loss, FTISConfig),
         Algorithm("pg", pg_loss, PGConfig),
     )

@@ -51,7 +51,9 @@ class DrGRPOConfig(GRPOConfig):
     normalize_std: bool = False
 
 
-def grpo_loss(inp: LossInputs, cfg: GRPOConfig) -> LossOutput:
+def grpo_terms(inp: LossInputs, cfg: GRPOConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GRPO's per-token loss before aggregation [B, T] (rollout-weighted, KL added), which tokens
+    the clip or dual clip bit [B, T] bool, and the ratios rho [B, T] (for the diagnostics)."""
     # q is data (the sampler's claim): sg(l^q), so no gradient can reach it even if it carries one
     log_ratio = (inp.logp - inp.old_logp.detach()).clamp(-LOG_RATIO_MAX, LOG_RATIO_MAX)
     ratio = torch.exp(log_ratio)  # [B, T]
@@ -60,10 +62,20 @@ def grpo_loss(inp: LossInputs, cfg: GRPOConfig) -> LossOutput:
     per_token = token_rollout(per_token, inp)
     if cfg.beta:  # gradient through l^p only; capped so a claimed q cannot make it unbounded
         per_token = per_token + cfg.beta * k3_bounded(inp.old_logp.detach() - inp.logp, cfg.dual_clip)
-    loss = aggregate(per_token, inp.mask, cfg.aggregation, inp.whole, cfg.dr_grpo_max_tokens)
+    return per_token, clipped, ratio
+
+
+def grpo_metrics(inp: LossInputs, clipped: torch.Tensor, ratio: torch.Tensor) -> dict[str, float]:
+    """GRPO's diagnostics over the real tokens: the ratios' mean and variance, the clipped share, k3."""
     m = inp.mask
-    return LossOutput(loss, {
+    return {
         **weight_stats(ratio[m]),
         "clip_frac": frac(clipped[m]),
         "kl_k3": seq_mean(k3(inp.old_logp.detach() - inp.logp).detach(), m).mean().item(),
-    })
+    }
+
+
+def grpo_loss(inp: LossInputs, cfg: GRPOConfig) -> LossOutput:
+    per_token, clipped, ratio = grpo_terms(inp, cfg)
+    loss = aggregate(per_token, inp.mask, cfg.aggregation, inp.whole, cfg.dr_grpo_max_tokens)
+    return LossOutput(loss, grpo_metrics(inp, clipped, ratio))

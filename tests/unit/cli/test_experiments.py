@@ -1,13 +1,16 @@
 """The science scripts (examples/paper_delay, examples/paper_hetero): their statistics by hand and
 their delay model. A tiny real grid end to end: tests/integration/cli/test_experiments_grid.py."""
 
+import json
 import math
 from argparse import Namespace
 
 import pytest
 
-from examples.paper_delay.run import (against_table, build_config, mean_ci, staleness_table, t975, tables, variants_table,
-                                      versus_table)
+from examples.paper_delay.run import (OLDER_SETTINGS, against_table, build_config, evaluate_from, first_eval, held_out,
+                                      mean_ci, run_one, run_start, settings, staleness_table, summarise, t975, tables,
+                                      variants_table, versus_table)
+from helpers.repo import ROOT
 from swarm.delay import lognormal_params
 
 
@@ -94,7 +97,7 @@ def _args(**kw) -> Namespace:
     base = dict(lr=3e-5, groups=8, eval_every=20, eval_size=200, model="builtin:tiny-chain", task="chain",
                 group_size=8, max_new_tokens=128, samplers=2, steps=60, threads=1, device="cpu", sampler_dtype="float32",
                 temperature=1.0, top_p=1.0, top_k=0, lag=False, behaviour_logprobs="sampler", rollout_is_cap=0.0,
-                sampler_logit_error=0.0)
+                sampler_logit_error=0.0, evals="all")
     return Namespace(**{**base, **kw})
 
 
@@ -146,3 +149,106 @@ def test_a_guard_suffix_turns_the_guard_on_with_its_threshold():
     assert low.guard.enabled and low.guard.kl_high == 0.02 and low.guard.kl_low == pytest.approx(0.008, rel=1e-12)
     with pytest.raises(ValueError, match="guard suffix"):
         build_config("grpo+guardx", 8, 0, _args(), "/dev/null")
+
+
+# ---- evaluations: how many problems, at which steps ------------------------------------------------
+
+def test_the_default_task_holds_the_protocols_1200_held_out_problems_and_arith_does_not():
+    assert held_out("chain") == 3068  # run.py's default task: --eval-size 1200 takes 1,200 of them
+    assert held_out("arith") == 1078  # run.py refuses --eval-size 1200 there rather than evaluate 1,078
+
+
+def test_runs_evaluate_from_the_protocols_burn_in():
+    # B = max(ceil(T / 5), L): 300 steps -> 60; under a pinned lag of 128 -> 128; without --lag no L
+    assert first_eval(_args(evals="burn-in", steps=300, lag=True), 128) == 128
+    assert first_eval(_args(evals="burn-in", steps=300), 128) == 60
+    assert first_eval(_args(evals="burn-in-no-start", steps=150, lag=True), 0) == 30
+    assert first_eval(_args(evals="all", steps=300, lag=True), 128) == 0
+
+    class Learner:
+        version, asked = 0, []
+
+        def run_eval(self) -> float:
+            self.asked.append(self.version)
+            return 0.5
+
+    learner = Learner()
+    evaluate_from(learner, 60)
+    got = []
+    for learner.version in (0, 20, 40, 60, 80, 300):  # what the simulator asks for, eval_every 20
+        got.append(learner.run_eval())
+    assert learner.asked == [60, 80, 300] and got[3:] == [0.5] * 3 and all(math.isnan(x) for x in got[:3])
+
+
+def _history(evals, masked=(0.25, 0.75)):
+    steps = [{"kind": "step", "version": v + 1, "staleness_mean": 0.0, "routes": {"own": {"masked_frac": m}}}
+             for v, m in enumerate(masked)]
+    steps[0]["truncated_frac"] = 0.1  # a figure the trainer averages over routes sits in the record itself
+    return steps + [{"kind": "eval", "version": v, "eval_acc": a} for v, a in evals]
+
+
+def test_the_summary_takes_the_grids_step0_evaluation_and_keeps_the_runs_own_evals():
+    s = summarise(_history([(2, 0.70), (3, 0.65)]), start=0.6)
+    assert (s["start"], s["best"], s["last"]) == (0.6, 0.70, 0.65) and s["gap"] == pytest.approx(0.05)
+    assert s["evals"] == [(2, 0.70), (3, 0.65)]  # what protocol.py reads: the run's own
+    assert s["masked"] == pytest.approx(0.5) and s["truncated"] == pytest.approx(0.1)  # (0.25 + 0.75) / 2; one step has it
+    s = summarise(_history([(2, 0.50), (3, 0.45)]), start=0.6)  # the start stays the best of a run that fell
+    assert (s["best"], s["gap"]) == (0.6, pytest.approx(0.15))
+    no_start = summarise(_history([(2, 0.70), (3, 0.65)]))  # burn-in-no-start
+    assert math.isnan(no_start["start"]) and no_start["best"] == 0.70
+    own = summarise(_history([(0, 0.55), (3, 0.65)]), start=0.6)  # a run's own step-0 evaluation wins
+    assert own["start"] == 0.55 and own["evals"] == [(0, 0.55), (3, 0.65)]
+
+
+def test_settings_record_the_schedule_and_older_summaries_read_as_every_step():
+    assert settings(_args(evals="burn-in"))["evals"] == "burn-in"
+    old = json.loads((ROOT / "docs/results/delay/grpo_d0_s0.summary.json").read_text())["settings"]
+    assert "evals" not in old  # run before the option: every evaluation, on 200 problems
+    assert {**OLDER_SETTINGS, **old} == settings(_args(eval_size=200))
+
+
+class _Learner:
+    """The learner's side of an evaluation as the simulator drives it (node/learner/learner.py calls
+    `self.run_eval()` every eval_every steps, cli/simulate.py at step 0 and at the end)."""
+
+    def __init__(self) -> None:
+        self.version, self.history = 0, []
+
+    def run_eval(self) -> float:
+        acc = 0.5 + self.version / 1000
+        self.history.append({"kind": "eval", "version": self.version, "eval_acc": acc})
+        return acc
+
+
+class _Simulator:
+    def __init__(self, cfg) -> None:
+        self.cfg, self.learner, self.metrics = cfg, _Learner(), Namespace(close=lambda: None)
+
+    def run(self) -> list[dict]:
+        learner, every = self.learner, self.cfg.learner.eval_every
+        learner.run_eval()
+        while learner.version < self.cfg.steps:
+            learner.version += 1
+            learner.history.append({"kind": "step", "version": learner.version, "staleness_mean": 0.0})
+            if every and learner.version % every == 0:
+                learner.run_eval()
+        if learner.history[-1]["kind"] != "eval":
+            learner.run_eval()
+        return learner.history
+
+
+def test_a_burn_in_grid_evaluates_step0_once_and_each_run_from_its_burn_in(tmp_path, monkeypatch):
+    from examples.paper_delay.reread import metrics
+
+    monkeypatch.setattr("cli.simulate.Simulator", _Simulator)
+    args = vars(_args(evals="burn-in", steps=100, lag=True, out=str(tmp_path)))
+    run_start(args)
+    step0 = json.loads((tmp_path / "step0.json").read_text())
+    assert step0["evals"] == [[0, 0.5]] and step0["settings"] == settings(_args(evals="burn-in", steps=100, lag=True))
+    run_one(("grpo", 32, 0, args))  # B = max(ceil(100 / 5), 32) = 32: evaluations at 40, 60, 80, 100
+    s = json.loads((tmp_path / "grpo_d32_s0.summary.json").read_text())
+    assert [v for v, _ in s["evals"]] == [40, 60, 80, 100] and s["start"] == 0.5 and s["last"] == 0.6
+    # the protocol reads it: primary over steps >= 32 (all four), secondary the last three
+    assert metrics(s) == (pytest.approx((0.54 + 0.56 + 0.58 + 0.6) / 4), pytest.approx((0.56 + 0.58 + 0.6) / 3))
+    run_one(("grpo", 0, 0, {**args, "evals": "all"}))  # every evaluation, as before
+    assert [v for v, _ in json.loads((tmp_path / "grpo_d0_s0.summary.json").read_text())["evals"]] == [0, 20, 40, 60, 80, 100]

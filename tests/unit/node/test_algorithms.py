@@ -12,19 +12,9 @@ from node.algorithms.gepo import GEPOConfig, gepo_loss
 from node.algorithms.grpo import GRPOConfig, grpo_loss
 from node.algorithms.gspo import GSPOConfig, gspo_loss
 
+from helpers.losses import JUNK, inputs
+
 ln = math.log
-JUNK = -50.0  # values in padded positions; must never matter
-
-
-def inputs(logp, old_logp, mask, adv, groups, **kw) -> LossInputs:
-    return LossInputs(
-        logp=torch.tensor(logp, dtype=torch.float64, requires_grad=True),
-        old_logp=torch.tensor(old_logp, dtype=torch.float64),
-        advantages=torch.tensor(adv, dtype=torch.float64),
-        mask=torch.tensor(mask, dtype=torch.bool),
-        group_ids=torch.tensor(groups),
-        **kw,
-    )
 
 
 # ---- advantages -------------------------------------------------------------------------------
@@ -404,7 +394,7 @@ def test_ftis_gate_is_the_mean_of_token_k3_and_the_sequence_gate_sees_only_the_a
 
 # ---- all losses: robustness --------------------------------------------------------------------
 
-ALL = ["grpo", "dr_grpo", "gspo", "gepo", "m2po", "ftis", "pg"]
+ALL = ["grpo", "dr_grpo", "grpo_seqmask", "gspo", "gepo", "m2po", "tis", "ftis", "pg"]
 
 
 @pytest.mark.parametrize("name", ALL)

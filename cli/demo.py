@@ -15,6 +15,7 @@ from rich.table import Table
 from swarm.identity import short_id
 
 from cli.procs import NodeProcess, start_node, stop, wait_for_file
+from node.learner.phases import phase_table
 from node.metrics import Kind, Metric
 
 LEARNER_TOML = """\
@@ -122,6 +123,9 @@ def _summary(console: Console, records: list[dict], names: dict[str, str], wall:
     table.add_row("staleness (versions)", f"mean {sum(k * v for k, v in stale.items()) / total:.1f}, max {max(stale)}")
     table.add_row("dropped", ", ".join(f"{k}: {v}" for k, v in last[Metric.DROPS].items()) or "none")
     table.add_row("wall time", f"{wall:.0f} s")
+    if phases := last.get(Metric.PHASE_S):
+        table.add_row("learner's time", ", ".join(f"{k} {v:.0f} s ({share:.0%})" for k, v, share in phase_table(phases)
+                                                 if share >= 0.01))
     console.print(table)
     curve = "  ".join(f"v{v}: {a:.0%}" for v, a in evals)
     console.print(f"eval curve: {curve}")

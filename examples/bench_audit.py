@@ -10,18 +10,22 @@
    answer plus one extra digit, claimed log-prob -2/token), and a subtler chooser that samples
    honestly and swaps one completion of eight for a correct answer; each audited once.
 3. Cost: audit seconds against the learner's optimizer-step seconds, with every group audited and
-   in a second run at the default audit policy (first 4 groups of each sampler, 10% until it has
-   passed 32 audits, 3% after).
+   in a second run at the default audit policy (first 4 groups of each sampler, then at most 10%
+   until it has passed 32 audits and 3% after, each at most the rate the audit budget affords:
+   node/audit/budget.py, `audit.budget` = 2% of the training time), and what that budget buys:
+   the spot rate p it came to, and at p with the detection measured in 2, how many cheated groups
+   a proven sampler gets away with on average before it is refused (1 / (p x detection)).
 """
 
 from __future__ import annotations
 
-from node.learner.config import AuditConfig
-
 import argparse
 import dataclasses
 import logging
+import math
 import random
+
+from node.learner.config import AuditConfig
 
 from cli.config import SimSamplerSpec, SimulatorConfig
 from cli.simulate import Simulator
@@ -43,7 +47,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     sampling = SamplingConfig()
     cfg = SimulatorConfig(
-        learner=LearnerConfig(audit=AuditConfig(rate=1.0, rate_established=1.0, margin=args.margin), eval_every=0, eval_size=50),
+        learner=LearnerConfig(audit=AuditConfig(rate=1.0, rate_established=1.0, budget=math.inf, margin=args.margin), eval_every=0, eval_size=50),
         sampling=sampling, steps=args.steps,
         samplers=(SimSamplerSpec(count=1), SimSamplerSpec(name="stale", count=2,
                                                           weight_delay=DelayConfig(kind="lognormal", lower_s=30, upper_s=20 * 30))),
@@ -92,18 +96,30 @@ def main() -> None:
     default = Simulator(dataclasses.replace(cfg, learner=LearnerConfig(eval_every=0, eval_size=50)))
     default.run()
     d = default.learner
+    budget = d.auditor.budget
+    spent, trained = d.auditor.stats["time_s"], d.training.time_s
     print(f"3. cost: every group audited: {per_audit * 1e3:.1f} ms per audited group (one forward pass per claimed "
-          f"version), {learner.auditor.stats['time_s'] / learner.training.time_s:.0%} of optimizer-step time; "
-          f"default policy (first 4 per sampler, 10% until 32 passed, then 3%): {d.auditor.stats['audits']} of "
-          f"{d.version * d.cfg.groups_per_step} groups audited in {d.auditor.stats['time_s']:.1f} s against "
-          f"{d.training.time_s:.1f} s of optimizer steps = {d.auditor.stats['time_s'] / d.training.time_s:.1%} of learner compute")
+          f"version), {learner.auditor.stats['time_s'] / learner.training.time_s:.0%} of optimizer-step time")
+    print(f"   default policy, budget {d.cfg.audit.budget:.0%} of training time: {d.auditor.stats['audits']} of "
+          f"{d.version * d.cfg.groups_per_step} groups audited ({d.auditor.stats['reference_positions']} positions with "
+          f"the flip rate's reference pass) in {spent:.2f} s against {trained:.1f} s of optimizer steps = "
+          f"{spent / trained:.2%} of learner compute (budget {d.cfg.audit.budget:.0%})")
     steps = [r for r in d.history if r.get("kind") == "step"]
     half, last = steps[len(steps) // 2], steps[-1]
-    print(f"   in the run's second half (v{half['version']}-v{last['version']}; a sampler is audited at "
-          f"{d.cfg.audit.rate_established:.0%} once past {d.cfg.audit.established_after} audits): "
+    print(f"   in the run's second half (v{half['version']}-v{last['version']}): "
           f"{last['audit']['audits'] - half['audit']['audits']} audits, "
-          f"{(last['audit']['time_s'] - half['audit']['time_s']) / (last['train_time_s'] - half['train_time_s']):.1%} "
-          f"of learner compute (goal <= 5%)")
+          f"{(last['audit']['time_s'] - half['audit']['time_s']) / (last['train_time_s'] - half['train_time_s']):.2%} "
+          f"of learner compute")
+    p = budget.spot_rate()
+    print(f"   the spot rate the budget affords: p = {p:.2%} of a proven sampler's groups (measured: "
+          f"{budget.train_cost.value * 1e3:.3f} ms to train a completion position, {budget.audit_cost.value * 1e3:.3f} ms "
+          f"to audit one); a new key's first {d.cfg.audit.first} groups are all audited")
+    for k, v in caught.items():
+        detect = v / max(tried[k], 1)
+        if detect > 0:
+            print(f"   {k}: a proven sampler doing it in every group is refused after {1 / (p * detect):.0f} such groups "
+                  f"on average; in 100 of them with probability {1 - (1 - p * detect) ** 100:.0%}")
+
 
 if __name__ == "__main__":
     main()

@@ -63,6 +63,8 @@ class Metric(enum.StrEnum):
     STEP = "step"
     """The x axis of records from before `version` was (cli/plot.py reads either)."""
     TIME_S = "time_s"
+    PHASE_S = "phase_s"
+    """A learner's seconds per phase since it started (node/learner/phases.py)."""
     EVAL_ACC = "eval_acc"
     REWARD = "reward"
     LOSS = "loss"

@@ -232,7 +232,8 @@ class LearnerRun:
                 self._between_steps(tally)
                 survive("reading rollouts", lambda: self._read(self._wait_s(made)))
                 while not self.done and learner.step() is not None:
-                    self.checkpoints.after_step()
+                    with learner.phases("checkpoint"):
+                        self.checkpoints.after_step()
                     self._between_steps(tally)  # steps back to back can take many minutes at size
                 made = self._own_turn()
                 if learner.leader is not None:
@@ -261,14 +262,18 @@ class LearnerRun:
         return 0.0 if made else 0.2
 
     def _read(self, timeout: float) -> None:
-        records = self.link.receive_rollouts(1000, timeout=timeout)
+        with self.learner.phases("waiting"):
+            records = self.link.receive_rollouts(1000, timeout=timeout)
         if records:
             self.learner.ingest_many(records)
             self.last_data = time.monotonic()
 
     def _own_turn(self) -> bool:
         """The device's other turn: one batch of our own sampler's; whether it made any."""
-        made = self.local is not None and not self.done and self.local.turn() > 0
+        if self.local is None or self.done:
+            return False
+        with self.learner.phases("sampling"):
+            made = self.local.turn() > 0
         if made:
             self.last_data = time.monotonic()
         return made

@@ -1,5 +1,6 @@
 """Spot audits of own-model groups (checkable sampling, node/audit/margins.py and node/sampling/race.py), and
-what they decide: which samplers are proven, and which are refused for good.
+what they decide: which samplers are proven, and which are refused for good, all within a declared
+share of the learner's training time (node/audit/budget.py).
 
 The auditor owns the published versions rebuilt for audits (`VersionArchive`), the refusal list
 (on disk: a refusal survives restarts), a second copy of the model that audits run on (made for a
@@ -15,10 +16,12 @@ import functools
 import logging
 import random
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Iterable
 
 import torch
 
+from node.audit.budget import AuditBudget
 from node.audit.margins import AuditItem, AuditResult, audit_groups
 from node.audit.flips import FlipRate, FlipTest
 from node.audit.refusals import RefusalList
@@ -33,13 +36,19 @@ from node.learner.groups import BufferedGroup, GroupKind, Verdict
 
 log = logging.getLogger(__name__)
 
-CALIBRATION_S = 300.0
-"""The most the flip rate's measurement (FlipRate.ENOUGH positions of reference passes, spread
-over the first audits) may be estimated to cost; past it the learner holds samplers to
-`audit_flip_rate` unmeasured, as before the measurement existed."""
-
 NEW_STATS = {"audits": 0, "failed": 0, "unauditable": 0, "positions": 0, "flips": 0, "time_s": 0.0,
-             "logprob_gap_max": 0.0, "margin_max": 0.0, "flip_rate": 0.0}
+             "logprob_gap_max": 0.0, "margin_max": 0.0, "flip_rate": 0.0, "waiting": 0, "reference_positions": 0}
+
+
+@dataclass
+class AuditOutcome:
+    """What a step's audits decided."""
+
+    failed: dict[str, str]
+    """Samplers that failed, each with the reason of its first failure."""
+    waiting: list[BufferedGroup]
+    """Groups of keys not yet proven whose first audits the budget could not afford this step:
+    they go back to the buffer, untrained (`AuditBudget.admits`)."""
 
 
 class Auditor:
@@ -61,28 +70,16 @@ class Auditor:
         """How far each sampler's claimed log-probs sit from ours, measured by every audit and every
         recomputed group (node/audit/claim_gaps.py; what `behaviour_logprobs = "auto"` reads)."""
         self.stats: dict[str, Any] = dict(NEW_STATS)
+        """Running counts (budget figures: `budget_stats`)."""
         self._copy: torch.nn.Module | None = None
         self._rng = random.SystemRandom()  # the sampler must not predict which groups get audited
 
     @functools.cached_property
-    def calibrates(self) -> bool:
-        """Whether audits measure the honest flip rate (`audit_calibrate`), where this device can:
-        the reference pass imitates a bfloat16 engine, and a CPU without bfloat16 units runs it up
-        to 150x slower than float32. Skipped when its FlipRate.ENOUGH positions would take longer
-        than CALIBRATION_S (estimated from the model's size and the measured rates): a 39M-parameter
-        model's took hours here; the built-in model's, a minute."""
-        if not self.cfg.audit.calibrate:
-            return False
+    def budget(self) -> AuditBudget:
+        """What audits may cost (node/audit/budget.py): `audit.budget` of the training time; the
+        reference pass's cost per position from the device's measured float32 / bfloat16 rates."""
         f32, bf16 = matmul_rates(str(next(self.model.parameters()).device))
-        params = sum(p.numel() for p in self.model.parameters())
-        tokens = 2 * FlipRate.ENOUGH  # the completions and their prompts (each a forward's worth)
-        seconds = 2 * params * tokens / bf16
-        if seconds <= CALIBRATION_S:
-            return True
-        log.warning("this device runs bfloat16 %.0fx slower than float32: measuring the honest flip rate would "
-                    "take ~%.0f s of audits, so the flip test holds samplers to audit_flip_rate (%g) instead",
-                    f32 / bf16, seconds, self.cfg.audit.flip_rate)
-        return False
+        return AuditBudget(self.cfg.audit.budget, f32 / bf16)
 
     def is_proven(self, peer: str) -> bool:
         """Whether `peer` passed its first `audit_first` audits and was never refused."""
@@ -97,24 +94,47 @@ class Auditor:
             return GroupKind.CHECKED  # made here with these weights (ingest_own): nothing to prove
         if not self.archive.auditable(b.chain, b.claimed_version) and not self.is_proven(b.sampler):
             return GroupKind.UNAUDITED
-        return GroupKind.CHECKED
+        return GroupKind.NEW if self._is_new(b) else GroupKind.CHECKED
+
+    def admissions(self, buffered: Iterable[BufferedGroup]) -> int:
+        """How many groups of keys short of their first audits (`GroupKind.NEW`) the next step may
+        take: a step's worth while the budget admits new keys, or while no proven work waits (a learner
+        with nothing checked to train on has no training to protect); none otherwise."""
+        if self.budget.admits() or all(self.kind_of(b) is not GroupKind.CHECKED for b in buffered):
+            return self.cfg.groups_per_step
+        return 0
 
     def rate(self, sampler: str) -> float:
-        """The share of `sampler`'s groups audited once past its first `audit_first`: heavier while
-        its record is short."""
+        """The share of `sampler`'s groups audited once past its first `audit_first`: the policy's
+        (heavier while its record is short), at most what the budget affords (`spot_rate`)."""
         trusted = self.audits[sampler] >= self.cfg.audit.established_after
-        return self.cfg.audit.rate_established if trusted else self.cfg.audit.rate
+        return min(self.cfg.audit.rate_established if trusted else self.cfg.audit.rate, self.budget.spot_rate())
 
     def draw(self, sampler: str) -> bool:
         """True with probability `rate(sampler)`, unpredictably to the sampler."""
         return self._rng.random() < self.rate(sampler)
 
-    def audit(self, taken: list[BufferedGroup]) -> dict[str, str]:
-        """Audit a chosen share of `taken` (each chosen group's `verdict` is set); returns the
-        samplers that failed, each with the reason of its first failure. The caller `release`s the
-        audit copy once the step needs it no more."""
-        chosen = [b for b in taken if b.own and b.sampler != self.peer_id  # (made in this process)
-                  and (self.audits[b.sampler] < self.cfg.audit.first or self.draw(b.sampler))]
+    def audit(self, taken: list[BufferedGroup]) -> AuditOutcome:
+        """Audit a chosen share of `taken` (each chosen group's `verdict` is set): the first audits a
+        key not yet proven still needs (the step took them within `admissions`), the rest at
+        `rate`. The caller `release`s the audit copy once the step needs it no more."""
+        admitting: collections.Counter[str] = collections.Counter()  # this step's first audits, per new key
+        chosen, waiting = [], []
+        for b in taken:
+            if not b.own or b.sampler == self.peer_id:  # (foreign: never audited; own: made here)
+                continue
+            if self.audits[b.sampler] < self.cfg.audit.first and not self.archive.auditable(b.chain, b.claimed_version):
+                b.verdict = Verdict.UNAUDITABLE  # an earlier run's chain: the buffer's unaudited share
+                self.stats["unauditable"] += 1
+            elif self._is_new(b):
+                if self.audits[b.sampler] + admitting[b.sampler] >= self.cfg.audit.first:
+                    waiting.append(b)  # not proven yet, nor by this step's audits: untrained until it is
+                    continue
+                admitting[b.sampler] += 1
+                chosen.append(b)
+            elif self.draw(b.sampler):
+                chosen.append(b)
+        self.stats["waiting"] += len(waiting)
         # one forward pass per claimed version: its weights are rebuilt and loaded once
         by_version: dict[tuple[str, int], list[BufferedGroup]] = {}
         for b in chosen:
@@ -124,7 +144,13 @@ class Auditor:
             for b, why in zip(groups, self._audit_version(key, groups)):
                 if b.verdict is Verdict.FAILED:
                     failed.setdefault(b.sampler, why)
-        return failed  # the copy stays for the step's recomputed log-probs: the learner releases it
+        return AuditOutcome(failed, waiting)  # the copy stays for the step's recomputed log-probs
+
+    def _is_new(self, b: BufferedGroup) -> bool:
+        """Whether `b`'s sampler is short of its first audits (at a version we can audit it at:
+        a version we cannot rebuild is the buffer's `UNAUDITED` share, not an admission)."""
+        return (b.own and b.sampler != self.peer_id and self.audits[b.sampler] < self.cfg.audit.first
+                and self.archive.auditable(b.chain, b.claimed_version))
 
     def model_at(self, key: tuple[str, int]) -> torch.nn.Module | None:
         """The audit copy of the model with the published weights of `key` (chain, version)
@@ -156,9 +182,15 @@ class Auditor:
             return [""] * len(groups)
         items = [AuditItem(b.group.prompt_ids, [(c.token_ids, c.logprobs) for c in b.group.completions],
                            group_seeds(nonce, b.group.problem_id, b.sampler, len(b.group.completions))) for b in groups]
+        positions = sum(len(c.token_ids) for b in groups for c in b.group.completions)
+        # the flip rate's measurement, only from what the budget has left (node/audit/budget.py)
+        reference = self.cfg.audit.calibrate and self.budget.affords(self.budget.reference_s(positions))
         results = audit_groups(model, items, self.sampling.params, self.pad_id, self.cfg.audit.margin,
-                               reference=self.calibrates and self.flip_rate.wanted())
-        self.stats["time_s"] += time.perf_counter() - t0
+                               reference=reference)
+        seconds = time.perf_counter() - t0
+        self.budget.audited(seconds, positions, reference)
+        self.stats["time_s"] += seconds
+        self.stats["reference_positions"] += positions if reference else 0
         return [self._judge(b, r) for b, r in zip(groups, results)]
 
     def _judge(self, b: BufferedGroup, result: AuditResult) -> str:
@@ -168,7 +200,7 @@ class Auditor:
         st["audits"] += 1
         st["positions"] += result.positions
         st["flips"] += result.flips
-        rate = self.flip_rate.rate(self.cfg.audit.flip_rate) if self.calibrates else self.cfg.audit.flip_rate
+        rate = self.flip_rate.rate(self.cfg.audit.flip_rate) if self.cfg.audit.calibrate else self.cfg.audit.flip_rate
         alarmed = self.flip_test.add(b.sampler, result.flips, result.positions, rate)
         if result.reference_flips is not None:  # after: the rate is fixed before the group
             self.flip_rate.add(result.reference_flips, result.positions)

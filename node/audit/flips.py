@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import collections
 import math
-import random
 
 
 
@@ -36,30 +35,23 @@ def wilson_upper(k: int, n: int) -> float:
 class FlipRate:
     """The honest flip rate the flip test holds samplers to, measured on this learner's own model.
 
-    Every audit also runs the model in REFERENCE_DTYPE (`audit_margins(reference=True)`) and counts
-    the positions where that honest engine's race pick is not the float32 one. The rate is twice
-    the upper end of that share's 95% interval, at least FLOOR (kernels other than the learner's)
-    and at most `cap` (AuditConfig.flip_rate: the highest honest rate measured on any
-    model). Why: the honest rate depends on the model by 10x (bfloat16: 0.34% on the built-in
-    model, 4.3% on a 151k vocabulary), and a constant loose enough for the second lets a sampler
-    that chooses tokens flip at 9% unrefused on the first (docs/BENCHMARKS.md)."""
+    Audits the budget affords it (node/audit/budget.py: the reference pass is the least urgent of
+    an audit's costs) also run the model in REFERENCE_DTYPE (`audit_margins(reference=True)`) and
+    count the positions where that honest engine's race pick is not the float32 one. The rate is
+    twice the upper end of that share's 95% interval, at least FLOOR (kernels other than the
+    learner's) and at most `cap` (AuditConfig.flip_rate: the highest honest rate measured on any
+    model), so until enough positions are measured the cap holds. Why: the honest rate depends on
+    the model by 10x (bfloat16: 0.34% on the built-in model, 4.3% on a 151k vocabulary), and a
+    constant loose enough for the second lets a sampler that chooses tokens flip at 9% unrefused on
+    the first (docs/BENCHMARKS.md). No count of positions ends the measurement: it goes on at what
+    the budget leaves, and follows the model as it trains."""
 
     FACTOR = 2.0
     FLOOR = 0.005
-    ENOUGH = 5_000
-    """Positions after which the reference runs on one audit in SAMPLE only: the estimate is then
-    within a few tenths of a point at the rates seen, and the reference pass (a bfloat16 forward: slow where
-    the CPU has no bfloat16 matrix units) stops costing every audit."""
-    SAMPLE = 10
 
     def __init__(self) -> None:
         self.flips = 0
         self.positions = 0
-        self._rng = random.Random()
-
-    def wanted(self) -> bool:
-        """Whether the next audit should run the reference pass."""
-        return self.positions < self.ENOUGH or self._rng.randrange(self.SAMPLE) == 0
 
     def add(self, flips: int, positions: int) -> None:
         self.flips += flips

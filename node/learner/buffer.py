@@ -42,6 +42,13 @@ class GroupBuffer:
         self._groups.append(b)
         self._by_sampler[b.sampler] += 1
 
+    def put_back(self, groups: list[BufferedGroup]) -> None:
+        """Return groups a step took but did not train on (waiting for their key's first audits) to
+        the front, in their order: they are older than anything that arrived since."""
+        for b in reversed(groups):
+            self._groups.appendleft(b)
+            self._by_sampler[b.sampler] += 1
+
     def drop_aged(self, version: int) -> int:
         """Drop own-model groups older than the learner will take at `version` (`max_staleness`, or
         `wait_staleness` when set); returns how many."""
@@ -64,9 +71,10 @@ class GroupBuffer:
         self._groups = keep
         return dropped
 
-    def pick(self, kind_of: Callable[[BufferedGroup], GroupKind]) -> list[int]:
-        """Indices of the next step's groups (`pick_groups` with the foreign and unaudited shares),
-        oldest first, or newest version first with `take_newest`."""
+    def pick(self, kind_of: Callable[[BufferedGroup], GroupKind], new: int | None = None) -> list[int]:
+        """Indices of the next step's groups (`pick_groups` with the foreign and unaudited shares,
+        and at most `new` of new keys' groups: what the audit budget admits, default a step's
+        worth), oldest first, or newest version first with `take_newest`."""
         n = self.cfg.groups_per_step
         buf = list(self._groups)  # a deque: indexing it is O(n)
         order = list(range(len(buf)))
@@ -74,11 +82,13 @@ class GroupBuffer:
             order.sort(key=lambda i: -buf[i].group.version)
         picked = pick_groups([(buf[i].sampler, kind_of(buf[i])) for i in order], n,
                              {GroupKind.FOREIGN: math.floor(self.cfg.foreign.step_share * n + 1e-9),
-                              GroupKind.UNAUDITED: self.cfg.unaudited_per_step},
+                              GroupKind.UNAUDITED: self.cfg.unaudited_per_step,
+                              GroupKind.NEW: n if new is None else new},
                              {GroupKind.FOREIGN: self.cfg.foreign.per_sampler})
         return [order[j] for j in picked]
 
-    def ready(self, kind_of: Callable[[BufferedGroup], GroupKind], is_proven: Callable[[str], bool]) -> bool:
+    def ready(self, kind_of: Callable[[BufferedGroup], GroupKind], is_proven: Callable[[str], bool],
+              new: int | None = None) -> bool:
         """Whether a full step can be taken within the foreign and unaudited shares; or a short one,
         of what the shares allow, when `groups_per_step` groups wait and waiting cannot fill a step:
         none of them is checked work, or unproven keys' groups fill their shared budget (the swarm's
@@ -86,17 +96,17 @@ class GroupBuffer:
         n = self.cfg.groups_per_step
         if len(self._groups) < n:
             return False
-        picked = len(self.pick(kind_of))
+        picked = len(self.pick(kind_of, new))
         if picked >= n or picked == 0:
             return picked >= n
-        if all(kind_of(b) is not GroupKind.CHECKED for b in self._groups):
+        if all(kind_of(b) not in (GroupKind.CHECKED, GroupKind.NEW) for b in self._groups):
             return True
         unproven = sum(not is_proven(b.sampler) for b in self._groups)
         return unproven >= max(self.cfg.intake.unproven_quota, n)
 
-    def take(self, kind_of: Callable[[BufferedGroup], GroupKind]) -> list[BufferedGroup]:
+    def take(self, kind_of: Callable[[BufferedGroup], GroupKind], new: int | None = None) -> list[BufferedGroup]:
         """Remove and return the next step's groups (`pick`)."""
-        buffered, picked = list(self._groups), self.pick(kind_of)
+        buffered, picked = list(self._groups), self.pick(kind_of, new)
         chosen = set(picked)
         self._groups = collections.deque(b for i, b in enumerate(buffered) if i not in chosen)
         taken = [buffered[i] for i in picked]  # in pick order: the step's batch order

@@ -55,14 +55,18 @@ class AuditConfig:
     sampler's flips against this rate refuses it once they are `alarm`-unlikely for an honest engine."""
     calibrate: bool = True
     """Hold samplers to the honest flip rate measured on this model instead (node/audit/flips.FlipRate:
-    audits also run their copy of the model under bfloat16 autocast, no extra memory; on every
-    audit until 5,000 positions are measured, then on one in ten), with `flip_rate` as its
-    ceiling. That pass costs about half a float32 one on a GPU and 50-150x one on a CPU without
-    bfloat16 units: where its 5,000 positions are estimated to take over 300 s (the model's size,
-    the device's measured bfloat16 rate) it is skipped, with a warning, and `flip_rate` holds."""
+    audits also run their copy of the model under bfloat16 autocast, no extra memory), with
+    `flip_rate` as its ceiling, measured only from what `budget` leaves: that pass costs about
+    half a float32 one on a GPU and 50-150x one on a CPU without bfloat16 units, so on such a CPU
+    it runs rarely and `flip_rate` holds until it has measured enough."""
     alarm: float = 1e-3
     """An honest sampler (flip rate <= flip_rate) is refused by the statistic with at most this
     probability over its whole life (Ville's inequality: node/audit/flips.FlipTest)."""
+    budget: float = 0.02
+    """What audits may cost, in seconds per second of training (node/audit/budget.py): spot audits
+    at the rate that spends half of it (`rate` and `rate_established` are ceilings), new keys'
+    first audits and the flip rate's measurement from the rest, while it lasts. `inf`: every audit
+    the rates draw, whatever it costs (benchmarks of the audit itself)."""
     logprob_gap: float = 0.25
     """An audited group also fails if its claimed log-probs are further than this (mean |gap| per
     token) from ours at the very version it claims: honest engines are within 1e-5 in float32."""
@@ -73,7 +77,7 @@ class AuditConfig:
             ("0 <= rate_established <= 1", 0 <= self.rate_established <= 1),
             ("established_after >= first", self.established_after >= self.first), ("margin >= 0", self.margin >= 0),
             ("0 < flip_rate < 0.25", 0 < self.flip_rate < 0.25), ("0 < alarm < 1", 0 < self.alarm < 1),
-            ("logprob_gap > 0", self.logprob_gap > 0)])
+            ("logprob_gap > 0", self.logprob_gap > 0), ("budget > 0", self.budget > 0)])
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,9 @@ class GroupKind(str, enum.Enum):
     """Another model's: never audited, within `foreign_step_share` and `foreign_per_sampler`."""
     UNAUDITED = "unaudited"
     """A version the learner cannot rebuild, from a key not yet proven: within `unaudited_per_step`."""
+    NEW = "new"
+    """An auditable version from a key short of its first audits: taken only while the audit budget
+    admits new keys (node/audit/budget.py), and audited before it is trained on."""
 
 
 class Verdict(str, enum.Enum):

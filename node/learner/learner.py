@@ -49,6 +49,7 @@ from node.tasks import Task
 from node.tasks.bounded import group_budget_s
 from node.weights.blob import untie
 from node.audit.auditor import Auditor
+from node.learner.phases import Phases
 from node.learner.behaviour import Recompute
 from node.learner.books import Books
 from node.learner.buffer import GroupBuffer
@@ -134,6 +135,8 @@ class Learner:
         """Puts the learner's own log-probs into own-model groups (`behaviour_logprobs`)."""
         self.buffer = GroupBuffer(cfg)
         self.books = Books()
+        self.phases = Phases()
+        """Where this learner's time goes (node/learner/phases.py): `phase_s` in every step record."""
         self.scoring_time = ScoringTime(BURST_GROUPS * group_budget_s(sampling.group_size))
         """Seconds of scoring per proven key and for all unproven keys (node/learner/scoring_time.py)."""
         self.eval_set = eval_problems(task, cfg.eval_size)
@@ -212,6 +215,10 @@ class Learner:
         return reason
 
     def ingest_many(self, records: list[Received | bytes]) -> int:
+        with self.phases("intake"):
+            return self._ingest_many(records)
+
+    def _ingest_many(self, records: list[Received | bytes]) -> int:
         """Ingest each (as the link received it, or raw bytes); how many were accepted."""
         return sum((self.ingest(*r) if isinstance(r, Received) else self.ingest(r)) is None for r in records)
 
@@ -256,7 +263,7 @@ class Learner:
         """Whether a step can be taken now (`GroupBuffer.ready`), once aged groups are dropped."""
         if aged := self.buffer.drop_aged(self.version):
             self.books.drop(Drop.STALE, aged)
-        return self.buffer.ready(self.auditor.kind_of, self.auditor.is_proven)
+        return self.buffer.ready(self.auditor.kind_of, self.auditor.is_proven, self.auditor.admissions(self.buffer))
 
     def step(self) -> dict | None:
         """One optimizer step on the next `groups_per_step` groups; None if not enough data."""
@@ -264,9 +271,11 @@ class Learner:
             return None
         behaviour: dict[str, Any] = {}
         try:
-            taken = self._audited(self.buffer.take(self.auditor.kind_of))
+            with self.phases("audit"):
+                taken = self._audited(self.buffer.take(self.auditor.kind_of, self.auditor.admissions(self.buffer)))
             if self.recompute is not None and taken:
-                taken, dropped, behaviour = self.recompute(taken)
+                with self.phases("recompute"):
+                    taken, dropped, behaviour = self.recompute(taken)
                 self._drop_claims(dropped)
         finally:
             self.auditor.release()  # never held through a training step
@@ -275,8 +284,10 @@ class Learner:
         parts, skipped = self.training.parts(taken)
         rec: dict[str, Any] = {Metric.KIND: Kind.STEP, Metric.VERSION: self.version + 1, **batch_stats(taken, self.version), **behaviour}
         rec[Metric.GROUPS_SKIPPED_ZERO_VAR] = skipped
+        trained_s = self.training.time_s
         try:
-            self.training.train(parts, rec)
+            with self.phases("train"):
+                self.training.train(parts, rec)
         except Exception as e:  # e.g. out of memory: these groups go to quarantine, training goes on
             log.exception("a step on %d groups failed; they are quarantined, not retried", len(taken))
             self.training.abandon()
@@ -286,21 +297,31 @@ class Learner:
             if self.leader is not None:
                 raise  # the ranks are out of step now: end the job (torchrun restarts it from a checkpoint)
             return None
+        self.auditor.budget.trained(self.training.time_s - trained_s,
+                                    sum(len(c.token_ids) for b in taken for c in b.group.completions))
         if gap_dropped := self.training.mark_gap_drops(taken, rec):
             self.books.drop(Drop.LOGPROB_GAP, gap_dropped)
         self.books.count_trained(taken, self.auditor.archive.auditable, self.peer_id)
         self.version += 1
-        rec.update(self.publishing.maybe(self.version))
+        with self.phases("publish"):
+            rec.update(self.publishing.maybe(self.version))
         rec.update(counters(self.books, self.auditor, self.training, len(self.buffer), self._t0))
         rec.update(self.step_extra())
+        rec[Metric.PHASE_S] = self.phases.snapshot()
         self._emit(rec)
         if self.cfg.eval_every and self.version % self.cfg.eval_every == 0:
             self.run_eval()
         return rec  # when to checkpoint is the runner's (cli/roles/learner.py): it compacts its journal after
 
     def _audited(self, taken: list[BufferedGroup]) -> list[BufferedGroup]:
-        """Spot-audit `taken` (node/audit/auditor.py), refuse who failed; what may be trained on."""
-        for sampler, why in self.auditor.audit(taken).items():
+        """Spot-audit `taken` (node/audit/auditor.py), refuse who failed; what may be trained on.
+        New keys' groups whose first audits the budget cannot afford yet go back to the buffer."""
+        outcome = self.auditor.audit(taken)
+        if outcome.waiting:
+            self.buffer.put_back(outcome.waiting)
+            waiting = {id(b) for b in outcome.waiting}
+            taken = [b for b in taken if id(b) not in waiting]
+        for sampler, why in outcome.failed.items():
             if sampler not in self.auditor.refusals:
                 self.refuse(sampler, why)
         # all refusals first: a sampler's group that passed (or was not chosen) is not kept when
@@ -328,7 +349,8 @@ class Learner:
 
     # ---- eval and publishing ---------------------------------------------------------------------
     def run_eval(self) -> float:
-        acc = evaluate(self.engine, self.task, self.eval_set, self.sampling.max_new_tokens)
+        with self.phases("eval"):
+            acc = evaluate(self.engine, self.task, self.eval_set, self.sampling.max_new_tokens)
         self._emit({Metric.KIND: Kind.EVAL, Metric.VERSION: self.version, Metric.EVAL_ACC: acc, Metric.TIME_S: round(time.time() - self._t0, 2)})
         return acc
 
@@ -341,7 +363,8 @@ class Learner:
 
     def start(self) -> None:
         """Publish the starting weights (version 0 or the resumed one) so samplers can align."""
-        stats = self.publishing.publish(self.version)
+        with self.phases("publish"):
+            stats = self.publishing.publish(self.version)
         if stats:
             log.info("published version %d: a %s keyframe of %.1f MB", self.version,
                      self.publishing.publisher.view_name, stats["weights_bytes"] / 1e6)

@@ -362,13 +362,3 @@ def test_the_auditor_counts_its_own_bfloat16_flips_beside_an_unchanged_float32_a
     both = audit_margins(model, items, params, tok.pad_token_id, reference=True)
     assert all(torch.equal(a[0], b[0]) and a[1] == b[1] and a[2] is None for a, b in zip(plain, both))
     assert all(0 <= b[2] <= len(b[0]) for b in both)
-
-
-def test_the_reference_pass_runs_on_every_audit_until_enough_positions_then_on_one_in_ten():
-    from node.audit.flips import FlipRate
-
-    r = FlipRate()
-    assert all(r.wanted() for _ in range(100))
-    r.add(20, FlipRate.ENOUGH)
-    share = sum(r.wanted() for _ in range(10_000)) / 10_000
-    assert abs(share - 1 / FlipRate.SAMPLE) < 0.02

@@ -1,0 +1,114 @@
+"""What audits may cost: a declared share of the learner's training time, held by construction.
+
+    budget = AuditBudget(share=0.02)
+    p = budget.spot_rate()                  # the affordable share of groups to spot-audit
+    if budget.admits(): ...                 # a new key's first audits, now or later
+    if budget.affords(budget.reference_s(positions)): ...   # the flip rate's bfloat16 pass
+    budget.spend(seconds); budget.trained(seconds, positions)
+
+Three kinds of audit draw on one balance, `share` x the seconds the learner trained minus the
+seconds audits took (weights rebuilt, forwards, judging):
+
+* **Spot audits** of proven samplers, at a rate derived from measured costs:
+  p = SPOT x share x (training seconds per completion position) / (audit seconds per position),
+  so that auditing p of every step's positions costs SPOT x share of its training, in
+  expectation. They never wait on the balance: a sampler cannot make the learner skip them by
+  spending it (a flood of new keys would otherwise buy unaudited groups for an established one).
+* **Admissions**, a new key's first `audit.first` audits, run while the balance is not negative
+  (so it overshoots by at most one step's admissions); a group waiting for one stays in the
+  buffer. The other (1 - SPOT) of the share is theirs at steady state.
+* **Calibration**, the flip rate's reference pass (node/audit/flips.FlipRate), only when the
+  balance covers its estimated cost: the least urgent, since the flip test holds samplers to the
+  configured ceiling until it has measured enough.
+
+Over a run, audits cost at most `share` of the training time plus one step's admissions and the
+spot audits' luck (their count is binomial around p). The one exception is the learner's (not
+the budget's): a step whose every group waits for an admission admits anyway, since a learner
+with nothing checked to train on has no training to protect (Auditor.audit).
+"""
+
+from __future__ import annotations
+
+import math
+
+
+class Ewma:
+    """An exponentially weighted mean of a per-unit cost (seconds per position), weighted by units."""
+
+    def __init__(self, keep: float = 0.9) -> None:
+        self.keep, self.value = keep, math.nan
+
+    def add(self, seconds: float, units: int) -> None:
+        if units <= 0:
+            return
+        x = seconds / units
+        self.value = x if math.isnan(self.value) else self.keep * self.value + (1 - self.keep) * x
+
+    @property
+    def known(self) -> bool:
+        return not math.isnan(self.value)
+
+
+class AuditBudget:
+    SPOT = 0.5
+    """The share of the budget that spot audits are sized to spend; the rest admits new keys and
+    measures the flip rate. Half: at steady state keys arrive rarely and the spot rate is what
+    deters a proven sampler from cheating, but a swarm whose volunteers come and go by the dozens
+    must still admit each within minutes (docs/BENCHMARKS.md, "Audits within a budget")."""
+
+    def __init__(self, share: float, reference_slowdown: float = 1.0) -> None:
+        """`share`: audits' seconds per training second (math.inf: no budget, every audit the
+        policy draws). `reference_slowdown`: the reference pass's cost per position over the float32
+        audit's (the device's measured float32 / bfloat16 matmul rates: ~0.5 on a GPU, 50-150 on a
+        CPU without bfloat16 units)."""
+        self.share, self.reference_slowdown = share, reference_slowdown
+        self.earned = 0.0
+        self.spent = 0.0
+        self.train_cost = Ewma()
+        """Training seconds per trained completion position (the step, micro-batches to optimizer)."""
+        self.audit_cost = Ewma()
+        """Audit seconds per audited position (float32 audits without the reference pass)."""
+
+    @property
+    def unbounded(self) -> bool:
+        return math.isinf(self.share)
+
+    @property
+    def balance(self) -> float:
+        return math.inf if self.unbounded else self.earned - self.spent
+
+    def trained(self, seconds: float, positions: int) -> None:
+        """A step trained `positions` completion positions in `seconds`: its share is earned."""
+        if not self.unbounded:
+            self.earned += self.share * seconds
+        self.train_cost.add(seconds, positions)
+
+    def audited(self, seconds: float, positions: int, reference: bool) -> None:
+        """Audits of `positions` positions took `seconds` (with the reference pass or not)."""
+        self.spent += seconds
+        self.audit_cost.add(seconds / (1 + self.reference_slowdown) if reference else seconds, positions)
+
+    def spot_rate(self) -> float:
+        """The share of a proven sampler's groups the budget affords to spot-audit (1 until both
+        costs are measured: the first steps measure them, at the policy's rates)."""
+        if self.unbounded or not (self.train_cost.known and self.audit_cost.known) or self.audit_cost.value <= 0:
+            return 1.0
+        return min(1.0, self.SPOT * self.share * self.train_cost.value / self.audit_cost.value)
+
+    def admits(self) -> bool:
+        """Whether a new key's first audits may run now (the balance is not negative)."""
+        return self.balance >= 0
+
+    def reference_s(self, positions: int) -> float:
+        """The estimated cost of the reference pass over `positions` audited positions."""
+        if not self.audit_cost.known:
+            return math.inf if not self.unbounded else 0.0
+        return self.reference_slowdown * self.audit_cost.value * positions
+
+    def affords(self, seconds: float) -> bool:
+        """Whether the balance covers `seconds` more of audits."""
+        return self.balance >= seconds
+
+    def stats(self) -> dict[str, float]:
+        return {"budget_earned_s": round(self.earned, 4), "budget_spent_s": round(self.spent, 4),
+                "spot_rate": round(self.spot_rate(), 5)}

@@ -1,0 +1,86 @@
+"""The audit budget (node/audit/budget.py): figures by hand, and a learner that keeps a new key's
+groups waiting while its audits would go over budget."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from node.audit.budget import AuditBudget, Ewma
+from node.learner.config import AuditConfig, LearnerConfig
+
+
+def test_the_spot_rate_spends_half_the_share_at_the_measured_costs():
+    b = AuditBudget(0.02)
+    assert b.spot_rate() == 1.0  # nothing measured yet: the policy's rates decide
+    b.trained(2.0, 1000)  # 2 ms of training per completion position
+    b.audited(0.5, 250, reference=False)  # 2 ms of audit per position
+    # 0.5 x 0.02 x 2 ms / 2 ms = 1%: auditing 1% of the positions costs 1% of what training them did
+    assert b.spot_rate() == pytest.approx(0.01)
+    b2 = AuditBudget(0.02)
+    b2.trained(2.0, 1000)
+    b2.audited(0.1, 250, reference=False)  # audits 5x cheaper (0.4 ms) than training a position
+    assert b2.spot_rate() == pytest.approx(0.05)
+
+
+def test_new_keys_are_admitted_while_the_balance_is_not_negative():
+    b = AuditBudget(0.02)
+    assert b.admits()  # 0 earned, 0 spent: the first step's admissions run
+    b.audited(0.5, 250, reference=False)
+    b.trained(2.0, 1000)  # earned 0.04 s, spent 0.5 s
+    assert b.balance == pytest.approx(-0.46) and not b.admits()
+    b.trained(23.0, 1000)  # earned 0.04 + 0.46 = 0.5
+    assert b.balance == pytest.approx(0.0, abs=1e-12) and b.admits()
+
+
+def test_the_reference_pass_is_priced_by_the_devices_measured_slowdown():
+    b = AuditBudget(0.02, reference_slowdown=50.0)
+    assert b.reference_s(10) == math.inf  # no audit measured yet: never affordable
+    b.audited(5.1, 100, reference=True)  # 1 + 50 float32 passes' worth: 0.1 s a float32 pass, 1 ms a position
+    assert b.audit_cost.value == pytest.approx(1e-3)
+    assert b.reference_s(10) == pytest.approx(0.5)  # 50 x 1 ms x 10
+    b.trained(300.0, 1000)  # earned 6 s, spent 5.1
+    assert b.affords(0.5) and not b.affords(1.0)
+
+
+def test_an_unbounded_budget_is_every_audit_the_policy_draws():
+    b = AuditBudget(math.inf, reference_slowdown=100.0)
+    b.trained(1.0, 10)
+    b.audited(100.0, 10, reference=True)
+    assert b.spot_rate() == 1.0 and b.admits() and b.affords(1e9) and b.reference_s(1000) < math.inf
+
+
+def test_costs_are_a_position_weighted_running_mean():
+    e = Ewma(keep=0.5)
+    e.add(1.0, 0)  # nothing measured
+    assert not e.known
+    e.add(2.0, 1000)
+    e.add(6.0, 1000)
+    assert e.value == pytest.approx(0.5 * 0.002 + 0.5 * 0.006)
+
+
+def test_the_budget_is_checked_as_a_config():
+    with pytest.raises(ValueError, match="budget > 0"):
+        LearnerConfig(audit=AuditConfig(budget=0.0))
+
+
+def test_a_new_key_waits_in_the_buffer_until_the_budget_admits_it(task, tmp_path):
+    from helpers.inmemory import tiny_swarm
+
+    s = tiny_swarm(tmp_path, groups_per_step=2, samplers=0, task=task, start=True,
+                   audit=AuditConfig(first=2, budget=1e-9))
+    learner, honest, late = s.learner, s.add_sampler("honest"), s.add_sampler("late")
+    learner.ingest_many([g.encode() for g in honest.produce(2)])
+    # no proven work waits, so the first step admits whatever it costs
+    assert learner.ready() and learner.step() is not None and learner.is_proven("honest")
+    assert not learner.auditor.budget.admits()  # one step's admissions overshoot a budget this small
+    learner.ingest_many([g.encode() for g in late.produce(2)])
+    learner.ingest_many([g.encode() for g in honest.produce(2)])
+    rec = learner.step()  # the proven sampler's two groups; the new key's wait
+    assert rec is not None and learner.auditor.audits["late"] == 0 and learner.untrained("late") == 2
+    learner.auditor.budget.trained(1e9, 1)  # as if the learner had trained long enough to repay
+    learner.ingest_many([g.encode() for g in honest.produce(2)])
+    while learner.ready():
+        learner.step()
+    assert learner.auditor.audits["late"] == 2 and learner.is_proven("late") and learner.untrained("late") == 0

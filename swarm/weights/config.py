@@ -23,15 +23,18 @@ class FetchConfig:
     """Bytes/s an item must average once `idle_s` of slack is spent (a 1 MiB chunk: 10 + 8 s), so
     a frame header claiming 1 MiB followed by a byte a second is abandoned mid-frame."""
     hedge_s: float = 3.0
-    """A stream that delivered no chunk for this long (plus its `wait`) has its remaining chunks
-    asked of the next source too, the first verified copy winning; the slow source is demoted.
+    """A stream that delivered no chunk for this long (before its first: plus its `wait`) has its
+    remaining chunks asked of the next source too, the first verified copy winning. Its source is
+    demoted only if the stream delivered nothing at all: one that delivered and then paused is
+    congested (its stall bound, `idle_s` and `min_rate`, still ends a stream that stops).
     The learner, the last resort, is never hedged against itself."""
     holder_tries: int = 2
-    """Holders asked for one chunk before the chunk's owner and the learner: with one bad holder
-    the learner is reached within (holder_tries + 1) hedges, however many holders announce."""
+    """Holders asked for one chunk before the chunk's owner, and other mates after it, before the
+    learner: were they all silent, the learner is reached within (2 * holder_tries + 1) hedges,
+    however many holders and mates there are."""
     demote_s: float = 30.0
-    """How long a demoted peer (stalled, trickled, lied, announced a version it did not serve) is
-    not asked; each further strike doubles it, up to `demote_max_s`."""
+    """How long a demoted peer (silent, stalled, trickled, lied, announced a version it did not
+    serve) is not asked; each further strike doubles it, up to `demote_max_s`."""
     demote_max_s: float = 600.0
     forget_s: float = 3600.0
     """A peer with no strike for this long starts again from `demote_s`."""

@@ -194,12 +194,13 @@ class WeightFetcher:
     def _download(self, learner: str, chain: str, entry: VersionEntry, holders: list[str], mates: list[str]) -> bytes:
         """One version's blob. Every chunk is asked at once: those this sampler owns
         (`chunk_owner`) of the learner, the others of their owners, who serve each chunk as it
-        arrives and wait for one still coming (`ChunkStore`). So the mates' copies flow while the
+        arrives and wait for one still coming (`ChunkStore`), hedged to other `mates` (who take it
+        from the owner) before the learner (`Gather._sources`). So the mates' copies flow while the
         learner's upload is under way (pipelined per chunk), rather than after this sampler's own
         share is complete. The whole is checked against the learner-signed manifest entry."""
         n = len(entry.chunks)
         owners = [chunk_owner(mates, entry.version, i) for i in range(n)]  # (`fetch` began it in the store)
-        got = Gather(self, self._pool, self._parallel, chain, entry, learner, holders, owners).run()
+        got = Gather(self, self._pool, self._parallel, chain, entry, learner, holders, owners, mates).run()
         blob = b"".join(got[i] for i in range(n))
         if len(blob) != entry.size:  # every chunk is verified: only their number and sizes are left
             self.store.abandon(entry.version)

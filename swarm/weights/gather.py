@@ -2,8 +2,9 @@
 
 `Gather` is the scheduler of one download: which source each chunk is asked of next, the streams
 in flight, the chunks verified so far. A stream that ends, fails or lies hands its chunks to their
-next source; one that stalls is hedged (its chunks asked of their next source too) and its source
-demoted; a chunk no source delivered fails the download.
+next source; one that pauses is hedged (its chunks asked of their next source too), its source
+demoted only if it had sent nothing (a busy mate is not punished for sharing its link); a chunk no
+source delivered fails the download.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
+import zlib
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait as wait_futures
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Protocol
@@ -64,6 +66,7 @@ class ChunkStream:
     hedged: bool = False
 
     def stalled(self, now: float, hedge_s: float) -> bool:
+        """No chunk for `hedge_s` (before the first: plus the `wait` the source may hold it)."""
         if self.progress is None:  # queued behind other streams: not the source's fault
             return False
         return now - self.progress > hedge_s + (self.wait if not self.delivered else 0.0)
@@ -72,22 +75,27 @@ class ChunkStream:
 class Gather:
     """The verified chunks of one version (`run`). Each chunk has its own list of sources
     (`_sources`): holders of the whole version not demoted (chunk i from holder i+r in try r,
-    spreading the load), then its owner when that is a mate that may be downloading it now, the
-    learner last (twice: a reset libp2p stream reads as its end). Chunks asking the same source go
-    in a few streams at once (`_split`). A chunk a stream did not deliver (it ended, failed, or sent
-    a bad copy) moves to its next source; one whose stream stalls for `hedge_s` is asked of its next
-    source *too* (hedged: the first verified copy wins, the slow source is demoted). So a holder
-    that stalls or trickles delays a chunk by one hedge at most."""
+    spreading the load), then its owner when that is a mate that may be downloading it now, then
+    up to `holder_tries` of our other mates (they take it from the owner), the learner last (twice:
+    a reset libp2p stream reads as its end). Chunks asking the same source go in a few streams at
+    once (`_split`). A chunk a stream did not deliver (it ended, failed, or sent a bad copy) moves
+    to its next source; one whose stream brings no chunk for `hedge_s` is asked of its next source
+    *too* (hedged: the first verified copy wins). The hedged source is demoted only if that stream
+    delivered nothing at all: one that delivered is congested (a public mate serves its share to
+    every private one), and if it stops altogether its stall bound ends the stream (StreamStalled,
+    demoted then). So a holder that stalls or trickles delays a chunk by one hedge at most."""
 
     def __init__(self, host: GatherHost, pool: Executor, parallel: int, chain: str, entry: VersionEntry,
-                 learner: str, holders: list[str], owners: list[str | None]) -> None:
+                 learner: str, holders: list[str], owners: list[str | None], mates: list[str]) -> None:
         self._host, self._pool, self._parallel = host, pool, parallel
         self.chain, self.entry, self.learner = chain, entry, learner
         self.got: dict[int, memoryview | bytes] = host.store.verified(chain, entry.version)
         """Verified chunks, filled by several streams (pool threads); those an earlier try of this
         version verified are kept: at size a try can end short (a budget the learner shares among
         new keys, a source gone) and starting over threw away hundreds of MB each time."""
-        self._plans = {i: self._sources(i, holders, owners) for i in range(len(entry.chunks))}
+        usable = set(host.usable(mates))
+        others = sorted(m for m in usable if m not in (host.node.peer_id, learner, *holders))
+        self._plans = {i: self._sources(i, holders, owners, others) for i in range(len(entry.chunks))}
         self._tries = dict.fromkeys(self._plans, 0)
         """chunk -> sources of its plan asked so far."""
         self._owner: dict[int, ChunkStream] = {}
@@ -110,7 +118,10 @@ class Gather:
             if not stream.hedged and stream.source != self.learner and stream.stalled(now, self._host.cfg.hedge_s):
                 stream.hedged = True
                 self._host.count("hedged_streams")
-                self._host.demote(stream.source, f"no chunk in {now - stream.progress:.1f} s")
+                if stream.delivered:  # still delivering, slowly: congestion, not a fault
+                    self._host.count("hedged_slow_streams")
+                else:  # nothing at all in `hedge_s` + its wait: silent
+                    self._host.demote(stream.source, f"no chunk in {now - stream.progress:.1f} s")
                 self._launch(self._orphans(stream))
         alive = {i for stream in self._streams for i in stream.indices}
         if dead := [i for i in missing if i not in self.got and i not in alive and self._tries[i] >= len(self._plans[i])]:
@@ -135,15 +146,30 @@ class Gather:
                 self._owner.update(dict.fromkeys(part, stream))
                 self._streams.append(stream)
 
-    def _sources(self, i: int, holders: list[str], owners: list[str | None]) -> list[Source]:
-        """Where chunk `i` is asked, in order, with the `wait` each source is asked for."""
+    def _sources(self, i: int, holders: list[str], owners: list[str | None], mates: list[str]) -> list[Source]:
+        """Where chunk `i` is asked, in order, with the `wait` each source is asked for. `mates`: our
+        mates not demoted, other than us, the learner and the holders, sorted."""
         host, learner = self._host, self.learner
         me, usable = host.node.peer_id, host.usable(holders)
         tried = [Source(usable[(i + r) % len(usable)], 0.0) for r in range(min(len(usable), host.cfg.holder_tries))]
         mate = owners[i]
-        if mate not in (None, me, learner, *holders) and host.usable([mate]):
+        if mate in (None, me, learner):  # ours to take from the learner: no mate has it before us
+            return tried + [Source(learner, 0.0)] * 2
+        if mate not in holders and host.usable([mate]):
             tried.append(Source(mate, host.peer_wait))
-        return tried + [Source(learner, 0.0)] * 2
+        return tried + self._hedge_mates(i, mate, mates) + [Source(learner, 0.0)] * 2
+
+    def _hedge_mates(self, i: int, owner: str, mates: list[str]) -> list[Source]:
+        """Up to `holder_tries` of `mates` other than chunk `i`'s `owner` (they take it from the
+        owner), in their order from a start that a hash of (our id, i) picks: the hedges of the
+        samplers sharing one owner spread over its mates rather than all landing on one. Each may
+        hold the request for the chunk while it is still coming (`peer_wait`), as the owner may."""
+        n, tries = len(mates), self._host.cfg.holder_tries
+        if not n or not tries:
+            return []
+        r = zlib.crc32(f"{self._host.node.peer_id}/{i}".encode()) % n
+        ring = (mates[(r + k) % n] for k in range(min(n, tries + 1)))  # the owner is among them at most once
+        return [Source(m, self._host.peer_wait) for m in ring if m != owner][:tries]
 
     def _split(self, indices: list[int]) -> list[list[int]]:
         """Several streams to one source, interleaved, so a large version keeps the link busy."""

@@ -1,6 +1,7 @@
 """The chunk scheduler (`Gather`) against scripted sources, no network: a lying holder's chunks are
-taken elsewhere, a stalling one is hedged and demoted, a chunk no source has fails the download,
-and each chunk's sources come in their order (holders, its owner, the learner twice)."""
+taken elsewhere, a silent one is hedged and demoted, a slow one still delivering is hedged and not
+demoted, a chunk no source has fails the download, and each chunk's sources come in their order
+(holders, its owner, other mates, the learner twice)."""
 
 import collections
 import threading
@@ -42,6 +43,15 @@ class ScriptedNode:
         if how == "stall":  # accepts, then nothing: abandoned at its stall bound (here: the test's end)
             self.released.wait(10)
             raise StreamStalled("nothing for a while")
+        if how in ("slow", "then_stall"):  # a congested mate: its first chunk now, the next after a pause
+            on_item(BLOB[indices[0] * CHUNK_SIZE : (indices[0] + 1) * CHUNK_SIZE])
+            if how == "then_stall":  # and then nothing: abandoned at its stall bound (here: when released)
+                self.released.wait(10)
+                raise StreamStalled("nothing after its first chunk")
+            self.released.wait(SLOW_GAP)  # (or less, if the test is over)
+            for i in indices[1:]:
+                on_item(BLOB[i * CHUNK_SIZE : (i + 1) * CHUNK_SIZE])
+            return len(indices)
         if how in ("first", "ends"):  # holds the first chunk it is asked (or none): its stream ends there
             served = indices[:1] if how == "first" else []
             for i in served:
@@ -53,11 +63,15 @@ class ScriptedNode:
         return len(indices)
 
 
-def gather(serve: dict, holders=(), owners=None, cfg=FetchConfig(hedge_s=0.3)):
+SLOW_GAP = 2.0
+"""A slow source's pause after its first chunk on a stream: well past the tests' `hedge_s` (0.3 s)."""
+
+
+def gather(serve: dict, holders=(), owners=None, mates=(), cfg=FetchConfig(hedge_s=0.3), peer_wait=5.0):
     node = ScriptedNode(serve)
-    fetcher = WeightFetcher(node, lambda: LEARNER, cfg=cfg, parallel=2)
+    fetcher = WeightFetcher(node, lambda: LEARNER, cfg=cfg, parallel=2, peer_wait=peer_wait)
     owners = owners or [None] * len(ENTRY.chunks)
-    return fetcher, node, Gather(fetcher, fetcher._pool, 2, "c", ENTRY, LEARNER, list(holders), owners)
+    return fetcher, node, Gather(fetcher, fetcher._pool, 2, "c", ENTRY, LEARNER, list(holders), owners, list(mates))
 
 
 def run(fetcher, node, g):
@@ -77,13 +91,48 @@ def test_chunks_of_a_lying_holder_are_taken_from_the_learner_and_the_holder_demo
     assert fetcher.stats["bytes_from_holders"] == 0
 
 
-def test_a_stalling_holder_is_hedged_after_hedge_s_and_demoted():
-    fetcher, node, g = gather({"h": "stall", LEARNER: "good"}, holders=["h"])
+@pytest.mark.parametrize("how", ["slow", "stall"])
+@pytest.mark.parametrize("role", ["holder", "owner"])
+def test_a_source_still_delivering_is_hedged_not_demoted_a_silent_one_is_demoted(role, how):
+    # the emulated WAN: a public mate serves its half to every private one, seconds between its
+    # chunks on one stream; demoted for it, its chunks went to the learner for 30 s and more
+    source = {"holder": dict(holders=["s"]), "owner": dict(owners=["s"] * 4, mates=["s"])}[role]
+    fetcher, node, g = gather({"s": how, LEARNER: "good"}, **source, peer_wait=0.2)
+    started = time.monotonic()
     assert run(fetcher, node, g) == BLOB
-    # its chunks were asked of the learner on a hedge, not after the stall bound ended its stream
-    assert fetcher.stats["hedged_streams"] >= 1 and fetcher.stats["stalled_streams"] == 0
-    assert fetcher.demoted["h"] == 1
-    assert {peer for peer, _, _ in node.asked} == {"h", LEARNER}
+    # the rest were asked of the learner on a hedge, not after the pause or the stall bound
+    assert time.monotonic() - started < SLOW_GAP
+    assert fetcher.stats["hedged_streams"] >= 1 and fetcher.stats["bytes_from_learner"] > 0, fetcher.stats
+    assert {peer for peer, _, _ in node.asked} == {"s", LEARNER}
+    assert fetcher.demoted["s"] == (how == "stall"), (fetcher.demoted, fetcher.stats)
+    assert fetcher.stats["hedged_slow_streams"] == (fetcher.stats["hedged_streams"] if how == "slow" else 0)
+
+
+def test_a_source_that_delivers_then_stops_is_demoted_when_its_stall_bound_ends_the_stream():
+    # not demoted at the hedge (it delivered), but a stream that stops is abandoned at its stall
+    # bound (`FetchConfig.stall`: StreamStalled), and that demotes it
+    fetcher, node, g = gather({"s": "then_stall", LEARNER: "good"}, owners=["s"] * 4, mates=["s"], peer_wait=0.2)
+    assert b"".join(g.run()[i] for i in range(4)) == BLOB
+    try:
+        assert fetcher.demoted["s"] == 0 and fetcher.stats["hedged_slow_streams"] >= 1, fetcher.stats
+        node.released.set()  # here: the stall bound
+        deadline = time.monotonic() + 5
+        while not fetcher.demoted["s"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert fetcher.demoted["s"] == 1 and fetcher.stats["stalled_streams"] >= 1, fetcher.stats
+    finally:
+        fetcher.close()
+
+
+def test_a_hedge_goes_to_another_mate_before_the_learner():
+    # a private sampler: chunk owners are its public mates; one congested, the other has the chunks
+    fetcher, node, g = gather({"m1": "slow", "m2": "good", LEARNER: "good"}, owners=["m1"] * 4, mates=["m1", "m2"],
+                              peer_wait=0.2)
+    assert run(fetcher, node, g) == BLOB
+    assert fetcher.stats["hedged_slow_streams"] >= 1 and fetcher.demoted["m1"] == 0, fetcher.stats
+    assert fetcher.stats["bytes_from_learner"] == 0, fetcher.stats  # the learner was not asked
+    assert {peer for peer, _, _ in node.asked} == {"m1", "m2"}
+    assert {wait for peer, _, wait in node.asked if peer == "m2"} == {0.2}  # it may wait for a chunk still coming
 
 
 @pytest.mark.parametrize("how", ["first", "ends"])
@@ -120,9 +169,46 @@ def test_each_chunk_asks_holders_then_its_owner_then_the_learner_twice():
         assert [s.peer for s in g._plans[3]] == ["h1", "h2", LEARNER, LEARNER]  # an owner that holds it: asked once
         fetcher.demote("h2", "test")
         assert [s.peer for s in Gather(fetcher, fetcher._pool, 2, "c", ENTRY, LEARNER, ["h1", "h2", "h3"],
-                                       [None] * 4)._plans[0]] == ["h1", "h3", LEARNER, LEARNER]
+                                       [None] * 4, [])._plans[0]] == ["h1", "h3", LEARNER, LEARNER]
     finally:
         fetcher.close()
+
+
+def test_each_chunk_asks_its_owner_then_other_mates_rotated_by_our_id_then_the_learner():
+    mates, n, w = [f"m{k}" for k in range(6)], 32, 0.5
+    entry = VersionEntry(7, None, n * CHUNK_SIZE, ("0" * 64,) * n)  # only the plans are looked at
+
+    def plans(me: str, owners: list, holders=(), demoted=(), mates=mates) -> list[list[Source]]:
+        node = ScriptedNode({})
+        node.peer_id = me
+        fetcher = WeightFetcher(node, lambda: LEARNER, cfg=FetchConfig(holder_tries=2), parallel=2, peer_wait=w)
+        try:
+            for peer in demoted:
+                fetcher.demote(peer, "test")
+            g = Gather(fetcher, fetcher._pool, 2, "c", entry, LEARNER, list(holders), owners, [*mates, me, LEARNER])
+            return [g._plans[i] for i in range(n)]
+        finally:
+            fetcher.close()
+
+    owners = [mates[i % 2] for i in range(n)]  # m0 and m1 own the chunks (the public mates of a private sampler)
+    mine, firsts = plans("me", owners), collections.Counter()
+    for i, plan in enumerate(mine):
+        assert plan[0] == Source(owners[i], w) and plan[3:] == [Source(LEARNER, 0.0)] * 2, plan
+        hedges = [s.peer for s in plan[1:3]]
+        others = [m for m in mates if m != owners[i]]  # sorted; never us, the learner or the owner
+        start = others.index(hedges[0])  # consecutive mates, from a start that our id and i pick
+        assert hedges == (others * 2)[start : start + 2] and {s.wait for s in plan[1:3]} == {w}, (i, plan)
+        firsts[hedges[0]] += 1
+    assert len(firsts) >= 4, firsts  # hedges spread over the mates, not all on one
+    assert plans("me", owners) == mine  # deterministic
+    assert plans("you", owners) != mine  # and another sampler spreads its own way
+    # a holder is asked as one, not again as a hedge; a demoted mate is not asked at all
+    held = plans("me", owners, holders=["m3"], demoted=["m4"])
+    assert all("m3" not in [s.peer for s in p[1:]] and "m4" not in [s.peer for s in p] for p in held), held
+    assert all(len(p) == 6 for p in held), held  # m3; the owner; 2 hedges; the learner twice
+    # a chunk we own, or with no mates: straight to the learner, no mate asked
+    assert plans("me", ["me"] * n)[0] == [Source(LEARNER, 0.0)] * 2
+    assert plans("me", [None] * n, mates=[])[0] == [Source(LEARNER, 0.0)] * 2
 
 
 def test_only_credited_mates_holder_records_are_read_and_asked():
@@ -161,14 +247,14 @@ def test_a_download_that_ends_short_resumes_from_the_chunks_it_verified():
     try:
         fetcher.store.begin("c", ENTRY.version)
         with pytest.raises(RecordError, match="verified from no source"):
-            Gather(fetcher, fetcher._pool, 2, "c", ENTRY, LEARNER, [], [None] * 4).run()
+            Gather(fetcher, fetcher._pool, 2, "c", ENTRY, LEARNER, [], [None] * 4, []).run()
         deadline = time.monotonic() + 5  # the try fails as soon as one chunk has no source left; streams
         while len(fetcher.store.verified("c", ENTRY.version)) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)  # still in flight go on delivering into the store
         assert sorted(fetcher.store.verified("c", ENTRY.version)) == [0, 1]
         time.sleep(0.1)
         node.serve[LEARNER], node.asked = "good", []
-        got = Gather(fetcher, fetcher._pool, 2, "c", ENTRY, LEARNER, [], [None] * 4).run()
+        got = Gather(fetcher, fetcher._pool, 2, "c", ENTRY, LEARNER, [], [None] * 4, []).run()
         assert b"".join(got[i] for i in range(4)) == BLOB
         assert sorted(i for _, indices, _ in node.asked for i in indices) == [2, 3]  # only what was missing
         fetcher.store.retain([])  # a version the learner stopped listing: its partial chunks go too

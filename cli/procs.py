@@ -36,6 +36,8 @@ class NodeProcess:
     name: str
     popen: subprocess.Popen
     log_path: Path
+    terminated: bool = False
+    """SIGTERM sent (`terminate`)."""
 
     @property
     def pgid(self) -> int:
@@ -45,6 +47,13 @@ class NodeProcess:
         """Any live (non-zombie) process left in the node's group: itself, its DHT or p2pd."""
         self.popen.poll()  # reap our own child if it has exited
         return bool(group_members(self.pgid))
+
+    def terminate(self) -> None:
+        """Ask the node to stop (SIGTERM: it stops its own DHT and p2pd), once: a second SIGTERM
+        would force it (`stop_on_signals`)."""
+        if not self.terminated and self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            self.terminated = True
 
     def kill9(self) -> None:
         """Only the node process itself, as a crash would (its DHT process then stops itself and p2pd)."""
@@ -173,7 +182,7 @@ def stop(nodes: list[NodeProcess], grace: float = 15.0) -> None:
     SIGKILL whatever is left of each group."""
     for n in nodes:
         if n.popen.poll() is None:
-            n.popen.send_signal(signal.SIGTERM)
+            n.terminate()
         elif n.group_alive():  # the node is gone (killed -9?): nothing will stop its DHT and p2pd gently
             _killpg(n.pgid)
     deadline = time.monotonic() + grace

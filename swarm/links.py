@@ -51,16 +51,18 @@ class SwarmSamplerLink:
     def __init__(self, node: SwarmNode, outbox: Outbox, peers: Peers,
                  weight_delay: DelayConfig = DelayConfig(), rollout_delay: DelayConfig = DelayConfig(),
                  seed: int = 0, rpc_timeout: float = 30.0, weight_poll_s: float = 1.0,
-                 fetch: FetchConfig = FetchConfig(), max_partner_owed: int = 256) -> None:
+                 fetch: FetchConfig = FetchConfig(), max_partner_owed: int = 256, pause_at: int = 32) -> None:
         """`peers`: whom the sampler follows, feeds and shares downloads with, as discovery keeps it
-        (swarm/discovery.py, `LearnerTracker`): read each time the sender or the fetcher acts."""
+        (swarm/discovery.py, `LearnerTracker`): read each time the sender or the fetcher acts.
+        `pause_at`: the learner backlog at which the sampler stops generating (`max_learner_backlog`)."""
         rng = random.Random(seed)
-        self.rollouts = RolloutSender(node, outbox, lambda: peers.current, rollout_delay, rng, rpc_timeout,
-                                      lambda: peers.partners, max_partner_owed)
         self.weights = WeightFetcher(node, lambda: peers.current, weight_delay, rng, rpc_timeout, lambda: peers.mates,
                                      cfg=fetch)
         # versions download while the sampler generates; it applies them between batches
         self.prefetch = WeightPrefetcher(self.weights, weight_poll_s)
+        self.rollouts = RolloutSender(node, outbox, lambda: peers.current, rollout_delay, rng, rpc_timeout,
+                                      lambda: peers.partners, max_partner_owed, pause_at=pause_at,
+                                      version_s=lambda: self.prefetch.pace.seconds)
 
     @property
     def learner_backlog(self) -> int:

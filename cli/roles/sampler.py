@@ -46,7 +46,8 @@ def run_sampler(cfg: JoinConfig, stop: threading.Event) -> None:
             refuse_unfit(cfg, str(folder))  # the swarm's model must fit here too: said in one line if not
         tracker = LearnerTracker(node, cfg.follow, cfg.model)
         link = SwarmSamplerLink(node, outbox, tracker, cfg.sampler.weight_delay, cfg.sampler.rollout_delay, cfg.seed,
-                                fetch=cfg.sampler.fetch, max_partner_owed=cfg.sampler.max_outbox)
+                                fetch=cfg.sampler.fetch, max_partner_owed=cfg.sampler.max_outbox,
+                                pause_at=cfg.sampler.max_learner_backlog)
         sampler = _make_sampler(cfg, node, folder)
         SamplerLoop(cfg, node, outbox, link, sampler, tracker, SamplerReport(metrics, sampler, link)).run(stop)
     finally:

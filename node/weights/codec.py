@@ -60,7 +60,7 @@ class PublishConfig:
     8 B / budget seconds (0: no budget). Samplers share versions, so the learner uploads each
     about once (README, "WAN")."""
     keyframe_every: int = 100
-    """A keyframe every N published versions..."""
+    """A keyframe every N published versions (1: keyframes only)..."""
     keyframe_bytes: float = 2.0
     """...or once the patches since the last keyframe add up to this many keyframes' bytes: a
     newcomer then catches up with at most (1 + this) keyframes' worth of download."""
@@ -262,7 +262,7 @@ class Publisher:
         """Bytes of the last keyframe published, scheduled or in place of a larger patch."""
 
     def _keyframe_due(self, layout: Layout) -> bool:
-        return (self.published is None or layout != self.layout or self._since_keyframe >= self.cfg.keyframe_every
+        return (self.published is None or layout != self.layout or self._since_keyframe + 1 >= self.cfg.keyframe_every
                 or self._patch_bytes >= self.cfg.keyframe_bytes * self._keyframe_bytes)
 
     def _encode(self, view: torch.Tensor, layout: Layout, version: int) -> tuple[EncodedVersion, float]:

@@ -29,6 +29,10 @@ class Source(Protocol):
 
     def trusted_learners(self, coordinators: set[str]) -> dict[str, str]: ...
 
+    def refresh_directory(self, force: bool = False) -> None:
+        """Ask the coordinators and the learners for newer records (forced: the poll's own cadence)."""
+        ...
+
     def tally_of(self, learner: str) -> Tally | None: ...
 
     def peer_records(self, peer_ids: list[str]) -> dict[str, PeerInfo]:
@@ -62,6 +66,9 @@ def _collect(store: LeaderboardStore, source: Source, trusted: set[str] | None) 
     display names of at most `MAX_NAME_LOOKUPS` of the peers they credit and the learners, in turn,
     each at its own key (a name of a key nobody credited is never read)."""
     try:
+        # at the leaderboard's --poll, not the directory's own 10 s: a tally read up to 10 s late
+        # made the demo wait ~9 s for the final one (the poll is at least 1 s: the doors' budgets)
+        source.refresh_directory(force=True)
         learners = sorted(trusted if trusted is not None else source.trusted_learners(source.coordinators))
         tallies = lambda: [t for t in map(source.tally_of, learners) if t is not None]  # noqa: E731
         names = lambda: list(source.peer_records(store.name_lookups(MAX_NAME_LOOKUPS)).values())  # noqa: E731

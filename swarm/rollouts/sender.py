@@ -23,8 +23,30 @@ from swarm.wire.batch import MAX_BATCH, ROLLOUTS, RolloutReply, pack_batch
 
 log = logging.getLogger(__name__)
 
+POLL_S = 0.25
+"""The soonest a sampler with nothing due asks its learner again (an empty batch: no record
+checked, no tarpit; its reply says the learner's backlog, which a sampler paused by
+`max_learner_backlog` waits on to fall). At a fixed 1 s the demo's learner, 4-5 versions a second,
+waited for rollouts for 46% of its time..."""
+POLL_MAX_S = 4.0
+"""...and the latest: a paused sampler asks once per version the learner publishes (its backlog
+falls only when it steps), so a learner of minute-long steps is asked at most every 4 s by each
+(1,000 paused samplers: 250 empty calls a second, against 1,000 at the fixed 1 s)."""
+POLL_UNKNOWN_S = 1.0
+"""The wait while the learner's pace is not known yet (no two versions seen)."""
 RETRY_WAIT_S = (0.1, 0.5)
 """Before a call whose stream ended is made again: drawn uniformly from this range (s)."""
+
+
+def next_poll_s(backlog: int, pause_at: int, version_s: float) -> float:
+    """How long a sampler waits before asking its learner again with nothing to send: POLL_S while
+    it is not paused (the backlog below `pause_at`), else once per version the learner publishes
+    (`version_s`; 0: not seen yet, POLL_UNKNOWN_S), within [POLL_S, POLL_MAX_S]."""
+    if backlog < pause_at:
+        return POLL_S
+    if version_s <= 0:
+        return POLL_UNKNOWN_S
+    return min(POLL_MAX_S, max(POLL_S, version_s))
 
 
 class RolloutSender:
@@ -40,7 +62,11 @@ class RolloutSender:
     def __init__(self, node: SwarmNode, outbox: Outbox, learner: Callable[[], str | None],
                  rollout_delay: DelayConfig = DelayConfig(), rng: random.Random | None = None,
                  rpc_timeout: float = 30.0, partners: Callable[[], list[str]] = lambda: [],
-                 max_partner_owed: int = 256, forget_after_s: float = 600.0) -> None:
+                 max_partner_owed: int = 256, forget_after_s: float = 600.0, pause_at: int = 32,
+                 version_s: Callable[[], float] = lambda: 0.0) -> None:
+        """`pause_at`: the learner backlog at which the sampler stops generating (`max_learner_backlog`);
+        `version_s()`: the learner's seconds per version as the sampler sees them: while paused, idle
+        polls come once per version (`next_poll_s`)."""
         self.node = node
         self.outbox = outbox
         self.learner = learner
@@ -59,6 +85,9 @@ class RolloutSender:
         self._stop = threading.Event()
         self._flushers: dict[str, threading.Thread] = {}
         self._last_reply: dict[str, float] = {}
+        self.pause_at, self.version_s = pause_at, version_s
+        self._poll_s = POLL_S
+        """How long an idle flusher waits before polling the followed learner (POLL_S to POLL_MAX_S)."""
         self._lock = threading.Lock()
         self._start(OWN)
         for partner in self.outbox.learners():  # copies owed from before a restart
@@ -106,7 +135,7 @@ class RolloutSender:
                 sent = self.flush_once(target)
                 backoff = 1.0
                 if not sent:
-                    self._stop.wait(0.5)
+                    self._stop.wait(POLL_S)
             except Exception as e:  # the learner is gone or slow: keep the outbox, retry later
                 stats["send_failures"] += 1
                 if target == OWN:  # its backlog is unknown now: the outbox's bound paces us (partners still fed)
@@ -125,7 +154,7 @@ class RolloutSender:
         if learner is None:
             return 0
         due = self.outbox.due(MAX_MESSAGE - 64 * 1024, MAX_BATCH, learner=target)
-        if not due and (target != OWN or time.monotonic() - self._last_reply.get(target, 0.0) < 1.0):
+        if not due and (target != OWN or time.monotonic() - self._last_reply.get(target, 0.0) < self._poll_s):
             return 0
         # an empty batch is a cheap poll: it refreshes learner_backlog while we are paused
         self._last_reply[target] = time.monotonic()
@@ -154,6 +183,7 @@ class RolloutSender:
             log.log(logging.WARNING if target == OWN else logging.DEBUG,
                     "%s rejected rollout %s: %s (dropped from the outbox)", who, rid[:8], reason)
         if target == OWN:
+            self._poll_s = next_poll_s(reply.backlog, self.pause_at, self.version_s())
             self.learner_backlog = reply.backlog
         settled = reply.ok + list(reply.rejected)
         self.outbox.remove(settled, learner=target)

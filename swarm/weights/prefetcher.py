@@ -5,11 +5,30 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Callable
 
 from swarm.exchange import WeightVersion
 from swarm.weights.fetcher import WeightFetcher
 
 log = logging.getLogger(__name__)
+
+
+class VersionPace:
+    """Seconds between a learner's versions as a sampler sees them arrive: a running mean over the
+    polls that brought newer versions of the same chain (`seconds`; 0 until two were seen)."""
+
+    def __init__(self, keep: float = 0.8, clock: Callable[[], float] = time.monotonic) -> None:
+        self.keep, self._clock = keep, clock
+        self.seconds = 0.0
+        self._seen: tuple[float, str, int] | None = None
+
+    def saw(self, chain: str, version: int) -> None:
+        now = self._clock()
+        if self._seen is not None and self._seen[1] == chain and version > self._seen[2]:
+            x = (now - self._seen[0]) / (version - self._seen[2])
+            self.seconds = x if not self.seconds else self.keep * self.seconds + (1 - self.keep) * x
+        if self._seen is None or self._seen[1] != chain or version > self._seen[2]:
+            self._seen = (now, chain, version)
 
 
 class WeightPrefetcher:
@@ -30,6 +49,9 @@ class WeightPrefetcher:
         self._pending: list[WeightVersion] = []
         self._have = ("", -1)
         """(chain, version) the pending list leads to: what the next poll fetches from."""
+        self.pace = VersionPace()
+        """How often the learner publishes, as seen here: how often its backlog can fall, which
+        paused samplers poll it at (rollouts/sender.py)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="weight-prefetch", daemon=True)
         self._thread.start()
@@ -50,6 +72,7 @@ class WeightPrefetcher:
             return
         if not versions:
             return
+        self.pace.saw(versions[-1].chain, versions[-1].version)
         with self._lock:
             if self._have != have:  # `take` restarted us meanwhile: these lead from a stale base
                 return

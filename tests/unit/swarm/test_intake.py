@@ -412,3 +412,35 @@ def test_intake_config_says_what_to_fix():
         IntakeConfig(byte_rate=0.0)
     assert IntakeConfig(unproven_quota=8).for_step(32).unproven_quota == 32  # new keys can fill a step
     assert IntakeConfig(unproven_quota=64).for_step(32).unproven_quota == 64
+
+
+def test_a_paused_sampler_asks_its_learner_again_once_per_version():
+    from swarm.rollouts.sender import POLL_MAX_S, POLL_S, POLL_UNKNOWN_S, next_poll_s
+
+    assert next_poll_s(10, 32, 0.0) == POLL_S == 0.25  # not paused: soon
+    assert next_poll_s(40, 32, 0.0) == POLL_UNKNOWN_S == 1.0  # the learner's pace not seen yet
+    assert next_poll_s(40, 32, 0.18) == POLL_S  # the demo's learner: a version every 0.18 s
+    assert next_poll_s(40, 32, 0.6) == 0.6
+    assert next_poll_s(40, 32, 60.0) == POLL_MAX_S == 4.0  # minute-long steps: at most every 4 s
+
+
+def test_a_samplers_view_of_its_learners_pace_is_a_running_mean_of_seconds_per_version():
+    from swarm.weights.prefetcher import VersionPace
+
+    now = [100.0]
+    pace = VersionPace(keep=0.5, clock=lambda: now[0])
+    pace.saw("c", 3)
+    assert pace.seconds == 0.0  # one sighting: no pace yet
+    now[0] = 102.0
+    pace.saw("c", 7)  # 4 versions in 2 s
+    assert pace.seconds == 0.5
+    now[0] = 105.0
+    pace.saw("c", 7)  # nothing newer: no change, and the clock keeps counting from v7's sighting
+    now[0] = 106.0
+    pace.saw("c", 9)  # 2 versions in 4 s: 2 s each; mean 0.5 x 0.5 + 0.5 x 2
+    assert pace.seconds == 1.25
+    now[0] = 107.0
+    pace.saw("other-chain", 1)  # a restarted learner: counted from here
+    now[0] = 108.0
+    pace.saw("other-chain", 2)
+    assert pace.seconds == 0.5 * 1.25 + 0.5 * 1.0

@@ -149,9 +149,13 @@ class _FakeSwarm:
     """A source like SwarmNode: a coordinator naming L1, tallies and PeerInfos, without a DHT."""
 
     coordinators = {"C"}
+    refreshed = 0
 
     def trusted_learners(self, coordinators: set[str]) -> dict[str, str]:
         return {"L1": ""} if coordinators == {"C"} else {}
+
+    def refresh_directory(self, force: bool = False) -> None:
+        self.refreshed += force  # each poll asks for newer records, at the poll's cadence
 
     def tally_of(self, learner: str) -> dict | None:
         return {"L1": tally("L1", 1, {"A": (8, 40)}), "L2": tally("L2", 1, {"A": (99, 99)})}.get(learner)
@@ -161,9 +165,9 @@ class _FakeSwarm:
 
 
 def test_serve_collects_from_its_source_until_stopped_and_frees_the_port(tmp_path):
-    store, stop, urls = LeaderboardStore(tmp_path / "lb.db"), threading.Event(), []
+    store, stop, urls, source = LeaderboardStore(tmp_path / "lb.db"), threading.Event(), [], _FakeSwarm()
     t = threading.Thread(target=serve, args=(store, "demo", "127.0.0.1", 0, stop),
-                         kwargs={"source": _FakeSwarm(), "poll_s": 0.05, "ready": urls.append}, daemon=True)
+                         kwargs={"source": source, "poll_s": 0.05, "ready": urls.append}, daemon=True)
     t.start()
     deadline = time.monotonic() + 10
     while not (urls and store.board()["peers"]) and time.monotonic() < deadline:
@@ -171,6 +175,7 @@ def test_serve_collects_from_its_source_until_stopped_and_frees_the_port(tmp_pat
     board = json.loads(http_get(urls[0] + "api/leaderboard")[0])
     # 8 from L1, which the coordinator names; L2's tally (99 more) is never read
     assert [(p["peer_id"], p["name"], p["rollouts"]) for p in board["peers"]] == [("A", "alice", 8)]
+    assert source.refreshed >= 1  # every poll asks for newer records, not only every 10 s
     stop.set()
     t.join(timeout=5)
     assert not t.is_alive()
@@ -271,6 +276,9 @@ class _Crowd(_FakeSwarm):
         self.asked: list[list[str]] = []
         self.records = {f"fresh{i:04d}": peer(f"fresh{i:04d}", f"spam {i}") for i in range(5000)}
         self.records.update({p: peer(p, n) for p, n in (("A", "alice"), ("B", "bob"), ("L1", "one"))})
+
+    def refresh_directory(self, force: bool = False) -> None:
+        pass
 
     def tally_of(self, learner: str) -> dict | None:
         return tally("L1", 1, {"A": (8, 40), "B": (4, 4)}) if learner == "L1" else None

@@ -231,7 +231,7 @@ def leaderboard(
     swarm: SwarmOpt = "demo",
     db: Annotated[Path, typer.Option(help="SQLite history (kept across restarts).")] = Path("hetero-node-leaderboard/leaderboard.db"),
     identity: Annotated[Optional[Path], typer.Option(help="Identity file for the DHT peer (default: next to --db).")] = None,
-    poll: Annotated[float, typer.Option(min=1.0, help="Seconds between reads of the swarm's tallies (each asks the coordinators and the learners for newer records).")] = 10.0,
+    poll: Annotated[float, typer.Option(min=2.0, help="Seconds between reads of the swarm's tallies (each asks the coordinators and the learners for newer records; at least 2: their directory doors take 1 call a second from a key).")] = 10.0,
     trusted_learner: Annotated[list[str], typer.Option("--trusted-learner", metavar="<peer id>", help="Count only tallies from these "
                                                        "learner peer ids (repeat); default: those the coordinators' swarm records name "
                                                        "(--initial-peers).")] = [],

@@ -135,13 +135,17 @@ class Auditor:
             elif self.draw(b.sampler):
                 chosen.append(b)
         self.stats["waiting"] += len(waiting)
-        # one forward pass per claimed version: its weights are rebuilt and loaded once
-        by_version: dict[tuple[str, int], list[BufferedGroup]] = {}
+        # admissions when no proven work waited (the budget did not admit) are not charged
+        charged = self.budget.admits()
+        # one forward pass per claimed version (its weights rebuilt and loaded once), spot audits
+        # apart from admissions: only theirs measure the cost the spot rate is sized by
+        by_version: dict[tuple[str, int, bool], list[BufferedGroup]] = {}
         for b in chosen:
-            by_version.setdefault((b.chain, b.claimed_version), []).append(b)
+            by_version.setdefault((b.chain, b.claimed_version, b.sampler in admitting), []).append(b)
         failed: dict[str, str] = {}
-        for key, groups in sorted(by_version.items()):
-            for b, why in zip(groups, self._audit_version(key, groups)):
+        for (chain, version, admission), groups in sorted(by_version.items()):
+            whys = self._audit_version((chain, version), groups, spot=not admission, charged=charged or not admission)
+            for b, why in zip(groups, whys):
                 if b.verdict is Verdict.FAILED:
                     failed.setdefault(b.sampler, why)
         return AuditOutcome(failed, waiting)  # the copy stays for the step's recomputed log-probs
@@ -170,8 +174,10 @@ class Auditor:
         CPU) in a step of minutes."""
         self._copy = None
 
-    def _audit_version(self, key: tuple[str, int], groups: list[BufferedGroup]) -> list[str]:
-        """Audit groups that claim the same version; sets each one's verdict; the failures' reasons."""
+    def _audit_version(self, key: tuple[str, int], groups: list[BufferedGroup], spot: bool = True,
+                       charged: bool = True) -> list[str]:
+        """Audit groups that claim the same version; sets each one's verdict; the failures' reasons.
+        `spot`, `charged`: how the budget counts their cost (AuditBudget.audited)."""
         t0 = time.perf_counter()
         nonce = self.archive.nonce(*key)
         model = self.model_at(key) if nonce is not None else None
@@ -188,7 +194,7 @@ class Auditor:
         results = audit_groups(model, items, self.sampling.params, self.pad_id, self.cfg.audit.margin,
                                reference=reference)
         seconds = time.perf_counter() - t0
-        self.budget.audited(seconds, positions, reference)
+        self.budget.audited(seconds, positions, reference, spot=spot, charged=charged)
         self.stats["time_s"] += seconds
         self.stats["reference_positions"] += positions if reference else 0
         return [self._judge(b, r) for b, r in zip(groups, results)]
@@ -224,7 +230,8 @@ class Auditor:
 
     def state_dict(self) -> dict[str, Any]:
         return {"audits": dict(self.audits), "stats": dict(self.stats), "flip_test": self.flip_test.state_dict(),
-                "flip_rate": self.flip_rate.state_dict(), "claim_gaps": self.claim_gaps.state_dict()}
+                "flip_rate": self.flip_rate.state_dict(), "claim_gaps": self.claim_gaps.state_dict(),
+                "budget": self.budget.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.audits = collections.Counter(state["audits"])
@@ -232,3 +239,4 @@ class Auditor:
         self.flip_test.load_state_dict(state.get("flip_test", {}))
         self.flip_rate.load_state_dict(state.get("flip_rate", {}))
         self.claim_gaps.load_state_dict(state.get("claim_gaps", {}))
+        self.budget.load_state_dict(state.get("budget", {}))

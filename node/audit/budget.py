@@ -23,8 +23,8 @@ seconds audits took (weights rebuilt, forwards, judging):
 
 Over a run, audits cost at most `share` of the training time plus one step's admissions and the
 spot audits' luck (their count is binomial around p). The one exception is the learner's (not
-the budget's): a step whose every group waits for an admission admits anyway, since a learner
-with nothing checked to train on has no training to protect (Auditor.audit).
+the budget's): when no proven work waits it admits new keys anyway, uncharged, since a learner
+with nothing checked to train on has no training to protect (Auditor.admissions).
 """
 
 from __future__ import annotations
@@ -33,20 +33,32 @@ import math
 
 
 class Ewma:
-    """An exponentially weighted mean of a per-unit cost (seconds per position), weighted by units."""
+    """A per-unit cost (seconds per position) as decayed sums, sum(seconds) / sum(units), each
+    older measurement weighing `keep` times less per new one: a measurement of few units (a
+    one-token group) moves it by its seconds, not by its seconds per unit."""
 
     def __init__(self, keep: float = 0.9) -> None:
-        self.keep, self.value = keep, math.nan
+        self.keep, self.seconds, self.units = keep, 0.0, 0.0
 
     def add(self, seconds: float, units: int) -> None:
         if units <= 0:
             return
-        x = seconds / units
-        self.value = x if math.isnan(self.value) else self.keep * self.value + (1 - self.keep) * x
+        self.seconds = self.keep * self.seconds + seconds
+        self.units = self.keep * self.units + units
 
     @property
     def known(self) -> bool:
-        return not math.isnan(self.value)
+        return self.units > 0
+
+    @property
+    def value(self) -> float:
+        return self.seconds / self.units if self.units else math.nan
+
+    def state_dict(self) -> dict[str, float]:
+        return {"seconds": self.seconds, "units": self.units}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seconds, self.units = float(state.get("seconds", 0.0)), float(state.get("units", 0.0))
 
 
 class AuditBudget:
@@ -83,10 +95,18 @@ class AuditBudget:
             self.earned += self.share * seconds
         self.train_cost.add(seconds, positions)
 
-    def audited(self, seconds: float, positions: int, reference: bool) -> None:
-        """Audits of `positions` positions took `seconds` (with the reference pass or not)."""
-        self.spent += seconds
-        self.audit_cost.add(seconds / (1 + self.reference_slowdown) if reference else seconds, positions)
+    def audited(self, seconds: float, positions: int, reference: bool, spot: bool = True,
+                charged: bool = True) -> None:
+        """Audits of `positions` positions took `seconds` (with the reference pass or not). Only spot
+        audits measure the cost per position the spot rate is sized by: admissions audit groups a
+        key not yet proven shaped as it liked (a token each, a version each: a rebuild per group),
+        which would raise it, and lower every established key's rate. An admission made when no
+        proven work waited is not `charged`: there was no training to protect, and its debt would
+        shut out honest newcomers for many times its length."""
+        if charged:
+            self.spent += seconds
+        if spot:
+            self.audit_cost.add(seconds / (1 + self.reference_slowdown) if reference else seconds, positions)
 
     def spot_rate(self) -> float:
         """The share of a proven sampler's groups the budget affords to spot-audit (1 until both
@@ -108,6 +128,15 @@ class AuditBudget:
     def affords(self, seconds: float) -> bool:
         """Whether the balance covers `seconds` more of audits."""
         return self.balance >= seconds
+
+    def state_dict(self) -> dict:
+        return {"earned": self.earned, "spent": self.spent, "train_cost": self.train_cost.state_dict(),
+                "audit_cost": self.audit_cost.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.earned, self.spent = float(state.get("earned", 0.0)), float(state.get("spent", 0.0))
+        self.train_cost.load_state_dict(state.get("train_cost", {}))
+        self.audit_cost.load_state_dict(state.get("audit_cost", {}))
 
     def stats(self) -> dict[str, float]:
         return {"budget_earned_s": round(self.earned, 4), "budget_spent_s": round(self.spent, 4),

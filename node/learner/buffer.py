@@ -84,7 +84,8 @@ class GroupBuffer:
                              {GroupKind.FOREIGN: math.floor(self.cfg.foreign.step_share * n + 1e-9),
                               GroupKind.UNAUDITED: self.cfg.unaudited_per_step,
                               GroupKind.NEW: n if new is None else new},
-                             {GroupKind.FOREIGN: self.cfg.foreign.per_sampler})
+                             # a new key's groups past its first audits would only bounce back (Auditor.audit)
+                             {GroupKind.FOREIGN: self.cfg.foreign.per_sampler, GroupKind.NEW: max(1, self.cfg.audit.first)})
         return [order[j] for j in picked]
 
     def ready(self, kind_of: Callable[[BufferedGroup], GroupKind], is_proven: Callable[[str], bool],
@@ -101,6 +102,8 @@ class GroupBuffer:
             return picked >= n
         if all(kind_of(b) not in (GroupKind.CHECKED, GroupKind.NEW) for b in self._groups):
             return True
+        if new == 0 and any(kind_of(b) is GroupKind.NEW for b in self._groups):
+            return True  # new keys wait for the audit budget, which only training refills: train what can be
         unproven = sum(not is_proven(b.sampler) for b in self._groups)
         return unproven >= max(self.cfg.intake.unproven_quota, n)
 

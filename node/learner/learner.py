@@ -48,6 +48,7 @@ from node.models import without_dropout
 from node.tasks import Task
 from node.tasks.bounded import group_budget_s
 from node.weights.blob import untie
+from node.algorithms import has_signal
 from node.audit.auditor import Auditor
 from node.learner.phases import Phases
 from node.learner.behaviour import Recompute
@@ -297,8 +298,9 @@ class Learner:
             if self.leader is not None:
                 raise  # the ranks are out of step now: end the job (torchrun restarts it from a checkpoint)
             return None
-        self.auditor.budget.trained(self.training.time_s - trained_s,
-                                    sum(len(c.token_ids) for b in taken for c in b.group.completions))
+        # the positions trained: groups without signal (every reward equal) are skipped by the step
+        self.auditor.budget.trained(self.training.time_s - trained_s, sum(
+            len(c.token_ids) for b in taken if has_signal(b.group.rewards) for c in b.group.completions))
         if gap_dropped := self.training.mark_gap_drops(taken, rec):
             self.books.drop(Drop.LOGPROB_GAP, gap_dropped)
         self.books.count_trained(taken, self.auditor.archive.auditable, self.peer_id)

@@ -67,7 +67,7 @@ def _collect(store: LeaderboardStore, source: Source, trusted: set[str] | None) 
     each at its own key (a name of a key nobody credited is never read)."""
     try:
         # at the leaderboard's --poll, not the directory's own 10 s: a tally read up to 10 s late
-        # made the demo wait ~9 s for the final one (the poll is at least 1 s: the doors' budgets)
+        # made the demo wait ~9 s for the final one (the poll is at least 2 s: the directory doors' budgets)
         source.refresh_directory(force=True)
         learners = sorted(trusted if trusted is not None else source.trusted_learners(source.coordinators))
         tallies = lambda: [t for t in map(source.tally_of, learners) if t is not None]  # noqa: E731

@@ -139,7 +139,7 @@ DOORS: dict[str, DoorBudget] = {
     DIRECTORY: DoorBudget(
         calls_per_s=1.0, call_burst=8, bytes_per_s=2 * MiB, byte_burst=4 * MiB,
         unproven_calls_per_s=128.0, unproven_call_burst=256, unproven_bytes_per_s=16 * MiB, unproven_byte_burst=16 * MiB,
-        why="a node asks each coordinator once per refresh (10 s), each learner it reads once, a few more when it "
+        why="a node asks each coordinator once per refresh (10 s; a leaderboard once per --poll, >= 2 s), each learner it reads once, a few more when it "
             "joins; a reply is a few records of ~1 KB, or a tally (<= 1 MiB) when one changed: a bootstrap answers "
             "1,280 unproven samplers refreshing every 10 s within the pool, and any number of fresh keys take at "
             "most 16 MiB/s of its uplink (proven here: the peers the node favours, swarm/directory/book.py)"),

@@ -34,16 +34,19 @@ falls only when it steps), so a learner of minute-long steps is asked at most ev
 (1,000 paused samplers: 250 empty calls a second, against 1,000 at the fixed 1 s)."""
 POLL_UNKNOWN_S = 1.0
 """The wait while the learner's pace is not known yet (no two versions seen)."""
+POLL_IDLE_S = 1.0
+"""The wait of a sampler that is not paused and has nothing due (between batches)."""
 RETRY_WAIT_S = (0.1, 0.5)
 """Before a call whose stream ended is made again: drawn uniformly from this range (s)."""
 
 
 def next_poll_s(backlog: int, pause_at: int, version_s: float) -> float:
-    """How long a sampler waits before asking its learner again with nothing to send: POLL_S while
-    it is not paused (the backlog below `pause_at`), else once per version the learner publishes
-    (`version_s`; 0: not seen yet, POLL_UNKNOWN_S), within [POLL_S, POLL_MAX_S]."""
+    """How long a sampler waits before asking its learner again with nothing to send: POLL_IDLE_S
+    while it is not paused (the backlog below `pause_at`: it generates, and its sends bring the
+    backlog), else once per version the learner publishes (`version_s`; 0: not seen yet,
+    POLL_UNKNOWN_S), within [POLL_S, POLL_MAX_S]."""
     if backlog < pause_at:
-        return POLL_S
+        return POLL_IDLE_S
     if version_s <= 0:
         return POLL_UNKNOWN_S
     return min(POLL_MAX_S, max(POLL_S, version_s))

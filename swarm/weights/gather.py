@@ -52,6 +52,10 @@ class Source(NamedTuple):
     """How long the peer may hold the request for a chunk it is still downloading (a mate); 0: none."""
 
 
+class Superseded(Exception):
+    """A hedged stream's chunks all arrived from other sources: it stops at its next chunk."""
+
+
 @dataclass(eq=False)
 class ChunkStream:
     """One chunk request in flight: some chunks of the version asked of one source."""
@@ -187,6 +191,8 @@ class Gather:
             nonlocal pos
             if pos >= len(indices):
                 return
+            if stream.hedged and all(i in self.got for i in indices):
+                raise Superseded  # its hedges delivered the rest: free this thread, not wait out a slow source
             index, pos = indices[pos], pos + 1
             if chunk_digest(chunk) == self.entry.chunks[index]:
                 first = self.got.setdefault(index, chunk) is chunk  # one atomic step: two streams cannot both be first
@@ -212,6 +218,8 @@ class Gather:
                           n, len(indices), version)
             if wait == 0.0 and not stream.delivered:  # a holder with nothing of what it announced
                 host.demote(source, f"announced version {version} and served none of it")
+        except Superseded:  # slow, not faulty (it delivered): the hedge's copies won
+            host.count("superseded_streams")
         except StreamStalled as e:  # it accepted, then sent nothing or a trickle: abandoned mid-stream
             host.count("stalled_streams")
             host.demote(source, str(e))

@@ -89,7 +89,7 @@ def test_swarm_tallies_reach_the_page_in_a_real_browser_and_survive_a_restart(tm
         s.join("learner", "learner", "--config", str(s.base / "learner.toml"))
         s.join("sampler", "sampler", "--name", name)
         lb = s.start("leaderboard", ["leaderboard", "--serve", "127.0.0.1:0", "--initial-peers", s.addr,
-                                     "--db", str(db), "--poll", "1", "--url-file", str(tmp_path / "lb.url")])
+                                     "--db", str(db), "--poll", "2", "--url-file", str(tmp_path / "lb.url")])
         url = wait_for_file(tmp_path / "lb.url", 90, lb).decode().strip()
         me = peer_of(s, "sampler")
         deadline, board = time.monotonic() + 240, {}

@@ -51,13 +51,37 @@ def test_an_unbounded_budget_is_every_audit_the_policy_draws():
     assert b.spot_rate() == 1.0 and b.admits() and b.affords(1e9) and b.reference_s(1000) < math.inf
 
 
-def test_costs_are_a_position_weighted_running_mean():
+def test_costs_are_decayed_sums_so_a_tiny_measurement_weighs_by_its_units():
     e = Ewma(keep=0.5)
     e.add(1.0, 0)  # nothing measured
     assert not e.known
     e.add(2.0, 1000)
     e.add(6.0, 1000)
-    assert e.value == pytest.approx(0.5 * 0.002 + 0.5 * 0.006)
+    # seconds 0.5 x 2 + 6 = 7, positions 0.5 x 1000 + 1000 = 1500
+    assert e.value == pytest.approx(7 / 1500)
+    e.add(0.1, 1)  # one position that cost 0.1 s (a rebuild for a one-token group)
+    # seconds 3.5 + 0.1 = 3.6, positions 750 + 1 = 751: 4.79 ms a position, not the 50 ms a per-call mean gives
+    assert e.value == pytest.approx(3.6 / 751)
+
+
+def test_admissions_neither_set_the_spot_rate_nor_when_forced_are_charged():
+    b = AuditBudget(0.02)
+    b.trained(2.0, 1000)  # 2 ms a position
+    b.audited(0.5, 250, reference=False)  # a spot audit: 2 ms a position
+    b.audited(5.0, 10, reference=False, spot=False)  # a new key's admission, shaped as it liked
+    assert b.audit_cost.value == pytest.approx(0.002) and b.spot_rate() == pytest.approx(0.01)
+    assert b.spent == pytest.approx(5.5)
+    b.audited(3.0, 10, reference=False, spot=False, charged=False)  # forced: no proven work waited
+    assert b.spent == pytest.approx(5.5)
+
+
+def test_the_budget_survives_a_restart():
+    b = AuditBudget(0.02)
+    b.trained(10.0, 1000)
+    b.audited(0.1, 50, reference=False)
+    again = AuditBudget(0.02)
+    again.load_state_dict(b.state_dict())
+    assert (again.earned, again.spent, again.spot_rate()) == (b.earned, b.spent, b.spot_rate())
 
 
 def test_the_budget_is_checked_as_a_config():
@@ -79,6 +103,10 @@ def test_a_new_key_waits_in_the_buffer_until_the_budget_admits_it(task, tmp_path
     learner.ingest_many([g.encode() for g in honest.produce(2)])
     rec = learner.step()  # the proven sampler's two groups; the new key's wait
     assert rec is not None and learner.auditor.audits["late"] == 0 and learner.untrained("late") == 2
+    learner.ingest_many([g.encode() for g in honest.produce(1)][:1])
+    # one proven group and the new key's two: it trains the one (a short step) rather than wait, as
+    # only training refills the budget
+    assert learner.ready() and learner.step()["groups_own"] == 1 and learner.untrained("late") == 2
     learner.auditor.budget.trained(1e9, 1)  # as if the learner had trained long enough to repay
     learner.ingest_many([g.encode() for g in honest.produce(2)])
     while learner.ready():

@@ -415,11 +415,11 @@ def test_intake_config_says_what_to_fix():
 
 
 def test_a_paused_sampler_asks_its_learner_again_once_per_version():
-    from swarm.rollouts.sender import POLL_MAX_S, POLL_S, POLL_UNKNOWN_S, next_poll_s
+    from swarm.rollouts.sender import POLL_IDLE_S, POLL_MAX_S, POLL_S, POLL_UNKNOWN_S, next_poll_s
 
-    assert next_poll_s(10, 32, 0.0) == POLL_S == 0.25  # not paused: soon
+    assert next_poll_s(10, 32, 0.18) == POLL_IDLE_S == 1.0  # not paused: it generates; its sends bring the backlog
     assert next_poll_s(40, 32, 0.0) == POLL_UNKNOWN_S == 1.0  # the learner's pace not seen yet
-    assert next_poll_s(40, 32, 0.18) == POLL_S  # the demo's learner: a version every 0.18 s
+    assert next_poll_s(40, 32, 0.18) == POLL_S == 0.25  # the demo's learner: a version every 0.18 s
     assert next_poll_s(40, 32, 0.6) == 0.6
     assert next_poll_s(40, 32, 60.0) == POLL_MAX_S == 4.0  # minute-long steps: at most every 4 s
 

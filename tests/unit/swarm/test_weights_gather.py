@@ -135,6 +135,24 @@ def test_a_hedge_goes_to_another_mate_before_the_learner():
     assert {wait for peer, _, wait in node.asked if peer == "m2"} == {0.2}  # it may wait for a chunk still coming
 
 
+def test_a_slow_stream_whose_chunks_all_came_from_its_hedge_stops_at_its_next_chunk():
+    # a trickling source keeps a pool thread until its deadline otherwise (16 threads: a few
+    # versions of it and downloads queue behind it); not demoted: slow is not faulty
+    fetcher, node, g = gather({"m1": "slow", "m2": "good", LEARNER: "good"}, owners=["m1"] * 4, mates=["m1", "m2"],
+                              peer_wait=0.2)
+    try:
+        assert b"".join(g.run()[i] for i in range(4)) == BLOB
+        node.released.set()  # the slow source sends its next chunk now: the stream stops there
+        deadline = time.monotonic() + 5
+        while not fetcher.stats["superseded_streams"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert fetcher.stats["superseded_streams"] >= 1 and fetcher.demoted["m1"] == 0, fetcher.stats
+        assert fetcher.stats["bytes_duplicate"] == 0, fetcher.stats  # the chunk it brought was not taken again
+    finally:
+        node.released.set()
+        fetcher.close()
+
+
 @pytest.mark.parametrize("how", ["first", "ends"])
 def test_a_stream_that_ends_short_hands_the_rest_to_their_next_source_at_once(how):
     # hetero.chunks.v1 ends a stream at the first chunk not held (a holder past its door, or that

@@ -112,8 +112,8 @@ def main() -> None:
           f"of learner compute")
     p = budget.spot_rate()
     print(f"   the spot rate the budget affords: p = {p:.2%} of a proven sampler's groups (measured: "
-          f"{budget.train_cost.value * 1e3:.3f} ms to train a completion position, {budget.audit_cost.value * 1e3:.3f} ms "
-          f"to audit one); a new key's first {d.cfg.audit.first} groups are all audited")
+          f"{budget.train_cost.value * 1e3:.2f} ms to train a group, {budget.audit_cost.value * 1e3:.2f} ms "
+          f"to spot-audit one); a new key's first {d.cfg.audit.first} groups are all audited")
     for k, v in caught.items():
         detect = v / max(tried[k], 1)
         if detect > 0:

@@ -135,8 +135,6 @@ class Auditor:
             elif self.draw(b.sampler):
                 chosen.append(b)
         self.stats["waiting"] += len(waiting)
-        # admissions when no proven work waited (the budget did not admit) are not charged
-        charged = self.budget.admits()
         # one forward pass per claimed version (its weights rebuilt and loaded once), spot audits
         # apart from admissions: only theirs measure the cost the spot rate is sized by
         by_version: dict[tuple[str, int, bool], list[BufferedGroup]] = {}
@@ -144,7 +142,7 @@ class Auditor:
             by_version.setdefault((b.chain, b.claimed_version, b.sampler in admitting), []).append(b)
         failed: dict[str, str] = {}
         for (chain, version, admission), groups in sorted(by_version.items()):
-            whys = self._audit_version((chain, version), groups, spot=not admission, charged=charged or not admission)
+            whys = self._audit_version((chain, version), groups, spot=not admission)
             for b, why in zip(groups, whys):
                 if b.verdict is Verdict.FAILED:
                     failed.setdefault(b.sampler, why)
@@ -174,10 +172,9 @@ class Auditor:
         CPU) in a step of minutes."""
         self._copy = None
 
-    def _audit_version(self, key: tuple[str, int], groups: list[BufferedGroup], spot: bool = True,
-                       charged: bool = True) -> list[str]:
+    def _audit_version(self, key: tuple[str, int], groups: list[BufferedGroup], spot: bool = True) -> list[str]:
         """Audit groups that claim the same version; sets each one's verdict; the failures' reasons.
-        `spot`, `charged`: how the budget counts their cost (AuditBudget.audited)."""
+        `spot`: whether their cost sizes the spot rate (AuditBudget.audited)."""
         t0 = time.perf_counter()
         nonce = self.archive.nonce(*key)
         model = self.model_at(key) if nonce is not None else None
@@ -190,11 +187,11 @@ class Auditor:
                            group_seeds(nonce, b.group.problem_id, b.sampler, len(b.group.completions))) for b in groups]
         positions = sum(len(c.token_ids) for b in groups for c in b.group.completions)
         # the flip rate's measurement, only from what the budget has left (node/audit/budget.py)
-        reference = self.cfg.audit.calibrate and self.budget.affords(self.budget.reference_s(positions))
+        reference = self.cfg.audit.calibrate and self.budget.affords(self.budget.reference_s(len(groups)))
         results = audit_groups(model, items, self.sampling.params, self.pad_id, self.cfg.audit.margin,
                                reference=reference)
         seconds = time.perf_counter() - t0
-        self.budget.audited(seconds, positions, reference, spot=spot, charged=charged)
+        self.budget.audited(seconds, len(groups), reference, spot=spot)
         self.stats["time_s"] += seconds
         self.stats["reference_positions"] += positions if reference else 0
         return [self._judge(b, r) for b, r in zip(groups, results)]

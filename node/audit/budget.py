@@ -3,15 +3,15 @@
     budget = AuditBudget(share=0.02)
     p = budget.spot_rate()                  # the affordable share of groups to spot-audit
     if budget.admits(): ...                 # a new key's first audits, now or later
-    if budget.affords(budget.reference_s(positions)): ...   # the flip rate's bfloat16 pass
-    budget.spend(seconds); budget.trained(seconds, positions)
+    if budget.affords(budget.reference_s(groups)): ...      # the flip rate's bfloat16 pass
+    budget.audited(seconds, groups, reference); budget.trained(seconds, groups)
 
 Three kinds of audit draw on one balance, `share` x the seconds the learner trained minus the
 seconds audits took (weights rebuilt, forwards, judging):
 
 * **Spot audits** of proven samplers, at a rate derived from measured costs:
-  p = SPOT x share x (training seconds per completion position) / (audit seconds per position),
-  so that auditing p of every step's positions costs SPOT x share of its training, in
+  p = SPOT x share x (training seconds per trained group) / (seconds per spot-audited group),
+  so that auditing p of every step's groups costs SPOT x share of its training, in
   expectation. They never wait on the balance: a sampler cannot make the learner skip them by
   spending it (a flood of new keys would otherwise buy unaudited groups for an established one).
 * **Admissions**, a new key's first `audit.first` audits, run while the balance is not negative
@@ -23,8 +23,9 @@ seconds audits took (weights rebuilt, forwards, judging):
 
 Over a run, audits cost at most `share` of the training time plus one step's admissions and the
 spot audits' luck (their count is binomial around p). The one exception is the learner's (not
-the budget's): when no proven work waits it admits new keys anyway, uncharged, since a learner
-with nothing checked to train on has no training to protect (Auditor.admissions).
+the budget's): when no proven work waits it admits new keys anyway, since a learner with nothing
+checked to train on has no training to protect (Auditor.admissions); their seconds are charged,
+and new keys then wait while proven work trains in short steps and repays them.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ import math
 
 
 class Ewma:
-    """A per-unit cost (seconds per position) as decayed sums, sum(seconds) / sum(units), each
-    older measurement weighing `keep` times less per new one: a measurement of few units (a
-    one-token group) moves it by its seconds, not by its seconds per unit."""
+    """A per-unit cost (seconds per group) as decayed sums, sum(seconds) / sum(units), each older
+    measurement weighing `keep` times less per new one: a measurement of few units moves it by
+    its seconds, not by its seconds per unit."""
 
     def __init__(self, keep: float = 0.9) -> None:
         self.keep, self.seconds, self.units = keep, 0.0, 0.0
@@ -77,9 +78,9 @@ class AuditBudget:
         self.earned = 0.0
         self.spent = 0.0
         self.train_cost = Ewma()
-        """Training seconds per trained completion position (the step, micro-batches to optimizer)."""
+        """Training seconds per trained group (the step, micro-batches to optimizer)."""
         self.audit_cost = Ewma()
-        """Audit seconds per audited position (float32 audits without the reference pass)."""
+        """Seconds per spot-audited group (float32 audits without the reference pass)."""
 
     @property
     def unbounded(self) -> bool:
@@ -89,24 +90,21 @@ class AuditBudget:
     def balance(self) -> float:
         return math.inf if self.unbounded else self.earned - self.spent
 
-    def trained(self, seconds: float, positions: int) -> None:
-        """A step trained `positions` completion positions in `seconds`: its share is earned."""
+    def trained(self, seconds: float, groups: int) -> None:
+        """A step trained `groups` groups in `seconds`: its share is earned."""
         if not self.unbounded:
             self.earned += self.share * seconds
-        self.train_cost.add(seconds, positions)
+        self.train_cost.add(seconds, groups)
 
-    def audited(self, seconds: float, positions: int, reference: bool, spot: bool = True,
-                charged: bool = True) -> None:
-        """Audits of `positions` positions took `seconds` (with the reference pass or not). Only spot
-        audits measure the cost per position the spot rate is sized by: admissions audit groups a
-        key not yet proven shaped as it liked (a token each, a version each: a rebuild per group),
-        which would raise it, and lower every established key's rate. An admission made when no
-        proven work waited is not `charged`: there was no training to protect, and its debt would
-        shut out honest newcomers for many times its length."""
-        if charged:
-            self.spent += seconds
+    def audited(self, seconds: float, groups: int, reference: bool, spot: bool = True) -> None:
+        """Audits of `groups` groups took `seconds` (with the reference pass or not). Per group, not
+        per token: a spot audit is mostly one group at its own version, whose weights are rebuilt
+        for it, a fixed cost a token count would hide. Only spot audits measure the cost the spot
+        rate is sized by: admissions audit groups a key not yet proven shaped as it liked, several
+        at one version (one rebuild), which would move it."""
+        self.spent += seconds
         if spot:
-            self.audit_cost.add(seconds / (1 + self.reference_slowdown) if reference else seconds, positions)
+            self.audit_cost.add(seconds / (1 + self.reference_slowdown) if reference else seconds, groups)
 
     def spot_rate(self) -> float:
         """The share of a proven sampler's groups the budget affords to spot-audit (1 until both
@@ -119,11 +117,11 @@ class AuditBudget:
         """Whether a new key's first audits may run now (the balance is not negative)."""
         return self.balance >= 0
 
-    def reference_s(self, positions: int) -> float:
-        """The estimated cost of the reference pass over `positions` audited positions."""
+    def reference_s(self, groups: int) -> float:
+        """The estimated cost of the reference pass over `groups` audited groups."""
         if not self.audit_cost.known:
             return math.inf if not self.unbounded else 0.0
-        return self.reference_slowdown * self.audit_cost.value * positions
+        return self.reference_slowdown * self.audit_cost.value * groups
 
     def affords(self, seconds: float) -> bool:
         """Whether the balance covers `seconds` more of audits."""

@@ -298,9 +298,8 @@ class Learner:
             if self.leader is not None:
                 raise  # the ranks are out of step now: end the job (torchrun restarts it from a checkpoint)
             return None
-        # the positions trained: groups without signal (every reward equal) are skipped by the step
-        self.auditor.budget.trained(self.training.time_s - trained_s, sum(
-            len(c.token_ids) for b in taken if has_signal(b.group.rewards) for c in b.group.completions))
+        # the groups trained: those without signal (every reward equal) are skipped by the step
+        self.auditor.budget.trained(self.training.time_s - trained_s, sum(has_signal(b.group.rewards) for b in taken))
         if gap_dropped := self.training.mark_gap_drops(taken, rec):
             self.books.drop(Drop.LOGPROB_GAP, gap_dropped)
         self.books.count_trained(taken, self.auditor.archive.auditable, self.peer_id)

@@ -14,13 +14,13 @@ from node.learner.config import AuditConfig, LearnerConfig
 def test_the_spot_rate_spends_half_the_share_at_the_measured_costs():
     b = AuditBudget(0.02)
     assert b.spot_rate() == 1.0  # nothing measured yet: the policy's rates decide
-    b.trained(2.0, 1000)  # 2 ms of training per completion position
-    b.audited(0.5, 250, reference=False)  # 2 ms of audit per position
-    # 0.5 x 0.02 x 2 ms / 2 ms = 1%: auditing 1% of the positions costs 1% of what training them did
+    b.trained(2.0, 1000)  # 2 ms of training per group
+    b.audited(0.5, 250, reference=False)  # 2 ms to spot-audit a group
+    # 0.5 x 0.02 x 2 ms / 2 ms = 1%: auditing 1% of the groups costs 1% of what training them did
     assert b.spot_rate() == pytest.approx(0.01)
     b2 = AuditBudget(0.02)
     b2.trained(2.0, 1000)
-    b2.audited(0.1, 250, reference=False)  # audits 5x cheaper (0.4 ms) than training a position
+    b2.audited(0.1, 250, reference=False)  # audits 5x cheaper (0.4 ms) than training a group
     assert b2.spot_rate() == pytest.approx(0.05)
 
 
@@ -37,7 +37,7 @@ def test_new_keys_are_admitted_while_the_balance_is_not_negative():
 def test_the_reference_pass_is_priced_by_the_devices_measured_slowdown():
     b = AuditBudget(0.02, reference_slowdown=50.0)
     assert b.reference_s(10) == math.inf  # no audit measured yet: never affordable
-    b.audited(5.1, 100, reference=True)  # 1 + 50 float32 passes' worth: 0.1 s a float32 pass, 1 ms a position
+    b.audited(5.1, 100, reference=True)  # 1 + 50 float32 passes' worth: 0.1 s a float32 pass, 1 ms a group
     assert b.audit_cost.value == pytest.approx(1e-3)
     assert b.reference_s(10) == pytest.approx(0.5)  # 50 x 1 ms x 10
     b.trained(300.0, 1000)  # earned 6 s, spent 5.1
@@ -57,21 +57,19 @@ def test_costs_are_decayed_sums_so_a_tiny_measurement_weighs_by_its_units():
     assert not e.known
     e.add(2.0, 1000)
     e.add(6.0, 1000)
-    # seconds 0.5 x 2 + 6 = 7, positions 0.5 x 1000 + 1000 = 1500
+    # seconds 0.5 x 2 + 6 = 7, units 0.5 x 1000 + 1000 = 1500
     assert e.value == pytest.approx(7 / 1500)
-    e.add(0.1, 1)  # one position that cost 0.1 s (a rebuild for a one-token group)
-    # seconds 3.5 + 0.1 = 3.6, positions 750 + 1 = 751: 4.79 ms a position, not the 50 ms a per-call mean gives
+    e.add(0.1, 1)  # one unit that cost 0.1 s
+    # seconds 3.5 + 0.1 = 3.6, units 750 + 1 = 751: 4.79 ms a unit, not the 50 ms a per-call mean gives
     assert e.value == pytest.approx(3.6 / 751)
 
 
-def test_admissions_neither_set_the_spot_rate_nor_when_forced_are_charged():
+def test_admissions_are_charged_but_do_not_set_the_spot_rate():
     b = AuditBudget(0.02)
-    b.trained(2.0, 1000)  # 2 ms a position
-    b.audited(0.5, 250, reference=False)  # a spot audit: 2 ms a position
+    b.trained(2.0, 1000)  # 2 ms a group
+    b.audited(0.5, 250, reference=False)  # spot audits: 2 ms a group
     b.audited(5.0, 10, reference=False, spot=False)  # a new key's admission, shaped as it liked
     assert b.audit_cost.value == pytest.approx(0.002) and b.spot_rate() == pytest.approx(0.01)
-    assert b.spent == pytest.approx(5.5)
-    b.audited(3.0, 10, reference=False, spot=False, charged=False)  # forced: no proven work waited
     assert b.spent == pytest.approx(5.5)
 
 

@@ -47,8 +47,9 @@ class AuditOutcome:
     failed: dict[str, str]
     """Samplers that failed, each with the reason of its first failure."""
     waiting: list[BufferedGroup]
-    """Groups of keys not yet proven whose first audits the budget could not afford this step:
-    they go back to the buffer, untrained (`AuditBudget.admits`)."""
+    """Groups of keys not yet proven beyond the first audits each still needs (this step's audits
+    may prove it): they go back to the buffer, untrained. Whether a new key's groups are taken at
+    all is the buffer's `admissions` cap."""
 
 
 class Auditor:
@@ -70,7 +71,7 @@ class Auditor:
         """How far each sampler's claimed log-probs sit from ours, measured by every audit and every
         recomputed group (node/audit/claim_gaps.py; what `behaviour_logprobs = "auto"` reads)."""
         self.stats: dict[str, Any] = dict(NEW_STATS)
-        """Running counts (budget figures: `budget_stats`)."""
+        """Running counts (the budget's figures join them in step records: `AuditBudget.stats`)."""
         self._copy: torch.nn.Module | None = None
         self._rng = random.SystemRandom()  # the sampler must not predict which groups get audited
 

@@ -71,9 +71,10 @@ class AuditBudget:
 
     def __init__(self, share: float, reference_slowdown: float = 1.0) -> None:
         """`share`: audits' seconds per training second (math.inf: no budget, every audit the
-        policy draws). `reference_slowdown`: the reference pass's cost per position over the float32
-        audit's (the device's measured float32 / bfloat16 matmul rates: ~0.5 on a GPU, 50-150 on a
-        CPU without bfloat16 units)."""
+        policy draws). `reference_slowdown`: the reference pass's cost over the float32 audit's (the
+        device's measured float32 / bfloat16 matmul rates: 50-150 on a CPU without bfloat16 units;
+        on a GPU not measured). Priced per group, it includes the weights' rebuild the reference
+        pass does not repeat: an overestimate, so calibration runs less often, never over budget."""
         self.share, self.reference_slowdown = share, reference_slowdown
         self.earned = 0.0
         self.spent = 0.0

@@ -262,18 +262,24 @@ class Learner:
     # ---- a step ----------------------------------------------------------------------------------
     def ready(self) -> bool:
         """Whether a step can be taken now (`GroupBuffer.ready`), once aged groups are dropped."""
+        return self._admitted() is not None
+
+    def _admitted(self) -> int | None:
+        """How many new keys' groups the next step may take (`Auditor.admissions`) if a step can be
+        taken now, once aged groups are dropped; None if not."""
         if aged := self.buffer.drop_aged(self.version):
             self.books.drop(Drop.STALE, aged)
-        return self.buffer.ready(self.auditor.kind_of, self.auditor.is_proven, self.auditor.admissions(self.buffer))
+        new = self.auditor.admissions(self.buffer)
+        return new if self.buffer.ready(self.auditor.kind_of, self.auditor.is_proven, new) else None
 
     def step(self) -> dict | None:
         """One optimizer step on the next `groups_per_step` groups; None if not enough data."""
-        if not self.ready():
+        if (new := self._admitted()) is None:
             return None
         behaviour: dict[str, Any] = {}
         try:
             with self.phases("audit"):
-                taken = self._audited(self.buffer.take(self.auditor.kind_of, self.auditor.admissions(self.buffer)))
+                taken = self._audited(self.buffer.take(self.auditor.kind_of, new))
             if self.recompute is not None and taken:
                 with self.phases("recompute"):
                     taken, dropped, behaviour = self.recompute(taken)

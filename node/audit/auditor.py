@@ -80,7 +80,7 @@ class Auditor:
         """What audits may cost (node/audit/budget.py): `audit.budget` of the training time; the
         reference pass's cost per position from the device's measured float32 / bfloat16 rates."""
         f32, bf16 = matmul_rates(str(next(self.model.parameters()).device))
-        return AuditBudget(self.cfg.audit.budget, f32 / bf16)
+        return AuditBudget(self.cfg.audit.budget, f32 / bf16, self.cfg.groups_per_step)
 
     def is_proven(self, peer: str) -> bool:
         """Whether `peer` passed its first `audit_first` audits and was never refused."""
@@ -99,11 +99,12 @@ class Auditor:
 
     def admissions(self, buffered: Iterable[BufferedGroup]) -> int:
         """How many groups of keys short of their first audits (`GroupKind.NEW`) the next step may
-        take: a step's worth while the budget admits new keys, or while no proven work waits (a learner
-        with nothing checked to train on has no training to protect); none otherwise."""
-        if self.budget.admits() or all(self.kind_of(b) is not GroupKind.CHECKED for b in buffered):
+        take: what the budget pays for (`AuditBudget.admissible`), or a step's worth while no proven
+        work waits (a learner with nothing checked to train on has no training to protect)."""
+        n = self.budget.admissible()
+        if n < self.cfg.groups_per_step and all(self.kind_of(b) is not GroupKind.CHECKED for b in buffered):
             return self.cfg.groups_per_step
-        return 0
+        return n
 
     def rate(self, sampler: str) -> float:
         """The share of `sampler`'s groups audited once past its first `audit_first`: the policy's

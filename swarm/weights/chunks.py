@@ -80,8 +80,9 @@ class ChunkStore:
 
     A request (`ChunkRequest`) is answered with a stream of those chunks, in order, ending at the
     first one not held (of a download in progress: after MAX_GAPS empty frames). A version still being downloaded is served chunk by chunk as its verified chunks
-    arrive, and a request with `wait` > 0 for such a version waits (at most `wait`, capped at
-    MAX_REQUEST_WAIT) for the chunk instead of ending the stream at once. That is what lets samplers
+    arrive, and a request with `wait` > 0 for such a version waits (at most `wait` after the last chunk
+    it was served, capped at MAX_REQUEST_WAIT, until its first gap) for the chunk instead of ending
+    the stream at once. That is what lets samplers
     fetching the same version at the same time share it (see `chunk_owner`). Every byte a fetcher
     receives is checked against the learner-signed manifest, so a holder cannot serve wrong
     weights, only fail to help.
@@ -222,6 +223,13 @@ class ChunkStore:
                 self.served_bytes += len(chunk)
                 self._door.charge(remote, len(chunk))
                 yield chunk
+                # each chunk of a download in progress may be waited for: on a slow link an owner's
+                # next chunk comes one round of the learner's upload after the last (8 mates x 1 MiB
+                # at 25 Mbit/s: 2.7 s), so one deadline for the whole request ended its later chunks
+                # in gaps, and they went to the learner. After a gap, none is waited for: a stream is
+                # held at most `wait` past the last chunk it was served
+                if not gaps:
+                    deadline = time.monotonic() + wait
         finally:
             self._waiting[remote] -= 1
             if not self._waiting[remote]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from swarm.p2p import Stall
-from swarm.wire.chunks import MAX_REQUEST_WAIT
+from swarm.wire.chunks import CHUNK_SIZE, MAX_REQUEST_WAIT
 
 
 @dataclass(frozen=True)
@@ -20,10 +20,18 @@ class FetchConfig:
     """A stream whose next item header does not come within this (plus the request's own `wait`
     for a mate's download) is abandoned: a peer that accepted and says nothing."""
     min_rate: float = 128 * 1024
-    """Bytes/s an item must average once `idle_s` of slack is spent (a 1 MiB chunk: 10 + 8 s), so
-    a frame header claiming 1 MiB followed by a byte a second is abandoned mid-frame."""
+    """Bytes/s an item from a holder or mate must average once `idle_s` of slack is spent (a 1 MiB
+    chunk: 10 + 8 s), so a frame header claiming 1 MiB followed by a byte a second is abandoned
+    mid-frame (and its chunks asked elsewhere)."""
+    learner_min_rate: float = 10e6 / 8 / 128
+    """The same for the learner's streams: the slowest uplink a learner is expected on (10 Mbit/s)
+    shared by 128 streams at once, ~9.8 KB/s. The learner is every chunk's last source: abandoning
+    its stream only asks it again, so its bound is against a learner that died mid-stream, not one
+    whose uplink the swarm shares (at 25 Mbit/s, 128 KiB/s abandoned the learner's streams by the
+    dozen and failed whole versions: examples/bench_wan.py, docs/BENCHMARKS.md)."""
     hedge_s: float = 3.0
-    """A stream that delivered no chunk for this long (before its first: plus its `wait`) has its
+    """A stream that delivered no chunk for this long (before its first: plus its `wait`), or for
+    `Gather.HEDGE_PACE` times a stream's share of the download's pace if that is longer, has its
     remaining chunks asked of the next source too, the first verified copy winning. Its source is
     demoted only if the stream delivered nothing at all: one that delivered and then paused is
     congested (its stall bound, `idle_s` and `min_rate`, still ends a stream that stops).
@@ -44,12 +52,15 @@ class FetchConfig:
     poll. 0: poll (once a second) and fetch what is there."""
 
     def __post_init__(self) -> None:
-        if min(self.idle_s, self.min_rate, self.hedge_s, self.demote_s) <= 0 or self.holder_tries < 0 \
+        if min(self.idle_s, self.min_rate, self.learner_min_rate, self.hedge_s, self.demote_s) <= 0 or self.holder_tries < 0 \
                 or not 0 <= self.long_poll_s <= MAX_REQUEST_WAIT:
             raise ValueError(f"FetchConfig: timeouts, rate and demotion must be > 0, holder_tries >= 0, "
                              f"0 <= long_poll_s <= {MAX_REQUEST_WAIT:g}: {self}")
         if self.demote_max_s < self.demote_s:
             raise ValueError(f"FetchConfig: demote_max_s ({self.demote_max_s}) must be >= demote_s ({self.demote_s})")
 
-    def stall(self, wait: float) -> Stall:
+    def stall(self, wait: float, learner: bool = False) -> Stall:
+        """The bound on each item of a chunk stream from a source that may hold it `wait` s."""
+        if learner:  # behind other streams' chunks on the same connection: one chunk at its floor rate
+            return Stall(self.idle_s + wait + CHUNK_SIZE / self.learner_min_rate, self.learner_min_rate)
         return Stall(self.idle_s + wait, self.min_rate)

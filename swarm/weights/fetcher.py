@@ -19,6 +19,7 @@ from swarm.wire.rollout import RecordError
 from swarm.weights.chunks import ChunkStore, chunk_owner
 from swarm.weights.config import FetchConfig
 from swarm.weights.gather import Gather
+from swarm.wire.chunks import MAX_REQUEST_WAIT
 from swarm.wire.manifest import MANIFEST, Manifest, ManifestRequest, VersionEntry
 from swarm.weights.strikes import PeerStrikes
 from swarm.wire.reasons import Drop
@@ -35,7 +36,7 @@ class WeightFetcher:
 
     def __init__(self, node: SwarmNode, learner: Callable[[], str | None], weight_delay: DelayConfig = DelayConfig(),
                  rng: random.Random | None = None, rpc_timeout: float = 30.0,
-                 mates: Callable[[], list[str]] = lambda: [], parallel: int = 4, peer_wait: float = 5.0,
+                 mates: Callable[[], list[str]] = lambda: [], parallel: int = 4, peer_wait: float = MAX_REQUEST_WAIT,
                  cfg: FetchConfig = FetchConfig()) -> None:
         self.node = node
         self.learner = learner
@@ -45,7 +46,12 @@ class WeightFetcher:
         self._timer = ReloadTimer(weight_delay, rng or random.Random(0))
         self.rpc_timeout = rpc_timeout
         self.peer_wait = peer_wait
-        """How long to wait for a chunk from a mate that is downloading it right now."""
+        """How long a mate downloading a chunk right now may hold our request for it (after the last
+        chunk it sent us): its chunks come one round of the learner's upload to every mate apart, 8
+        mates x 1 MiB at 25 Mbit/s 2.7 s, at 10 Mbit/s 6.7 s; so the most a peer may be asked to wait."""
+        self.pace: float | None = None
+        """Seconds per chunk per stream of the last download (`Gather.pace`): how long a stream
+        may go without a chunk before it is hedged, until the next download has measured its own."""
         self.stats: collections.Counter[str] = collections.Counter()
         self._stats_lock = threading.Lock()
         self.store = ChunkStore(node)
@@ -200,7 +206,9 @@ class WeightFetcher:
         share is complete. The whole is checked against the learner-signed manifest entry."""
         n = len(entry.chunks)
         owners = [chunk_owner(mates, entry.version, i) for i in range(n)]  # (`fetch` began it in the store)
-        got = Gather(self, self._pool, self._parallel, chain, entry, learner, holders, owners, mates).run()
+        gather = Gather(self, self._pool, self._parallel, chain, entry, learner, holders, owners, mates)
+        got = gather.run()
+        self.pace = gather.pace or self.pace
         blob = b"".join(got[i] for i in range(n))
         if len(blob) != entry.size:  # every chunk is verified: only their number and sizes are left
             self.store.abandon(entry.version)

@@ -40,6 +40,8 @@ class GatherHost(Protocol):
     peer_wait: float
     """How long to wait for a chunk from a mate that is downloading it right now."""
     learner: Callable[[], str | None]
+    pace: float | None
+    """Seconds per chunk per stream of the last download (`Gather.pace`); None before the first."""
 
     def usable(self, peers: list[str]) -> list[str]: ...
     def count(self, key: str, n: int = 1) -> None: ...
@@ -87,7 +89,18 @@ class Gather:
     *too* (hedged: the first verified copy wins). The hedged source is demoted only if that stream
     delivered nothing at all: one that delivered is congested (a public mate serves its share to
     every private one), and if it stops altogether its stall bound ends the stream (StreamStalled,
-    demoted then). So a holder that stalls or trickles delays a chunk by one hedge at most."""
+    demoted then). So a holder that stalls or trickles delays a chunk by one hedge at most.
+
+    "No chunk for `hedge_s`" is relative on a slow link (`_hedge_after`): a stream is hedged when it
+    lags the download's own pace, not a fixed 3 s."""
+
+    HEDGE_PACE = 3.0
+    """A stream is hedged once it brought no chunk for this many times one stream's share of the
+    download's pace so far (never sooner than `hedge_s`). On a slow link every stream is slow, and
+    hedging them all piles the same bytes onto the same uplinks: at 25 Mbit/s a fixed 3 s hedged the
+    mates' honest streams, the hedges went on to the learner, and its uplink, shared by dozens of
+    streams, stalled them (23-95 s for a 20 MB version, up to 13 learner copies; docs/BENCHMARKS.md).
+    3: a stream three times slower than its share is lagging, not sharing."""
 
     def __init__(self, host: GatherHost, pool: Executor, parallel: int, chain: str, entry: VersionEntry,
                  learner: str, holders: list[str], owners: list[str | None], mates: list[str]) -> None:
@@ -105,6 +118,8 @@ class Gather:
         self._owner: dict[int, ChunkStream] = {}
         """chunk -> the stream now responsible for it."""
         self._streams: list[ChunkStream] = []
+        self._gaps, self._gaps_s = 0, 0.0
+        """Gaps between two chunks of one stream measured so far, and their seconds (`pace`)."""
 
     def run(self) -> dict[int, memoryview | bytes]:
         """Every chunk, verified; RecordError(Drop.SIZES) if one was verified from no source."""
@@ -118,8 +133,9 @@ class Gather:
         for stream in [s for s in self._streams if s.future.done()]:
             self._streams.remove(stream)
             self._launch(self._orphans(stream))
+        hedge_s = self._hedge_after()
         for stream in self._streams:  # (and those launched here: they are not stalled)
-            if not stream.hedged and stream.source != self.learner and stream.stalled(now, self._host.cfg.hedge_s):
+            if not stream.hedged and stream.source != self.learner and stream.stalled(now, hedge_s):
                 stream.hedged = True
                 self._host.count("hedged_streams")
                 if stream.delivered:  # still delivering, slowly: congestion, not a fault
@@ -131,6 +147,20 @@ class Gather:
         if dead := [i for i in missing if i not in self.got and i not in alive and self._tries[i] >= len(self._plans[i])]:
             raise RecordError(Drop.SIZES, f"chunks {dead[:5]} of version {self.entry.version} verified from no source")
         wait_futures([s.future for s in self._streams], timeout=0.1, return_when=FIRST_COMPLETED)
+
+    @property
+    def pace(self) -> float | None:
+        """Mean seconds between two chunks of one stream in this download (None before a stream
+        brought its second)."""
+        return self._gaps_s / self._gaps if self._gaps else None
+
+    def _hedge_after(self) -> float:
+        """Seconds without a chunk after which a stream is hedged: `hedge_s`, or HEDGE_PACE x the
+        download's pace if longer: this download's once measured, the last download's before (the
+        host's `pace`). Only gaps between chunks count: a stream's wait for its first holds the
+        owner's own download, and the pause being judged must not set its own bar."""
+        pace = self.pace if self._gaps else self._host.pace
+        return max(self._host.cfg.hedge_s, self.HEDGE_PACE * (pace or 0.0))
 
     def _orphans(self, stream: ChunkStream) -> list[int]:
         """The chunks `stream` is responsible for and has not delivered."""
@@ -196,7 +226,10 @@ class Gather:
             index, pos = indices[pos], pos + 1
             if chunk_digest(chunk) == self.entry.chunks[index]:
                 first = self.got.setdefault(index, chunk) is chunk  # one atomic step: two streams cannot both be first
-                stream.delivered, stream.progress = stream.delivered + 1, time.monotonic()
+                now = time.monotonic()
+                if stream.delivered:  # (a race with another stream's update loses one gap: a mean needs no lock)
+                    self._gaps, self._gaps_s = self._gaps + 1, self._gaps_s + now - stream.progress
+                stream.delivered, stream.progress = stream.delivered + 1, now
                 host.store.add_chunk(self.chain, version, index, chunk)  # mates may ask for it right away
                 host.count("bytes_from_learner" if from_learner else "bytes_from_holders", len(chunk))  # all received
                 if not first:  # a hedge's second copy: received, and waste
@@ -209,8 +242,9 @@ class Gather:
 
         try:  # the whole stream's bound allows a slow link; `stall` bounds each item
             request = ChunkRequest(self.chain, version, indices, wait).encode()
-            n = host.node.call_stream(source, CHUNKS, request, host.rpc_timeout + wait + 5.0 * len(indices), on_chunk,
-                                      max_item=CHUNK_SIZE, stall=host.cfg.stall(wait))
+            stall = host.cfg.stall(wait, learner=from_learner)  # each item's bound; the whole stream's, a backstop
+            n = host.node.call_stream(source, CHUNKS, request, host.rpc_timeout + len(indices) * stall.within_s(CHUNK_SIZE),
+                                      on_chunk, max_item=CHUNK_SIZE, stall=stall)
             if n < len(indices):  # it holds no more of them (a stream ends at the first chunk not held):
                 # `_step` asks the rest of their next source. Not a failure: the protocol's "not held"
                 host.count("chunks_not_held", len(indices) - n)

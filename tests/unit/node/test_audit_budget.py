@@ -24,14 +24,21 @@ def test_the_spot_rate_spends_half_the_share_at_the_measured_costs():
     assert b2.spot_rate() == pytest.approx(0.05)
 
 
-def test_new_keys_are_admitted_while_the_balance_is_not_negative():
-    b = AuditBudget(0.02)
-    assert b.admits()  # 0 earned, 0 spent: the first step's admissions run
-    b.audited(0.5, 250, reference=False)
-    b.trained(2.0, 1000)  # earned 0.04 s, spent 0.5 s
-    assert b.balance == pytest.approx(-0.46) and not b.admits()
-    b.trained(23.0, 1000)  # earned 0.04 + 0.46 = 0.5
-    assert b.balance == pytest.approx(0.0, abs=1e-12) and b.admits()
+def test_new_keys_are_admitted_as_far_as_the_balance_pays_above_the_reserve():
+    b = AuditBudget(0.02, step_groups=16)
+    assert b.admissible() == 16 and b.reserve() == 0.0  # nothing measured: the first step's admissions run
+    b.audited(0.5, 250, reference=False)  # 2 ms to spot-audit a group
+    b.trained(2.0, 1000)  # 2 ms to train one; earned 0.04 s, spent 0.5 s
+    assert b.balance == pytest.approx(-0.46) and b.admissible() == 0
+    # p = 0.5 x 0.02 x 2 / 2 = 1%; of 16 groups n p = 0.16 spot audits, sd sqrt(16 x 0.01 x 0.99) = 0.398:
+    # 0.16 + 3 x 0.398 = 1.35, so 2 whole audits, 4 ms
+    assert b.reserve() == pytest.approx(0.004)
+    b.trained(23.0, 0)  # earned 0.46 more: balance 0, all of it the reserve's
+    assert b.balance == pytest.approx(0.0, abs=1e-12) and b.admissible() == 0
+    b.trained(0.65, 0)  # 13 ms more: (13 - 4) / 2 = 4.5 admissions paid for
+    assert b.admissible() == 4
+    b.trained(100.0, 0)
+    assert b.admissible() == 16  # at most a step's worth
 
 
 def test_the_reference_pass_is_priced_by_the_devices_measured_slowdown():
@@ -41,14 +48,16 @@ def test_the_reference_pass_is_priced_by_the_devices_measured_slowdown():
     assert b.audit_cost.value == pytest.approx(1e-3)
     assert b.reference_s(10) == pytest.approx(0.5)  # 50 x 1 ms x 10
     b.trained(300.0, 1000)  # earned 6 s, spent 5.1
-    assert b.affords(0.5) and not b.affords(1.0)
+    # p is 1 (audits are cheap next to 0.3 s of training per group): the reserve is one audit, 1 ms
+    assert b.reserve() == pytest.approx(0.001)
+    assert b.affords(0.8985) and not b.affords(0.8995)
 
 
 def test_an_unbounded_budget_is_every_audit_the_policy_draws():
     b = AuditBudget(math.inf, reference_slowdown=100.0)
     b.trained(1.0, 10)
     b.audited(100.0, 10, reference=True)
-    assert b.spot_rate() == 1.0 and b.admits() and b.affords(1e9) and b.reference_s(1000) < math.inf
+    assert b.spot_rate() == 1.0 and b.admissible() == 1 and b.affords(1e9) and b.reference_s(1000) < math.inf
 
 
 def test_costs_are_decayed_sums_so_a_tiny_measurement_weighs_by_its_units():
@@ -96,7 +105,7 @@ def test_a_new_key_waits_in_the_buffer_until_the_budget_admits_it(task, tmp_path
     learner.ingest_many([g.encode() for g in honest.produce(2)])
     # no proven work waits, so the first step admits whatever it costs
     assert learner.ready() and learner.step() is not None and learner.is_proven("honest")
-    assert not learner.auditor.budget.admits()  # one step's admissions overshoot a budget this small
+    assert learner.auditor.budget.admissible() == 0  # one step's admissions overshoot a budget this small
     learner.ingest_many([g.encode() for g in late.produce(2)])
     learner.ingest_many([g.encode() for g in honest.produce(2)])
     rec = learner.step()  # the proven sampler's two groups; the new key's wait

@@ -142,3 +142,11 @@ def test_the_reread_compares_every_loss_with_grpo_of_its_regime_under_holm(tmp_p
     assert d.mean == pytest.approx(-0.10) and d.df == pytest.approx(4.0)
     assert d.half == pytest.approx(2.776445 * math.sqrt(2 * 0.0004 / 3), abs=1e-6)
     assert rows[0].holm_p == pytest.approx(d.p) and rows[0].verdict == "worse"  # a family of one
+
+
+def test_the_screen_picks_the_highest_mean_only_once_every_candidate_has_its_seeds():
+    from examples.paper_delay.screen import pick
+
+    cells = {"a": {0: 0.70, 1: 0.60}, "b": {0: 0.66, 1: 0.66}}  # means 0.65 and 0.66
+    assert pick(cells, seeds=(0, 1)) == "b"
+    assert pick({**cells, "c": {0: 0.9}}, seeds=(0, 1)) is None  # c lacks seed 1: no pick yet

@@ -111,7 +111,7 @@ class AuditBudget:
         15-25x a later step on the built-in model), and as a cost per group it sized the spot rate
         ~20x too high for the next ten steps, the run's largest overspend (bench_audit)."""
         if not self._warm:
-            self._warm = True
+            self._warm = groups > 0  # a step that trained nothing paid no one-off costs of training
             return
         if not self.unbounded:
             self.earned += self.share * seconds

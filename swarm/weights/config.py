@@ -31,8 +31,9 @@ class FetchConfig:
     dozen and failed whole versions: examples/bench_wan.py, docs/BENCHMARKS.md)."""
     hedge_s: float = 3.0
     """A stream that delivered no chunk for this long (before its first: plus its `wait`), or for
-    `Gather.HEDGE_PACE` times a stream's share of the download's pace if that is longer, has its
-    remaining chunks asked of the next source too, the first verified copy winning. Its source is
+    `Gather.HEDGE_PACE` times the mean gap between two chunks of a stream of the download's other
+    sources if that is longer (at most `idle_s`), has its remaining chunks asked of the next source
+    too, the first verified copy winning. Its source is
     demoted only if the stream delivered nothing at all: one that delivered and then paused is
     congested (its stall bound, `idle_s` and `min_rate`, still ends a stream that stops).
     The learner, the last resort, is never hedged against itself."""

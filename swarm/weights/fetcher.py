@@ -50,8 +50,9 @@ class WeightFetcher:
         chunk it sent us): its chunks come one round of the learner's upload to every mate apart, 8
         mates x 1 MiB at 25 Mbit/s 2.7 s, at 10 Mbit/s 6.7 s; so the most a peer may be asked to wait."""
         self.pace: float | None = None
-        """Seconds per chunk per stream of the last download (`Gather.pace`): how long a stream
-        may go without a chunk before it is hedged, until the next download has measured its own."""
+        """Mean seconds between two chunks of one stream in the last download that measured one
+        (`Gather.pace`): what hedges are timed by until a download has measured its own (capped
+        there at `idle_s`, so a slow download cannot stretch the next ones' hedges further)."""
         self.stats: collections.Counter[str] = collections.Counter()
         self._stats_lock = threading.Lock()
         self.store = ChunkStore(node)

@@ -38,10 +38,12 @@ class GatherHost(Protocol):
     cfg: FetchConfig
     rpc_timeout: float
     peer_wait: float
-    """How long to wait for a chunk from a mate that is downloading it right now."""
+    """How long a mate downloading a chunk right now may hold our request for it, after the last
+    chunk it sent on that request."""
     learner: Callable[[], str | None]
     pace: float | None
-    """Seconds per chunk per stream of the last download (`Gather.pace`); None before the first."""
+    """Mean seconds between two chunks of one stream in the last download (`Gather.pace`); None
+    before one was measured."""
 
     def usable(self, peers: list[str]) -> list[str]: ...
     def count(self, key: str, n: int = 1) -> None: ...
@@ -92,15 +94,17 @@ class Gather:
     demoted then). So a holder that stalls or trickles delays a chunk by one hedge at most.
 
     "No chunk for `hedge_s`" is relative on a slow link (`_hedge_after`): a stream is hedged when it
-    lags the download's own pace, not a fixed 3 s."""
+    lags the pace of the download's other sources, not a fixed 3 s, and never later than `idle_s`."""
 
     HEDGE_PACE = 3.0
-    """A stream is hedged once it brought no chunk for this many times one stream's share of the
-    download's pace so far (never sooner than `hedge_s`). On a slow link every stream is slow, and
-    hedging them all piles the same bytes onto the same uplinks: at 25 Mbit/s a fixed 3 s hedged the
-    mates' honest streams, the hedges went on to the learner, and its uplink, shared by dozens of
-    streams, stalled them (23-95 s for a 20 MB version, up to 13 learner copies; docs/BENCHMARKS.md).
-    3: a stream three times slower than its share is lagging, not sharing."""
+    """A stream is hedged once it brought no chunk for this many times the mean gap between two
+    chunks of one stream of the download's *other* sources (never sooner than `hedge_s`, never later
+    than `idle_s`). On a slow link every stream is slow, and hedging them all piles the same bytes
+    onto the same uplinks: at 25 Mbit/s a fixed 3 s hedged the mates' honest streams, the hedges went
+    on to the learner, and its uplink, shared by dozens of streams, stalled them (23-95 s for a 20 MB
+    version, up to 13 learner copies; docs/BENCHMARKS.md). 3: three times slower than the others is
+    lagging, not sharing. Other sources only, and capped: a source's own slow gaps must not raise its
+    own bar (each just under 3x the mean would ratchet it up to the stall bound within 5 chunks)."""
 
     def __init__(self, host: GatherHost, pool: Executor, parallel: int, chain: str, entry: VersionEntry,
                  learner: str, holders: list[str], owners: list[str | None], mates: list[str]) -> None:
@@ -118,8 +122,8 @@ class Gather:
         self._owner: dict[int, ChunkStream] = {}
         """chunk -> the stream now responsible for it."""
         self._streams: list[ChunkStream] = []
-        self._gaps, self._gaps_s = 0, 0.0
-        """Gaps between two chunks of one stream measured so far, and their seconds (`pace`)."""
+        self._gaps: dict[str, list[float]] = {}
+        """source -> [gaps between two chunks of one of its streams measured so far, their seconds]."""
 
     def run(self) -> dict[int, memoryview | bytes]:
         """Every chunk, verified; RecordError(Drop.SIZES) if one was verified from no source."""
@@ -133,9 +137,8 @@ class Gather:
         for stream in [s for s in self._streams if s.future.done()]:
             self._streams.remove(stream)
             self._launch(self._orphans(stream))
-        hedge_s = self._hedge_after()
         for stream in self._streams:  # (and those launched here: they are not stalled)
-            if not stream.hedged and stream.source != self.learner and stream.stalled(now, hedge_s):
+            if not stream.hedged and stream.source != self.learner and stream.stalled(now, self._hedge_after(stream.source)):
                 stream.hedged = True
                 self._host.count("hedged_streams")
                 if stream.delivered:  # still delivering, slowly: congestion, not a fault
@@ -150,17 +153,30 @@ class Gather:
 
     @property
     def pace(self) -> float | None:
-        """Mean seconds between two chunks of one stream in this download (None before a stream
-        brought its second)."""
-        return self._gaps_s / self._gaps if self._gaps else None
+        """Mean seconds between two chunks of one stream in this download, every source's (None
+        before a stream brought its second chunk)."""
+        return self._mean_gap(None)
 
-    def _hedge_after(self) -> float:
-        """Seconds without a chunk after which a stream is hedged: `hedge_s`, or HEDGE_PACE x the
-        download's pace if longer: this download's once measured, the last download's before (the
-        host's `pace`). Only gaps between chunks count: a stream's wait for its first holds the
-        owner's own download, and the pause being judged must not set its own bar."""
-        pace = self.pace if self._gaps else self._host.pace
-        return max(self._host.cfg.hedge_s, self.HEDGE_PACE * (pace or 0.0))
+    def _mean_gap(self, excluding: str | None) -> float | None:
+        gaps = [g for source, g in list(self._gaps.items()) if source != excluding]
+        n = sum(g[0] for g in gaps)
+        return sum(g[1] for g in gaps) / n if n else None
+
+    def _gap(self, source: str, seconds: float) -> None:
+        """A stream of `source` brought a chunk `seconds` after its last one."""
+        g = self._gaps.setdefault(source, [0, 0.0])  # one entry per source: two threads may lose a gap, not break it
+        g[0], g[1] = g[0] + 1, g[1] + seconds
+
+    def _hedge_after(self, source: str) -> float:
+        """Seconds without a chunk after which a stream of `source` is hedged: `hedge_s`, or HEDGE_PACE
+        x the mean gap between two chunks of a stream of the download's other sources if longer (the
+        last download's, the host's `pace`, until one is measured), at most `idle_s`. Gaps only:
+        a stream's wait for its first chunk holds the owner's own download."""
+        cfg = self._host.cfg
+        pace = self._mean_gap(source)
+        if pace is None:
+            pace = self._host.pace
+        return min(max(cfg.hedge_s, self.HEDGE_PACE * (pace or 0.0)), max(cfg.hedge_s, cfg.idle_s))
 
     def _orphans(self, stream: ChunkStream) -> list[int]:
         """The chunks `stream` is responsible for and has not delivered."""
@@ -227,8 +243,8 @@ class Gather:
             if chunk_digest(chunk) == self.entry.chunks[index]:
                 first = self.got.setdefault(index, chunk) is chunk  # one atomic step: two streams cannot both be first
                 now = time.monotonic()
-                if stream.delivered:  # (a race with another stream's update loses one gap: a mean needs no lock)
-                    self._gaps, self._gaps_s = self._gaps + 1, self._gaps_s + now - stream.progress
+                if stream.delivered:
+                    self._gap(source, now - stream.progress)
                 stream.delivered, stream.progress = stream.delivered + 1, now
                 host.store.add_chunk(self.chain, version, index, chunk)  # mates may ask for it right away
                 host.count("bytes_from_learner" if from_learner else "bytes_from_holders", len(chunk))  # all received

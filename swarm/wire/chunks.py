@@ -29,8 +29,9 @@ our replies keep under MAX_MESSAGE (3 MiB; hivemind carries 4 MiB at most): no m
 chunks, so no version the code accepts is larger than 47,662 x 1 MiB = 46.5 GiB (a 7B keyframe in
 bf16: 14,306 chunks). An honest request names at most every chunk of one version (`Gather._split`)."""
 MAX_REQUEST_WAIT = 10.0
-"""The longest a peer may ask us to hold one request open, waiting for something to answer with (a
-chunk still coming, a manifest newer than the one it holds): what any peer can make us keep waiting."""
+"""The longest a peer may ask us to wait for one thing to answer with (a manifest newer than the one
+it holds; a chunk still coming, counted from the last chunk we served on that request, so a request
+is held at most this past its last chunk served: each one charged to the chunk door's bytes)."""
 
 
 def chunk_digest(chunk: bytes | memoryview) -> str:

@@ -99,3 +99,23 @@ def test_a_broken_request_frame_costs_a_call_and_a_tarpit_and_is_counted():
     asyncio.run(node.handler.refused("peer", "RemoteError: a frame of 3000000 bytes, over the 143283 allowed"))
     assert store.malformed_why == {"frame": 1} and tarpitted == ["calls"]
     assert node.doors._doors[CHUNKS].left(Bound.CALLS, "peer") == DOORS[CHUNKS].call_burst - 1
+
+
+def test_a_mate_waits_for_each_chunk_of_a_request_from_the_last_it_served():
+    # on a slow link an owner's chunks come from the learner seconds apart: a deadline for the whole
+    # request answered the later ones as gaps, and they went to the learner
+    store, node, _ = _store()
+    store.begin("c", 3)
+
+    async def collect() -> list[bytes]:
+        async def arrive() -> None:
+            await asyncio.sleep(0.2)
+            store.add_chunk("c", 3, 0, b"\x00")
+            await asyncio.sleep(0.9)  # 1.1 s after the request: past a whole-request deadline of 1 s
+            store.add_chunk("c", 3, 1, b"\x01")
+        task = asyncio.create_task(arrive())
+        got = [bytes(item) async for item in node.handler(ChunkRequest("c", 3, [0, 1, 2], 1.0).encode(), "peer")]
+        await task
+        return got
+    # chunk 1 came within 1 s of chunk 0 being served; chunk 2 never did: a gap after 1 s, the end
+    assert asyncio.run(collect()) == [b"\x00", b"\x01", b""]

@@ -279,3 +279,33 @@ def test_a_download_that_ends_short_resumes_from_the_chunks_it_verified():
         assert fetcher.store.verified("c", ENTRY.version) == {}
     finally:
         fetcher.close()
+
+
+def test_a_stream_is_hedged_by_the_other_sources_pace_and_never_later_than_idle_s():
+    fetcher, node, g = gather({"m1": "good", "m2": "good", LEARNER: "good"}, owners=["m1"] * 4, mates=["m1", "m2"])
+    try:
+        assert g._hedge_after("m1") == 0.3  # nothing measured, no earlier download: hedge_s
+        g._gap("m2", 2.0)
+        g._gap("m2", 2.0)
+        # m2's streams bring a chunk every 2 s: m1 is hedged after 3 x 2 s, m2 by the others' pace
+        # (none measured): its own slow gaps do not raise its own bar
+        assert g._hedge_after("m1") == pytest.approx(6.0) and g._hedge_after("m2") == 0.3
+        g._gap("m1", 100.0)  # however slow the others, at most idle_s
+        assert g._hedge_after("m2") == FetchConfig().idle_s and g.pace == pytest.approx(104.0 / 3)
+    finally:
+        fetcher.close()
+    fetcher, _, fresh = gather({"m1": "good", LEARNER: "good"})
+    try:
+        fetcher.pace = 1.0  # the last download's, until this one measures the others'
+        assert fresh._hedge_after("m1") == pytest.approx(3.0)
+    finally:
+        fetcher.close()
+
+
+def test_the_learners_streams_are_bounded_against_a_dead_learner_not_a_shared_uplink():
+    cfg = FetchConfig()
+    learner, mate = cfg.stall(0.0, learner=True), cfg.stall(10.0)
+    # 10 Mbit/s shared by 128 streams: 9,765.6 B/s; an item may start one such chunk late
+    assert learner.min_rate == pytest.approx(10e6 / 8 / 128)
+    assert learner.idle_s == pytest.approx(10.0 + CHUNK_SIZE / (10e6 / 8 / 128))  # 117.4 s
+    assert (mate.idle_s, mate.min_rate) == (20.0, 128 * 1024)

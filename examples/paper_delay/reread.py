@@ -259,12 +259,16 @@ def report(cells: list[Cell]) -> str:
     ]) + "\n"
 
 
-def main() -> None:
-    text = report(collect())
+def write(name: str, text: str) -> None:
+    """Keep `text` as docs/results/protocol/`name`, and print it."""
     out = RESULTS / "protocol"
     out.mkdir(exist_ok=True)
-    (out / "reread.md").write_text(text)
+    (out / name).write_text(text)
     print(text)
+
+
+def main() -> None:
+    write("reread.md", report(collect()))
 
 
 if __name__ == "__main__":

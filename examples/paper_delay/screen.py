@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from examples.paper_delay.protocol import welch  # noqa: E402
-from examples.paper_delay.reread import RESULTS, metrics  # noqa: E402
+from examples.paper_delay.reread import RESULTS, metrics, write  # noqa: E402
 from examples.paper_delay.run import load  # noqa: E402
 
 LAG = 32
@@ -70,11 +70,7 @@ def report(root: Path = RESULTS) -> str:
 
 
 def main() -> None:
-    text = report()
-    out = RESULTS / "protocol"
-    out.mkdir(exist_ok=True)
-    (out / "screen.md").write_text(text)
-    print(text)
+    write("screen.md", report())
 
 
 if __name__ == "__main__":

@@ -90,8 +90,6 @@ class AuditBudget:
         self.share, self.reference_slowdown, self.step_groups = share, reference_slowdown, step_groups
         self.earned = 0.0
         self.spent = 0.0
-        self._warm = False
-        """Whether this process has trained a step (the first is not measured: `trained`)."""
         self.train_cost = Ewma()
         """Training seconds per trained group (the step, micro-batches to optimizer)."""
         self.audit_cost = Ewma()
@@ -106,13 +104,7 @@ class AuditBudget:
         return math.inf if self.unbounded else self.earned - self.spent
 
     def trained(self, seconds: float, groups: int) -> None:
-        """A step trained `groups` groups in `seconds`: its share is earned. The process's first step
-        is neither earned on nor measured: it pays one-off costs (allocations, kernels' first calls;
-        15-25x a later step on the built-in model), and as a cost per group it sized the spot rate
-        ~20x too high for the next ten steps, the run's largest overspend (bench_audit)."""
-        if not self._warm:
-            self._warm = groups > 0  # a step that trained nothing paid no one-off costs of training
-            return
+        """A step trained `groups` groups in `seconds`: its share is earned."""
         if not self.unbounded:
             self.earned += self.share * seconds
         self.train_cost.add(seconds, groups)

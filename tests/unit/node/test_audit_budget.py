@@ -11,27 +11,21 @@ from node.audit.budget import AuditBudget, Ewma
 from node.learner.config import AuditConfig, LearnerConfig
 
 
-def warm(b: AuditBudget) -> AuditBudget:
-    b.trained(99.0, 1)  # the process's first step: one-off costs, neither earned on nor measured
-    assert b.earned == 0.0 and not b.train_cost.known
-    return b
-
-
 def test_the_spot_rate_spends_half_the_share_at_the_measured_costs():
-    b = warm(AuditBudget(0.02))
+    b = AuditBudget(0.02)
     assert b.spot_rate() == 1.0  # nothing measured yet: the policy's rates decide
     b.trained(2.0, 1000)  # 2 ms of training per group
     b.audited(0.5, 250, reference=False)  # 2 ms to spot-audit a group
     # 0.5 x 0.02 x 2 ms / 2 ms = 1%: auditing 1% of the groups costs 1% of what training them did
     assert b.spot_rate() == pytest.approx(0.01)
-    b2 = warm(AuditBudget(0.02))
+    b2 = AuditBudget(0.02)
     b2.trained(2.0, 1000)
     b2.audited(0.1, 250, reference=False)  # audits 5x cheaper (0.4 ms) than training a group
     assert b2.spot_rate() == pytest.approx(0.05)
 
 
 def test_new_keys_are_admitted_as_far_as_the_balance_pays_above_the_reserve():
-    b = warm(AuditBudget(0.02, step_groups=16))
+    b = AuditBudget(0.02, step_groups=16)
     assert b.admissible() == 16 and b.reserve() == 0.0  # nothing measured: the first step's admissions run
     b.audited(0.5, 250, reference=False)  # 2 ms to spot-audit a group
     b.trained(2.0, 1000)  # 2 ms to train one; earned 0.04 s, spent 0.5 s
@@ -48,7 +42,7 @@ def test_new_keys_are_admitted_as_far_as_the_balance_pays_above_the_reserve():
 
 
 def test_the_reference_pass_is_priced_by_the_devices_measured_slowdown():
-    b = warm(AuditBudget(0.02, reference_slowdown=50.0))
+    b = AuditBudget(0.02, reference_slowdown=50.0)
     assert b.reference_s(10) == math.inf  # no audit measured yet: never affordable
     b.audited(5.1, 100, reference=True)  # 1 + 50 float32 passes' worth: 0.1 s a float32 pass, 1 ms a group
     assert b.audit_cost.value == pytest.approx(1e-3)
@@ -60,7 +54,7 @@ def test_the_reference_pass_is_priced_by_the_devices_measured_slowdown():
 
 
 def test_an_unbounded_budget_is_every_audit_the_policy_draws():
-    b = warm(AuditBudget(math.inf, reference_slowdown=100.0))
+    b = AuditBudget(math.inf, reference_slowdown=100.0)
     b.trained(1.0, 10)
     b.audited(100.0, 10, reference=True)
     assert b.spot_rate() == 1.0 and b.admissible() == 1 and b.affords(1e9) and b.reference_s(1000) < math.inf
@@ -80,7 +74,7 @@ def test_costs_are_decayed_sums_so_a_tiny_measurement_weighs_by_its_units():
 
 
 def test_admissions_are_charged_but_do_not_set_the_spot_rate():
-    b = warm(AuditBudget(0.02))
+    b = AuditBudget(0.02)
     b.trained(2.0, 1000)  # 2 ms a group
     b.audited(0.5, 250, reference=False)  # spot audits: 2 ms a group
     b.audited(5.0, 10, reference=False, spot=False)  # a new key's admission, shaped as it liked
@@ -89,7 +83,7 @@ def test_admissions_are_charged_but_do_not_set_the_spot_rate():
 
 
 def test_the_budget_survives_a_restart():
-    b = warm(AuditBudget(0.02))
+    b = AuditBudget(0.02)
     b.trained(10.0, 1000)
     b.audited(0.1, 50, reference=False)
     again = AuditBudget(0.02)

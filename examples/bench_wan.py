@@ -127,20 +127,20 @@ def role_learner(args) -> None:
     chain, newest = uuid.uuid4().hex, {"v": 0}
 
     def announce_forever() -> None:  # so that samplers' trackers see a live learner
-        seq = 0
         while not stop.is_set():
             node.announce(PeerInfo(peer_id=node.peer_id, role="learner", model_id=MODEL, version=newest["v"], engine="",
                                    throughput=0.0, maddrs=node.maddrs()), ttl=30)
-            credited = _credited(Path(args.dir))
-            if credited:  # mates are earned: this learner's signed tally names them (swarm/discovery.py `earned`)
-                seq += 1
-                node.publish_tally(_tally(node.peer_id, seq, credited))
+            credited, seeders = _credited(Path(args.dir)), server.store.seeders()
+            if credited or seeders:  # mates are earned: this learner's signed tally names them, and until
+                # then the seeders it served a version whole to (swarm/discovery.py `earned`)
+                node.publish_tally(_tally(node.peer_id, credited, seeders))
             stop.wait(5)
 
     threading.Thread(target=announce_forever, name="announce", daemon=True).start()
     try:
         for v, blob in enumerate([keyframe, *patches]):
-            if v == 1 and not _wait_file(Path(args.dir) / "go", 600, stop):
+            if v == 1 and not _wait_file(Path(args.dir) / "go", 600, stop,
+                                         lambda: _event(events, event="served", served=server.store.served_bytes)):
                 return
             server.publish(WeightVersion(MODEL, chain, v, None if v == 0 else v - 1, blob))
             newest["v"] = v
@@ -166,24 +166,27 @@ def _credited(out: Path) -> list[str]:
         return []
 
 
-def _tally(learner: str, seq: int, samplers: list[str]):
-    """The learner's tally crediting each of `samplers` with one group: what a learner publishes
-    once it has trained on a sampler's checked groups. The bench's samplers only fetch, so the driver
-    says when they have earned it: once every sampler holds v0, i.e. at the first patch, where a real
-    swarm's samplers would have sent their first groups."""
-    from swarm.wire.tally import Contribution, Tally
+def _tally(learner: str, samplers: list[str], seeders: list[str]):
+    """The learner's tally (node/learner/credit.py, as `join`'s learner makes it) crediting each of
+    `samplers` with one group, and naming `seeders` (its ChunkStore's) it has not credited: what a
+    learner publishes once it has trained on a sampler's checked groups. The bench's samplers only
+    fetch, so the driver says when they have earned it: once every sampler holds v0, i.e. at the
+    first patch, where a real swarm's samplers would have sent their first groups."""
+    from node.learner.credit import Credit
 
-    now = time.time()
-    one = Contribution(groups=1, rollouts=8, tokens=64, first=now, last=now, models=[MODEL])
-    return Tally(learner=learner, seq=seq, time=now, model_id=MODEL, peers={s: one for s in samplers})
+    credit = Credit()
+    for s in samplers:
+        credit.credit(s, 8, 64, MODEL)
+    return credit.tally(learner, MODEL, seeders=seeders)
 
 
-def _wait_file(path: Path, timeout: float, stop: threading.Event) -> bool:
+def _wait_file(path: Path, timeout: float, stop: threading.Event, tick=lambda: None) -> bool:
     deadline = time.monotonic() + timeout
     while not path.exists():
         if stop.is_set() or time.monotonic() > deadline:
             return False
-        stop.wait(0.2)
+        tick()
+        stop.wait(0.5)
     return True
 
 
@@ -255,13 +258,16 @@ def _held(out: Path, name: str) -> dict[int, float]:
     return held
 
 
-def _wait(cond, timeout: float, what: str, procs) -> None:
+def _wait(cond, timeout: float, what: str, procs, quiet: bool = False) -> None:
+    """Until `cond()`, at most `timeout` s (`quiet`: then return), while every one of `procs` runs."""
     deadline = time.monotonic() + timeout
     while not cond():
         dead = [p.name for p in procs if p.popen.poll() is not None]
         if dead:
             raise RuntimeError(f"{', '.join(dead)} exited early; logs in {procs[0].log_path.parent}")
         if time.monotonic() > deadline:
+            if quiet:
+                return
             raise TimeoutError(f"{what} within {timeout:.0f} s; logs in {procs[0].log_path.parent}")
         time.sleep(0.5)
 
@@ -294,12 +300,14 @@ def run(args) -> None:
         addr = (out / "bootstrap" / "addr").read_text().strip()
         roles = [wan.spawn("learner", wan.ns(1), [*me, "learner", *_role_args(wan, 1, out, addr), *_learner_flags(args)],
                            logs)]
-        roles += [wan.spawn(n, wan.ns(2 + k), [*me, "sampler", *_role_args(wan, 2 + k, out, addr), "--name", n,
-                                               "--follow", learner_id, "--spawned", str(time.time()),
-                                               "--long-poll", str(args.long_poll),
-                                               *(["--sync-polls"] if args.sync_polls else [])],
-                                  logs) for k, n in enumerate(names)]
         print(f"{args.samplers} samplers, learner and bootstrap in namespaces of {wan.tag}; logs in {logs}")
+        for k, n in enumerate(names):  # a new swarm: they join at once, or one every --join-every s
+            if k and args.join_every:
+                _wait(lambda: False, args.join_every, "", roles, quiet=True)
+            roles.append(wan.spawn(n, wan.ns(2 + k), [*me, "sampler", *_role_args(wan, 2 + k, out, addr), "--name", n,
+                                                      "--follow", learner_id, "--spawned", str(time.time()),
+                                                      "--long-poll", str(args.long_poll),
+                                                      *(["--sync-polls"] if args.sync_polls else [])], logs))
         _wait(lambda: all(0 in _held(out, n) for n in names), 300, "not every sampler got v0", roles)
         t_v0 = time.monotonic()
         # the samplers have now earned credit, as a real swarm's would have by their first groups
@@ -392,7 +400,8 @@ def report(args, out: Path, names: list[str], relay_series: list[tuple[float, di
         print(f"{v:>3} {size / 2**20:6.1f} {wan.one_copy_s(size):7.2f} {_s(pct[0]):>6} {_s(pct[1]):>6} {_s(pct[2]):>6} "
               f"{len(times):>2}/{len(names):<2} {statistics.median(took) if took else math.nan:7.2f} {upload:8.2f} "
               f"{wire_up:6.2f} {down:10.2f} {wire_down:6.2f} {busy:4.0%}")
-    _report_join(out, names, held)
+    _report_join(args, out, names, held)
+    _report_keyframe(args, out, pubs, served, held, wan)
     stale = _staleness(pubs, held, end)
     print(f"staleness samplers see (newest published - held, every second from v1 on, {len(stale)} samples): "
           f"mean {statistics.fmean(stale):.2f}, p90 {_q(stale, 0.9)}, max {max(stale)}")
@@ -413,10 +422,10 @@ def report(args, out: Path, names: list[str], relay_series: list[tuple[float, di
     print(f"records and logs: {out}")
 
 
-def _report_join(out: Path, names: list[str], held: dict[str, dict[int, float]]) -> None:
+def _report_join(args, out: Path, names: list[str], held: dict[str, dict[int, float]]) -> None:
     """Seconds from a sampler's process start to: imports done, in the DHT (reachability settled),
-    the learner found, the keyframe v0 held. All samplers start at once, so on a small machine this includes
-    waiting for the CPU (imports)."""
+    the learner found, the keyframe v0 held. Samplers that start at once (the default) wait for the
+    CPU here on a small machine (imports)."""
     since: dict[str, list[float]] = {"python": [], "dht": [], "learner": [], "v0": []}
     for n in names:
         events = _jsonl(out / n / "joined.jsonl")
@@ -424,9 +433,27 @@ def _report_join(out: Path, names: list[str], held: dict[str, dict[int, float]])
             since[e["step"]].append(e["t"] - e["spawned"])
         if events and 0 in held[n]:
             since["v0"].append(held[n][0] - events[0]["spawned"])
-    print("join, s from process start (all at once): " + ", ".join(
+    print(f"join, s from each sampler's process start ({'one every %g s' % args.join_every if args.join_every else 'all at once'}): " + ", ".join(
         f"{what} median {statistics.median(xs):.1f} max {max(xs):.1f}" for what, xs in
         (("imports done", since["python"]), ("in the DHT", since["dht"]), ("learner found", since["learner"]), ("v0 held", since["v0"])) if xs))
+
+
+def _report_keyframe(args, out: Path, pubs: dict, served: list[tuple[float, int]], held: dict[str, dict[int, float]],
+                     wan: Wan) -> None:
+    """A new swarm's first version, v0: what the learner uploaded until every sampler held it, in
+    copies, beside one copy per sampler (each took it whole from the learner before seeders stood in
+    for mates: swarm/discovery.py `seeders`) and one copy (the goal)."""
+    size, got = pubs[0]["size"], [h[0] for h in held.values() if 0 in h]
+    if len(got) < len(held) or not served:
+        print("v0: not every sampler held it")
+        return
+    last = max(got)
+    up = next((b for t, b in served if t >= last), served[-1][1]) / size
+    how = f"one every {args.join_every:g} s" if args.join_every else "all at once"
+    first = min((e["spawned"] for n in held for e in _jsonl(out / n / "joined.jsonl")[:1]), default=math.nan)
+    print(f"v0, a new swarm's keyframe ({size / 2**20:.1f} MB, limit {wan.one_copy_s(size):.2f} s), {len(held)} samplers "
+          f"joining {how}: the learner uploaded {up:.2f} copies (one a sampler: {len(held)}); the last held it "
+          f"{last - first:.1f} s after the first sampler started")
 
 
 def _staleness(pubs: dict, held: dict[str, dict[int, float]], end: float) -> list[int]:
@@ -467,6 +494,9 @@ def main() -> None:
     ap.add_argument("--long-poll", type=float, default=10.0, metavar="S",
                     help="samplers ask the learner to hold each manifest request up to S s until it publishes, as "
                          "`join` does; 0: a plain poll once a second (as before)")
+    ap.add_argument("--join-every", type=float, default=0.0, metavar="S",
+                    help="a new swarm whose samplers join one every S s (default: all at once); the learner names "
+                         "the first to hold v0 as seeders, the others' mates until it credits anyone")
     ap.add_argument("--sync-polls", action="store_true", help="samplers poll at the same instants (an experiment: "
                     "as if every sampler learnt of a new version at once); default: each on its own 1 s cycle")
     # the roles' own flags

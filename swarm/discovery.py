@@ -102,7 +102,8 @@ so more would only make each one's share smaller than a chunk."""
 
 def earned(mates: list[str], tallies: list[Tally], learner: str | None) -> list[str]:
     """The `mates` that `learner`'s own signed tally credits (it trained on their checked groups),
-    at most MAX_MATES, the most credited first, then sorted (every sampler computes the same owners).
+    at most MAX_MATES, the most credited first, then sorted (every sampler computes the same owners);
+    while it credits none of them, the `mates` it names as seeders (`seeders`: a new swarm).
 
     A peer record costs a fresh key and nothing else: 2,000 of them (our learner and model, a
     black-hole address) became every sampler's mates, each version waited on dead chunk owners,
@@ -112,7 +113,23 @@ def earned(mates: list[str], tallies: list[Tally], learner: str | None) -> list[
     tally = next((t for t in tallies if t.learner == learner), None)
     credit = credits(tally)
     ranked = sorted((m for m in mates if credit.get(m, 0) > 0), key=lambda m: (-credit[m], m))
-    return sorted(ranked[:MAX_MATES])
+    if ranked:
+        return sorted(ranked[:MAX_MATES])
+    named = set(seeders(tally))
+    return sorted(m for m in mates if m in named)
+
+
+def seeders(tally: Tally | None) -> list[str]:
+    """The peers a tally names as seeders: its learner served each a version whole and has credited
+    none of them (swarm/weights/chunks.py `ChunkStore.seeders`). Until a learner credits anyone,
+    every sampler of a new swarm fetched every version whole from it, one upload per sampler (a
+    0.6B keyframe to 1,000 samplers at 100 Mbit/s: 27 hours); its seeders stand in for mates then.
+
+    Not reopening issue 39: a seeder costs a key a whole version downloaded from the learner, within
+    its door's pool for unproven keys (swarm/weights/chunks.py NEWCOMERS_AT_ONCE); at most
+    MAX_SEEDERS are named, and only until the learner credits a mate. Seeders that never serve
+    cost what a new swarm cost before them (every chunk from the learner), plus one hedge."""
+    return list(tally.seeders) if tally is not None and tally.seeders else []
 
 
 def credits(tally: Tally | None) -> dict[str, int]:
@@ -219,12 +236,12 @@ class LearnerTracker:
         return sorted(p.info.peer_id for p in self.node.peers() if p.info.role == "learner" and p.info.peer_id not in trusted)
 
     def _mates(self, learner: str | None) -> list[str]:
-        """The samplers of our model following `learner` that it credits (`earned`), from its tally
-        and the records of those it credits most."""
+        """The samplers of our model following `learner` that it credits, or while it credits none
+        the seeders it names (`earned`), from its tally and the records of those it names."""
         if learner is None:
             return []
         tally = self.node.tally_of(learner)
-        records = self.node.peer_records(most_recent(tally, 2 * MAX_MATES))
+        records = self.node.peer_records([*most_recent(tally, 2 * MAX_MATES), *seeders(tally)])
         return earned([pid for pid, p in records.items() if is_mate(p, learner, self.model_id)], [tally] if tally else [],
                       learner)
 

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import msgpack
 import torch
@@ -281,8 +281,9 @@ class LearnerRun:
     def _between_steps(self, tally: Every) -> None:
         """What the announcement says now, and the tally when it is due."""
         self.card = self._card()
-        if tally() and self.learner.credit.peers:
-            survive("publishing the tally", lambda: publish_tally(self.node, self.learner, self.cfg.model))
+        seeders = self.link.weights.store.seeders()  # a new swarm's stand-in mates, until it credits any
+        if tally() and (self.learner.credit.peers or seeders):
+            survive("publishing the tally", lambda: publish_tally(self.node, self.learner, self.cfg.model, seeders))
 
     def _card(self) -> PeerInfo:
         """What the learner announces, made by the loop (the heartbeat's thread reads only this)."""
@@ -353,9 +354,10 @@ def check_named(node: SwarmNode, model: str) -> bool:
     return False
 
 
-def publish_tally(node: SwarmNode, learner: Learner, model_id: str) -> None:
+def publish_tally(node: SwarmNode, learner: Learner, model_id: str, seeders: Sequence[str] = ()) -> None:
     try:
-        if not node.publish_tally(learner.credit.tally(node.peer_id, model_id, learner.version, learner.history)):
+        if not node.publish_tally(learner.credit.tally(node.peer_id, model_id, learner.version, learner.history,
+                                                       seeders)):
             log.warning("the DHT did not store our contribution tally; retrying later")
     except Exception as e:  # the leaderboard can wait; training must not
         log.warning("could not publish the contribution tally: %s", e)

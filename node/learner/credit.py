@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from msgspec import UNSET
 
-from swarm.wire.tally import TALLY_BYTES, Contribution, Others, Tally
+from swarm.wire.tally import MAX_SEEDERS, TALLY_BYTES, Contribution, Others, Tally
 from node.metrics import Kind, Metric
 
 ENTRY_BYTES = 256
@@ -87,12 +87,14 @@ class Credit:
         self.peers.pop(sampler, None)
 
     def tally(self, learner: str, model_id: str, version: int | None = None,
-              history: Sequence[dict[str, Any]] = ()) -> Tally:
+              history: Sequence[dict[str, Any]] = (), seeders: Sequence[str] = ()) -> Tally:
         """The tally to publish, under `TALLY_BYTES`: the `PUBLISHED_RECENT` peers credited last, the
         most credited of the rest up to `MAX_PUBLISHED`, and `others` (count and sums) for everyone
         else, `forgotten` included (left out when empty, so a small swarm's tally is what peers whose
         schema predates `others` accept). With `version` (the learner's now), it also carries the
-        latest eval record in `history` (the learner's records, kind "eval" with "eval_acc" and "version")."""
+        latest eval record in `history` (the learner's records, kind "eval" with "eval_acc" and "version").
+        `seeders`: peers the learner's chunk store served a version whole to (`ChunkStore.seeders`);
+        those it has not credited are named, a new swarm's stand-in mates (swarm/discovery.py `earned`)."""
         # milliseconds, so that it still grows after a restart from an older checkpoint
         self.seq = max(self.seq + 1, int(time.time() * 1000))
         head: dict[str, Any] = {}
@@ -101,6 +103,9 @@ class Credit:
             ev = latest_eval(history)
             if ev is not None:
                 head.update(eval_acc=float(ev[Metric.EVAL_ACC]), eval_version=int(ev[Metric.VERSION]))
+        uncredited = [p for p in seeders if p not in self.peers and p != learner][:MAX_SEEDERS]
+        if uncredited:
+            head["seeders"] = uncredited
         candidates = [p for p in self.peers if p != learner]  # least recently credited first
         n = MAX_PUBLISHED
         while True:

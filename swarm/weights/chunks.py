@@ -20,6 +20,7 @@ from swarm.identity import short_id
 from swarm.p2p import SwarmNode
 from swarm.p2p.doors import Bound
 from swarm.p2p.handlers import BoundedStream
+from swarm.wire.tally import MAX_SEEDERS
 from swarm.wire.chunks import CHUNKS, CHUNK_SIZE, ChunkRequest, ChunkRequestError, MAX_INDICES, MAX_REQUEST_BYTES, MAX_REQUEST_WAIT
 
 log = logging.getLogger(__name__)
@@ -38,11 +39,12 @@ failed stream or a bad source; beyond that it is answered "not held" (its mates 
 class Repeats:
     """How often each peer was served each chunk of each version (a count per chunk, in an LRU of
     (peer, chain, version) bounded to `max_entries`: 4,096 x ~1,000 chunks of a 1 GiB version is
-    4 MB at most)."""
+    4 MB at most), and how many distinct chunks of it (what says a peer took a version whole)."""
 
     def __init__(self, max_entries: int = 4096) -> None:
         self.max_entries = max_entries
         self._counts: collections.OrderedDict[tuple[str, str, int], bytearray] = collections.OrderedDict()
+        self._distinct: dict[tuple[str, str, int], int] = {}
 
     def take(self, peer: str, chain: str, version: int, index: int) -> bool:
         """Whether `peer` may be served chunk `index` (one this node holds: so `index` is bounded by
@@ -51,13 +53,21 @@ class Repeats:
         counts = self._counts.pop(key, None) or bytearray()
         self._counts[key] = counts
         if len(self._counts) > self.max_entries:
-            self._counts.popitem(last=False)
+            self._distinct.pop(self._counts.popitem(last=False)[0], None)
         if index >= len(counts):
             counts.extend(bytes(index + 1 - len(counts)))
         if counts[index] >= MAX_REPEATS:
             return False
+        if not counts[index]:
+            self._distinct[key] = self._distinct.get(key, 0) + 1
         counts[index] += 1
         return True
+
+    def distinct(self, peer: str, chain: str, version: int) -> int:
+        """Distinct chunks of `version` served to `peer` (0 once its entry has left the LRU)."""
+        return self._distinct.get((peer, chain, version), 0)
+
+
 MAX_GAPS = 64
 """Chunks not held of a version this peer is downloading that a stream answers with an empty frame
 before it ends: a mate mid-download holds its chunks with gaps, and the ones after a gap are worth
@@ -107,6 +117,9 @@ class ChunkStore:
         self.repeats_refused = 0
         """Chunks answered "not held" because this peer was served them MAX_REPEATS times already."""
         self._repeats = Repeats()
+        self._seeded: collections.OrderedDict[str, float] = collections.OrderedDict()
+        """peer -> when it was last served every chunk of a version held here whole, the newest last
+        (at most MAX_SEEDERS): `seeders`."""
         self._door = node.doors.open(CHUNKS)
         node.add_stream_handler(CHUNKS, BoundedStream(self._on_chunks, MAX_REQUEST_BYTES, self._on_broken_frame))
 
@@ -181,7 +194,20 @@ class ChunkStore:
         if not self._repeats.take(remote, chain, version, index):
             self.repeats_refused += 1
             return False
+        blob = self.blobs.get(version)
+        if blob is not None and self._repeats.distinct(remote, chain, version) == -(-len(blob) // CHUNK_SIZE):
+            self._seeded.pop(remote, None)
+            self._seeded[remote] = time.time()
+            if len(self._seeded) > MAX_SEEDERS:
+                self._seeded.popitem(last=False)
         return True
+
+    def seeders(self) -> list[str]:
+        """The peers this store served a whole version to last, at most MAX_SEEDERS, the newest
+        first: who holds a version though no one is credited yet. A learner names them in its tally
+        (a new swarm's stand-in mates: swarm/discovery.py `earned`). Being named costs a key one
+        whole version from the learner, within the door's pool for unproven keys."""
+        return list(reversed(self._seeded))
 
     async def _on_chunks(self, payload: bytes, remote: str):
         """The door (a call, before a byte is decoded), the request decoded within its bounds, each

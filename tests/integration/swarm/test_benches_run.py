@@ -42,3 +42,17 @@ def test_the_wan_bench_spreads_versions_to_earned_mates():
     printed = run_bench(["bench_wan.py", "--samplers", "3", "--patch-mb", "1", "--versions", "2", "--interval", "6",
                          "--rate-mbit", "50", "--rtt-ms", "20"], 600)
     assert "knows its 3 public mates" in printed and "goals:" in printed, printed[-3000:]
+
+
+def test_a_new_swarms_samplers_share_its_keyframe_through_the_seeders_its_learner_names():
+    """No one is credited yet: samplers joining one after another take v0 from the first, whom the
+    learner's tally names as a seeder (swarm/discovery.py `seeders`), not one copy each from the
+    learner (3 here before seeders). 20 s apart: the first holds v0 and the learner's tally (every
+    5 s here) names it before the next sampler's first look at it."""
+    from examples.wan import skip_reason
+
+    cannot(skip_reason())
+    printed = run_bench(["bench_wan.py", "--samplers", "3", "--keyframe-mb", "4", "--patch-mb", "1", "--versions", "1",
+                         "--interval", "4", "--join-every", "20", "--rate-mbit", "50", "--rtt-ms", "20"], 600)
+    copies = re.search(r"keyframe .* the learner uploaded ([\d.]+) copies \(one a sampler: 3\)", printed)
+    assert copies and float(copies.group(1)) < 1.5, printed[-3000:]

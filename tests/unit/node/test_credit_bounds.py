@@ -89,3 +89,12 @@ def test_a_tally_whose_entries_are_far_over_their_budget_names_fewer_and_still_f
     value = as_value(t.tally("L", "m"))
     assert len(MSGPackSerializer.dumps(value)) <= TALLY_BYTES and 0 < len(value["peers"]) < MAX_PUBLISHED
     assert len(value["peers"]) + value["others"]["count"] == 3000
+
+
+def test_a_tally_names_the_seeders_the_learner_has_not_credited_at_most_max_seeders():
+    from swarm.wire.tally import MAX_SEEDERS
+    t = Credit()
+    assert "seeders" not in as_value(t.tally("L", "m"))  # none: absent, as peers from before them expect
+    t.credit("S1", 8, 100, "m")
+    named = t.tally("L", "m", seeders=["S2", "S1", "L", *(f"X{i}" for i in range(2 * MAX_SEEDERS))]).seeders
+    assert named == ["S2", *(f"X{i}" for i in range(MAX_SEEDERS - 1))]  # S1 credited, L itself: left out

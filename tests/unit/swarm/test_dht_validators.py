@@ -86,6 +86,19 @@ def test_validators_accept_a_learners_version_and_eval_and_still_accept_a_tally_
     assert not reader.validate(DHTRecord(signed.key, signed.subkey, edited, signed.expiration_time))  # after signing
 
 
+def test_validators_take_a_tally_naming_max_seeders_and_refuse_more_or_malformed_ones(tmp_path):
+    """A tally's seeders are a new swarm's stand-in mates (swarm/discovery.py `seeders`): bounded on
+    the wire, so every DHT peer refuses a learner's tally naming more than MAX_SEEDERS, or non-ids."""
+    from swarm.wire.tally import MAX_SEEDERS
+    learner = Identity.load_or_create(tmp_path / "l.key")
+    reader = _chain(Identity.load_or_create(tmp_path / "r.key"))
+    ids = [f"QmSeeder{i:038d}" for i in range(MAX_SEEDERS + 1)]
+    value = as_value(Credit().tally(learner.peer_id, "m", 0, [], seeders=ids))
+    assert value["seeders"] == ids[:MAX_SEEDERS] and reader.validate(_record(learner, learner, value))
+    for bad in (ids, [*ids[:3], 7], ["x" * 129]):
+        assert not reader.validate(_record(learner, learner, {**value, "seeders": bad})), bad
+
+
 BAD_PROGRESS = {
     "accuracy above 1": {"version": 4, "eval_acc": 1.5, "eval_version": 3},
     "accuracy below 0": {"version": 4, "eval_acc": -0.01, "eval_version": 3},

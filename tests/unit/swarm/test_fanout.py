@@ -16,7 +16,7 @@ import pytest
 from cli.errors import UserError
 from cli.roles import accepted_models, parse_learners, read_learners_file
 from node.learner import LearnerConfig
-from swarm.discovery import MAX_MATES, choose, earned, most_recent, takes
+from swarm.discovery import MAX_MATES, choose, earned, most_recent, seeders, takes
 from swarm.identity import peer_id_of
 from swarm.rollouts.outbox import OWN, Outbox
 from swarm.wire.peer import PeerInfo
@@ -47,6 +47,23 @@ def test_only_mates_the_followed_learners_tally_credits_share_downloads():
     many = [f"S{i:04d}" for i in range(3 * MAX_MATES)]
     top = earned(many, [tally("LA", {p: i + 1 for i, p in enumerate(many)})], "LA")
     assert top == sorted(many[-MAX_MATES:])  # the most credited, in the order every sampler computes
+
+
+def test_a_new_swarm_shares_downloads_with_the_seeders_its_learner_names_until_it_credits_a_mate():
+    """No sampler of a new swarm has earned anything: each took every version whole from the learner
+    (one upload per sampler). The learner names the peers it served a version whole to; they stand in
+    for mates, only among the records a sampler checked (public samplers of its model and learner),
+    and only until the learner credits one."""
+    def tally(credit: dict[str, int], seeders: list[str]) -> Tally:
+        return Tally(learner="LA", seq=1, time=1.0, model_id="m", seeders=seeders, peers={
+            p: Contribution(groups=n, rollouts=8 * n, tokens=0, first=1.0, last=1.0, models=["m"]) for p, n in credit.items()})
+    checked = ["S1", "S2", "S3"]  # records that are mates' (`is_mate`): PRIVATE and GONE are not
+    assert earned(checked, [tally({}, ["S2", "PRIVATE", "S1", "GONE"])], "LA") == ["S1", "S2"]
+    assert earned(checked, [tally({"S3": 0}, ["S2"])], "LA") == ["S2"]  # an uncredited row changes nothing
+    assert earned(checked, [tally({"S3": 1}, ["S1", "S2"])], "LA") == ["S3"]  # credit: seeders are done
+    other = Tally(learner="LB", seq=1, time=1.0, model_id="m", peers={}, seeders=["S1"])
+    assert earned(checked, [other], "LA") == []  # another learner's word names no one for ours
+    assert seeders(None) == [] and seeders(tally({}, [])) == []
 
 
 def test_the_records_a_sampler_reads_for_mates_are_of_the_samplers_credited_last():

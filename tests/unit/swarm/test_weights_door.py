@@ -119,3 +119,27 @@ def test_a_mate_waits_for_each_chunk_of_a_request_from_the_last_it_served():
         return got
     # chunk 1 came within 1 s of chunk 0 being served; chunk 2 never did: a gap after 1 s, the end
     assert asyncio.run(collect()) == [b"\x00", b"\x01", b""]
+
+
+def test_a_peer_served_every_chunk_of_a_version_is_a_seeder_newest_first_and_bounded():
+    from swarm.wire.tally import MAX_SEEDERS
+    store, node, _ = _store()
+    blob = os.urandom(2 * CHUNK_SIZE + 5)  # 3 chunks
+    store.put("c", 0, blob)
+    _ask(node, ChunkRequest("c", 0, [0, 1], 0.0).encode(), "A")
+    assert store.seeders() == []  # two of three chunks: not whole
+    _ask(node, ChunkRequest("c", 0, [1], 0.0).encode(), "A")
+    assert store.seeders() == []  # a chunk asked again is not a third
+    _ask(node, ChunkRequest("c", 0, [2], 0.0).encode(), "A")
+    assert store.seeders() == ["A"]  # every chunk, over three requests
+    _ask(node, ChunkRequest("c", 0, [0, 1, 2], 0.0).encode(), "B")
+    _ask(node, ChunkRequest("c", 0, [0, 1, 2], 0.0).encode(), "A")  # again: newest again
+    assert store.seeders() == ["A", "B"]
+    for k in range(MAX_SEEDERS):
+        _ask(node, ChunkRequest("c", 0, [0, 1, 2], 0.0).encode(), f"S{k}")
+    assert store.seeders() == [f"S{k}" for k in reversed(range(MAX_SEEDERS))]  # A and B pushed out
+    # a version held in part (a sampler's download in progress) makes no seeder of whoever takes it
+    store.begin("c", 1)
+    store.add_chunk("c", 1, 0, blob[:CHUNK_SIZE])
+    _ask(node, ChunkRequest("c", 1, [0], 0.0).encode(), "P")
+    assert "P" not in store.seeders()

@@ -1,10 +1,15 @@
 """The validator chain every DHT peer runs (swarm/dht/validation.py OwnerValidator, hivemind's
-signatures) on real in-process DHT peers: they keep a learner's tally and refuse a forged one.
+signatures) on real in-process DHT peers: they keep a learner's tally and refuse a forged one, and
+one of its own past the wire's bounds.
 The chain record by record: tests/unit/swarm/test_dht_validators.py."""
 
 from __future__ import annotations
 
+import msgspec
+from msgspec import UNSET
+
 from node.learner.credit import Credit
+from swarm.wire.tally import MAX_SEEDERS
 from swarm.dht.network import NetworkConfig
 from swarm.identity import Identity
 
@@ -27,6 +32,10 @@ def test_the_dht_keeps_a_learners_tally_and_refuses_forged_ones(tmp_path):
         assert not forger.publish_tally(forged.tally(learner.peer_id, "m"))  # claims to be the learner
         got = reader.tally_of(learner.peer_id)
         assert got.learner == learner.peer_id and got.peers["sampler-A"].rollouts == 8
+        # the learner's own key, naming one seeder past the wire's bound: refused by every peer
+        over = msgspec.structs.replace(t.tally(learner.peer_id, "m"), seeders=[forger.peer_id] * (MAX_SEEDERS + 1))
+        assert not learner.publish_tally(over)
+        assert reader.tally_of(learner.peer_id).seeders is UNSET  # still the last one it could store
     finally:
         for n in reversed(nodes):
             n.shutdown()

@@ -10,6 +10,7 @@ import pytest
 from examples.paper_delay.protocol import (Difference, burn_in, detectable, holm, late_gain, non_inferior, paired,
                                            pairing_ratio, pooled_sd, power_of, primary, sd, secondary, seeds_per_cell,
                                            t_cdf, t_quantile, welch)
+from examples.paper_delay.run import load
 from examples.paper_delay.reread import Regime, cells_of, collect, compare, metrics
 
 EVALS = [(0, 0.60), (20, 0.62), (40, 0.70), (60, 0.74)]
@@ -150,3 +151,33 @@ def test_the_screen_picks_the_highest_mean_only_once_every_candidate_has_its_see
     cells = {"a": {0: 0.70, 1: 0.60}, "b": {0: 0.66, 1: 0.66}}  # means 0.65 and 0.66
     assert pick(cells, seeds=(0, 1)) == "b"
     assert pick({**cells, "c": {0: 0.9}}, seeds=(0, 1)) is None  # c lacks seed 1: no pick yet
+
+
+def test_the_confirmation_doubles_t_on_a_late_gain_of_3_points_and_says_who_wins(tmp_path):
+    from examples.paper_delay import confirm
+
+    folder = tmp_path / confirm.FOLDER
+    steps = list(range(60, 301, 20))
+    # GRPO online, seeds 100-104: 0.2 points a step over steps 200-300 -> late gain 0.0002 x 100 = 2 points
+    for seed in confirm.FIRST:
+        _write(folder, "grpo", 0, seed, [(s, 0.6 + 0.0002 * s) for s in steps], lag=True, steps=300)
+    assert "T = 300 stands" in confirm.run_length(load(folder))
+    for seed in confirm.FIRST:  # 0.4 a step: 4 points, past the rule
+        _write(folder, "grpo", 0, seed, [(s, 0.6 + 0.0004 * s) for s in steps], lag=True, steps=300)
+    assert "T doubles to 600" in confirm.run_length(load(folder))
+
+    def cell(loss, lag, base):  # primary = base + 0, 1 or 2 points by seed (every evaluation alike)
+        for seed in confirm.SEEDS:
+            _write(folder, loss, lag, seed, [(s, base + 0.01 * (seed % 3)) for s in (140, 220, 300)], lag=True, steps=300)
+
+    for lag in confirm.LAGS:
+        cell("grpo", lag, 0.70)
+        cell(confirm.PICK, lag, 0.75 if lag == 32 else 0.70)
+    need, s = confirm.seeds_needed(load(folder))
+    # seeds 100-112 mod 3: four 0s, five 1s, four 2s -> mean 1 point, variance 8 / 12 points^2 in every cell
+    assert need == 13 and s == pytest.approx(0.01 * math.sqrt(8 / 12))
+    said = confirm.verdict(load(folder), need)
+    # Welch: se = sqrt(2 x (8 / 12) / 13) = 0.320 points, df 24, t 2.064: half 0.66
+    assert "| lag 32 | +5.0 ± 0.7 |" in said[0] and "wins**: superior at lag 32" in said[1]
+    cell(confirm.PICK, 0, 0.66)  # 4 points below GRPO online: not non-inferior at 3
+    assert "does not win**: superior, but not non-inferior" in confirm.verdict(load(folder), need)[1]

@@ -1,0 +1,116 @@
+"""Issue 61's confirmation (docs/RESULTS.md, Protocol, "The cut", 2): the verdict on the screen's pick.
+
+    python examples/paper_delay/confirm.py    # reads docs/results/confirm_bf16, writes docs/results/protocol/confirm.md
+
+What it reads, each as soon as the runs it needs are in (a part of the grid is enough for the first):
+
+1. **Run length.** The late gain (protocol.late_gain) of GRPO's online cell's seed-mean curve, seeds
+   100-104: 3 points or more, and T doubles before any other cell runs.
+2. **Seeds.** Once every cell has 10 seeds, the primary metric's SD pooled within the six cells:
+   the seeds a cell needs for non-inferiority at 3 points at that SD, never fewer than 13.
+3. **The verdict**, once every cell has them: the pick minus GRPO per regime (Welch, 95%); Holm
+   over the two superiority tests (lag 32, lag 128) at familywise 0.05; the pick wins if one holds
+   and it is non-inferior (3 points, one-sided 2.5%) in each of the other regimes.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from examples.paper_delay.protocol import Curve, holm, late_gain, non_inferior, pooled_sd, seeds_per_cell, welch  # noqa: E402
+from examples.paper_delay.reread import ALPHA, MARGIN, POWER, REF, RESULTS, metrics, write  # noqa: E402
+from examples.paper_delay.run import load  # noqa: E402
+
+FOLDER = "confirm_bf16"
+PICK = "gepo-lenclip"
+"""The screen's pick (docs/results/protocol/screen.md)."""
+LAGS = (0, 32, 128)
+FAMILY = (32, 128)
+"""The regimes whose superiority tests form the family (Holm)."""
+SEEDS = tuple(range(100, 113))
+FIRST = (100, 101, 102, 103, 104)
+"""GRPO's online seeds that decide the run length."""
+SD_AFTER = 10
+"""Seeds a cell has when the SD rule is applied."""
+
+
+def seed_mean(runs: dict[int, dict], seeds) -> Curve:
+    """The mean eval curve over `seeds` at the steps every one of them evaluated."""
+    curves = [dict(map(tuple, runs[s]["evals"])) for s in seeds]
+    steps = sorted(set.intersection(*(set(c) for c in curves)))
+    return [(step, statistics.fmean(c[step] for c in curves)) for step in steps]
+
+
+def run_length(cells: dict) -> str:
+    runs = cells.get((REF, 0), {})
+    if any(s not in runs for s in FIRST):
+        return f"Run length: {len(set(FIRST) & set(runs))} of GRPO's online seeds {FIRST[0]}-{FIRST[-1]} are in."
+    curve = seed_mean(runs, FIRST)
+    gain = late_gain(curve)
+    steps = curve[-1][0]
+    decision = (f"T doubles to {2 * steps} before any other cell runs" if gain >= MARGIN
+                else f"T = {steps} stands")
+    points = ", ".join(f"{s}: {100 * a:.1f}" for s, a in curve)
+    return (f"Run length: GRPO online, seeds {FIRST[0]}-{FIRST[-1]}, seed-mean eval accuracy by step ({points}); late gain over "
+            f"the last third {100 * gain:+.1f} points against the {100 * MARGIN:.0f}-point rule: **{decision}**.")
+
+
+def primaries(cells: dict, loss: str, lag: int) -> dict[int, float]:
+    return {seed: metrics(s)[0] for seed, s in cells.get((loss, lag), {}).items() if seed in SEEDS}
+
+
+def seeds_needed(cells: dict) -> tuple[int | None, float | None]:
+    """(seeds a cell needs, the pooled SD) once every cell has SD_AFTER seeds; (None, None) before."""
+    groups = [primaries(cells, loss, lag) for loss in (REF, PICK) for lag in LAGS]
+    if any(len(g) < SD_AFTER for g in groups):
+        return None, None
+    s = pooled_sd([list(g.values()) for g in groups])
+    return max(len(SEEDS), seeds_per_cell(s, MARGIN, ALPHA, POWER)), s
+
+
+def verdict(cells: dict, need: int) -> list[str]:
+    diffs = {}
+    for lag in LAGS:
+        a, b = primaries(cells, PICK, lag), primaries(cells, REF, lag)
+        if len(a) < need or len(b) < need:
+            return [f"Verdict: not yet ({len(a)} and {len(b)} of {need} seeds at lag {lag})."]
+        diffs[lag] = welch(list(a.values()), list(b.values()))
+    adjusted = dict(zip(FAMILY, holm([diffs[lag].p for lag in FAMILY])))
+    superior = [lag for lag in FAMILY if adjusted[lag] <= ALPHA and diffs[lag].mean > 0]
+    lines = ["| regime | pick - GRPO, points (95%) | p | Holm p | non-inferior at 3 |", "|---|---|---|---|---|"]
+    for lag in LAGS:
+        d = diffs[lag]
+        holm_p = f"{adjusted[lag]:.2g}" if lag in adjusted else ""
+        lines.append(f"| {'online' if lag == 0 else f'lag {lag}'} | {100 * d.mean:+.1f} ± {100 * d.half:.1f} | {d.p:.2g} | "
+                     f"{holm_p} | {'yes' if non_inferior(d, MARGIN) else 'no'} |")
+    others_ok = all(non_inferior(diffs[lag], MARGIN) for lag in LAGS if lag not in superior)
+    wins = bool(superior) and others_ok
+    said = (f"**{PICK} wins**: superior at lag {' and '.join(map(str, superior))}, non-inferior elsewhere" if wins else
+            f"**{PICK} does not win**: " + ("superior at no lag after Holm" if not superior
+                                            else "superior, but not non-inferior in every other regime"))
+    return ["\n".join(lines), said]
+
+
+def report(root: Path = RESULTS) -> str:
+    cells = load(root / FOLDER) if (root / FOLDER).is_dir() else {}
+    need, s = seeds_needed(cells)
+    counts = ", ".join(f"{loss} {'online' if lag == 0 else f'lag {lag}'}: {len(primaries(cells, loss, lag))}"
+                       for loss in (REF, PICK) for lag in LAGS)
+    seeds = (f"Seeds: the SD rule waits for {SD_AFTER} seeds a cell." if need is None else
+             f"Seeds: pooled primary SD {100 * s:.1f} points over the six cells: {need} seeds a cell.")
+    parts = ["# Issue 61's confirmation", "Written by `python examples/paper_delay/confirm.py` from "
+             f"docs/results/{FOLDER} (docs/RESULTS.md, Protocol, \"The cut\"). Seeds in: {counts}.",
+             run_length(cells), seeds, *verdict(cells, need or len(SEEDS))]
+    return "\n\n".join(parts) + "\n"
+
+
+def main() -> None:
+    write("confirm.md", report())
+
+
+if __name__ == "__main__":
+    main()

@@ -149,6 +149,36 @@ def test_mates_fetching_at_once_share_chunks_so_the_learner_uploads_one_copy(pee
     assert s1.store.served_bytes > 0 and s2.store.served_bytes > 0
 
 
+def test_the_learner_names_as_seeders_the_peers_it_served_a_version_whole_and_no_one_else(peers, tmp_path):
+    """A new swarm's sampler (no mates) takes a version whole from the learner: the learner's store
+    names it first among its seeders (its tally's stand-in mates: swarm/discovery.py `seeders`).
+    A sampler that takes half from the learner and half from a mate is not named."""
+    lx, (s1, _) = peers
+    nodes = [SwarmNode(Identity.load_or_create(tmp_path / f"n{i}.key"), NetworkConfig(initial_peers=s1.node.maddrs()), "wt")
+             for i in range(3)]
+    whole, a, b = nodes
+    pair = sorted([a.peer_id, b.peer_id])
+    fetchers = [WeightFetcher(whole, s1.learner)] + [WeightFetcher(n, s1.learner, mates=lambda: pair) for n in (a, b)]
+    try:
+        blob = publish_big_keyframe(lx, "run-seeders")
+        assert blobs_of(fetchers[0].fetch("", -1)) == [blob]
+        assert lx.store.seeders()[0] == whole.peer_id
+        got = {}
+        threads = [threading.Thread(target=lambda f=f: got.setdefault(f, blobs_of(f.fetch("", -1)))) for f in fetchers[1:]]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert got[fetchers[1]] == got[fetchers[2]] == [blob]
+        assert fetchers[1].stats["bytes_from_holders"] > 0 and fetchers[2].stats["bytes_from_holders"] > 0
+        assert lx.store.seeders()[0] == whole.peer_id and not set(pair) & set(lx.store.seeders())
+    finally:
+        for f in fetchers:
+            f.close()
+        for n in reversed(nodes):
+            n.shutdown()
+
+
 def test_a_mate_that_is_not_fetching_costs_no_waiting(peers):
     lx, (s1, s2) = peers
     blob = publish_big_keyframe(lx, "run6")

@@ -200,7 +200,7 @@ def role_sampler(args) -> None:
     node = _node(args, work)
     _event(work / "joined.jsonl", step="dht", spawned=args.spawned)  # in the swarm's DHT, reachability settled
     tracker = LearnerTracker(node, args.follow, MODEL, every=5.0)
-    fetcher = WeightFetcher(node, lambda: tracker.current, mates=lambda: tracker.mates)
+    fetcher = WeightFetcher(node, lambda: tracker.current, mates=lambda: tracker.mates, seeding=lambda: tracker.seeding)
     chain, version, last_announce, found = "", -1, 0.0, False
     try:
         while not stop.is_set():
@@ -448,7 +448,11 @@ def _report_keyframe(args, out: Path, pubs: dict, served: list[tuple[float, int]
         print("v0: not every sampler held it")
         return
     last = max(got)
-    up = next((b for t, b in served if t >= last), served[-1][1]) / size
+    after = [b for t, b in served if t >= last]
+    if not after:
+        print("v0: the learner's count after the last sampler held it was not recorded")
+        return
+    up = after[0] / size
     how = f"one every {args.join_every:g} s" if args.join_every else "all at once"
     first = min((e["spawned"] for n in held for e in _jsonl(out / n / "joined.jsonl")[:1]), default=math.nan)
     print(f"v0, a new swarm's keyframe ({size / 2**20:.1f} MB, limit {wan.one_copy_s(size):.2f} s), {len(held)} samplers "

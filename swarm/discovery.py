@@ -115,20 +115,27 @@ def earned(mates: list[str], tallies: list[Tally], learner: str | None) -> list[
     ranked = sorted((m for m in mates if credit.get(m, 0) > 0), key=lambda m: (-credit[m], m))
     if ranked:
         return sorted(ranked[:MAX_MATES])
-    named = set(seeders(tally))
-    return sorted(m for m in mates if m in named)
+    checked = set(mates)
+    return sorted([m for m in seeders(tally) if m in checked][:SEEDER_MATES])
+
+
+SEEDER_MATES = 16
+"""Seeders a sampler shares downloads with at most (the first public ones its learner's tally
+names): each owns 1/16 of a version, taken from the learner and forwarded to the rest."""
 
 
 def seeders(tally: Tally | None) -> list[str]:
-    """The peers a tally names as seeders: its learner served each a version whole and has credited
-    none of them (swarm/weights/chunks.py `ChunkStore.seeders`). Until a learner credits anyone,
-    every sampler of a new swarm fetched every version whole from it, one upload per sampler (a
-    0.6B keyframe to 1,000 samplers at 100 Mbit/s: 27 hours); its seeders stand in for mates then.
+    """The peers a tally names as seeders, in its order: the first its learner served its newest
+    keyframe whole to, not credited or refused (swarm/weights/chunks.py `ChunkStore.seeders`). While
+    no sampler the learner credits is a mate we can read, every sampler of a new swarm fetched every
+    version whole from it, one upload per sampler (a 0.6B keyframe to 1,000 samplers at 100 Mbit/s:
+    27 hours); its seeders stand in for mates then.
 
-    Not reopening issue 39: a seeder costs a key a whole version downloaded from the learner, within
-    its door's pool for unproven keys (swarm/weights/chunks.py NEWCOMERS_AT_ONCE); at most
-    MAX_SEEDERS are named, and only until the learner credits a mate. Seeders that never serve
-    cost what a new swarm cost before them (every chunk from the learner), plus one hedge."""
+    Not reopening issue 39: a seeder costs a key the keyframe, whole, from the learner, within its
+    door's pool for unproven keys (swarm/weights/chunks.py NEWCOMERS_AT_ONCE), before the first
+    MAX_SEEDERS that did; the list is fixed until the next keyframe. A seeder that never serves is
+    hedged to the learner, not to other seeders (swarm/weights/fetcher.py), once per download
+    before it is demoted: what a new swarm cost before seeders, plus one hedge time."""
     return list(tally.seeders) if tally is not None and tally.seeders else []
 
 
@@ -162,7 +169,12 @@ class Peers(Protocol):
 
     @property
     def mates(self) -> list[str]:
-        """Samplers it shares version downloads with (credited by its learner)."""
+        """Samplers it shares version downloads with (credited by its learner, or its seeders)."""
+        ...
+
+    @property
+    def seeding(self) -> bool:
+        """Whether `mates` are its learner's seeders (a new swarm), not samplers it credits."""
         ...
 
 
@@ -181,6 +193,8 @@ class LearnerTracker:
         self.current: str | None = None
         self.partners: list[str] = []
         self.mates: list[str] = []
+        self.seeding = False
+        """Whether `mates` are the learner's seeders (a new swarm), not samplers it credits."""
         self.named_models: list[str] = []
         self._disputed: set[str] = set()
         self._checked = 0.0
@@ -209,7 +223,7 @@ class LearnerTracker:
         elif c.follow != self.current:
             log.warning("the learner %s is gone from the swarm; looking for one", short_id(self.current or ""))
         self.current, self.partners, self.named_models = c.follow, c.partners, c.models
-        self.mates = self._mates(c.follow)
+        self.mates, self.seeding = self._mates(c.follow)
         return self.current
 
     def _still_there(self, trusted: dict[str, str]) -> bool:
@@ -235,15 +249,17 @@ class LearnerTracker:
         trusted = self.node.trusted_learners(self.node.coordinators)
         return sorted(p.info.peer_id for p in self.node.peers() if p.info.role == "learner" and p.info.peer_id not in trusted)
 
-    def _mates(self, learner: str | None) -> list[str]:
-        """The samplers of our model following `learner` that it credits, or while it credits none
-        the seeders it names (`earned`), from its tally and the records of those it names."""
+    def _mates(self, learner: str | None) -> tuple[list[str], bool]:
+        """(the samplers of our model following `learner` that it credits, or while none of them is a
+        mate we can read the seeders it names (`earned`), from its tally and the records of those it
+        names; whether they are seeders)."""
         if learner is None:
-            return []
+            return [], False
         tally = self.node.tally_of(learner)
         records = self.node.peer_records([*most_recent(tally, 2 * MAX_MATES), *seeders(tally)])
-        return earned([pid for pid, p in records.items() if is_mate(p, learner, self.model_id)], [tally] if tally else [],
-                      learner)
+        checked = [pid for pid, p in records.items() if is_mate(p, learner, self.model_id)]
+        mates = earned(checked, [tally] if tally else [], learner)
+        return mates, bool(mates) and not any(credits(tally).get(m, 0) > 0 for m in mates)
 
     @property
     def any(self) -> bool:

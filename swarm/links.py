@@ -57,7 +57,7 @@ class SwarmSamplerLink:
         `pause_at`: the learner backlog at which the sampler stops generating (`max_learner_backlog`)."""
         rng = random.Random(seed)
         self.weights = WeightFetcher(node, lambda: peers.current, weight_delay, rng, rpc_timeout, lambda: peers.mates,
-                                     cfg=fetch)
+                                     cfg=fetch, seeding=lambda: peers.seeding)
         # versions download while the sampler generates; it applies them between batches
         self.prefetch = WeightPrefetcher(self.weights, weight_poll_s)
         self.rollouts = RolloutSender(node, outbox, lambda: peers.current, rollout_delay, rng, rpc_timeout,

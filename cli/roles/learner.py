@@ -281,7 +281,8 @@ class LearnerRun:
     def _between_steps(self, tally: Every) -> None:
         """What the announcement says now, and the tally when it is due."""
         self.card = self._card()
-        seeders = self.link.weights.store.seeders()  # a new swarm's stand-in mates, until it credits any
+        # a new swarm's stand-in mates (swarm/discovery.py `seeders`); never a key an audit refused
+        seeders = [s for s in self.link.weights.store.seeders() if not self.learner.is_refused(s)]
         if tally() and (self.learner.credit.peers or seeders):
             survive("publishing the tally", lambda: publish_tally(self.node, self.learner, self.cfg.model, seeders))
 

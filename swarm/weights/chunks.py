@@ -117,9 +117,11 @@ class ChunkStore:
         self.repeats_refused = 0
         """Chunks answered "not held" because this peer was served them MAX_REPEATS times already."""
         self._repeats = Repeats()
-        self._seeded: collections.OrderedDict[str, float] = collections.OrderedDict()
-        """peer -> when it was last served every chunk of a version held here whole, the newest last
-        (at most MAX_SEEDERS): `seeders`."""
+        self.seed_version: int | None = None
+        """The version whose whole download makes a peer a seeder (`seeders`): the learner's newest
+        keyframe (`WeightServer.publish`); None: no one is (a sampler's store)."""
+        self._seeded: list[str] = []
+        """The first MAX_SEEDERS peers served every chunk of `seed_version`, in that order."""
         self._door = node.doors.open(CHUNKS)
         node.add_stream_handler(CHUNKS, BoundedStream(self._on_chunks, MAX_REQUEST_BYTES, self._on_broken_frame))
 
@@ -137,6 +139,11 @@ class ChunkStore:
 
     def reset(self, chain: str) -> None:
         self.chain, self.blobs, self.partial = chain, {}, {}
+        self.seed_version, self._seeded = None, []
+
+    def seed_from(self, version: int) -> None:
+        """Name as seeders, from now on, the first peers served `version` whole (a keyframe)."""
+        self.seed_version, self._seeded = version, []
 
     def retain(self, versions) -> None:
         """Prune every held version, whole or partial, not in `versions` (those the learner no
@@ -191,23 +198,30 @@ class ChunkStore:
         """Within the door's bytes and this peer's repeats of this chunk (counted only when served)."""
         if self._door.allows(remote, size) is not None:
             return False
+        before = self._repeats.distinct(remote, chain, version)
         if not self._repeats.take(remote, chain, version, index):
             self.repeats_refused += 1
             return False
-        blob = self.blobs.get(version)
-        if blob is not None and self._repeats.distinct(remote, chain, version) == -(-len(blob) // CHUNK_SIZE):
-            self._seeded.pop(remote, None)
-            self._seeded[remote] = time.time()
-            if len(self._seeded) > MAX_SEEDERS:
-                self._seeded.popitem(last=False)
+        if version == self.seed_version and self._repeats.distinct(remote, chain, version) > before:
+            self._seeding(remote, chain, version)
         return True
 
+    def _seeding(self, remote: str, chain: str, version: int) -> None:
+        """`remote` was just served a chunk of the seed version it had not had: a seeder if that
+        completed the version, while fewer than MAX_SEEDERS are named."""
+        blob = self.blobs.get(version)
+        if (blob is not None and len(self._seeded) < MAX_SEEDERS and remote not in self._seeded
+                and self._repeats.distinct(remote, chain, version) == -(-len(blob) // CHUNK_SIZE)):
+            self._seeded.append(remote)
+
     def seeders(self) -> list[str]:
-        """The peers this store served a whole version to last, at most MAX_SEEDERS, the newest
-        first: who holds a version though no one is credited yet. A learner names them in its tally
-        (a new swarm's stand-in mates: swarm/discovery.py `earned`). Being named costs a key one
-        whole version from the learner, within the door's pool for unproven keys."""
-        return list(reversed(self._seeded))
+        """The first MAX_SEEDERS peers this store served its seed version (the learner's newest
+        keyframe) whole to, in that order: who holds the model though no one is credited yet. A
+        learner names them in its tally (a new swarm's stand-in mates: swarm/discovery.py `earned`).
+        Being named costs a key the largest version, whole, from the learner, within the door's pool
+        for unproven keys, before the first MAX_SEEDERS that did; a repeat of a chunk adds nothing,
+        and the list is fixed until the next keyframe."""
+        return list(self._seeded)
 
     async def _on_chunks(self, payload: bytes, remote: str):
         """The door (a call, before a byte is decoded), the request decoded within its bounds, each

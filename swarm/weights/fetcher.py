@@ -37,12 +37,17 @@ class WeightFetcher:
     def __init__(self, node: SwarmNode, learner: Callable[[], str | None], weight_delay: DelayConfig = DelayConfig(),
                  rng: random.Random | None = None, rpc_timeout: float = 30.0,
                  mates: Callable[[], list[str]] = lambda: [], parallel: int = 4, peer_wait: float = MAX_REQUEST_WAIT,
-                 cfg: FetchConfig = FetchConfig()) -> None:
+                 cfg: FetchConfig = FetchConfig(), seeding: Callable[[], bool] = lambda: False) -> None:
         self.node = node
         self.learner = learner
         """Returns the peer id of the learner to follow (None while none is known)."""
         self.mates = mates
         """Returns the samplers that follow the same learner with the same model (`chunk_owner`)."""
+        self.seeding = seeding
+        """Returns whether those are the learner's seeders (a new swarm: swarm/discovery.py `seeders`)
+        rather than samplers it credits: a seeder's chunks are then hedged to the learner, not to the
+        other seeders (a key that took the keyframe and serves no one delays a download by one hedge
+        time, not by a hedge and a wait at each of `holder_tries` other seeders)."""
         self._timer = ReloadTimer(weight_delay, rng or random.Random(0))
         self.rpc_timeout = rpc_timeout
         self.peer_wait = peer_wait
@@ -128,9 +133,13 @@ class WeightFetcher:
             # version already is a mate, asked as its chunks' owner, so the DHT get of the holder
             # records is skipped: it would sit on the critical path of every version
             following = chain == have_chain and wanted == [have_version + 1]
-            holders = self._holders(chain) if wanted and not following else {}
+            # seeders (a new swarm's stand-in mates) are asked as owners only: not as holders, nor
+            # for each other's chunks, so one that serves no one costs a download one hedge time
+            seeding = self.seeding()
+            holders = self._holders(chain) if wanted and not following and not seeding else {}
             mates = self._owners() if wanted else []
-            blobs = [self._download(learner, chain, entries[v], holders.get(v, []), mates) for v in wanted]
+            hedges = [] if seeding else mates
+            blobs = [self._download(learner, chain, entries[v], holders.get(v, []), mates, hedges) for v in wanted]
         except CallStopped:
             return None
         except Exception as e:  # a learner that vanished, a chunk no source gave us: try later
@@ -198,16 +207,17 @@ class WeightFetcher:
             return None
         return Manifest.open(sealed, learner, forged=lambda: self.count("forged_manifests"))
 
-    def _download(self, learner: str, chain: str, entry: VersionEntry, holders: list[str], mates: list[str]) -> bytes:
+    def _download(self, learner: str, chain: str, entry: VersionEntry, holders: list[str], mates: list[str],
+                  hedges: list[str]) -> bytes:
         """One version's blob. Every chunk is asked at once: those this sampler owns
         (`chunk_owner`) of the learner, the others of their owners, who serve each chunk as it
-        arrives and wait for one still coming (`ChunkStore`), hedged to other `mates` (who take it
-        from the owner) before the learner (`Gather._sources`). So the mates' copies flow while the
+        arrives and wait for one still coming (`ChunkStore`), hedged to `hedges` (other mates, who
+        take it from the owner; none while the mates are seeders) before the learner (`Gather._sources`). So the mates' copies flow while the
         learner's upload is under way (pipelined per chunk), rather than after this sampler's own
         share is complete. The whole is checked against the learner-signed manifest entry."""
         n = len(entry.chunks)
         owners = [chunk_owner(mates, entry.version, i) for i in range(n)]  # (`fetch` began it in the store)
-        gather = Gather(self, self._pool, self._parallel, chain, entry, learner, holders, owners, mates)
+        gather = Gather(self, self._pool, self._parallel, chain, entry, learner, holders, owners, hedges)
         got = gather.run()
         self.pace = gather.pace or self.pace
         blob = b"".join(got[i] for i in range(n))

@@ -108,6 +108,8 @@ class WeightServer:
             self.store.retain(e.version for e in self._entries if wv.chain == self.store.chain)
             self._entries = []
         self.store.put(wv.chain, wv.version, wv.blob)
+        if wv.base is None:  # a new swarm's seeders are the first to take it whole (ChunkStore.seeders)
+            self.store.seed_from(wv.version)
         self._entries.append(VersionEntry.of_blob(wv.version, wv.base, wv.blob))
         manifest = Manifest(wv.model_id, wv.chain, CHUNK_SIZE, tuple(self._entries), self.node.peer_id, time.time())
         self._manifest = manifest.seal(self.node.identity)

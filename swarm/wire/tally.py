@@ -41,11 +41,11 @@ peer refuses a bigger one): node/learner/credit.py keeps its tally under it."""
 NonNegative = Annotated[int, Meta(ge=0)]
 PeerId = Annotated[str, Meta(max_length=128)]
 """A base58 peer id is ~46-53 characters."""
-MAX_SEEDERS = 16
-"""Peers a learner names as a new swarm's stand-in mates (a tally's `seeders`): those it served a
-version whole to last. With no sampler credited yet they own a version's chunks (swarm/discovery.py
-`earned`), each taking 1/16 of it from the learner and forwarding it to the rest; more would only
-shrink the shares, and each slot is one a fresh key that downloaded a version whole may take."""
+MAX_SEEDERS = 64
+"""Seeders a tally names at most (swarm/weights/chunks.py `ChunkStore.seeders`: the first peers the
+learner served its newest keyframe whole to), for a new swarm's samplers to share downloads with
+until it credits any; they use at most swarm/discovery.py SEEDER_MATES of them, the first that are
+public samplers of its model (the learner cannot tell who is behind NAT; samplers read records)."""
 
 
 class Contribution(Struct, kw_only=True, gc=False):
@@ -89,10 +89,10 @@ class Tally(Struct, kw_only=True, gc=False):
     others: Union[Others, UnsetType] = UNSET
     """What it credited the peers it does not name with, together (absent: it names them all)."""
     seeders: Union[Annotated[list[PeerId], Meta(max_length=MAX_SEEDERS)], UnsetType] = UNSET
-    """Peers it served a whole version to last and has not credited (swarm/weights/chunks.py,
-    `ChunkStore.seeders`): a new swarm's samplers share downloads with them until the learner credits
-    any (swarm/discovery.py `earned`). Absent when none, so a tally without them is what peers from
-    before them accept."""
+    """The first peers it served its newest keyframe whole to, in that order, that it has not
+    credited or refused (swarm/weights/chunks.py `ChunkStore.seeders`): a new swarm's samplers share
+    downloads with them while no sampler it credits is a mate they can read (swarm/discovery.py
+    `earned`). Absent when none, so a tally without them is what peers from before them accept."""
 
     def __post_init__(self) -> None:
         acc, at, version = self.eval_acc, self.eval_version, self.version

@@ -16,7 +16,8 @@ import pytest
 from cli.errors import UserError
 from cli.roles import accepted_models, parse_learners, read_learners_file
 from node.learner import LearnerConfig
-from swarm.discovery import MAX_MATES, choose, earned, most_recent, seeders, takes
+from swarm.discovery import MAX_MATES, SEEDER_MATES, choose, earned, most_recent, seeders, takes
+from swarm.wire.tally import MAX_SEEDERS
 from swarm.identity import peer_id_of
 from swarm.rollouts.outbox import OWN, Outbox
 from swarm.wire.peer import PeerInfo
@@ -59,6 +60,9 @@ def test_a_new_swarm_shares_downloads_with_the_seeders_its_learner_names_until_i
             p: Contribution(groups=n, rollouts=8 * n, tokens=0, first=1.0, last=1.0, models=["m"]) for p, n in credit.items()})
     checked = ["S1", "S2", "S3"]  # records that are mates' (`is_mate`): PRIVATE and GONE are not
     assert earned(checked, [tally({}, ["S2", "PRIVATE", "S1", "GONE"])], "LA") == ["S1", "S2"]
+    many = [f"S{i:03d}" for i in range(MAX_SEEDERS)]
+    first = earned([*reversed(many), "S1"], [tally({}, ["PRIVATE", *many])], "LA")
+    assert first == many[:SEEDER_MATES]  # the first public ones in the learner's order, sorted
     assert earned(checked, [tally({"S3": 0}, ["S2"])], "LA") == ["S2"]  # an uncredited row changes nothing
     assert earned(checked, [tally({"S3": 1}, ["S1", "S2"])], "LA") == ["S3"]  # credit: seeders are done
     other = Tally(learner="LB", seq=1, time=1.0, model_id="m", peers={}, seeders=["S1"])

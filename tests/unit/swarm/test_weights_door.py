@@ -121,25 +121,31 @@ def test_a_mate_waits_for_each_chunk_of_a_request_from_the_last_it_served():
     assert asyncio.run(collect()) == [b"\x00", b"\x01", b""]
 
 
-def test_a_peer_served_every_chunk_of_a_version_is_a_seeder_newest_first_and_bounded():
+def test_the_first_peers_served_the_seed_version_whole_are_its_seeders_fixed_until_the_next():
     from swarm.wire.tally import MAX_SEEDERS
     store, node, _ = _store()
-    blob = os.urandom(2 * CHUNK_SIZE + 5)  # 3 chunks
+    blob, patch = os.urandom(2 * CHUNK_SIZE + 5), os.urandom(10)  # 3 chunks; 1
     store.put("c", 0, blob)
+    store.put("c", 1, patch)
+    _ask(node, ChunkRequest("c", 0, [0, 1, 2], 0.0).encode(), "EARLY")
+    assert store.seeders() == []  # no seed version named (a sampler's store): no one is a seeder
+    store.seed_from(0)
+    _ask(node, ChunkRequest("c", 1, [0], 0.0).encode(), "PATCH")
+    assert store.seeders() == []  # a patch taken whole is not the keyframe
     _ask(node, ChunkRequest("c", 0, [0, 1], 0.0).encode(), "A")
-    assert store.seeders() == []  # two of three chunks: not whole
     _ask(node, ChunkRequest("c", 0, [1], 0.0).encode(), "A")
-    assert store.seeders() == []  # a chunk asked again is not a third
+    assert store.seeders() == []  # two of three chunks, one of them twice: not whole
     _ask(node, ChunkRequest("c", 0, [2], 0.0).encode(), "A")
     assert store.seeders() == ["A"]  # every chunk, over three requests
     _ask(node, ChunkRequest("c", 0, [0, 1, 2], 0.0).encode(), "B")
-    _ask(node, ChunkRequest("c", 0, [0, 1, 2], 0.0).encode(), "A")  # again: newest again
+    _ask(node, ChunkRequest("c", 0, [2], 0.0).encode(), "A")  # a repeat changes nothing
+    _ask(node, ChunkRequest("c", 0, [0, 1, 2], 0.0).encode(), "EARLY")  # repeats only: served before naming began
     assert store.seeders() == ["A", "B"]
-    for k in range(MAX_SEEDERS):
-        _ask(node, ChunkRequest("c", 0, [0, 1, 2], 0.0).encode(), f"S{k}")
-    assert store.seeders() == [f"S{k}" for k in reversed(range(MAX_SEEDERS))]  # A and B pushed out
-    # a version held in part (a sampler's download in progress) makes no seeder of whoever takes it
-    store.begin("c", 1)
-    store.add_chunk("c", 1, 0, blob[:CHUNK_SIZE])
-    _ask(node, ChunkRequest("c", 1, [0], 0.0).encode(), "P")
-    assert "P" not in store.seeders()
+    store.put("c", 2, b"k")  # the next keyframe (one chunk: the door's pool of strangers' bytes is not refilled here)
+    store.seed_from(2)
+    assert store.seeders() == []  # its own first takers
+    for k in range(MAX_SEEDERS + 2):
+        _ask(node, ChunkRequest("c", 2, [0], 0.0).encode(), f"S{k}")
+    assert store.seeders() == [f"S{k}" for k in range(MAX_SEEDERS)]  # the first, fixed
+    store.reset("d")
+    assert store.seed_version is None and store.seeders() == []

@@ -309,3 +309,46 @@ def test_the_learners_streams_are_bounded_against_a_dead_learner_not_a_shared_up
     assert learner.min_rate == pytest.approx(10e6 / 8 / 128)
     assert learner.idle_s == pytest.approx(10.0 + CHUNK_SIZE / (10e6 / 8 / 128))  # 117.4 s
     assert (mate.idle_s, mate.min_rate) == (20.0, 128 * 1024)
+
+
+@pytest.mark.parametrize("seeding", [True, False])
+def test_while_the_mates_are_seeders_a_silent_ones_chunks_go_straight_to_the_learner(tmp_path, seeding):
+    """A new swarm's seeders (swarm/discovery.py `seeders`) are asked as owners only: a silent one's
+    chunks go to the learner after one hedge, not to the other seeders (each of which would hold
+    them for a wait), and no seeder's holder record is read. Credited mates hedge to each other."""
+    from swarm.identity import Identity
+    from swarm.wire.manifest import Manifest
+
+    learner = Identity.load_or_create(tmp_path / "l.key")
+    sealed = Manifest("m", "c", CHUNK_SIZE, (ENTRY,), learner.peer_id, 1.0).seal(learner)
+
+    class Learner(ScriptedNode):
+        read: list = []
+
+        def call(self, peer, name, payload, timeout, stop=None):
+            return sealed
+
+        def holdings_of(self, peer_ids):
+            self.read = list(peer_ids)
+            return [Holder(peer_id="s2", chain="c", versions=[7])]
+
+        def announce_holdings(self, chain, versions):
+            return True
+
+    # chunk_owner(["s1", "s2"], 7, i): s2 owns chunks 0 and 2, s1 (silent) owns 1 and 3
+    node = Learner({"s1": "stall", "s2": "good", learner.peer_id: "good"})
+    fetcher = WeightFetcher(node, lambda: learner.peer_id, mates=lambda: ["s1", "s2"], seeding=lambda: seeding,
+                            cfg=FetchConfig(hedge_s=0.3), parallel=2)
+    try:
+        got = fetcher.fetch("", -1)
+    finally:
+        node.released.set()
+        fetcher.close()
+    assert got[0].blob == BLOB
+    asked = collections.defaultdict(set)
+    for peer, indices, _ in node.asked:
+        asked[peer] |= set(indices)
+    if seeding:
+        assert asked == {"s1": {1, 3}, "s2": {0, 2}, learner.peer_id: {1, 3}} and node.read == [], (asked, node.read)
+    else:  # s2 is read as a holder (asked first for every chunk) and takes s1's hedges: the learner is not asked
+        assert asked["s2"] == {0, 1, 2, 3} and learner.peer_id not in asked and node.read == ["s1", "s2"], asked

@@ -26,6 +26,10 @@ from examples.paper_delay.reread import ALPHA, MARGIN, POWER, REF, RESULTS, metr
 from examples.paper_delay.run import load  # noqa: E402
 
 FOLDER = "confirm_bf16"
+"""The 300-step runs, GRPO's online cell first (it decides the run length)."""
+DOUBLED = "confirm_bf16_t600"
+"""The confirmation's runs if the run length doubles (a folder of their own: run.py skips a cell whose
+summary exists, and a 300-step run is not a 600-step one)."""
 PICK = "gepo-lenclip"
 """The screen's pick (docs/results/protocol/screen.md)."""
 LAGS = (0, 32, 128)
@@ -45,6 +49,15 @@ def seed_mean(runs: dict[int, dict], seeds) -> Curve:
     return [(step, statistics.fmean(c[step] for c in curves)) for step in steps]
 
 
+def decided_t(cells: dict) -> int | None:
+    """The run length GRPO's online seeds 100-104 of the 300-step runs decide (None until all are in)."""
+    runs = cells.get((REF, 0), {})
+    if any(s not in runs for s in FIRST):
+        return None
+    curve = seed_mean(runs, FIRST)
+    return 2 * curve[-1][0] if late_gain(curve) >= MARGIN else curve[-1][0]
+
+
 def run_length(cells: dict) -> str:
     runs = cells.get((REF, 0), {})
     if any(s not in runs for s in FIRST):
@@ -52,7 +65,7 @@ def run_length(cells: dict) -> str:
     curve = seed_mean(runs, FIRST)
     gain = late_gain(curve)
     steps = curve[-1][0]
-    decision = (f"T doubles to {2 * steps} before any other cell runs" if gain >= MARGIN
+    decision = (f"T doubles to {decided_t(cells)} before any other cell runs" if gain >= MARGIN
                 else f"T = {steps} stands")
     points = ", ".join(f"{s}: {100 * a:.1f}" for s, a in curve)
     return (f"Run length: GRPO online, seeds {FIRST[0]}-{FIRST[-1]}, seed-mean eval accuracy by step ({points}); late gain over "
@@ -96,15 +109,19 @@ def verdict(cells: dict, need: int) -> list[str]:
 
 
 def report(root: Path = RESULTS) -> str:
-    cells = load(root / FOLDER) if (root / FOLDER).is_dir() else {}
+    first = load(root / FOLDER) if (root / FOLDER).is_dir() else {}
+    t = decided_t(first)
+    folder = DOUBLED if t is not None and t > 300 else FOLDER
+    cells = (load(root / folder) if (root / folder).is_dir() else {}) if t is not None else {}
     need, s = seeds_needed(cells)
     counts = ", ".join(f"{loss} {'online' if lag == 0 else f'lag {lag}'}: {len(primaries(cells, loss, lag))}"
                        for loss in (REF, PICK) for lag in LAGS)
     seeds = (f"Seeds: the SD rule waits for {SD_AFTER} seeds a cell." if need is None else
              f"Seeds: pooled primary SD {100 * s:.1f} points over the six cells: {need} seeds a cell.")
     parts = ["# Issue 61's confirmation", "Written by `python examples/paper_delay/confirm.py` from "
-             f"docs/results/{FOLDER} (docs/RESULTS.md, Protocol, \"The cut\"). Seeds in: {counts}.",
-             run_length(cells), seeds, *verdict(cells, need or len(SEEDS))]
+             f"docs/results/{FOLDER} and {DOUBLED} (docs/RESULTS.md, Protocol, \"The cut\").",
+             run_length(first), f"The confirmation's runs: docs/results/{folder}, T = {t}. Seeds in: {counts}."
+             if t is not None else "The confirmation waits for the run length.", seeds, *verdict(cells, need or len(SEEDS))]
     return "\n\n".join(parts) + "\n"
 
 

@@ -110,17 +110,19 @@ def main() -> None:
           f"{last['audit']['audits'] - half['audit']['audits']} audits, "
           f"{(last['audit']['time_s'] - half['audit']['time_s']) / (last['train_time_s'] - half['train_time_s']):.2%} "
           f"of learner compute")
-    start, repaid = steps[0], next((r for r in steps[1:] if r["audit"]["budget_earned_s"] >= r["audit"]["budget_spent_s"]),
-                                   None)
-    print(f"   the start: the first step audits every new key's groups whatever they cost (nothing proven waits): "
-          f"{start['audit']['time_s']:.2f} s against its {start['train_time_s']:.2f} s of training")
+    balance = [r["audit"]["budget_earned_s"] - r["audit"]["budget_spent_s"] for r in steps]
+    low = min(range(len(steps)), key=balance.__getitem__)
+    repaid = next((r for r, b in zip(steps[low:], balance[low:]) if b >= 0), None)
+    print(f"   the start: new keys' first audits while nothing proven waits, run whatever they cost: the budget's "
+          f"balance fell to {balance[low]:+.3f} s at v{steps[low]['version']} ({-balance[low] / d.cfg.audit.budget:.1f} s of "
+          f"training at the share; this run trained {trained:.1f} s)")
     if repaid is None:
-        print("   the budget did not repay the start within the run (run more --steps)")
+        print("   the balance was not back to 0 by the run's end (run more --steps)")
     else:
         audit_s, train_s = (last["audit"]["time_s"] - repaid["audit"]["time_s"], last["train_time_s"] - repaid["train_time_s"])
-        print(f"   repaid at v{repaid['version']} ({repaid['train_time_s']:.1f} s of training); after it, to v{last['version']}: "
-              f"{last['audit']['audits'] - repaid['audit']['audits']} audits, {audit_s / train_s:.2%} of learner compute "
-              f"(budget {d.cfg.audit.budget:.0%}: the share by construction, up to spot audits' luck)")
+        print(f"   back to 0 at v{repaid['version']}; from there to v{last['version']}: "
+              f"{last['audit']['audits'] - repaid['audit']['audits']} audits, {audit_s / max(train_s, 1e-9):.2%} of learner "
+              f"compute (budget {d.cfg.audit.budget:.0%}: the share by construction, up to spot audits' luck)")
     p = budget.spot_rate()
     print(f"   the spot rate the budget affords: p = {p:.2%} of a proven sampler's groups (measured: "
           f"{budget.train_cost.value * 1e3:.2f} ms to train a group, {budget.audit_cost.value * 1e3:.2f} ms "

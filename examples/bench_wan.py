@@ -220,7 +220,9 @@ def role_sampler(args) -> None:
                 chain, version = got[-1].chain, got[-1].version
                 _event(work / "fetches.jsonl", versions=[w.version for w in got], sizes=[len(w.blob) for w in got],
                        started=t0, **{k: fetcher.stats[k] - before.get(k, 0) for k in
-                                      ("bytes_from_learner", "bytes_from_holders", "weight_fetch_failures")})
+                                      ("bytes_from_learner", "bytes_from_holders", "weight_fetch_failures",
+                                       "bytes_duplicate", "hedged_streams", "hedged_slow_streams", "chunks_not_held",
+                                       "superseded_streams", "stalled_streams", "demotions")}, pace=fetcher.pace)
             # free: each sampler on its own 1 s cycle (as independent samplers are); sync: all at each
             # whole second of the shared clock, as if told of a new version at the same instant
             stop.wait(1.0 - time.time() % 1.0 if args.sync_polls else max(0.05, 1.0 - (time.time() - t0)))

@@ -281,9 +281,11 @@ class LearnerRun:
     def _between_steps(self, tally: Every) -> None:
         """What the announcement says now, and the tally when it is due."""
         self.card = self._card()
+        if not tally():
+            return
         # a new swarm's stand-in mates (swarm/discovery.py `seeders`); never a key an audit refused
         seeders = [s for s in self.link.weights.store.seeders() if not self.learner.is_refused(s)]
-        if tally() and (self.learner.credit.peers or seeders):
+        if self.learner.credit.peers or seeders:
             survive("publishing the tally", lambda: publish_tally(self.node, self.learner, self.cfg.model, seeders))
 
     def _card(self) -> PeerInfo:

@@ -198,17 +198,16 @@ class ChunkStore:
         """Within the door's bytes and this peer's repeats of this chunk (counted only when served)."""
         if self._door.allows(remote, size) is not None:
             return False
-        before = self._repeats.distinct(remote, chain, version)
         if not self._repeats.take(remote, chain, version, index):
             self.repeats_refused += 1
             return False
-        if version == self.seed_version and self._repeats.distinct(remote, chain, version) > before:
+        if version == self.seed_version:
             self._seeding(remote, chain, version)
         return True
 
     def _seeding(self, remote: str, chain: str, version: int) -> None:
-        """`remote` was just served a chunk of the seed version it had not had: a seeder if that
-        completed the version, while fewer than MAX_SEEDERS are named."""
+        """`remote` was just served a chunk of the seed version: a seeder once it has had every one
+        (distinct chunks: a repeat adds nothing), while fewer than MAX_SEEDERS are named."""
         blob = self.blobs.get(version)
         if (blob is not None and len(self._seeded) < MAX_SEEDERS and remote not in self._seeded
                 and self._repeats.distinct(remote, chain, version) == -(-len(blob) // CHUNK_SIZE)):

@@ -127,7 +127,7 @@ def test_the_first_peers_served_the_seed_version_whole_are_its_seeders_fixed_unt
     blob, patch = os.urandom(2 * CHUNK_SIZE + 5), os.urandom(10)  # 3 chunks; 1
     store.put("c", 0, blob)
     store.put("c", 1, patch)
-    _ask(node, ChunkRequest("c", 0, [0, 1, 2], 0.0).encode(), "EARLY")
+    _ask(node, ChunkRequest("c", 0, [0, 1, 2], 0.0).encode(), "SAMPLER")
     assert store.seeders() == []  # no seed version named (a sampler's store): no one is a seeder
     store.seed_from(0)
     _ask(node, ChunkRequest("c", 1, [0], 0.0).encode(), "PATCH")
@@ -139,7 +139,6 @@ def test_the_first_peers_served_the_seed_version_whole_are_its_seeders_fixed_unt
     assert store.seeders() == ["A"]  # every chunk, over three requests
     _ask(node, ChunkRequest("c", 0, [0, 1, 2], 0.0).encode(), "B")
     _ask(node, ChunkRequest("c", 0, [2], 0.0).encode(), "A")  # a repeat changes nothing
-    _ask(node, ChunkRequest("c", 0, [0, 1, 2], 0.0).encode(), "EARLY")  # repeats only: served before naming began
     assert store.seeders() == ["A", "B"]
     store.put("c", 2, b"k")  # the next keyframe (one chunk: the door's pool of strangers' bytes is not refilled here)
     store.seed_from(2)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
+import time
 
 import msgpack
 import pytest
@@ -119,6 +121,33 @@ def test_a_mate_waits_for_each_chunk_of_a_request_from_the_last_it_served():
         return got
     # chunk 1 came within 1 s of chunk 0 being served; chunk 2 never did: a gap after 1 s, the end
     assert asyncio.run(collect()) == [b"\x00", b"\x01", b""]
+
+
+@pytest.mark.parametrize("change", ["arrives", "abandoned"])
+def test_a_request_waiting_for_a_chunk_is_woken_by_the_change_not_a_poll(change):
+    # a sampler holds dozens of such requests while a version spreads; each looked its chunk up every
+    # 10 ms. Now it looks before it waits, once more at its first wait in a loop (a change made
+    # before the store knew the loop woke no one), and once when the change comes, from the
+    # fetcher's thread as in a sampler (a poll: ~20 lookups in the 0.2 s)
+    store, node, _ = _store()
+    store.begin("c", 3)
+    lookups, lookup, woken, next_change = [], store._lookup, [], store._next_change
+    store._lookup = lambda *a: lookups.append(a) or lookup(*a)
+
+    async def waits(timeout: float) -> bool:
+        woken.append(await next_change(timeout))
+        return woken[-1]
+    store._next_change = waits
+
+    def later() -> None:
+        time.sleep(0.2)
+        store.add_chunk("c", 3, 0, b"\x00") if change == "arrives" else store.abandon(3)
+    thread = threading.Thread(target=later)
+    thread.start()
+    got = _ask(node, ChunkRequest("c", 3, [0], 5.0).encode())
+    thread.join()
+    assert got == ([b"\x00"] if change == "arrives" else []) and len(lookups) <= 3
+    assert False not in woken  # by the change, not its 5 s running out
 
 
 def test_the_first_peers_served_the_seed_version_whole_are_its_seeders_fixed_until_the_next():

@@ -24,7 +24,10 @@ and up to 1 s of it is the poll), the median time one fetch took (from the publi
 poll, whichever is later), the learner's
 upload in copies of the version (counted by its ChunkStore, and on the wire at the relay: libp2p's
 framing and encryption included), the largest download of one sampler in copies (verified bytes, and
-on the wire), beside the physical limit (one copy at the link rate plus one RTT); and the staleness
+on the wire), beside the physical limit (one copy at the link rate plus one RTT), and the CPU the spread took: the
+machine's busy share, the swarm's processes' CPU seconds (their DHT and p2pd daemons included) and
+the relay's; then the median CPU a version needs over this machine's cores, the floor every process
+here shares (on volunteers' machines each sampler has its own CPU); and the staleness
 the samplers see (learner's newest version minus the one held, sampled every second). Last, the
 goals beside the measured figures. Needs root (network namespaces); says why and exits otherwise.
 """
@@ -32,6 +35,7 @@ goals beside the measured figures. Needs root (network namespaces); says why and
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import logging
 import math
@@ -289,7 +293,8 @@ def run(args) -> None:
     sampler_ids = sorted(Identity.load_or_create(out / n / "identity.key").peer_id for n in names[:public])
     me = [sys.executable, str(Path(__file__).resolve())]
     relay_series: list[tuple[float, dict]] = []
-    cpu: list[tuple[float, float]] = []  # (time, the machine's busy CPU seconds): are the cores the bound?
+    # (time, CPU seconds by role, and the whole machine's busy seconds): are the cores the bound, whose work is it?
+    work: list[tuple[float, dict[str, float]]] = []
     if args.behind_nat:  # real NAT, no added delay (examples/internet.py says why)
         args.rtt_ms = 0.0
         net = Internet(2 + public, [Home()] * args.behind_nat, args.rate_mbit, workdir=out / "wan")
@@ -322,10 +327,17 @@ def run(args) -> None:
         print(f"every sampler holds v0 and knows its {len(sampler_ids)} public mates ({time.monotonic() - t_v0:.0f} s after the "
               f"last got v0); the learner publishes a patch every {args.interval:g} s")
         (out / "go").touch()
+        kinds = {boot.popen.pid: "bootstrap", roles[0].popen.pid: "learner",
+                 **{r.popen.pid: "samplers" for r in roles[1:]}}
+        if getattr(wan, "relay", None) is not None:  # (examples/internet.py routes: no relay)
+            kinds[wan.relay.popen.pid] = "relay"
+
+        def sample() -> None:
+            relay_series.append((time.time(), wan.relay_stats()))
+            work.append((time.time(), {**_cpu_by_role(kinds), "machine": _cpu_busy_s()}))
 
         def published_all() -> bool:
-            relay_series.append((time.time(), wan.relay_stats()))
-            cpu.append((time.time(), _cpu_busy_s()))
+            sample()
             return any(e["event"] == "published_all" for e in _jsonl(out / "learner" / "events.jsonl"))
 
         _wait(published_all, args.interval * (args.versions + 2) + 120, "the learner did not publish every version",
@@ -333,11 +345,10 @@ def run(args) -> None:
         last = max(e["version"] for e in _jsonl(out / "learner" / "events.jsonl") if e["event"] == "publish")
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not all(last in _held(out, n) for n in names):
-            relay_series.append((time.time(), wan.relay_stats()))
-            cpu.append((time.time(), _cpu_busy_s()))
+            sample()
             time.sleep(0.5)
-        relay_series.append((time.time(), wan.relay_stats()))
-    report(args, out, names, relay_series, wan, cpu)
+        sample()
+    report(args, out, names, relay_series, wan, work)
 
 
 def _learner_flags(args) -> list[str]:
@@ -351,13 +362,35 @@ def _cpu_busy_s() -> float:
     return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
-def _busy(cpu: list[tuple[float, float]], t0: float, t1: float) -> float:
-    """The machine's CPU use between `t0` and `t1` as a share of all its cores (nan if not sampled)."""
-    inside = [(t, b) for t, b in cpu if t0 <= t <= t1]
-    if len(inside) < 2:
-        return math.nan
-    (ta, ba), (tb, bb) = inside[0], inside[-1]
-    return (bb - ba) / ((tb - ta) * (os.cpu_count() or 1)) if tb > ta else math.nan
+def _cpu_by_role(kinds: dict[int, str]) -> dict[str, float]:
+    """CPU seconds (user + system) that the live processes of each role have spent, by the session
+    each role's process leads (`Wan.spawn` starts a session; its DHT process and p2pd daemons stay
+    in it): `kinds` maps a session to its role; every other process on the machine is "other"."""
+    hz, by = os.sysconf("SC_CLK_TCK"), collections.Counter()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()  # after the command's name
+            except OSError:  # gone meanwhile
+                continue
+            by[kinds.get(int(stat[3]), "other")] += (int(stat[11]) + int(stat[12])) / hz  # session; utime, stime
+    return dict(by)
+
+
+def _work(work: list[tuple[float, dict[str, float]]], t0: float, t1: float) -> dict[str, float]:
+    """CPU seconds each role spent between `t0` and `t1`, each end read off the cumulative series
+    between the samples around it (every 0.5 s: a spread of a few seconds would lose up to a second
+    to its ends otherwise); {} if the series does not cover both ends."""
+    def at(t: float) -> dict[str, float] | None:
+        for (ta, a), (tb, b) in zip(work, work[1:]):
+            if ta <= t <= tb:
+                f = (t - ta) / (tb - ta) if tb > ta else 1.0
+                return {k: a.get(k, 0.0) + f * (b.get(k, 0.0) - a.get(k, 0.0)) for k in b}
+        return None
+    start, end = at(t0), at(t1)
+    if start is None or end is None:
+        return {}
+    return {k: max(end[k] - start.get(k, 0.0), 0.0) for k in end}
 
 
 def _at(series: list[tuple[float, int]], t: float) -> int:
@@ -367,7 +400,7 @@ def _at(series: list[tuple[float, int]], t: float) -> int:
 
 
 def report(args, out: Path, names: list[str], relay_series: list[tuple[float, dict]], wan: Wan,
-           cpu: list[tuple[float, float]]) -> None:
+           work: list[tuple[float, dict[str, float]]]) -> None:
     events = _jsonl(out / "learner" / "events.jsonl")
     pubs = {e["version"]: e for e in events if e["event"] == "publish"}
     served = [(e["t"], e["served"]) for e in events if "served" in e]
@@ -382,8 +415,9 @@ def report(args, out: Path, names: list[str], relay_series: list[tuple[float, di
     print(f"\n{args.samplers} samplers{nat}, {args.rate_mbit:g} Mbit/s each way, {args.rtt_ms:g} ms RTT, loss {args.loss:g}, "
           f"polls {polls}; limit = one copy at the link rate + 1 RTT")
     print(f"{'ver':>3} {'MB':>6} {'limit s':>7} {'50% s':>6} {'90% s':>6} {'100% s':>6} {'held':>5} "
-          f"{'fetch s':>7} {'upload x':>8} {'wire x':>6} {'max down x':>10} {'wire x':>6} {'cpu':>4}")
-    rows = []
+          f"{'fetch s':>7} {'upload x':>8} {'wire x':>6} {'max down x':>10} {'wire x':>6} {'cpu':>4} "
+          f"{'swarm cpu s':>11} {'relay cpu s':>11}")
+    rows, spent = [], []
     for v in versions:
         t0, size = pubs[v]["t"], pubs[v]["size"]
         t1 = pubs[v + 1]["t"] if v + 1 in pubs else end
@@ -397,11 +431,19 @@ def report(args, out: Path, names: list[str], relay_series: list[tuple[float, di
         wire_down = max(_at(down_wire[n], t1) - _at(down_wire[n], t0) for n in names) / size
         # from the later of the poll's start and the publication: a long poll waits for the version
         took = [r["t"] - max(r["started"], t0) for n in names for r in fetches[n] if r["versions"] == [v]]
-        busy = _busy(cpu, t0, t0 + pct[2]) if math.isfinite(pct[2]) else math.nan
+        # while it spread (from the publication to the last sampler holding it): the machine's busy
+        # share, the swarm's own work (its processes, their DHT and p2pd daemons) and the relay's
+        # (the emulator's, not the swarm's)
+        w = _work(work, t0, t0 + pct[2]) if math.isfinite(pct[2]) else {}
+        busy = w["machine"] / (pct[2] * (os.cpu_count() or 1)) if w and pct[2] > 0 else math.nan
+        swarm = sum(w.get(k, math.nan) for k in ("learner", "samplers", "bootstrap")) if w else math.nan
+        relay = w.get("relay", 0.0) if w else math.nan
+        spent.append((swarm, relay, w.get("samplers", math.nan), w.get("learner", math.nan)))
         rows.append((pct, upload, wire_up, down, wire_down, wan.one_copy_s(size)))
         print(f"{v:>3} {size / 2**20:6.1f} {wan.one_copy_s(size):7.2f} {_s(pct[0]):>6} {_s(pct[1]):>6} {_s(pct[2]):>6} "
               f"{len(times):>2}/{len(names):<2} {statistics.median(took) if took else math.nan:7.2f} {upload:8.2f} "
-              f"{wire_up:6.2f} {down:10.2f} {wire_down:6.2f} {busy:4.0%}")
+              f"{wire_up:6.2f} {down:10.2f} {wire_down:6.2f} {busy:4.0%} {swarm:11.2f} {relay:11.2f}")
+    _report_cpu(spent, rows)
     _report_join(args, out, names, held)
     _report_keyframe(args, out, pubs, served, held, wan)
     stale = _staleness(pubs, held, end)
@@ -422,6 +464,21 @@ def report(args, out: Path, names: list[str], relay_series: list[tuple[float, di
     print(f"        no sampler downloads more than {GOAL_DOWNLOAD:g} copy: worst {worst_down:.2f} verified, {worst_wire:.2f} "
           f"on the wire with framing, encryption and the DHT [{'met' if worst_down <= GOAL_DOWNLOAD + 1e-9 else 'MISSED'}]")
     print(f"records and logs: {out}")
+
+
+def _report_cpu(spent: list[tuple[float, float, float, float]], rows: list[tuple]) -> None:
+    """The CPU a version's spread needs, beside the link's limit: all of this machine's processes share
+    its cores, so a spread cannot be faster than its CPU work over the cores, whatever the links. On
+    volunteers' machines each sampler has its own CPU; here, that floor is the bench's."""
+    ok = [(s, r, sm, le) for s, r, sm, le in spent if math.isfinite(s)]
+    if not ok:
+        return
+    swarm, relay = statistics.median(s for s, *_ in ok), statistics.median(r for _, r, *_ in ok)
+    samplers, learner = statistics.median(x[2] for x in ok), statistics.median(x[3] for x in ok)
+    cores, limit = os.cpu_count() or 1, statistics.median(r[5] for r in rows)
+    print(f"CPU per version while it spread (median): the swarm {swarm:.2f} s (samplers {samplers:.2f}, learner "
+          f"{learner:.2f}), the WAN's relay {relay:.2f} s: on {cores} cores at least {(swarm + relay) / cores:.2f} s, "
+          f"beside the link limit {limit:.2f} s")
 
 
 def _report_join(args, out: Path, names: list[str], held: dict[str, dict[int, float]]) -> None:

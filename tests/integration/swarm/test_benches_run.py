@@ -42,6 +42,7 @@ def test_the_wan_bench_spreads_versions_to_earned_mates():
     printed = run_bench(["bench_wan.py", "--samplers", "3", "--patch-mb", "1", "--versions", "2", "--interval", "6",
                          "--rate-mbit", "50", "--rtt-ms", "20"], 600)
     assert "knows its 3 public mates" in printed and "goals:" in printed, printed[-3000:]
+    assert re.search(r"CPU per version while it spread \(median\): the swarm [\d.]+ s", printed), printed[-3000:]
 
 
 def test_a_new_swarms_samplers_share_its_keyframe_through_the_seeders_its_learner_names():

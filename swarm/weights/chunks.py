@@ -183,10 +183,11 @@ class ChunkStore:
         """Wake the requests waiting for a chunk (from any thread: the fetcher adds chunks in its
         pool's). The change itself is made before this is called, so a request that looked it up
         too early is woken after it, and looks again."""
-        if self._loop is not None:
+        loop = self._loop
+        if loop is not None and loop.is_running():  # (a stopped loop: the node is shutting down, nobody waits)
             try:
-                self._loop.call_soon_threadsafe(self._wake)
-            except RuntimeError:  # the node's loop is closed: it is shutting down, nobody waits
+                loop.call_soon_threadsafe(self._wake)
+            except RuntimeError:  # closed meanwhile
                 pass
 
     def _wake(self) -> None:  # in the node's loop
@@ -203,10 +204,11 @@ class ChunkStore:
             # loop was known), so it looks again now; from here on every change wakes it
             self._loop, self._change = loop, asyncio.Event()
             return True
-        try:
-            await asyncio.wait_for(self._change.wait(), timeout)
+        try:  # (asyncio.timeout, not wait_for: no task per wait, and 3.11's wait_for may swallow a cancel)
+            async with asyncio.timeout(timeout):
+                await self._change.wait()
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
 
     @property

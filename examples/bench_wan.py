@@ -417,7 +417,7 @@ def report(args, out: Path, names: list[str], relay_series: list[tuple[float, di
     print(f"{'ver':>3} {'MB':>6} {'limit s':>7} {'50% s':>6} {'90% s':>6} {'100% s':>6} {'held':>5} "
           f"{'fetch s':>7} {'upload x':>8} {'wire x':>6} {'max down x':>10} {'wire x':>6} {'cpu':>4} "
           f"{'swarm cpu s':>11} {'relay cpu s':>11}")
-    rows, spent, busies = [], [], []
+    rows, spent = [], []
     for v in versions:
         t0, size = pubs[v]["t"], pubs[v]["size"]
         t1 = pubs[v + 1]["t"] if v + 1 in pubs else end
@@ -438,13 +438,12 @@ def report(args, out: Path, names: list[str], relay_series: list[tuple[float, di
         busy = w["machine"] / (pct[2] * (os.cpu_count() or 1)) if w and pct[2] > 0 else math.nan
         swarm = sum(w.get(k, math.nan) for k in ("learner", "samplers", "bootstrap")) if w else math.nan
         relay = w.get("relay", 0.0) if w and getattr(wan, "relay", None) is not None else math.nan  # NAT: routed
-        busies.append(busy)
-        spent.append((swarm, relay, w.get("samplers", math.nan), w.get("learner", math.nan)))
+        spent.append((swarm, relay, w.get("samplers", math.nan), w.get("learner", math.nan), busy))
         rows.append((pct, upload, wire_up, down, wire_down, wan.one_copy_s(size)))
         print(f"{v:>3} {size / 2**20:6.1f} {wan.one_copy_s(size):7.2f} {_s(pct[0]):>6} {_s(pct[1]):>6} {_s(pct[2]):>6} "
               f"{len(times):>2}/{len(names):<2} {statistics.median(took) if took else math.nan:7.2f} {upload:8.2f} "
               f"{wire_up:6.2f} {down:10.2f} {wire_down:6.2f} {busy:4.0%} {swarm:11.2f} {relay:11.2f}")
-    _report_cpu(spent, [b for b in busies if math.isfinite(b)] or [math.nan])
+    _report_cpu(spent)
     _report_join(args, out, names, held)
     _report_keyframe(args, out, pubs, served, held, wan)
     stale = _staleness(pubs, held, end)
@@ -467,7 +466,7 @@ def report(args, out: Path, names: list[str], relay_series: list[tuple[float, di
     print(f"records and logs: {out}")
 
 
-def _report_cpu(spent: list[tuple[float, float, float, float]], busy: list[float]) -> None:
+def _report_cpu(spent: list[tuple[float, float, float, float, float]]) -> None:
     """The CPU a version's spread took (median over versions), by role, and how busy the machine was:
     all of this machine's processes share its cores, so at ~100% the cores, not the links, set the
     pace. That CPU includes whatever the spread wasted (a hedge's copy, a wait), so it is what the
@@ -477,10 +476,10 @@ def _report_cpu(spent: list[tuple[float, float, float, float]], busy: list[float
     ok = [x for x in spent if math.isfinite(x[0])]
     if not ok:
         return
-    swarm, relay, samplers, learner = (statistics.median(x[k] for x in ok) for k in range(4))
+    swarm, relay, samplers, learner, busy = (statistics.median(x[k] for x in ok) for k in range(5))
     print(f"CPU per version while it spread (median): the swarm {swarm:.2f} s (samplers {samplers:.2f}, learner "
           f"{learner:.2f}), the WAN's relay {relay:.2f} s; this machine's {os.cpu_count() or 1} cores "
-          f"{statistics.median(busy):.0%} busy")
+          f"{busy:.0%} busy")
 
 
 def _report_join(args, out: Path, names: list[str], held: dict[str, dict[int, float]]) -> None:

@@ -279,4 +279,5 @@ class Gather:
             host.demote(source, str(e))
             log.warning("chunk stream from %s refused: %s", short_id(source), e)
         except Exception as e:  # a source that vanished or is slow: the chunk's next source is asked
+            host.count("chunks_failed", len(indices) - stream.delivered)  # (what it sent may be lost in flight)
             log.debug("chunks %s of version %d from %s failed: %s", indices[:3], version, short_id(source), e)

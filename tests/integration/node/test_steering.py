@@ -74,9 +74,17 @@ def _in_process_attacks(s: Swarm) -> dict[str, str]:
         learner = peer_of(s, "learner")
 
         def send(g) -> str:
-            reply = msgpack.unpackb(node.call_gated(learner, ROLLOUTS, msgpack.packb([[g.id, seal(ident, g.encode())]]),
-                                              timeout=60), raw=False)
-            return "ok" if g.id in reply["ok"] else reply["rejected"].get(g.id, "busy")
+            """The learner's word on `g`. "busy" (past a bound, not refused) is sent again, as a sampler
+            does: this key is unproven, and the attackers beside it share the unproven keys' pool
+            (swarm/rollouts/admission.py), which CI once found spent at the moment of the first send."""
+            deadline = time.monotonic() + 60
+            while True:
+                reply = msgpack.unpackb(node.call_gated(learner, ROLLOUTS, msgpack.packb([[g.id, seal(ident, g.encode())]]),
+                                                  timeout=60), raw=False)
+                word = "ok" if g.id in reply["ok"] else reply["rejected"].get(g.id, "busy")
+                if word != "busy" or time.monotonic() > deadline:
+                    return word
+                time.sleep(1.0)
 
         original = sampler.produce(1)[0]
         replies = {"original": send(original)}

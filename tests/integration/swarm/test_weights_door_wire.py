@@ -154,7 +154,7 @@ def test_a_stranger_flooding_the_chunk_door_is_refused_counted_and_the_node_keep
           f"{fast} answered at once; malformed {dict(ws.store.malformed_why)}, past the door {dict(refused)}, "
           f"streams refused {dict(ws.node.streams.refused)}; the node's loop at most {results['lag'][0]:.3f} s late, "
           f"busy {results['lag'][1]:.0%}; "
-          f"the honest fetch {fetch_s:.2f} s")
+          f"the honest fetch {fetch_s:.2f} s, its counts {dict(fetcher.stats)}")
     assert got is not None and [v.blob for v in got] == [blob]  # honest downloads complete
     assert results["lag"][0] < MAX_LAG_S and results["lag"][1] < MAX_BUSY, results["lag"]  # the loop stayed responsive
     assert sum(n for _, n in calls) == 0  # not a chunk, not one empty frame
@@ -162,4 +162,9 @@ def test_a_stranger_flooding_the_chunk_door_is_refused_counted_and_the_node_keep
     assert ws.store.malformed + sum(refused.values()) - door_before + fast >= len(calls)  # malformed or past the door
     # the others cost a call at the door and a tarpit (the chunk door's: 1 s): about a call a second a stream
     assert fast <= ANSWERED_AT_ONCE[attack] and len(calls) <= STREAMS * (ATTACK_S + 1) + fast
-    assert ws.store.served_bytes == len(blob)  # the honest fetch's, nothing else
+    # served: the honest fetch's bytes, nothing else. A stream that ended before all it asked came
+    # (cut, or failed: counted, and its chunks asked again) may have had chunks served and lost in
+    # flight; CI once saw one such chunk (5 MiB served for 4 MiB fetched)
+    stats = fetcher.stats
+    lost = CHUNK_SIZE * (stats["chunks_not_held"] + stats["chunks_failed"])
+    assert len(blob) <= ws.store.served_bytes <= stats["bytes_from_learner"] + lost, dict(stats)

@@ -84,10 +84,12 @@ def _in_process_attacks(s: Swarm) -> dict[str, str]:
                 word = "ok" if g.id in reply["ok"] else reply["rejected"].get(g.id, "busy")
                 if word != "busy" or time.monotonic() > deadline:
                     return word
+                busy.append(reply.get("why"))  # the bound it met, printed with the replies
                 time.sleep(1.0)
 
+        busy: list[str | None] = []
         original = sampler.produce(1)[0]
-        replies = {"original": send(original)}
+        replies: dict = {"original": send(original), "busy, sent again": busy}
         time.sleep(5)  # the learner ingests it from its journal
         copy = msgpack.unpackb(original.encode(), raw=False)
         copy["id"] = uuid.uuid4().hex

@@ -299,7 +299,8 @@ def run(args) -> None:
         args.rtt_ms = 0.0
         net = Internet(2 + public, [Home()] * args.behind_nat, args.rate_mbit, workdir=out / "wan")
     else:
-        net = Wan(2 + args.samplers, args.rate_mbit, args.rtt_ms, args.loss, workdir=out / "wan")
+        net = Wan(2 + args.samplers, args.rate_mbit, args.rtt_ms, args.loss, workdir=out / "wan",
+                  window=int(args.relay_queue_kib * 1024), sockbuf=int(args.relay_sockbuf_kib * 1024))
     with net as wan:
         logs = out / "logs"
         boot = wan.spawn("bootstrap", wan.ns(0), [*me, "bootstrap", *_role_args(wan, 0, out, None)], logs)
@@ -393,6 +394,20 @@ def _work(work: list[tuple[float, dict[str, float]]], t0: float, t1: float) -> d
     return {k: max(end[k] - start.get(k, 0.0), 0.0) for k in end}
 
 
+def _queued(relay_series: list[tuple[float, dict]], t0: float, t1: float, hosts) -> float:
+    """The most bytes the relay held queued toward one of `hosts` between t0 and t1 (each connection's
+    peak in a 0.5 s sample, summed over the connections into the host): bytes that crossed their
+    sender's uplink and wait for the host's downlink, where the internet would have none in flight."""
+    worst = math.nan
+    for t, stats in relay_series:
+        if t0 <= t <= t1 + 0.5 and "peak" in stats:
+            into = collections.Counter()
+            for key, n in stats["peak"].items():
+                into[int(key.split("->")[1])] += n
+            worst = max(max((into[h] for h in hosts), default=0), 0 if math.isnan(worst) else worst)
+    return worst
+
+
 def _at(series: list[tuple[float, int]], t: float) -> int:
     """The last value of a (time, cumulative value) series at or before `t`."""
     before = [v for s, v in series if s <= t]
@@ -416,7 +431,7 @@ def report(args, out: Path, names: list[str], relay_series: list[tuple[float, di
           f"polls {polls}; limit = one copy at the link rate + 1 RTT")
     print(f"{'ver':>3} {'MB':>6} {'limit s':>7} {'50% s':>6} {'90% s':>6} {'100% s':>6} {'held':>5} "
           f"{'fetch s':>7} {'upload x':>8} {'wire x':>6} {'max down x':>10} {'wire x':>6} {'cpu':>4} "
-          f"{'swarm cpu s':>11} {'relay cpu s':>11}")
+          f"{'swarm cpu s':>11} {'relay cpu s':>11} {'queue MiB':>9}")
     rows, spent = [], []
     for v in versions:
         t0, size = pubs[v]["t"], pubs[v]["size"]
@@ -438,11 +453,12 @@ def report(args, out: Path, names: list[str], relay_series: list[tuple[float, di
         busy = w["machine"] / (pct[2] * (os.cpu_count() or 1)) if w and pct[2] > 0 else math.nan
         swarm = sum(w.get(k, math.nan) for k in ("learner", "samplers", "bootstrap")) if w else math.nan
         relay = w.get("relay", 0.0) if w and getattr(wan, "relay", None) is not None else math.nan  # NAT: routed
+        queue = _queued(relay_series, t0, t0 + pct[2], range(2, 2 + len(names))) / 2**20
         spent.append((swarm, relay, w.get("samplers", math.nan), w.get("learner", math.nan), busy))
         rows.append((pct, upload, wire_up, down, wire_down, wan.one_copy_s(size)))
         print(f"{v:>3} {size / 2**20:6.1f} {wan.one_copy_s(size):7.2f} {_s(pct[0]):>6} {_s(pct[1]):>6} {_s(pct[2]):>6} "
               f"{len(times):>2}/{len(names):<2} {statistics.median(took) if took else math.nan:7.2f} {upload:8.2f} "
-              f"{wire_up:6.2f} {down:10.2f} {wire_down:6.2f} {busy:4.0%} {swarm:11.2f} {relay:11.2f}")
+              f"{wire_up:6.2f} {down:10.2f} {wire_down:6.2f} {busy:4.0%} {swarm:11.2f} {relay:11.2f} {queue:9.1f}")
     _report_cpu(spent)
     _report_join(args, out, names, held)
     _report_keyframe(args, out, pubs, served, held, wan)
@@ -561,6 +577,11 @@ def main() -> None:
     ap.add_argument("--join-every", type=float, default=0.0, metavar="S",
                     help="a new swarm whose samplers join one every S s (default: all at once); the learner names "
                          "the first to hold v0 as seeders, the others' mates until it credits anyone")
+    ap.add_argument("--relay-queue-kib", type=float, default=4096, metavar="KIB",
+                    help="bytes the WAN's relay queues each way of each connection (examples/wan.py, `window`)")
+    ap.add_argument("--relay-sockbuf-kib", type=float, default=0, metavar="KIB",
+                    help="the relay's kernel socket buffers each way of each connection (default 0: the kernel's "
+                         "autotuning, up to net.ipv4.tcp_rmem's max)")
     ap.add_argument("--sync-polls", action="store_true", help="samplers poll at the same instants (an experiment: "
                     "as if every sampler learnt of a new version at once); default: each on its own 1 s cycle")
     # the roles' own flags

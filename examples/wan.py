@@ -56,6 +56,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -158,14 +159,16 @@ class Wan:
     """`n_hosts` namespaces on shaped links through a hub with the delaying relay (module docstring)."""
 
     def __init__(self, n_hosts: int, rate_mbit: float = 100.0, rtt_ms: float = 80.0, loss: float = 0.0,
-                 workdir: Path | None = None, window: int = 4 << 20, queue_ms: float = 20.0) -> None:
+                 workdir: Path | None = None, window: int = 4 << 20, queue_ms: float = 20.0,
+                 sockbuf: int = 0) -> None:
         if not 1 <= n_hosts <= 250:
             raise ValueError(f"n_hosts must be 1..250, not {n_hosts}")
         if rate_mbit <= 0 or rtt_ms < 0 or not 0 <= loss < 1:
             raise ValueError("need rate_mbit > 0, rtt_ms >= 0 and 0 <= loss < 1")
         self.n, self.rate_mbit, self.rtt_ms, self.loss = n_hosts, rate_mbit, rtt_ms, loss
-        self.window, self.queue_ms = window, queue_ms
-        """Relay queue per direction (bytes); tbf queue (ms at the link rate: a modest bufferbloat)."""
+        self.window, self.queue_ms, self.sockbuf = window, queue_ms, sockbuf
+        """Relay queue per direction (bytes); tbf queue (ms at the link rate: a modest bufferbloat); the
+        relay's kernel socket buffers, each way of each connection (bytes; 0: the kernel's autotuning)."""
         self.tag = f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.workdir = Path(workdir or f"/tmp/{self.tag}")
         self.nodes: list[NodeProcess] = []
@@ -277,7 +280,7 @@ class Wan:
     def _start_relay(self) -> None:
         spec = {"listen": RELAY_IP, "routes": [[RELAY_PORT0 + i, self.ip(i), LISTEN_PORT] for i in range(self.n)],
                 "hosts": {self.ip(i): i for i in range(self.n)}, "delay_s": self.rtt_ms / 2e3,
-                "rtt_s": self.rtt_ms / 1e3, "loss": self.loss, "window": self.window,
+                "rtt_s": self.rtt_ms / 1e3, "loss": self.loss, "window": self.window, "sockbuf": self.sockbuf,
                 "stats": str(self.workdir / "relay.json")}
         (self.workdir / "relay-spec.json").write_text(json.dumps(spec))
         self.relay = self.spawn("relay", self.hub, [sys.executable, str(Path(__file__).resolve()), "relay",
@@ -309,8 +312,9 @@ class Wan:
         return self.spawn(name, self.ns(i), [sys.executable, "-m", module, *args], log_dir)
 
     def relay_stats(self) -> dict:
-        """{"bytes": {"a->b": n}, "conns": {"a->b": n}, "time": t}: bytes the relay delivered from host a
-        to host b (payload as libp2p sent it: encrypted, framed), written by the relay twice a second."""
+        """{"bytes": {"a->b": n}, "conns": {"a->b": n}, "peak": {"a->b": n}, "time": t}: bytes the relay
+        delivered from host a to host b (payload as libp2p sent it: encrypted, framed), and the most one
+        connection from a to b held in the relay's queue since the last write; written twice a second."""
         try:
             return json.loads((self.workdir / "relay.json").read_text())
         except (OSError, ValueError):  # mid-rename: the next read gets it
@@ -338,9 +342,13 @@ class Relay:
     def __init__(self, spec: dict) -> None:
         self.spec = spec
         self.delay, self.rtt, self.loss, self.window = spec["delay_s"], spec["rtt_s"], spec["loss"], spec["window"]
+        self.sockbuf = spec.get("sockbuf", 0)
         self.hosts: dict[str, int] = spec["hosts"]
         self.bytes: collections.Counter[str] = collections.Counter()
         self.conns: collections.Counter[str] = collections.Counter()
+        self.peak: collections.Counter[str] = collections.Counter()
+        """Per (source host, destination host): the most bytes one connection's queue held at once since
+        the stats were last written (every 0.5 s)."""
         self.rng = random.Random(0)
 
     async def serve(self, stopped: asyncio.Event) -> None:
@@ -365,6 +373,11 @@ class Relay:
             cwriter.close()
             return
         self.conns[f"{src}->{dst}"] += 1
+        if self.sockbuf:  # what the kernel may hold besides our queue: otherwise autotuned, up to tcp_rmem's max
+            for w in (cwriter, twriter):
+                sock = w.get_extra_info("socket")
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.sockbuf)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.sockbuf)
 
         async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, key: str) -> None:
             try:
@@ -400,6 +413,7 @@ class Relay:
                 state["last"] = release
                 queue.append((release, data))
                 state["queued"] += len(data)
+                self.peak[key] = max(self.peak[key], state["queued"])
                 ready.set()
                 if state["queued"] >= self.window:
                     room.clear()
@@ -439,8 +453,10 @@ class Relay:
     def _write_stats(self) -> None:
         path = Path(self.spec["stats"])
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"bytes": dict(self.bytes), "conns": dict(self.conns), "time": time.time()}))
+        tmp.write_text(json.dumps({"bytes": dict(self.bytes), "conns": dict(self.conns), "peak": dict(self.peak),
+                                   "time": time.time()}))
         tmp.replace(path)  # atomic: a reader never sees half a file
+        self.peak.clear()
 
     async def _write_stats_forever(self) -> None:
         while True:

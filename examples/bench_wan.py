@@ -226,7 +226,8 @@ def role_sampler(args) -> None:
                        started=t0, **{k: fetcher.stats[k] - before.get(k, 0) for k in
                                       ("bytes_from_learner", "bytes_from_holders", "weight_fetch_failures",
                                        "bytes_duplicate", "hedged_streams", "hedged_slow_streams", "chunks_not_held",
-                                       "superseded_streams", "stalled_streams", "demotions")}, pace=fetcher.pace)
+                                       "superseded_streams", "stalled_streams", "demotions")}, pace=fetcher.pace,
+                       chunks=[[round(t, 3), i, src] for t, i, src in fetcher.chunk_arrivals] if len(got) == 1 else [])
             # free: each sampler on its own 1 s cycle (as independent samplers are); sync: all at each
             # whole second of the shared clock, as if told of a new version at the same instant
             stop.wait(1.0 - time.time() % 1.0 if args.sync_polls else max(0.05, 1.0 - (time.time() - t0)))
@@ -288,7 +289,7 @@ def run(args) -> None:
         sys.exit("bench_wan: --behind-nat must be 0..--samplers")
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-wan-"))
     names = [f"s{k}" for k in range(args.samplers)]
-    learner_id = Identity.load_or_create(out / "learner" / "identity.key").peer_id
+    learner_id = _peer(out / "learner")
     public = args.samplers - args.behind_nat  # samplers 0..public-1 are public, the rest at home
     sampler_ids = sorted(Identity.load_or_create(out / n / "identity.key").peer_id for n in names[:public])
     me = [sys.executable, str(Path(__file__).resolve())]
@@ -460,6 +461,7 @@ def report(args, out: Path, names: list[str], relay_series: list[tuple[float, di
               f"{len(times):>2}/{len(names):<2} {statistics.median(took) if took else math.nan:7.2f} {upload:8.2f} "
               f"{wire_up:6.2f} {down:10.2f} {wire_down:6.2f} {busy:4.0%} {swarm:11.2f} {relay:11.2f} {queue:9.1f}")
     _report_cpu(spent)
+    _report_trace(pubs, fetches, args.samplers, wan, _peer(out / "learner"))
     _report_join(args, out, names, held)
     _report_keyframe(args, out, pubs, served, held, wan)
     stale = _staleness(pubs, held, end)
@@ -496,6 +498,39 @@ def _report_cpu(spent: list[tuple[float, float, float, float, float]]) -> None:
     print(f"CPU per version while it spread (median): the swarm {swarm:.2f} s (samplers {samplers:.2f}, learner "
           f"{learner:.2f}), the WAN's relay {relay:.2f} s; this machine's {os.cpu_count() or 1} cores "
           f"{busy:.0%} busy")
+
+
+def _peer(workdir: Path) -> str:
+    from swarm.identity import Identity
+
+    return Identity.load_or_create(workdir / "identity.key").peer_id
+
+
+def _report_trace(pubs: dict, fetches: dict[str, list[dict]], n: int, wan: Wan, learner: str) -> None:
+    """Where each version's spread spent its time, from the chunks' arrival times at every sampler
+    (`WeightFetcher.chunk_arrivals`): when the learner's upload of the chunks ended (each chunk's
+    first copy from the learner, at its owner), how long a mate's copy came after its owner had the
+    chunk, and what each sampler's last chunk was."""
+    for v in sorted(v for v in pubs if v > 0):
+        t0, size = pubs[v]["t"], pubs[v]["size"]
+        got = [r["chunks"] for rs in fetches.values() for r in rs if r["versions"] == [v] and r.get("chunks")]
+        if len(got) < n:
+            continue
+        own: dict[int, float] = {}  # chunk -> when its first copy from the learner arrived
+        for chunks in got:
+            for t, i, src in chunks:
+                if src == learner:
+                    own[i] = min(own.get(i, math.inf), t - t0)
+        lags = sorted(t - t0 - own[i] for chunks in got for t, i, src in chunks if src != learner and i in own)
+        last = [max(chunks) for chunks in got]
+        from_mate = sum(src != learner for _, _, src in last)
+        if not own or not lags:
+            continue
+        print(f"v{v} trace: the learner's chunks out {min(own.values()):.1f}-{max(own.values()):.1f} s (one copy at "
+              f"the link rate {wan.one_copy_s(size):.2f} s); a mate's copy {statistics.median(lags):.1f} s after its "
+              f"owner had it (p90 {_q(lags, 0.9):.1f}, max {lags[-1]:.1f}); each sampler's last chunk "
+              f"{min(t for t, _, _ in last) - t0:.1f}-{max(t for t, _, _ in last) - t0:.1f} s, {from_mate} of {len(last)} "
+              f"from a mate")
 
 
 def _report_join(args, out: Path, names: list[str], held: dict[str, dict[int, float]]) -> None:

@@ -71,6 +71,9 @@ class WeightFetcher:
         manifest listed it) of the newest versions fetched: what a sampler's metrics report (the
         last few suffice); the number, counted from 1, tells a reader which it has seen."""
         self._arrived = 0
+        self.chunk_arrivals: list[tuple[float, int, str]] = []
+        """(wall time, chunk, source) of each chunk of the last version downloaded (`Gather.arrived`):
+        where a spread spent its time (examples/bench_wan.py --trace)."""
         # several chunk requests in flight: one call at a time leaves the link idle between them;
         # room for as many again that were hedged and are still running out their stall bounds
         self._parallel = max(1, parallel)
@@ -219,7 +222,7 @@ class WeightFetcher:
         owners = [chunk_owner(mates, entry.version, i) for i in range(n)]  # (`fetch` began it in the store)
         gather = Gather(self, self._pool, self._parallel, chain, entry, learner, holders, owners, hedges)
         got = gather.run()
-        self.pace = gather.pace or self.pace
+        self.pace, self.chunk_arrivals = gather.pace or self.pace, gather.arrived
         blob = b"".join(got[i] for i in range(n))
         if len(blob) != entry.size:  # every chunk is verified: only their number and sizes are left
             self.store.abandon(entry.version)

@@ -124,6 +124,8 @@ class Gather:
         self._streams: list[ChunkStream] = []
         self._gaps: dict[str, list[float]] = {}
         """source -> [gaps between two chunks of one of its streams measured so far, their seconds]."""
+        self.arrived: list[tuple[float, int, str]] = []
+        """(wall time, chunk, source) of each chunk's first verified copy: how a version spread."""
 
     def run(self) -> dict[int, memoryview | bytes]:
         """Every chunk, verified; RecordError(Drop.SIZES) if one was verified from no source."""
@@ -243,6 +245,8 @@ class Gather:
             if chunk_digest(chunk) == self.entry.chunks[index]:
                 first = self.got.setdefault(index, chunk) is chunk  # one atomic step: two streams cannot both be first
                 now = time.monotonic()
+                if first:
+                    self.arrived.append((time.time(), index, source))
                 if stream.delivered:
                     self._gap(source, now - stream.progress)
                 stream.delivered, stream.progress = stream.delivered + 1, now

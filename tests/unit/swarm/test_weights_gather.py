@@ -52,6 +52,9 @@ class ScriptedNode:
             for i in indices[1:]:
                 on_item(BLOB[i * CHUNK_SIZE : (i + 1) * CHUNK_SIZE])
             return len(indices)
+        if how == "breaks":  # its first chunk, then the stream breaks (a reset, a peer gone)
+            on_item(BLOB[indices[0] * CHUNK_SIZE : (indices[0] + 1) * CHUNK_SIZE])
+            raise ConnectionResetError("the stream broke")
         if how in ("first", "ends"):  # holds the first chunk it is asked (or none): its stream ends there
             served = indices[:1] if how == "first" else []
             for i in served:
@@ -89,6 +92,7 @@ def test_chunks_of_a_lying_holder_are_taken_from_the_learner_and_the_holder_demo
     # every chunk from the learner (a hedge under load may fetch one twice: counted as a duplicate too)
     assert fetcher.stats["bytes_from_learner"] == len(BLOB) + fetcher.stats["bytes_duplicate"]
     assert fetcher.stats["bytes_from_holders"] == 0
+    assert sorted((i, src) for _, i, src in g.arrived) == [(i, LEARNER) for i in range(4)]  # each once, its source
 
 
 @pytest.mark.parametrize("how", ["slow", "stall"])
@@ -166,6 +170,16 @@ def test_a_stream_that_ends_short_hands_the_rest_to_their_next_source_at_once(ho
     asked_learner = [i for peer, indices, _ in node.asked if peer == LEARNER for i in indices]
     assert len(asked_learner) == 4 - served  # the rest, once each
     assert fetcher.demoted["h"] == (how == "ends")  # one that served none of what it announced: demoted, as before
+
+
+def test_a_stream_that_breaks_hands_the_rest_to_their_next_source_and_counts_them():
+    fetcher, node, g = gather({"h": "breaks", LEARNER: "good"}, holders=["h"], cfg=FetchConfig(hedge_s=30.0))
+    assert run(fetcher, node, g) == BLOB
+    # two streams to the holder (`_split`), each broken after its first chunk: the other two failed,
+    # asked of the learner once each (a broken stream may have lost what was in flight: counted)
+    assert fetcher.stats["bytes_from_holders"] == 2 * CHUNK_SIZE and fetcher.stats["chunks_failed"] == 2
+    assert sorted(i for peer, indices, _ in node.asked if peer == LEARNER for i in indices) == [2, 3]
+    assert sorted(src for _, _, src in g.arrived) == ["h", "h", LEARNER, LEARNER]
 
 
 def test_a_chunk_no_source_delivers_fails_the_download_once_the_learner_was_asked_twice():

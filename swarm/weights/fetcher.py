@@ -73,7 +73,7 @@ class WeightFetcher:
         self._arrived = 0
         self.chunk_arrivals: list[tuple[float, int, str]] = []
         """(wall time, chunk, source) of each chunk of the last version downloaded (`Gather.arrived`):
-        where a spread spent its time (examples/bench_wan.py --trace)."""
+        where a spread spent its time (examples/bench_wan.py prints it per version)."""
         # several chunk requests in flight: one call at a time leaves the link idle between them;
         # room for as many again that were hedged and are still running out their stall bounds
         self._parallel = max(1, parallel)

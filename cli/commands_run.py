@@ -18,7 +18,7 @@ from cli.progress import run_with_progress
 
 @app.command()
 def demo(
-    steps: Annotated[int, typer.Option(min=1, help="Learner versions to train (about 5 per second on 2 CPU cores).")] = 250,
+    steps: Annotated[int, typer.Option(min=1, help="Learner versions to train (about 5 per second on 2 CPU cores).")] = 200,
     samplers: Annotated[int, typer.Option(min=1, max=16, help="Sampler processes.")] = 2,
     workdir: Annotated[Optional[Path], typer.Option(help="Keep logs, checkpoints and metrics here (default: a temp folder).")] = None,
     timeout: Annotated[float, typer.Option(min=1, help="Give up after this many seconds.")] = 1200.0,

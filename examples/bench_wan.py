@@ -226,7 +226,8 @@ def role_sampler(args) -> None:
                        started=t0, **{k: fetcher.stats[k] - before.get(k, 0) for k in
                                       ("bytes_from_learner", "bytes_from_holders", "weight_fetch_failures",
                                        "bytes_duplicate", "hedged_streams", "hedged_slow_streams", "chunks_not_held",
-                                       "superseded_streams", "stalled_streams", "demotions")}, pace=fetcher.pace,
+                                       "superseded_streams", "stalled_streams", "chunks_failed", "demotions")},
+                       pace=fetcher.pace,
                        chunks=[[round(t, 3), i, src] for t, i, src in fetcher.chunk_arrivals] if len(got) == 1 else [])
             # free: each sampler on its own 1 s cycle (as independent samplers are); sync: all at each
             # whole second of the shared clock, as if told of a new version at the same instant
@@ -396,9 +397,11 @@ def _work(work: list[tuple[float, dict[str, float]]], t0: float, t1: float) -> d
 
 
 def _queued(relay_series: list[tuple[float, dict]], t0: float, t1: float, hosts) -> float:
-    """The most bytes the relay held queued toward one of `hosts` between t0 and t1 (each connection's
-    peak in a 0.5 s sample, summed over the connections into the host): bytes that crossed their
-    sender's uplink and wait for the host's downlink, where the internet would have none in flight."""
+    """The most bytes the relay's own queues held toward one of `hosts` between t0 and t1, as sampled:
+    per source host, the peak of its connections' queues in a 0.5 s stats interval, summed over the
+    sources. A lower bound: intervals the bench did not read and the relay's kernel socket buffers
+    are not in it. Bytes that crossed their sender's uplink and wait for the host's downlink, where
+    the internet would hold them in the downlink's one queue."""
     worst = math.nan
     for t, stats in relay_series:
         if t0 <= t <= t1 + 0.5 and "peak" in stats:
@@ -526,8 +529,8 @@ def _report_trace(pubs: dict, fetches: dict[str, list[dict]], n: int, wan: Wan, 
         from_mate = sum(src != learner for _, _, src in last)
         if not own or not lags:
             continue
-        print(f"v{v} trace: the learner's chunks out {min(own.values()):.1f}-{max(own.values()):.1f} s (one copy at "
-              f"the link rate {wan.one_copy_s(size):.2f} s); a mate's copy {statistics.median(lags):.1f} s after its "
+        print(f"v{v} trace: the learner's chunks out {min(own.values()):.1f}-{max(own.values()):.1f} s (the limit "
+              f"{wan.one_copy_s(size):.2f} s); a mate's copy {statistics.median(lags):.1f} s after its "
               f"owner had it (p90 {_q(lags, 0.9):.1f}, max {lags[-1]:.1f}); each sampler's last chunk "
               f"{min(t for t, _, _ in last) - t0:.1f}-{max(t for t, _, _ in last) - t0:.1f} s, {from_mate} of {len(last)} "
               f"from a mate")
@@ -615,8 +618,8 @@ def main() -> None:
     ap.add_argument("--relay-queue-kib", type=float, default=4096, metavar="KIB",
                     help="bytes the WAN's relay queues each way of each connection (examples/wan.py, `window`)")
     ap.add_argument("--relay-sockbuf-kib", type=float, default=0, metavar="KIB",
-                    help="the relay's kernel socket buffers each way of each connection (default 0: the kernel's "
-                         "autotuning, up to net.ipv4.tcp_rmem's max)")
+                    help="the relay's kernel socket buffers each way of each connection (Linux doubles it, up to "
+                         "net.core.rmem_max/wmem_max; default 0: the kernel's autotuning)")
     ap.add_argument("--sync-polls", action="store_true", help="samplers poll at the same instants (an experiment: "
                     "as if every sampler learnt of a new version at once); default: each on its own 1 s cycle")
     # the roles' own flags

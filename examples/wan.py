@@ -374,10 +374,16 @@ class Relay:
             return
         self.conns[f"{src}->{dst}"] += 1
         if self.sockbuf:  # what the kernel may hold besides our queue: otherwise autotuned, up to tcp_rmem's max
-            for w in (cwriter, twriter):
-                sock = w.get_extra_info("socket")
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.sockbuf)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.sockbuf)
+            try:
+                for w in (cwriter, twriter):
+                    sock = w.get_extra_info("socket")
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.sockbuf)
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.sockbuf)
+            except OSError as e:  # a connection already gone
+                log.debug("relay: socket buffers of %d->%d not set: %s", src, dst, e)
+                cwriter.close()
+                twriter.close()
+                return
 
         async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, key: str) -> None:
             try:

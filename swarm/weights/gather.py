@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import threading
 import time
 import zlib
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait as wait_futures
@@ -126,6 +127,8 @@ class Gather:
         """source -> [gaps between two chunks of one of its streams measured so far, their seconds]."""
         self.arrived: list[tuple[float, int, str]] = []
         """(wall time, chunk, source) of each chunk's first verified copy: how a version spread."""
+        self._first = threading.Lock()
+        """Held while a chunk is found first and put in `got` and `arrived`."""
 
     def run(self) -> dict[int, memoryview | bytes]:
         """Every chunk, verified; RecordError(Drop.SIZES) if one was verified from no source."""
@@ -243,15 +246,19 @@ class Gather:
                 raise Superseded  # its hedges delivered the rest: free this thread, not wait out a slow source
             index, pos = indices[pos], pos + 1
             if chunk_digest(chunk) == self.entry.chunks[index]:
-                first = self.got.setdefault(index, chunk) is chunk  # one atomic step: two streams cannot both be first
+                # counted and traced before `got` holds it: `run` returns once `got` is complete, and
+                # its caller reads the counts and the trace then
+                host.count("bytes_from_learner" if from_learner else "bytes_from_holders", len(chunk))  # all received
+                with self._first:  # two streams cannot both be first
+                    first = index not in self.got
+                    if first:
+                        self.arrived.append((time.time(), index, source))
+                        self.got[index] = chunk
                 now = time.monotonic()
-                if first:
-                    self.arrived.append((time.time(), index, source))
                 if stream.delivered:
                     self._gap(source, now - stream.progress)
                 stream.delivered, stream.progress = stream.delivered + 1, now
                 host.store.add_chunk(self.chain, version, index, chunk)  # mates may ask for it right away
-                host.count("bytes_from_learner" if from_learner else "bytes_from_holders", len(chunk))  # all received
                 if not first:  # a hedge's second copy: received, and waste
                     host.count("bytes_duplicate", len(chunk))
             elif chunk:
@@ -276,12 +283,16 @@ class Gather:
             host.count("superseded_streams")
         except StreamStalled as e:  # it accepted, then sent nothing or a trickle: abandoned mid-stream
             host.count("stalled_streams")
+            host.count("chunks_failed", len(indices) - stream.delivered)
             host.demote(source, str(e))
             log.info("chunk stream from %s abandoned: %s", short_id(source), e)
         except RemoteError as e:  # it broke the protocol (e.g. an item larger than a chunk): refused
             host.count("bad_streams")
+            host.count("chunks_failed", len(indices) - stream.delivered)
             host.demote(source, str(e))
             log.warning("chunk stream from %s refused: %s", short_id(source), e)
         except Exception as e:  # a source that vanished or is slow: the chunk's next source is asked
-            host.count("chunks_failed", len(indices) - stream.delivered)  # (what it sent may be lost in flight)
+            # chunks_failed, here and above: the chunks of a stream that ended in an error, asked of
+            # their next source (what the source sent of them may have been lost in flight)
+            host.count("chunks_failed", len(indices) - stream.delivered)
             log.debug("chunks %s of version %d from %s failed: %s", indices[:3], version, short_id(source), e)

@@ -60,7 +60,7 @@ def _run(base, attack: bool) -> dict:
         s.stop_all()
 
 
-def _in_process_attacks(s: Swarm) -> dict[str, str]:
+def _in_process_attacks(s: Swarm) -> dict[str, str | list]:
     """Duplicate content under a new id, and a made-up model whose text its tokens do not say."""
     from swarm.p2p import SwarmNode
 
@@ -81,15 +81,19 @@ def _in_process_attacks(s: Swarm) -> dict[str, str]:
             while True:
                 reply = msgpack.unpackb(node.call_gated(learner, ROLLOUTS, msgpack.packb([[g.id, seal(ident, g.encode())]]),
                                                   timeout=60), raw=False)
-                word = "ok" if g.id in reply["ok"] else reply["rejected"].get(g.id, "busy")
-                if word != "busy" or time.monotonic() > deadline:
-                    return word
+                if reply.get("error"):  # the whole batch refused: never sent again
+                    return f"error: {reply['error']}"
+                if g.id in reply["ok"] or g.id in reply["rejected"]:
+                    return "ok" if g.id in reply["ok"] else reply["rejected"][g.id]
+                assert g.id in reply["busy"] or reply.get("why"), reply  # busy: the item's, or the door's (unread)
+                if time.monotonic() > deadline:
+                    return "busy"
                 busy.append(reply.get("why"))  # the bound it met, printed with the replies
                 time.sleep(1.0)
 
-        busy: list[str | None] = []
+        busy: list[str | None] = []  # of all three sends
         original = sampler.produce(1)[0]
-        replies: dict = {"original": send(original), "busy, sent again": busy}
+        replies: dict = {"original": send(original), "busy replies, sent again": busy}
         time.sleep(5)  # the learner ingests it from its journal
         copy = msgpack.unpackb(original.encode(), raw=False)
         copy["id"] = uuid.uuid4().hex

@@ -83,6 +83,7 @@ def run(fetcher, node, g):
     finally:
         node.released.set()
         fetcher.close()
+        fetcher._pool.shutdown(wait=True)  # the streams' threads done: their counts are final
 
 
 def test_chunks_of_a_lying_holder_are_taken_from_the_learner_and_the_holder_demoted():

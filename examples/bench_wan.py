@@ -402,14 +402,14 @@ def _queued(relay_series: list[tuple[float, dict]], t0: float, t1: float, hosts)
     sources. A lower bound: intervals the bench did not read and the relay's kernel socket buffers
     are not in it. Bytes that crossed their sender's uplink and wait for the host's downlink, where
     the internet would hold them in the downlink's one queue."""
-    worst = math.nan
+    seen = []
     for t, stats in relay_series:
         if t0 <= t <= t1 + 0.5 and "peak" in stats:
             into = collections.Counter()
             for key, n in stats["peak"].items():
                 into[int(key.split("->")[1])] += n
-            worst = max(max((into[h] for h in hosts), default=0), 0 if math.isnan(worst) else worst)
-    return worst
+            seen.append(max((into[h] for h in hosts), default=0))
+    return max(seen, default=math.nan)
 
 
 def _at(series: list[tuple[float, int]], t: float) -> int:

@@ -195,6 +195,7 @@ def _wait_file(path: Path, timeout: float, stop: threading.Event, tick=lambda: N
 
 
 def role_sampler(args) -> None:
+    from cli.roles.common import Heartbeat
     from swarm.discovery import LearnerTracker
     from swarm.wire.peer import PeerInfo
     from swarm.weights import WeightFetcher
@@ -205,23 +206,33 @@ def role_sampler(args) -> None:
     _event(work / "joined.jsonl", step="dht", spawned=args.spawned)  # in the swarm's DHT, reachability settled
     tracker = LearnerTracker(node, args.follow, MODEL, every=5.0)
     fetcher = WeightFetcher(node, lambda: tracker.current, mates=lambda: tracker.mates, seeding=lambda: tracker.seeding)
-    chain, version, last_announce, found = "", -1, 0.0, False
+    chain, version, found = "", -1, False
+    held = {"version": 0}  # what the heartbeat announces: replaced whole by this loop
+
+    def announce() -> None:  # mates find each other by these records
+        if tracker.current:
+            node.announce(PeerInfo(peer_id=node.peer_id, role="sampler", model_id=MODEL, version=held["version"],
+                                   engine="", throughput=0.0, maddrs=node.maddrs(), learner=tracker.current), ttl=30)
+
+    # on a thread of its own, as `join`'s sampler does (cli/roles/sampler.py), not from this loop,
+    # where a long poll and a slow download (~15 s at 25 Mbit/s) stand between two announcements of
+    # a record that lives 30 s. (In one run announced from here, each sampler's mates came to lack
+    # itself, the samplers disagreed on owners, and a version went to the learner 8 times over.)
+    heartbeat = Heartbeat([("announcing the sampler", 5.0, announce)])
     try:
         while not stop.is_set():
             t0 = time.time()
+            heartbeat.check()
             if tracker.refresh() and not found:
                 found = True
                 _event(work / "joined.jsonl", step="learner", spawned=args.spawned)
-            if t0 - last_announce > 5 and tracker.current:  # mates find each other by these records
-                node.announce(PeerInfo(peer_id=node.peer_id, role="sampler", model_id=MODEL, version=max(version, 0),
-                                       engine="", throughput=0.0, maddrs=node.maddrs(), learner=tracker.current), ttl=30)
-                last_announce = t0
             (work / "mates.json").write_text(json.dumps(tracker.mates))  # the driver waits until all agree
             before = dict(fetcher.stats)
             wait = 0.0 if args.sync_polls else args.long_poll  # the learner answers once it publishes
             got = fetcher.fetch(chain, version, wait=wait, stop=stop) if tracker.current else None
             if got:
                 chain, version = got[-1].chain, got[-1].version
+                held = {"version": version}
                 _event(work / "fetches.jsonl", versions=[w.version for w in got], sizes=[len(w.blob) for w in got],
                        started=t0, **{k: fetcher.stats[k] - before.get(k, 0) for k in
                                       ("bytes_from_learner", "bytes_from_holders", "weight_fetch_failures",
@@ -233,6 +244,7 @@ def role_sampler(args) -> None:
             # whole second of the shared clock, as if told of a new version at the same instant
             stop.wait(1.0 - time.time() % 1.0 if args.sync_polls else max(0.05, 1.0 - (time.time() - t0)))
     finally:
+        heartbeat.close()
         fetcher.close()
         node.shutdown()
 

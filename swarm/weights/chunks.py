@@ -21,7 +21,7 @@ from swarm.p2p import SwarmNode
 from swarm.p2p.doors import Bound
 from swarm.p2p.handlers import BoundedStream
 from swarm.wire.tally import MAX_SEEDERS
-from swarm.wire.chunks import CHUNKS, CHUNK_SIZE, ChunkRequest, ChunkRequestError, MAX_INDICES, MAX_REQUEST_BYTES, MAX_REQUEST_WAIT
+from swarm.wire.chunks import CHUNKS, ChunkRequest, ChunkRequestError, MAX_INDICES, MAX_REQUEST_BYTES, MAX_REQUEST_WAIT, chunk_size
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +234,8 @@ class ChunkStore:
             return None
         blob = self.blobs.get(version)
         if blob is not None:  # a view: slicing bytes would copy every chunk served
-            return memoryview(blob)[index * CHUNK_SIZE : (index + 1) * CHUNK_SIZE] if 0 <= index * CHUNK_SIZE < len(blob) else None
+            size = chunk_size(len(blob))
+            return memoryview(blob)[index * size : (index + 1) * size] if 0 <= index * size < len(blob) else None
         return self.partial.get(version, {}).get(index)
 
     def _may_serve(self, remote: str, chain: str, version: int, index: int, size: int) -> bool:
@@ -253,7 +254,7 @@ class ChunkStore:
         (distinct chunks: a repeat adds nothing), while fewer than MAX_SEEDERS are named."""
         blob = self.blobs.get(version)
         if (blob is not None and len(self._seeded) < MAX_SEEDERS and remote not in self._seeded
-                and self._repeats.distinct(remote, chain, version) == -(-len(blob) // CHUNK_SIZE)):
+                and self._repeats.distinct(remote, chain, version) == -(-len(blob) // chunk_size(len(blob)))):
             self._seeded.append(remote)
 
     def seeders(self) -> list[str]:

@@ -21,7 +21,7 @@ from typing import Callable, NamedTuple, Protocol
 from swarm.identity import short_id
 from swarm.p2p import RemoteError, StreamStalled, SwarmNode
 from swarm.wire.rollout import RecordError
-from swarm.wire.chunks import CHUNK_SIZE, CHUNKS, ChunkRequest, chunk_digest
+from swarm.wire.chunks import CHUNK_SIZE, CHUNKS, ChunkRequest, chunk_digest, chunk_size
 from swarm.weights.chunks import ChunkStore
 from swarm.weights.config import FetchConfig
 from swarm.wire.manifest import VersionEntry
@@ -226,9 +226,17 @@ class Gather:
         ring = (mates[(r + k) % n] for k in range(min(n, tries + 1)))  # the owner is among them at most once
         return [Source(m, self._host.peer_wait) for m in ring if m != owner][:tries]
 
+    STREAM_BYTES = 2 * CHUNK_SIZE
+    """Bytes asked of one source per stream (`_split`), up to the fetcher's `parallel` streams: one
+    stream's window (p2pd's yamux) would cap a large share at ~26-51 Mbit/s at 80 ms, and more
+    streams cost each source work per stream (one per chunk, up to 4, was ~1 s slower than one per
+    2 MiB at 100 Mbit/s on the emulated WAN: docs/BENCHMARKS.md). In bytes, not chunks: a 20 MB
+    patch's 80 chunks of 256 KiB over 8 mates ask each owner 2.5 MiB, one stream, as its 20
+    chunks of 1 MiB did."""
+
     def _split(self, indices: list[int]) -> list[list[int]]:
         """Several streams to one source, interleaved, so a large version keeps the link busy."""
-        k = min(self._parallel, max(1, len(indices) // 2))
+        k = min(self._parallel, max(1, len(indices) * chunk_size(self.entry.size) // self.STREAM_BYTES))
         return [indices[j::k] for j in range(k)]
 
     def _run_stream(self, stream: ChunkStream) -> None:  # in a pool thread
@@ -270,8 +278,9 @@ class Gather:
         try:  # the whole stream's bound allows a slow link; `stall` bounds each item
             request = ChunkRequest(self.chain, version, indices, wait).encode()
             stall = host.cfg.stall(wait, learner=from_learner)  # each item's bound; the whole stream's, a backstop
-            n = host.node.call_stream(source, CHUNKS, request, host.rpc_timeout + len(indices) * stall.within_s(CHUNK_SIZE),
-                                      on_chunk, max_item=CHUNK_SIZE, stall=stall)
+            size = chunk_size(self.entry.size)  # the manifest's size says how the learner cut it: no item is larger
+            n = host.node.call_stream(source, CHUNKS, request, host.rpc_timeout + len(indices) * stall.within_s(size),
+                                      on_chunk, max_item=size, stall=stall)
             if n < len(indices):  # it holds no more of them (a stream ends at the first chunk not held):
                 # `_step` asks the rest of their next source. Not a failure: the protocol's "not held"
                 host.count("chunks_not_held", len(indices) - n)

@@ -22,8 +22,10 @@ class WeightServer:
     A manifest request may be a long poll (`ManifestRequest`): it asks for the manifest once the
     learner's newest version is no longer (chain, version), waiting at most `wait` s (capped at
     MAX_REQUEST_WAIT). Samplers then hear of a version the moment it is published, not at their
-    next poll, and ask less often than a poll a second would. An empty request (or one that is not
-    a valid long poll: counted) is answered at once. One waiting request per peer, `MAX_WAITERS` in
+    next poll, and ask less often than a poll a second would. A long poll whose (chain, version) is
+    still the newest when its wait ends (or when it may not wait) is answered b"": nothing newer.
+    An empty request (or one that is not a valid long poll: counted) is answered at once, with the
+    manifest. One waiting request per peer, `MAX_WAITERS` in
     all, of which keys the node has not proven (`Doors.set_proven`) hold at most half: beyond that, at
     once (the caller asks again later), so however many fresh keys hold long polls, the proven
     samplers' find room. Calls past the door's budget (swarm/p2p/doors.py `DOORS`) are answered b"" after its tarpit."""
@@ -73,6 +75,13 @@ class WeightServer:
             finally:
                 self._waiting.discard(remote)
                 self._waiting_unknown -= unknown
+        if after is not None and after == self._newest:
+            # it holds our newest version: "nothing newer" (b""; its fetcher polls again), not the
+            # manifest, which lists every chunk of the segment (100 patches of 20 MB in 80 chunks:
+            # 528 kB) and went to every sampler at each long poll's end, ~6 times a version at
+            # minute-long steps (only once a version, it is still that size: docs/BENCHMARKS.md)
+            self.stats["nothing_newer"] += 1
+            return b""
         return self._manifest
 
     def _may_wait(self, remote: str, unknown: bool) -> bool:

@@ -20,13 +20,27 @@ from swarm.wire.rollout import MAX_ID
 
 CHUNKS = "hetero.chunks.v1"
 CHUNK_SIZE = 1024 * 1024
+"""The largest chunk: a version of at least CHUNKS_A_VERSION MiB is cut in these (`chunk_size`)."""
+MIN_CHUNK = 64 * 1024
+"""The smallest chunk, however small the version: below it, the work per chunk (a frame, a hash, a
+request's index) would grow against its bytes for no gain in how fast a version spreads."""
+CHUNKS_A_VERSION = 64
+"""The fewest chunks a version is cut in (`chunk_size`), between MIN_CHUNK and CHUNK_SIZE. Why: a
+mate forwards a chunk only once it holds it whole and verified, so a version spreads in about one
+copy at the link rate plus the time an owner takes to forward its last chunk to its N - 1 mates,
+(N - 1) x chunk / link, i.e. (N - 1) / chunks of the limit. A 20 MB patch (a 0.6B model's at lr
+1e-6) in 1 MiB chunks is 20 of them: 8 mates at 25 Mbit/s were 1.5x the limit by that arithmetic
+and 1.8-2.3x measured (docs/BENCHMARKS.md), and with more mates than chunks, an owner forwards a
+whole MiB to each of its N - 1 mates. 64 chunks put 8 mates at ~1.1x and 64 mates at one chunk
+each, while keeping the manifest small: a chain segment of 100 small patches lists at most 12,800
+chunk hashes (845 kB, against MAX_MESSAGE)."""
 MANIFEST_BYTES_A_CHUNK = len(msgpack.packb("0" * 64))
 """66: what one chunk costs the manifest that lists it (its sha256 in hex, a msgpack str8)."""
 MAX_INDICES = MAX_MESSAGE // MANIFEST_BYTES_A_CHUNK
 """47,662: the most chunks a version can have, so the most indices a request may name, and one past
 the largest index. A fetcher learns a version's chunks from its learner's manifest, one reply, which
 our replies keep under MAX_MESSAGE (3 MiB; hivemind carries 4 MiB at most): no manifest lists more
-chunks, so no version the code accepts is larger than 47,662 x 1 MiB = 46.5 GiB (a 7B keyframe in
+chunks, so no version the code accepts is larger than 47,662 x CHUNK_SIZE (1 MiB) = 46.5 GiB (a 7B keyframe in
 bf16: 14,306 chunks). An honest request names at most every chunk of one version (`Gather._split`)."""
 MAX_REQUEST_WAIT = 10.0
 """The longest a peer may ask us to wait for one thing to answer with (a manifest newer than the one
@@ -39,8 +53,18 @@ def chunk_digest(chunk: bytes | memoryview) -> str:
     return hashlib.sha256(chunk).hexdigest()
 
 
+def chunk_size(total: int) -> int:
+    """The size of the chunks a version of `total` bytes is cut in (its last one may be shorter):
+    the largest power of two that cuts it in at least CHUNKS_A_VERSION, within [MIN_CHUNK,
+    CHUNK_SIZE]. A function of the size the learner's signed manifest states, so the learner and
+    every holder and fetcher cut a version alike without a field for it."""
+    per = max(1, total // CHUNKS_A_VERSION)
+    return min(CHUNK_SIZE, max(MIN_CHUNK, 1 << (per.bit_length() - 1)))
+
+
 def split_blob(blob: bytes) -> list[bytes]:
-    return [blob[i : i + CHUNK_SIZE] for i in range(0, len(blob), CHUNK_SIZE)]
+    size = chunk_size(len(blob))
+    return [blob[i : i + size] for i in range(0, len(blob), size)]
 
 
 @dataclass(frozen=True)

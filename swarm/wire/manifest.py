@@ -41,7 +41,7 @@ class VersionEntry:
     size: int
     """Bytes of the whole blob: a stream can silently lose its tail, so the fetcher checks it."""
     chunks: tuple[str, ...]
-    """sha256 (hex) of each CHUNK_SIZE slice of the blob, in order."""
+    """sha256 (hex) of each chunk of the blob, in order (cut by `chunks.chunk_size(size)`)."""
 
     @classmethod
     def of_blob(cls, version: int, base: int | None, blob: bytes) -> VersionEntry:
@@ -67,6 +67,8 @@ class Manifest:
     model_id: str
     chain: str
     chunk_size: int
+    """The largest chunk (CHUNK_SIZE); each version is cut by `chunks.chunk_size` of its size. Kept
+    on the wire for readers of v1 manifests; fetchers do not read it."""
     versions: tuple[VersionEntry, ...]
     learner: str
     """The peer id of the learner that published it."""

@@ -31,7 +31,7 @@ from swarm.identity import Identity
 from swarm.p2p import SwarmNode
 from swarm.p2p.doors import TARPIT_S
 from swarm.wire.batch import ROLLOUTS
-from swarm.wire.chunks import CHUNK_SIZE, ChunkRequest
+from swarm.wire.chunks import CHUNK_SIZE, ChunkRequest, split_blob
 from swarm.weights import WeightServer
 from swarm.wire.chunks import CHUNKS
 from swarm.p2p.doors import DOORS
@@ -97,7 +97,7 @@ def test_1500_idle_streams_from_one_key_cannot_exhaust_a_learners_descriptors(tm
 
 @pytest.fixture
 def weight_door(tmp_path):
-    """A learner's weight server holding a 4-chunk keyframe, and two strangers with fresh keys."""
+    """A learner's weight server holding a 4 MiB keyframe (64 chunks of 64 KiB: `chunk_size`), and two strangers with fresh keys."""
     server = SwarmNode(Identity.load_or_create(tmp_path / "l.key"), NetworkConfig(), "doors")
     strangers = [SwarmNode(Identity.load_or_create(tmp_path / f"a{i}.key"), NetworkConfig(initial_peers=server.maddrs()),
                            "doors") for i in range(2)]
@@ -148,7 +148,7 @@ def test_fresh_keys_holding_long_polls_leave_half_the_slots_to_the_proven(weight
 
     def timed(node: SwarmNode) -> float:
         t0 = time.monotonic()
-        assert node.call(ws.node.peer_id, MANIFEST, ask, 20.0)  # the sealed manifest, waited for or not
+        assert node.call(ws.node.peer_id, MANIFEST, ask, 20.0) == b""  # nothing newer, waited for or not
         return time.monotonic() - t0
     held = threading.Thread(target=timed, args=(attacker,))
     held.start()
@@ -177,10 +177,11 @@ def test_one_key_asking_the_keyframe_again_and_again_is_served_it_a_bounded_numb
     version goes to one peer at most MAX_REPEATS times; another fresh key still gets it whole."""
     ws, (attacker, newcomer), blob = weight_door
     served, stop = [], time.monotonic() + 6.0
+    every = list(range(len(split_blob(blob))))  # the whole keyframe
 
     def ask() -> None:
         while time.monotonic() < stop:
-            served.append(_stream(attacker, ws.node.peer_id, [0, 1, 2, 3]))
+            served.append(_stream(attacker, ws.node.peer_id, every))
     threads = [threading.Thread(target=ask) for _ in range(8)]
     for t in threads:
         t.start()
@@ -190,7 +191,7 @@ def test_one_key_asking_the_keyframe_again_and_again_is_served_it_a_bounded_numb
           f"(without the bound: {len(served) * len(blob) / 2**20:.0f} MiB), {ws.store.repeats_refused} chunks refused")
     assert sum(served) == MAX_REPEATS * len(blob)
     assert ws.store.repeats_refused > 0 and ws.node.doors.stats()[CHUNKS]["calls"] > 0  # refused and counted
-    assert _stream(newcomer, ws.node.peer_id, [0, 1, 2, 3]) == len(blob)  # its own count, the pool ample
+    assert _stream(newcomer, ws.node.peer_id, every) == len(blob)  # its own count, the pool ample
     assert len(blob) * (MAX_REPEATS + 1) < DOORS[CHUNKS].unproven_byte_burst
 
 

@@ -27,7 +27,7 @@ from swarm.p2p.doors import DOORS
 from swarm.p2p.framing import item_header, read_frame
 from swarm.weights import WeightFetcher, WeightServer
 from swarm.weights.chunks import INDEX_COST
-from swarm.wire.chunks import CHUNK_SIZE, CHUNKS, MAX_INDICES
+from swarm.wire.chunks import CHUNK_SIZE, CHUNKS, MAX_INDICES, chunk_size
 
 STREAMS = 16
 """The streams one key may hold open on one protocol (swarm/p2p/budget.py, PER_PEER)."""
@@ -41,7 +41,7 @@ MAX_BUSY = 0.25
 
 @pytest.fixture
 def door(tmp_path):
-    """A learner's weight server holding a 4-chunk keyframe, an attacker with a fresh key, and an
+    """A learner's weight server holding a 4 MiB keyframe (64 chunks of 64 KiB: `chunk_size`), an attacker with a fresh key, and an
     honest sampler's fetcher."""
     server = SwarmNode(Identity.load_or_create(tmp_path / "l.key"), NetworkConfig(), "door")
     peers = [SwarmNode(Identity.load_or_create(tmp_path / f"{name}.key"), NetworkConfig(initial_peers=server.maddrs()),
@@ -167,5 +167,5 @@ def test_a_stranger_flooding_the_chunk_door_is_refused_counted_and_the_node_keep
     # flight; CI once saw one such chunk (5 MiB served for 4 MiB fetched)
     fetcher._pool.shutdown(wait=True)  # every stream's thread done: its counts are final
     stats = fetcher.stats
-    lost = CHUNK_SIZE * (stats["chunks_not_held"] + stats["chunks_failed"])
+    lost = chunk_size(len(blob)) * (stats["chunks_not_held"] + stats["chunks_failed"])
     assert len(blob) <= ws.store.served_bytes <= stats["bytes_from_learner"] + lost, dict(stats)

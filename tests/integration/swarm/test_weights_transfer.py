@@ -17,7 +17,7 @@ from swarm.wire.envelope import seal
 from swarm.identity import Identity
 from swarm.exchange import WeightVersion
 from swarm.p2p import SwarmNode
-from swarm.wire.chunks import CHUNK_SIZE
+from swarm.wire.chunks import MIN_CHUNK
 from swarm.weights import FetchConfig, PeerStrikes, WeightFetcher, WeightPrefetcher, WeightServer
 
 
@@ -384,10 +384,11 @@ def test_a_sampler_follows_the_chain_across_a_keyframe_sent_in_place_of_a_larger
 
 
 async def _trickle(info, reader, writer):
-    """A frame header claiming a 1 MiB chunk, then a byte a second."""
+    """A frame header claiming a whole chunk (the smallest a version is cut in: within the bound
+    on an item of any version), then a byte a second."""
     from hivemind.p2p import P2P
 
-    writer.write(P2P.MESSAGE_MARKER + CHUNK_SIZE.to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER))
+    writer.write(P2P.MESSAGE_MARKER + MIN_CHUNK.to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER))
     try:
         while True:
             await writer.drain()
@@ -470,6 +471,8 @@ def _timed_call(node, learner, payload: bytes, timeout: float = 20.0) -> tuple[f
 
 
 def test_a_long_poll_is_answered_the_moment_the_learner_publishes(peers):
+    from swarm.wire.manifest import MANIFEST
+
     lx, (s1, _) = peers
     lx.publish(WeightVersion(BUILTIN_MODEL, "run20", 0, None, b"zero"))
     timer = threading.Timer(0.5, lambda: lx.publish(WeightVersion(BUILTIN_MODEL, "run20", 1, 0, b"one")))
@@ -478,13 +481,16 @@ def test_a_long_poll_is_answered_the_moment_the_learner_publishes(peers):
     assert [e["version"] for e in manifest["versions"]][-1] == 1 and took < 6.0  # at v1, not after the 8 s
     took, _ = _timed_call(s1.node, s1.learner(), msgpack.packb(["run20", 0, 8.0]))
     assert took < 4.0  # the caller is behind already: no wait
-    took, _ = _timed_call(s1.node, s1.learner(), msgpack.packb(["run20", 1, 1.0]))
-    assert took >= 0.9  # nothing newer: held for the wait asked
+    t0 = time.monotonic()
+    assert s1.node.call(s1.learner(), MANIFEST, msgpack.packb(["run20", 1, 1.0]), 20.0) == b""
+    assert time.monotonic() - t0 >= 0.9  # nothing newer: held for the wait asked, then told so (no manifest)
     took, _ = _timed_call(s1.node, s1.learner(), b"")
     assert took < 4.0  # a plain request (an older sampler): at once
 
 
 def test_long_polls_are_bounded_per_peer_and_malformed_requests_counted(peers):
+    from swarm.wire.manifest import MANIFEST
+
     lx, (s1, s2) = peers
     lx.publish(WeightVersion(BUILTIN_MODEL, "run21", 0, None, b"zero"))
     before = dict(lx.stats)
@@ -492,10 +498,13 @@ def test_long_polls_are_bounded_per_peer_and_malformed_requests_counted(peers):
         took, manifest = _timed_call(s2.node, s2.learner(), bad)
         assert manifest["chain"] == "run21" and took < 4.0  # answered at once, with the manifest
     assert lx.stats["malformed"] == before.get("malformed", 0) + 3
-    first = threading.Thread(target=_timed_call, args=(s1.node, s1.learner(), msgpack.packb(["run21", 0, 5.0])))
+    poll = msgpack.packb(["run21", 0, 5.0])
+    first = threading.Thread(target=s1.node.call, args=(s1.learner(), MANIFEST, poll, 20.0))
     first.start()
     time.sleep(1.0)  # s1's first request is waiting now
-    took, _ = _timed_call(s1.node, s1.learner(), msgpack.packb(["run21", 0, 5.0]))
+    t0 = time.monotonic()
+    assert s1.node.call(s1.learner(), MANIFEST, poll, 20.0) == b""  # nothing newer than v0
+    took = time.monotonic() - t0
     first.join(10)
     assert took < 3.0  # one waiting request per peer: the second is answered at once
     assert lx.stats["long_polls"] == before.get("long_polls", 0) + 1

@@ -20,7 +20,7 @@ from swarm.p2p.doors import DOORS, Bound
 from swarm.p2p.handlers import BoundedStream
 from swarm.weights import ChunkStore
 from swarm.weights.chunks import INDEX_COST
-from swarm.wire.chunks import CHUNK_SIZE, CHUNKS, MAX_INDICES, MAX_REQUEST_BYTES, ChunkRequest
+from swarm.wire.chunks import CHUNK_SIZE, CHUNKS, MAX_INDICES, MAX_REQUEST_BYTES, MIN_CHUNK, ChunkRequest
 
 
 class _Node:
@@ -52,15 +52,15 @@ def _ask(node: _Node, payload: bytes, peer: str = "peer") -> list[bytes]:
 def test_a_stream_ends_at_the_first_chunk_not_held_and_each_index_named_is_charged_first():
     store, node, tarpitted = _store()
     assert isinstance(node.handler, BoundedStream) and node.handler.max_request == MAX_REQUEST_BYTES
-    blob = os.urandom(2 * CHUNK_SIZE + 5)  # 3 chunks
+    blob = os.urandom(2 * MIN_CHUNK + 5)  # 3 chunks (of MIN_CHUNK: `chunk_size`)
     store.put("c", 0, blob)
     door = node.doors._doors[CHUNKS]
-    first_two = [blob[:CHUNK_SIZE], blob[CHUNK_SIZE:2 * CHUNK_SIZE]]
+    first_two = [blob[:MIN_CHUNK], blob[MIN_CHUNK:2 * MIN_CHUNK]]
     assert _ask(node, ChunkRequest("c", 0, [0, 1, 7, 2], 0.0).encode()) == first_two  # 7 not held: the end
-    assert door.served == 4 * INDEX_COST + 2 * CHUNK_SIZE
+    assert door.served == 4 * INDEX_COST + 2 * MIN_CHUNK
     # the most a request may name, of a version not held: no frame at all, every index charged
     assert _ask(node, ChunkRequest("c", 9, list(range(MAX_INDICES)), 0.0).encode(), "other") == []
-    assert door.served == 4 * INDEX_COST + 2 * CHUNK_SIZE + MAX_INDICES * INDEX_COST and tarpitted == []
+    assert door.served == 4 * INDEX_COST + 2 * MIN_CHUNK + MAX_INDICES * INDEX_COST and tarpitted == []
     # past the door: tarpitted, then no frame at all (before: one b"" per index named)
     for _ in range(int(DOORS[CHUNKS].call_burst)):
         door.enter("flood")
@@ -157,7 +157,7 @@ def test_a_request_waiting_for_a_chunk_is_woken_by_the_change_not_a_poll(change)
 def test_the_first_peers_served_the_seed_version_whole_are_its_seeders_fixed_until_the_next():
     from swarm.wire.tally import MAX_SEEDERS
     store, node, _ = _store()
-    blob, patch = os.urandom(2 * CHUNK_SIZE + 5), os.urandom(10)  # 3 chunks; 1
+    blob, patch = os.urandom(2 * MIN_CHUNK + 5), os.urandom(10)  # 3 chunks; 1
     store.put("c", 0, blob)
     store.put("c", 1, patch)
     _ask(node, ChunkRequest("c", 0, [0, 1, 2], 0.0).encode(), "SAMPLER")

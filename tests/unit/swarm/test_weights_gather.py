@@ -12,13 +12,15 @@ import pytest
 
 from swarm.p2p import Doors, StreamStalled
 from swarm.wire.rollout import RecordError
-from swarm.wire.chunks import CHUNK_SIZE
+from swarm.wire.chunks import CHUNK_SIZE, MIN_CHUNK, chunk_size
 from swarm.weights import FetchConfig, WeightFetcher
 from swarm.wire.manifest import VersionEntry
 from swarm.wire.peer import Holder
 from swarm.weights.gather import Gather, Source
 
-BLOB = bytes(range(256)) * (CHUNK_SIZE // 256) * 3 + b"tail"  # 4 chunks
+PIECE = MIN_CHUNK
+BLOB = bytes(range(256)) * (PIECE // 256) * 3 + b"tail"  # 4 chunks (of PIECE: a version this small is cut in the smallest)
+assert chunk_size(len(BLOB)) == PIECE
 ENTRY = VersionEntry.of_blob(7, None, BLOB)
 LEARNER = "learner"
 
@@ -44,24 +46,24 @@ class ScriptedNode:
             self.released.wait(10)
             raise StreamStalled("nothing for a while")
         if how in ("slow", "then_stall"):  # a congested mate: its first chunk now, the next after a pause
-            on_item(BLOB[indices[0] * CHUNK_SIZE : (indices[0] + 1) * CHUNK_SIZE])
+            on_item(BLOB[indices[0] * PIECE : (indices[0] + 1) * PIECE])
             if how == "then_stall":  # and then nothing: abandoned at its stall bound (here: when released)
                 self.released.wait(10)
                 raise StreamStalled("nothing after its first chunk")
             self.released.wait(SLOW_GAP)  # (or less, if the test is over)
             for i in indices[1:]:
-                on_item(BLOB[i * CHUNK_SIZE : (i + 1) * CHUNK_SIZE])
+                on_item(BLOB[i * PIECE : (i + 1) * PIECE])
             return len(indices)
         if how == "breaks":  # its first chunk, then the stream breaks (a reset, a peer gone)
-            on_item(BLOB[indices[0] * CHUNK_SIZE : (indices[0] + 1) * CHUNK_SIZE])
+            on_item(BLOB[indices[0] * PIECE : (indices[0] + 1) * PIECE])
             raise ConnectionResetError("the stream broke")
         if how in ("first", "ends"):  # holds the first chunk it is asked (or none): its stream ends there
             served = indices[:1] if how == "first" else []
             for i in served:
-                on_item(BLOB[i * CHUNK_SIZE : (i + 1) * CHUNK_SIZE])
+                on_item(BLOB[i * PIECE : (i + 1) * PIECE])
             return len(served)
         for i in indices:
-            chunk = BLOB[i * CHUNK_SIZE : (i + 1) * CHUNK_SIZE]
+            chunk = BLOB[i * PIECE : (i + 1) * PIECE]
             on_item({"good": chunk, "lie": b"x" * len(chunk), "none": b""}[how])
         return len(indices)
 
@@ -165,8 +167,8 @@ def test_a_stream_that_ends_short_hands_the_rest_to_their_next_source_at_once(ho
     # as soon as it ends, not after a hedge, and is no failure
     fetcher, node, g = gather({"h": how, LEARNER: "good"}, holders=["h"], cfg=FetchConfig(hedge_s=30.0))
     assert run(fetcher, node, g) == BLOB  # no hedge (30 s) waited for: `hedged_streams` below
-    served = {"first": 2, "ends": 0}[how]  # two streams to the holder (`_split`): each ends after its first, or at once
-    assert fetcher.stats["bytes_from_holders"] == served * CHUNK_SIZE
+    served = {"first": 1, "ends": 0}[how]  # one stream to the holder (4 small chunks: `_split`): it ends after its first, or at once
+    assert fetcher.stats["bytes_from_holders"] == served * PIECE
     assert fetcher.stats["chunks_not_held"] == 4 - served and fetcher.stats["hedged_streams"] == 0
     asked_learner = [i for peer, indices, _ in node.asked if peer == LEARNER for i in indices]
     assert len(asked_learner) == 4 - served  # the rest, once each
@@ -176,11 +178,23 @@ def test_a_stream_that_ends_short_hands_the_rest_to_their_next_source_at_once(ho
 def test_a_stream_that_breaks_hands_the_rest_to_their_next_source_and_counts_them():
     fetcher, node, g = gather({"h": "breaks", LEARNER: "good"}, holders=["h"], cfg=FetchConfig(hedge_s=30.0))
     assert run(fetcher, node, g) == BLOB
-    # two streams to the holder (`_split`), each broken after its first chunk: the other two failed,
-    # asked of the learner once each (a broken stream may have lost what was in flight: counted)
-    assert fetcher.stats["bytes_from_holders"] == 2 * CHUNK_SIZE and fetcher.stats["chunks_failed"] == 2
-    assert sorted(i for peer, indices, _ in node.asked if peer == LEARNER for i in indices) == [2, 3]
-    assert sorted(src for _, _, src in g.arrived) == ["h", "h", LEARNER, LEARNER]
+    # one stream to the holder (4 small chunks: `_split`), broken after its first chunk: the other
+    # three failed, asked of the learner once each (a broken stream may have lost what was in flight: counted)
+    assert fetcher.stats["bytes_from_holders"] == PIECE and fetcher.stats["chunks_failed"] == 3
+    assert sorted(i for peer, indices, _ in node.asked if peer == LEARNER for i in indices) == [1, 2, 3]
+    assert sorted(src for _, _, src in g.arrived) == ["h", LEARNER, LEARNER, LEARNER]
+
+
+def test_streams_to_one_source_go_by_bytes_asked_one_per_2_mib_up_to_parallel():
+    fetcher, node, _ = gather({LEARNER: "good"})
+    for size, n, streams in [(20 << 20, 10, 1),  # a 20 MB patch (256 KiB chunks): an owner's 10, 2.5 MiB
+                             (20 << 20, 80, 4),  # all 80 of them: 20 MiB, capped at `parallel`
+                             (64 << 20, 2, 1), (64 << 20, 4, 2), (64 << 20, 7, 3)]:  # 1 MiB chunks: one per 2
+        entry = VersionEntry(7, None, size, ("0" * 64,) * -(-size // chunk_size(size)))
+        g = Gather(fetcher, fetcher._pool, 4, "c", entry, LEARNER, [], [None] * len(entry.chunks), [])
+        parts = g._split(list(range(n)))
+        assert len(parts) == streams and sorted(i for p in parts for i in p) == list(range(n)), (size, n, parts)
+    fetcher.close()
 
 
 def test_a_chunk_no_source_delivers_fails_the_download_once_the_learner_was_asked_twice():
@@ -272,7 +286,7 @@ def test_a_download_that_ends_short_resumes_from_the_chunks_it_verified():
             self.asked.append((peer, tuple(indices), wait))
             served = [i for i in indices if i < 2 or self.serve[peer] == "good"]  # "busy" past chunk 1
             for i in served:
-                on_item(BLOB[i * CHUNK_SIZE : (i + 1) * CHUNK_SIZE])
+                on_item(BLOB[i * PIECE : (i + 1) * PIECE])
             return len(served)
 
     node = HalfLearner({LEARNER: "busy"})

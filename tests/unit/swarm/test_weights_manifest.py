@@ -16,9 +16,9 @@ from swarm.wire.manifest import Manifest, ManifestRequest, VersionEntry
 from swarm.p2p.doors import DOORS
 from swarm.wire.chunks import CHUNKS
 from swarm.weights.chunks import INDEX_COST
-from swarm.wire.chunks import MAX_INDICES, MAX_REQUEST_BYTES, ChunkRequestError, chunk_digest
+from swarm.wire.chunks import MAX_INDICES, MAX_REQUEST_BYTES, ChunkRequestError, chunk_digest, chunk_size, split_blob
 
-KEYFRAME = bytes(range(256)) * 5000  # two chunks, the second short
+KEYFRAME = bytes(range(256)) * 5000  # two 1 MiB chunks in the pinned encoding below, the second short
 # What swarm/weight_rpc.py's WeightServer.publish packed (before sealing) after publishing
 # (tiny-model, chain-a, v3, keyframe, KEYFRAME) then (v4, base 3, b"patch") as peer "QmLearner"
 # at time.time() == 1700000000.25: captured from that code before it was removed.
@@ -33,7 +33,10 @@ OLD_ENCODING = bytes.fromhex(
 
 
 def manifest() -> Manifest:
-    entries = (VersionEntry.of_blob(3, None, KEYFRAME), VersionEntry.of_blob(4, 3, b"patch"))
+    # cut in 1 MiB as the old code cut everything (today a version this small is cut in 20 chunks of
+    # MIN_CHUNK, `chunk_size`): what is pinned here is the record's encoding, not the cut
+    old_cut = tuple(chunk_digest(KEYFRAME[i : i + CHUNK_SIZE]) for i in range(0, len(KEYFRAME), CHUNK_SIZE))
+    entries = (VersionEntry(3, None, len(KEYFRAME), old_cut), VersionEntry.of_blob(4, 3, b"patch"))
     return Manifest("tiny-model", "chain-a", CHUNK_SIZE, entries, "QmLearner", 1700000000.25)
 
 
@@ -109,6 +112,21 @@ def test_the_chunk_requests_bounds_follow_the_largest_manifest_a_fetcher_reads()
     assert hashes <= MAX_MESSAGE < hashes + len(msgpack.packb(chunk_digest(b"x")))
     assert MAX_INDICES * CHUNK_SIZE > 15 * 10 ** 9  # a 7B keyframe in bf16 fits, 3 times over
     assert INDEX_COST * MAX_INDICES < DOORS[CHUNKS].byte_burst  # the largest request within one burst
+
+
+def test_a_version_is_cut_in_at_least_64_chunks_of_a_power_of_two_from_64_kib_to_1_mib():
+    KiB, MiB = 1024, 1024 * 1024
+    # (size, chunk): 20 MiB / 64 = 320 KiB, the power of two under it 256 KiB (80 chunks); 63 MiB / 64
+    # = 1008 KiB: 512 KiB (126); from 64 MiB on, 1 MiB; under 4 MiB, the floor of 64 KiB
+    for size, chunk in [(1, 64 * KiB), (4 * MiB, 64 * KiB), (4 * MiB + 64 * 128, 64 * KiB),
+                        (8 * MiB, 128 * KiB), (20 * MiB, 256 * KiB), (63 * MiB, 512 * KiB),
+                        (64 * MiB, MiB), (1200 * MiB, MiB)]:
+        assert chunk_size(size) == chunk, size
+    assert [len(c) for c in split_blob(bytes(20 * MiB + 5))] == [256 * KiB] * 80 + [5]
+    assert len(VersionEntry.of_blob(1, 0, bytes(20 * MiB)).chunks) == 80
+    # whatever the size below the cap, 64 to 127 chunks: a chain segment of 100 small patches (and a
+    # keyframe) lists at most 100 x 127 hashes, well within one manifest reply
+    assert 100 * 127 * len(msgpack.packb(chunk_digest(b"x"))) < MAX_MESSAGE / 3
 
 
 def test_one_bound_on_how_long_a_request_may_be_held():

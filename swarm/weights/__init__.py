@@ -6,7 +6,7 @@ Learner side (`WeightServer`, server.py) serves two RPCs:
                       -> the manifest of the learner's current chain segment (its last keyframe
                       and the deltas after it), sealed by the learner: chain id, model, and per
                       version its base, size and per-chunk sha256 (manifest.py: `Manifest`).
-  hetero.chunks.v1    [chain, version, [index, ...], wait] -> a stream of those chunks, ending at
+  hetero.chunks.v2    [chain, version, [index, ...], wait] -> a stream of those chunks, ending at
                       the first one not held. Served by the learner *and* by every sampler for
                       the versions it holds (announced in the DHT) or is downloading, so the
                       learner's upload need not grow with the number of samplers (chunks.py:

@@ -1,6 +1,6 @@
 """Weight blobs served chunk by chunk: the chunk request, the holder's store, and who owns which chunk.
 
-hetero.chunks.v1: [chain, version, [index, ...], wait] -> a stream of those chunks, in order, ending
+hetero.chunks.v2: [chain, version, [index, ...], wait] -> a stream of those chunks, in order, ending
 at the first one not held (of a version downloading here, after at most MAX_GAPS empty frames for
 chunks not in yet; the fetcher asks the rest of their next source). Served by the learner
 *and* by every sampler for the versions it holds (announced in the DHT) or is downloading, so the
@@ -77,7 +77,7 @@ loop 2.2 s for 65,536 of them)."""
 INDEX_COST = 64
 """Bytes of its door's byte budget (per peer, and the pool's) that each index a request names costs,
 charged before any is looked up: a lookup is work whatever the answer, and one request may name
-MAX_INDICES (2.9 MiB of budget for the largest). Small: at 1 KiB an index (1/1024 of a chunk), two
+MAX_INDICES (2.9 MiB of budget for the largest). Small: at 1 KiB an index (1/1024 of a 1 MiB chunk), two
 fresh samplers fetching the 219M rehearsal's keyframe from the learner were refused by its pool of
 unknown keys (tests/integration/swarm/test_rehearsal.py, a weight fetch failed; at 64 bytes it
 passes, as before the charge), so honest fetches name chunks more often than once each.

@@ -230,7 +230,7 @@ class Gather:
     """Bytes asked of one source per stream (`_split`), up to the fetcher's `parallel` streams: one
     stream's window (p2pd's yamux) would cap a large share at ~26-51 Mbit/s at 80 ms, and more
     streams cost each source work per stream (one per chunk, up to 4, was ~1 s slower than one per
-    2 MiB at 100 Mbit/s on the emulated WAN: docs/BENCHMARKS.md). In bytes, not chunks: a 20 MB
+    2 MiB at 100 Mbit/s on the emulated WAN: docs/BENCHMARKS.md). In bytes, not chunks: a 20 MiB
     patch's 80 chunks of 256 KiB over 8 mates ask each owner 2.5 MiB, one stream, as its 20
     chunks of 1 MiB did."""
 

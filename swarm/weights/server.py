@@ -48,7 +48,9 @@ class WeightServer:
         self._waiting_unknown = 0
         """Of them, the long polls of keys the node does not know."""
         self.stats: collections.Counter[str] = collections.Counter()
-        """manifests served, long polls that waited, malformed requests, calls past the door's budget (busy)."""
+        """requests answered (`manifests`: with the manifest, or b"" when the asker holds the newest
+        version, also counted as `nothing_newer`), long polls that waited, malformed requests, calls
+        past the door's budget (busy)."""
         self._door = node.doors.open(MANIFEST)
         node.add_handler(MANIFEST, self._on_manifest)
 

@@ -1,4 +1,4 @@
-"""hetero.chunks.v1's request, and how a weight blob is cut into the chunks it names.
+"""hetero.chunks.v2's request, and how a weight blob is cut into the chunks it names.
 
     request:  [chain, version, [index, ...], wait]   (`ChunkRequest`, at most MAX_REQUEST_BYTES)
     reply:    a stream of those chunks, in order, ending at the first one not held
@@ -18,22 +18,26 @@ from swarm.wire import MAX_MESSAGE
 from swarm.wire.rollout import MAX_ID
 
 
-CHUNKS = "hetero.chunks.v1"
+CHUNKS = "hetero.chunks.v2"
+"""v2: a version is cut by `chunk_size` (v1: in 1 MiB, whatever its size). The same index names other
+bytes in the two, so they are two protocols: a v1 peer and a v2 peer exchange no chunk (an old
+learner's chunks would be over a new fetcher's bound on an item, an old holder's wrong by hash)."""
 CHUNK_SIZE = 1024 * 1024
 """The largest chunk: a version of at least CHUNKS_A_VERSION MiB is cut in these (`chunk_size`)."""
 MIN_CHUNK = 64 * 1024
 """The smallest chunk, however small the version: below it, the work per chunk (a frame, a hash, a
 request's index) would grow against its bytes for no gain in how fast a version spreads."""
 CHUNKS_A_VERSION = 64
-"""The fewest chunks a version is cut in (`chunk_size`), between MIN_CHUNK and CHUNK_SIZE. Why: a
+"""The fewest chunks a version of at least CHUNKS_A_VERSION x MIN_CHUNK (4 MiB) is cut in (`chunk_size`;
+a smaller one is cut in MIN_CHUNK, a larger one than 64 MiB in CHUNK_SIZE). Why: a
 mate forwards a chunk only once it holds it whole and verified, so a version spreads in about one
 copy at the link rate plus the time an owner takes to forward its last chunk to its N - 1 mates,
 (N - 1) x chunk / link, i.e. (N - 1) / chunks of the limit. A 20 MB patch (a 0.6B model's at lr
 1e-6) in 1 MiB chunks is 20 of them: 8 mates at 25 Mbit/s were 1.5x the limit by that arithmetic
 and 1.8-2.3x measured (docs/BENCHMARKS.md), and with more mates than chunks, an owner forwards a
 whole MiB to each of its N - 1 mates. 64 chunks put 8 mates at ~1.1x and 64 mates at one chunk
-each, while keeping the manifest small: a chain segment of 100 small patches lists at most 12,800
-chunk hashes (845 kB, against MAX_MESSAGE)."""
+each, while keeping the manifest small: a version under 64 MiB has at most 128 chunks, so a chain
+segment of 100 such patches lists at most 12,800 chunk hashes (845 kB, against MAX_MESSAGE)."""
 MANIFEST_BYTES_A_CHUNK = len(msgpack.packb("0" * 64))
 """66: what one chunk costs the manifest that lists it (its sha256 in hex, a msgpack str8)."""
 MAX_INDICES = MAX_MESSAGE // MANIFEST_BYTES_A_CHUNK

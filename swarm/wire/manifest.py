@@ -67,8 +67,8 @@ class Manifest:
     model_id: str
     chain: str
     chunk_size: int
-    """The largest chunk (CHUNK_SIZE); each version is cut by `chunks.chunk_size` of its size. Kept
-    on the wire for readers of v1 manifests; fetchers do not read it."""
+    """The largest chunk (CHUNK_SIZE). Each version is cut by `chunks.chunk_size` of its size, which
+    no field says: the field stays so that the record's encoding is unchanged, and no one reads it."""
     versions: tuple[VersionEntry, ...]
     learner: str
     """The peer id of the learner that published it."""

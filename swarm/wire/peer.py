@@ -20,7 +20,7 @@ from msgspec import Meta, Struct
 
 from swarm.wire.model_files import MAX_BUNDLE
 
-PROTOCOL = 6
+PROTOCOL = 7
 """2: rollouts over a gated call (hetero.rollouts.v2), peer records say whether the peer is private.
 3: weight patches entropy-coded (node/weights/entropy.py): a protocol-2 sampler cannot apply them.
 4: several learners: peer records say which models a learner takes (`accepts`), swarm records which
@@ -30,7 +30,10 @@ readers who know the owner read them; holder and swarm records only there; the D
 else. Peers of protocol 5 from before these structs refuse a record with a field they do not know:
 a new field needs every peer upgraded, or a new protocol.
 6: a learner's peer record names the model bundle it serves (`files`, `files_bytes`: hetero.model.v1),
-so a sampler given no --model runs the learner's model."""
+so a sampler given no --model runs the learner's model.
+7: weight versions cut by their size (`swarm.wire.chunks.chunk_size`), served on hetero.chunks.v2: a
+protocol-6 peer exchanges no chunk with a protocol-7 one; a long poll with nothing newer is answered
+b"" (swarm/weights/server.py)."""
 SOFTWARE = "hetero-node/0.1.0"
 
 NonNegative = Annotated[int, Meta(ge=0)]

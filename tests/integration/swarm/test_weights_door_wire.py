@@ -1,4 +1,4 @@
-"""The chunk door (hetero.chunks.v1) against a stranger with its own key, over the real protocol
+"""The chunk door (hetero.chunks.v2) against a stranger with its own key, over the real protocol
 (in-process hivemind peers on 127.0.0.1): requests naming 65,536 chunks, malformed requests and
 oversized request frames, 16 streams at once. Each is refused and counted, costs the attacker a
 call and a tarpit, gets no chunk (not one empty frame per index: 65,536 of them held a learner's

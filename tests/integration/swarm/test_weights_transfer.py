@@ -195,10 +195,10 @@ def test_malformed_chunk_requests_are_refused_counted_and_serving_goes_on(peers)
     replies = []
     for junk in (b"\xc1", msgpack.packb("not a list"), msgpack.packb(["run7", 0, list(range(70_000)), 0.0]),
                  msgpack.packb(["run7", "zero", [0], 0.0])):
-        s1.node.call_stream(learner, "hetero.chunks.v1", junk, 10, replies.append)
+        s1.node.call_stream(learner, "hetero.chunks.v2", junk, 10, replies.append)
     assert replies == [] and lx.store.malformed == before + 4
     # an unknown chain or version gets no chunk ("not held": the stream ends), not an error
-    s1.node.call_stream(learner, "hetero.chunks.v1", msgpack.packb(["other", 0, [0, 1], 0.0]), 10, replies.append)
+    s1.node.call_stream(learner, "hetero.chunks.v2", msgpack.packb(["other", 0, [0, 1], 0.0]), 10, replies.append)
     assert replies == []
     assert blobs_of(s1.fetch("", -1)) == [blob]  # and the learner still serves
 
@@ -210,7 +210,7 @@ def test_a_keyframe_leaves_the_last_segment_served_until_the_next_one(peers):
 
     def served(version: int) -> bytes:
         replies = []
-        s1.node.call_stream(learner, "hetero.chunks.v1", msgpack.packb(["run10", version, [0], 0.0]), 10, replies.append)
+        s1.node.call_stream(learner, "hetero.chunks.v2", msgpack.packb(["run10", version, [0], 0.0]), 10, replies.append)
         return bytes(replies[0]) if replies else b""  # no chunk: not held
 
     for v, base in enumerate([None, 0, None, 2, None]):
@@ -227,7 +227,7 @@ def test_a_mate_waits_for_a_version_it_is_about_to_fetch_not_for_older_ones(peer
     lx, (s1, s2) = peers
     s2.store.put("run11", 5, b"five")
     ask = lambda v, chain="run11": s1.node.call_stream(  # noqa: E731
-        s2.node.peer_id, "hetero.chunks.v1", msgpack.packb([chain, v, [0], 3.0]), 10, replies.append)
+        s2.node.peer_id, "hetero.chunks.v2", msgpack.packb([chain, v, [0], 3.0]), 10, replies.append)
     for version, chain in ((4, "run11"), (6, "other")):
         replies, t0 = [], time.monotonic()
         ask(version, chain)
@@ -249,7 +249,7 @@ def test_a_mate_waits_for_a_version_it_is_about_to_fetch_not_for_older_ones(peer
 
     def timed(i):
         t = time.monotonic()
-        s1.node.call_stream(s2.node.peer_id, "hetero.chunks.v1", msgpack.packb(["run11", 7, [0], 3.0]), 10, lambda _: None)
+        s1.node.call_stream(s2.node.peer_id, "hetero.chunks.v2", msgpack.packb(["run11", 7, [0], 3.0]), 10, lambda _: None)
         took[i] = time.monotonic() - t
     threads = [threading.Thread(target=timed, args=(i,)) for i in range(s2.store.MAX_WAITING + 2)]
     for t in threads:
@@ -260,7 +260,7 @@ def test_a_mate_waits_for_a_version_it_is_about_to_fetch_not_for_older_ones(peer
     # the learner publishes, it never fetches: a request for its next version is answered at once
     lx.publish(WeightVersion(BUILTIN_MODEL, "run11", 0, None, b"zero"))
     replies, t0 = [], time.monotonic()
-    s1.node.call_stream(s1.learner(), "hetero.chunks.v1", msgpack.packb(["run11", 1, [0], 3.0]), 10, replies.append)
+    s1.node.call_stream(s1.learner(), "hetero.chunks.v2", msgpack.packb(["run11", 1, [0], 3.0]), 10, replies.append)
     assert replies == [] and time.monotonic() - t0 < 2.0  # at once: well under the 3 s a waiting request takes
 
 
@@ -319,7 +319,7 @@ def test_a_holder_announcing_a_huge_chunk_is_refused_before_it_is_read_and_count
     mates = s1.mates
     s1.mates = lambda: [*mates(), liar.peer_id]  # a credited mate gone bad: only mates' holder records are read
     try:
-        liar.run(liar.p2p.add_binary_stream_handler("hetero.chunks.v1", huge), timeout=10)
+        liar.run(liar.p2p.add_binary_stream_handler("hetero.chunks.v2", huge), timeout=10)
         assert liar.announce_holdings("run13", [0])
         time.sleep(0.5)  # the holder record reaches the DHT
         before = s1.stats["bad_streams"]
@@ -424,7 +424,7 @@ def test_a_holder_of_every_version_that_stalls_is_hedged_demoted_and_the_sampler
     fetcher = WeightFetcher(node, s1.learner, cfg=cfg, mates=lambda: [bad.peer_id])
     pre = None
     try:
-        bad.run(bad.p2p.add_binary_stream_handler("hetero.chunks.v1", handler), timeout=10)
+        bad.run(bad.p2p.add_binary_stream_handler("hetero.chunks.v2", handler), timeout=10)
         assert bad.announce_holdings(chain, list(range(64)))
         time.sleep(0.5)  # the holder record reaches the DHT
         pub = publish_versions(lx, 1, chain)

@@ -1,4 +1,4 @@
-"""The chunk door's handler (hetero.chunks.v1, swarm/weights/chunks.py) answering by hand, no
+"""The chunk door's handler (hetero.chunks.v2, swarm/weights/chunks.py) answering by hand, no
 network: a stream ends at the first chunk not held and each index named is charged first, a download
 in progress answers its gaps up to a bound, and a malformed request or broken frame costs a call and
 a tarpit and is counted. The same door against a stranger flooding it over the real protocol:

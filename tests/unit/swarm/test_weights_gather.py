@@ -162,7 +162,7 @@ def test_a_slow_stream_whose_chunks_all_came_from_its_hedge_stops_at_its_next_ch
 
 @pytest.mark.parametrize("how", ["first", "ends"])
 def test_a_stream_that_ends_short_hands_the_rest_to_their_next_source_at_once(how):
-    # hetero.chunks.v1 ends a stream at the first chunk not held (a holder past its door, or that
+    # hetero.chunks.v2 ends a stream at the first chunk not held (a holder past its door, or that
     # lacks it, sends no chunk at all): what the stream did not deliver is asked of the next source
     # as soon as it ends, not after a hedge, and is no failure
     fetcher, node, g = gather({"h": how, LEARNER: "good"}, holders=["h"], cfg=FetchConfig(hedge_s=30.0))

@@ -124,9 +124,10 @@ def test_a_version_is_cut_in_at_least_64_chunks_of_a_power_of_two_from_64_kib_to
         assert chunk_size(size) == chunk, size
     assert [len(c) for c in split_blob(bytes(20 * MiB + 5))] == [256 * KiB] * 80 + [5]
     assert len(VersionEntry.of_blob(1, 0, bytes(20 * MiB)).chunks) == 80
-    # whatever the size below the cap, 64 to 127 chunks: a chain segment of 100 small patches (and a
-    # keyframe) lists at most 100 x 127 hashes, well within one manifest reply
-    assert 100 * 127 * len(msgpack.packb(chunk_digest(b"x"))) < MAX_MESSAGE / 3
+    # from 4 MiB up to the cap, 64 to 128 chunks (8 MiB - 1: 128, the last short): a chain segment of
+    # 100 such patches lists at most 100 x 128 hashes, well within one manifest reply
+    assert len(split_blob(bytes(8 * MiB - 1))) == 128
+    assert 100 * 128 * len(msgpack.packb(chunk_digest(b"x"))) < MAX_MESSAGE / 3
 
 
 def test_one_bound_on_how_long_a_request_may_be_held():

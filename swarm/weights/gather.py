@@ -111,6 +111,8 @@ class Gather:
                  learner: str, holders: list[str], owners: list[str | None], mates: list[str]) -> None:
         self._host, self._pool, self._parallel = host, pool, parallel
         self.chain, self.entry, self.learner = chain, entry, learner
+        self.chunk = chunk_size(entry.size)
+        """How large its chunks are: the manifest's size says how the learner cut it; no item is larger."""
         self.got: dict[int, memoryview | bytes] = host.store.verified(chain, entry.version)
         """Verified chunks, filled by several streams (pool threads); those an earlier try of this
         version verified are kept: at size a try can end short (a budget the learner shares among
@@ -236,7 +238,7 @@ class Gather:
 
     def _split(self, indices: list[int]) -> list[list[int]]:
         """Several streams to one source, interleaved, so a large version keeps the link busy."""
-        k = min(self._parallel, max(1, len(indices) * chunk_size(self.entry.size) // self.STREAM_BYTES))
+        k = min(self._parallel, max(1, len(indices) * self.chunk // self.STREAM_BYTES))
         return [indices[j::k] for j in range(k)]
 
     def _run_stream(self, stream: ChunkStream) -> None:  # in a pool thread
@@ -278,9 +280,8 @@ class Gather:
         try:  # the whole stream's bound allows a slow link; `stall` bounds each item
             request = ChunkRequest(self.chain, version, indices, wait).encode()
             stall = host.cfg.stall(wait, learner=from_learner)  # each item's bound; the whole stream's, a backstop
-            size = chunk_size(self.entry.size)  # the manifest's size says how the learner cut it: no item is larger
-            n = host.node.call_stream(source, CHUNKS, request, host.rpc_timeout + len(indices) * stall.within_s(size),
-                                      on_chunk, max_item=size, stall=stall)
+            n = host.node.call_stream(source, CHUNKS, request, host.rpc_timeout + len(indices) * stall.within_s(self.chunk),
+                                      on_chunk, max_item=self.chunk, stall=stall)
             if n < len(indices):  # it holds no more of them (a stream ends at the first chunk not held):
                 # `_step` asks the rest of their next source. Not a failure: the protocol's "not held"
                 host.count("chunks_not_held", len(indices) - n)

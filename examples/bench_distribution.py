@@ -1,6 +1,7 @@
 """How a new version reaches N samplers, and what it costs the learner's upload.
 
     python examples/bench_distribution.py [--mb 16] [--ns 1 2 4 8] [--only-stream] [--repeat 1]
+    python examples/bench_distribution.py --only-manifest [--patch-mb 20] [--segment 100]
 
 In one process: a learner and N samplers as real hivemind peers on 127.0.0.1 (each with its own
 DHT process and p2pd). The learner publishes one version of `--mb` MB (a keyframe:
@@ -13,7 +14,12 @@ random bytes). Three schedules, side by side:
 For each: time until all N hold the version, and learner upload relative to one copy. Last, our
 chunked, hash-checked download (1 and 4 streams) against a raw hivemind binary
 stream of the same bytes between the same two peers (`--only-stream`: that section alone,
-`--repeat` times, as a single run on 2 shared cores is noisy).
+`--repeat` times, as a single run on 2 shared cores is noisy). Then what the manifest costs the
+learner's upload as its chain segment grows (`--only-manifest`: that section alone): the learner
+publishes a keyframe and `--segment` patches of `--patch-mb` MiB, and a sampler keeping up asks for
+each new version as `join`'s do (the tail after the version it holds) and as a plain request (the
+whole segment, what every reply was in hetero.manifest.v1): bytes of the reply, in learner copies of
+a patch per sampler and for 8, 64 and 1,000 samplers.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from swarm.exchange import WeightVersion  # noqa: E402
 from swarm.identity import Identity  # noqa: E402
 from swarm.p2p import SwarmNode  # noqa: E402
 from swarm.weights import WeightFetcher, WeightServer  # noqa: E402
+from swarm.wire.manifest import MANIFEST, ManifestRequest  # noqa: E402
 
 
 def make_version(mb: int, chain: str) -> WeightVersion:
@@ -112,8 +119,12 @@ def main() -> None:
     ap.add_argument("--ns", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--only-stream", action="store_true", help="only the one-peer-to-one-peer comparison")
     ap.add_argument("--repeat", type=int, default=1, help="times to run the one-peer-to-one-peer comparison")
+    ap.add_argument("--only-manifest", action="store_true", help="only the manifest's cost as the segment grows")
+    ap.add_argument("--patch-mb", type=int, default=20, help="MiB of each patch in the manifest section "
+                    "(20: a 0.6B model's at lr 1e-6, 80 chunks)")
+    ap.add_argument("--segment", type=int, default=100, help="patches after the keyframe in the manifest section")
     args = ap.parse_args()
-    if args.only_stream:
+    if args.only_stream or args.only_manifest:
         args.ns = [1]
     tmp = Path(tempfile.mkdtemp())
     ln = SwarmNode(Identity.load_or_create(tmp / "l.key"), NetworkConfig(), "bench")
@@ -123,6 +134,9 @@ def main() -> None:
     mates: list[str] = []
     samplers = [WeightFetcher(n, lambda: ln.peer_id, mates=lambda: mates) for n in nodes]
     try:
+        if args.only_manifest:
+            manifest_cost(args, lx, nodes[0])
+            return
         if not args.only_stream:
             distribution(args, lx, samplers, mates)
         mates[:] = []
@@ -141,6 +155,8 @@ def main() -> None:
         if len(runs) > 1:
             ratios = {name: statistics.median(r[name] / r["raw"] for r in runs) for name in runs[0] if name != "raw"}
             print(f"\nmedian of {len(runs)}: " + ", ".join(f"{name} {q:.2f}x raw" for name, q in ratios.items()))
+        if not args.only_stream:
+            manifest_cost(args, lx, nodes[0])
     finally:
         for s in samplers:
             s.close()
@@ -166,6 +182,32 @@ def distribution(args, lx: WeightServer, samplers: list[WeightFetcher], mates: l
     stats = sum((x.stats for x in samplers), collections.Counter())
     print(f"fetch failures {stats['weight_fetch_failures']}, chunks a source did not hold (asked of the next) "
           f"{stats['chunks_not_held']}, bad chunks {stats['bad_chunks']}")
+
+
+def manifest_cost(args, lx: WeightServer, asker: SwarmNode) -> None:
+    """Reply bytes of a manifest request as the segment grows: the tail a sampler keeping up is sent
+    (hetero.manifest.v2) beside the whole segment (every reply in v1), in copies of one patch."""
+    chain, patch = "manifest", random.randbytes(args.patch_mb * 1024 * 1024)  # one blob: memory stays flat
+    lx.publish(WeightVersion("bench", chain, 0, None, patch))
+    marks = sorted({m for m in (1, 10, 25, 50, 100, 200, args.segment) if m <= args.segment})
+    print(f"\nthe manifest as the segment grows: a keyframe then {args.segment} patches of {args.patch_mb} MiB "
+          f"({len(lx._segment.manifest.versions[0].chunks)} chunks each), one sampler asking")
+    print(f"{'patches':>7} {'tail B':>8} {'whole B (v1)':>12} {'copies a sampler':>17} {'tail x 8':>9} {'x 64':>6} "
+          f"{'x 1000':>7} {'whole x 64':>10} {'x 1000':>7}")
+    print(f"{'':>29} {'(tail / whole)':>17}")
+    for v in range(1, args.segment + 1):
+        lx.publish(WeightVersion("bench", chain, v, v - 1, patch))
+        if v not in marks:
+            continue
+        tail = asker.call(lx.node.peer_id, MANIFEST, ManifestRequest(chain, v - 1, 0.0).encode(), 30.0)
+        whole = asker.call(lx.node.peer_id, MANIFEST, b"", 30.0)
+        assert tail and whole, "a manifest ask was answered b\"\" (past the door's budget)"
+        t, w = len(tail) / len(patch), len(whole) / len(patch)
+        print(f"{v:>7} {len(tail):>8,} {len(whole):>12,} {t:>8.4f} / {w:<6.3f} {8 * t:>9.3f} {64 * t:>6.2f} "
+              f"{1000 * t:>7.2f} {64 * w:>10.2f} {1000 * w:>7.1f}")
+        time.sleep(2.0)  # two asks a mark, within the manifest door's 1 call a second for one key
+    print("copies: reply bytes over one patch's, which the learner uploads once per version at best; a sampler "
+          "keeping up is sent the tail once a version (a long poll that ends with nothing newer: b\"\")")
 
 
 if __name__ == "__main__":

@@ -139,15 +139,19 @@ class Intake(Protocol):
         ...
 
 
-def plan_fetch(chain: str, versions: list[int], have_chain: str, have_version: int) -> list[int]:
-    """Versions a sampler must apply, in order, out of `versions` = the learner's current chain
-    segment of `chain` (its last keyframe first, then the deltas after it).
+def plan_fetch(chain: str, versions: list[int], have_chain: str, have_version: int, first: int | None = None) -> list[int]:
+    """Versions a sampler must apply, in order, out of `versions`, the versions the learner lists of
+    its current chain segment of `chain`: the whole segment (its keyframe `first` first, then the
+    deltas after it), or only the tail after the version the sampler told it it holds
+    (swarm/wire/manifest.py). `first` is versions[0] when not given.
 
     Same chain and a version at or after the keyframe: only the newer deltas. Otherwise (a new
-    learner, a restart, or too far behind): the keyframe and every delta after it.
+    learner, a restart, or too far behind): the keyframe and every delta after it, or nothing when
+    the listing lacks the keyframe (a tail answers what the sampler held when it asked).
     """
     if not versions:
         return []
-    if have_chain == chain and have_version >= versions[0]:
+    first = versions[0] if first is None else first
+    if have_chain == chain and have_version >= first:
         return [v for v in versions if v > have_version]
-    return list(versions)
+    return list(versions) if versions[0] == first else []

@@ -1,11 +1,13 @@
 """Weight versions over the swarm: a signed manifest and hash-checked chunks served by every holder.
 
 Learner side (`WeightServer`, server.py) serves two RPCs:
-  hetero.manifest.v1  b"" or [chain, version, wait] (a long poll: answered once the learner has a
-                      version newer than that one, or after `wait` s)
-                      -> the manifest of the learner's current chain segment (its last keyframe
-                      and the deltas after it), sealed by the learner: chain id, model, and per
-                      version its base, size and per-chunk sha256 (manifest.py: `Manifest`).
+  hetero.manifest.v2  b"" or [chain, version, wait] (what the asker holds, and a long poll: answered
+                      once the learner has a version newer than that one, or after `wait` s)
+                      -> b"" when nothing is newer, else the manifest of the learner's current
+                      chain segment (its last keyframe and the deltas after it; only those after
+                      the asker's version when that is in the segment), sealed by the learner:
+                      chain id, model, the segment's first version, and per version listed its
+                      base, size and per-chunk sha256 (manifest.py: `Manifest`).
   hetero.chunks.v2    [chain, version, [index, ...], wait] -> a stream of those chunks, ending at
                       the first one not held. Served by the learner *and* by every sampler for
                       the versions it holds (announced in the DHT) or is downloading, so the

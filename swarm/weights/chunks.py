@@ -153,9 +153,9 @@ class ChunkStore:
         self.seed_version, self._seeded = version, []
 
     def retain(self, versions) -> None:
-        """Prune every held version, whole or partial, not in `versions` (those the learner no
-        longer lists)."""
-        keep = set(versions)
+        """Prune every held version, whole or partial, not in `versions` (those out of the learner's
+        segment: `Manifest.segment`, a range, is asked of as is, not spelled out)."""
+        keep = versions if isinstance(versions, range) else set(versions)
         self.blobs = {v: b for v, b in self.blobs.items() if v in keep}
         self.partial = {v: p for v, p in self.partial.items() if v in keep}
         self._changed()

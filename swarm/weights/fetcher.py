@@ -127,9 +127,9 @@ class WeightFetcher:
                 return None
             listed = time.time()  # the long poll's wait is not part of the download
             chain, entries = manifest.chain, {e.version: e for e in manifest.versions}
-            if chain == self.store.chain:  # what the learner stopped listing, partial tries included
-                self.store.retain(entries)
-            wanted = plan_fetch(chain, list(entries), have_chain, have_version)
+            if chain == self.store.chain:  # what left the learner's segment, partial tries included
+                self.store.retain(manifest.segment())
+            wanted = plan_fetch(chain, list(entries), have_chain, have_version, manifest.first)
             for v in wanted:  # from now on, a mate that asks us for these waits for them: it heard
                 self.store.begin(chain, v)  # of them when we did, and its requests come at once
             # one version behind on the same chain (a sampler keeping up): whoever holds the new
@@ -159,7 +159,7 @@ class WeightFetcher:
             self._arrived += 1  # this thread alone appends
             self.arrivals.append((self._arrived, v, held, len(blob), held - listed))
         if wanted:
-            self.store.retain(entries)  # versions the learner no longer lists are of no use to anyone
+            self.store.retain(manifest.segment())  # versions out of the learner's segment are of no use to anyone
             self._announcements.put((chain, sorted(self.store.blobs)))
         return [WeightVersion(manifest.model_id, chain, v, entries[v].base, blob) for v, blob in zip(wanted, blobs)] or None
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import time
 
 from swarm.exchange import WeightVersion
-from swarm.identity import short_id
+from swarm.identity import Identity, short_id
 from swarm.p2p import SwarmNode
 from swarm.wire.chunks import CHUNK_SIZE, MAX_REQUEST_WAIT
 from swarm.weights.chunks import ChunkStore
@@ -16,16 +17,47 @@ from swarm.wire.manifest import MANIFEST, Manifest, ManifestRequest, VersionEntr
 
 log = logging.getLogger(__name__)
 
+
+class Segment:
+    """The chain segment as of one publication, and its manifests sealed for each version an asker
+    may hold: the whole segment (sealed at publication, in the learner's thread), and the tail
+    after a version of it, sealed on first ask (in the node's loop; at most one per version listed,
+    so however many keys ask, a publication costs at most as many signatures as versions)."""
+
+    def __init__(self, manifest: Manifest, identity: Identity) -> None:
+        self.manifest = manifest
+        self._identity = identity
+        self.whole = manifest.seal(identity)
+        self._tails: dict[int, bytes] = {}
+
+    @property
+    def newest(self) -> tuple[str, int]:
+        return self.manifest.chain, self.manifest.versions[-1].version
+
+    def for_asker(self, holds: tuple[str, int] | None) -> bytes:
+        """The sealed manifest for an asker that holds `holds`: only the versions after it when it is
+        in this segment (and older than the newest), else the whole segment."""
+        m = self.manifest
+        if holds is None or holds[0] != m.chain or not m.first <= holds[1] < self.newest[1]:
+            return self.whole
+        after = holds[1]
+        if after not in self._tails:
+            tail = tuple(e for e in m.versions if e.version > after)
+            self._tails[after] = dataclasses.replace(m, versions=tail).seal(self._identity)
+        return self._tails[after]
+
+
 class WeightServer:
     """The learner's side: keeps the current chain segment and serves its manifest and chunks.
 
     A manifest request may be a long poll (`ManifestRequest`): it asks for the manifest once the
     learner's newest version is no longer (chain, version), waiting at most `wait` s (capped at
     MAX_REQUEST_WAIT). Samplers then hear of a version the moment it is published, not at their
-    next poll, and ask less often than a poll a second would. A long poll whose (chain, version) is
+    next poll, and ask less often than a poll a second would. A request whose (chain, version) is
     still the newest when its wait ends (or when it may not wait) is answered b"": nothing newer.
-    An empty request (or one that is not a valid long poll: counted) is answered at once, with the
-    manifest. One waiting request per peer, `MAX_WAITERS` in
+    Otherwise the manifest lists only the versions after the asker's, when those are in the segment
+    (`Segment`). An empty request (or one that is not valid: counted) is answered at once, with the
+    whole segment. One waiting request per peer, `MAX_WAITERS` in
     all, of which keys the node has not proven (`Doors.set_proven`) hold at most half: beyond that, at
     once (the caller asks again later), so however many fresh keys hold long polls, the proven
     samplers' find room. Calls past the door's budget (swarm/p2p/doors.py `DOORS`) are answered b"" after its tarpit."""
@@ -38,9 +70,9 @@ class WeightServer:
         self.node = node
         self.store = ChunkStore(node, waits_for_coming=False)
         self._entries: list[VersionEntry] = []
-        self._manifest = b""
-        """The sealed manifest served to every request."""
-        self._newest: tuple[str, int] | None = None
+        self._segment: Segment | None = None
+        """The segment as last published and its sealed manifests (replaced whole at each publication,
+        read once per request: the learner's thread publishes, the node's loop serves)."""
         self._published: asyncio.Event | None = None
         """Set (and replaced) in the node's loop when a version is published: wakes the long polls."""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -63,7 +95,8 @@ class WeightServer:
         self.stats["manifests"] += 1
         after, wait = self._long_poll(payload, remote)
         unknown = not self.node.doors.is_proven(remote)
-        if wait > 0 and after == self._newest and self._may_wait(remote, unknown):
+        newest = self._segment.newest if self._segment is not None else None
+        if wait > 0 and after == newest and self._may_wait(remote, unknown):
             if self._published is None:
                 self._loop, self._published = asyncio.get_running_loop(), asyncio.Event()
             published = self._published
@@ -77,14 +110,16 @@ class WeightServer:
             finally:
                 self._waiting.discard(remote)
                 self._waiting_unknown -= unknown
-        if after is not None and after == self._newest:
-            # it holds our newest version: "nothing newer" (b""; its fetcher polls again), not the
-            # manifest, which lists every chunk of the segment (100 patches of 20 MB in 80 chunks:
-            # 528 kB) and went to every sampler at each long poll's end, ~6 times a version at
-            # minute-long steps (only once a version, it is still that size: docs/BENCHMARKS.md)
+        segment = self._segment
+        if segment is None:
+            return b""
+        if after is not None and after == segment.newest:
+            # it holds our newest version: "nothing newer" (b""; its fetcher polls again), not a
+            # manifest, which went to every sampler at each long poll's end, ~6 times a version at
+            # minute-long steps
             self.stats["nothing_newer"] += 1
             return b""
-        return self._manifest
+        return segment.for_asker(after)
 
     def _may_wait(self, remote: str, unknown: bool) -> bool:
         """One long poll per peer, MAX_WAITERS in all, half of them for keys the node does not know."""
@@ -122,9 +157,9 @@ class WeightServer:
         if wv.base is None:  # a new swarm's seeders are the first to take it whole (ChunkStore.seeders)
             self.store.seed_from(wv.version)
         self._entries.append(VersionEntry.of_blob(wv.version, wv.base, wv.blob))
-        manifest = Manifest(wv.model_id, wv.chain, CHUNK_SIZE, tuple(self._entries), self.node.peer_id, time.time())
-        self._manifest = manifest.seal(self.node.identity)
-        self._newest = (wv.chain, wv.version)
+        first = self._entries[0].version
+        manifest = Manifest(wv.model_id, wv.chain, CHUNK_SIZE, tuple(self._entries), self.node.peer_id, time.time(), first)
+        self._segment = Segment(manifest, self.node.identity)
         if self._loop is not None:  # publish runs in the learner's thread; the waiters in the node's loop
             try:
                 self._loop.call_soon_threadsafe(self._wake)

@@ -1,9 +1,14 @@
 """The learner's manifest of its chain segment, and the (long-poll) request for it.
 
-hetero.manifest.v1: b"" or [chain, version, wait] -> the manifest, sealed by the learner: chain id,
-model, chunk size, and per version its base, size and per-chunk sha256 (which pin every byte: a
-whole-blob hash on top would only cost the fetcher a pass over it). On the wire a msgpack map with
-the fields below in their order; a keyframe's base is -1. Unknown extra fields are ignored.
+hetero.manifest.v2: b"" or [chain, version, wait] -> the manifest, sealed by the learner: chain id,
+model, the segment's first version (its keyframe), and per version listed its base, size and
+per-chunk sha256 (which pin every byte: a whole-blob hash on top would only cost the fetcher a pass
+over it). It lists only the versions after the one the asker holds when that one is in the segment
+(a sampler keeping up gets one version's hashes, not the segment's: 100 patches of 20 MiB in 80
+chunks are 528 kB), else the whole segment. On the wire a msgpack map with the fields below in
+their order; a keyframe's base is -1. Unknown extra fields are ignored.
+
+v1 listed the whole segment in every reply, and had no `first`.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from swarm.wire.rollout import RecordError
 from swarm.wire.chunks import chunk_digest, split_blob
 from swarm.wire.reasons import Drop
 
-MANIFEST = "hetero.manifest.v1"
+MANIFEST = "hetero.manifest.v2"
 KEYFRAME_BASE = -1
 """The base a keyframe has on the wire."""
 
@@ -62,7 +67,8 @@ class VersionEntry:
 
 @dataclass(frozen=True)
 class Manifest:
-    """The learner's current chain segment: its last keyframe and the deltas after it."""
+    """The learner's current chain segment (its last keyframe and the deltas after it), or its tail:
+    the versions after the one the asker holds."""
 
     model_id: str
     chain: str
@@ -74,6 +80,13 @@ class Manifest:
     """The peer id of the learner that published it."""
     time: float
     """When it was published (the learner's clock)."""
+    first: int
+    """The segment's first version (its keyframe): `versions` start there or list only a tail."""
+
+    def segment(self) -> range:
+        """The versions of the segment up to the newest listed, those before the listing included:
+        what a sampler on this chain keeps (and serves to mates), the rest it prunes."""
+        return range(self.first, self.versions[-1].version + 1 if self.versions else self.first)
 
     def encode(self) -> bytes:
         wire = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -82,7 +95,8 @@ class Manifest:
     @classmethod
     def decode(cls, record: bytes) -> Manifest:
         d = msgpack.unpackb(record, raw=False)
-        kinds = {"model_id": str, "chain": str, "chunk_size": int, "versions": list, "learner": str, "time": (int, float)}
+        kinds = {"model_id": str, "chain": str, "chunk_size": int, "versions": list, "learner": str, "time": (int, float),
+                 "first": int}
         values = {name: _field(d, name, kind) for name, kind in kinds.items()}
         return cls(**{**values, "versions": tuple(VersionEntry.from_wire(v) for v in values["versions"])})
 
@@ -102,8 +116,9 @@ class Manifest:
 
 @dataclass(frozen=True)
 class ManifestRequest:
-    """A long poll: the manifest once the learner's newest version is no longer (chain, version),
-    waiting at most `wait` s. Sent as b"" (answered at once) when `wait` is 0."""
+    """What the asker holds, (chain, version), and a long poll: the manifest once the learner's
+    newest version is no longer that one, waiting at most `wait` s (0: answered at once). b"" asks
+    for the whole segment at once (a sampler that holds nothing)."""
 
     chain: str
     version: int
@@ -111,7 +126,7 @@ class ManifestRequest:
     MAX_BYTES: ClassVar[int] = 512
 
     def encode(self) -> bytes:
-        return msgpack.packb([self.chain, self.version, self.wait]) if self.wait > 0 else b""
+        return msgpack.packb([self.chain, self.version, self.wait])
 
     @classmethod
     def decode(cls, payload: bytes) -> ManifestRequest | None:

@@ -20,7 +20,7 @@ from msgspec import Meta, Struct
 
 from swarm.wire.model_files import MAX_BUNDLE
 
-PROTOCOL = 7
+PROTOCOL = 8
 """2: rollouts over a gated call (hetero.rollouts.v2), peer records say whether the peer is private.
 3: weight patches entropy-coded (node/weights/entropy.py): a protocol-2 sampler cannot apply them.
 4: several learners: peer records say which models a learner takes (`accepts`), swarm records which
@@ -33,7 +33,9 @@ a new field needs every peer upgraded, or a new protocol.
 so a sampler given no --model runs the learner's model.
 7: weight versions cut by their size (`swarm.wire.chunks.chunk_size`), served on hetero.chunks.v2: a
 protocol-6 peer exchanges no chunk with a protocol-7 one; a long poll with nothing newer is answered
-b"" (swarm/weights/server.py)."""
+b"" (swarm/weights/server.py).
+8: a manifest lists only the versions after the one the asker holds (hetero.manifest.v2, with the
+segment's `first` version): a protocol-7 sampler would take that tail for the whole segment."""
 SOFTWARE = "hetero-node/0.1.0"
 
 NonNegative = Annotated[int, Meta(ge=0)]

@@ -13,12 +13,13 @@ from node.models import BUILTIN_MODEL, load_model
 from node.weights.codec import Publisher, PublishConfig, apply_version
 from node.weights.blob import decode_version, encode_version, untie
 from swarm.dht.network import NetworkConfig
-from swarm.wire.envelope import seal
+from swarm.wire.manifest import Manifest, VersionEntry
 from swarm.identity import Identity
 from swarm.exchange import WeightVersion
 from swarm.p2p import SwarmNode
 from swarm.wire.chunks import MIN_CHUNK
 from swarm.weights import FetchConfig, PeerStrikes, WeightFetcher, WeightPrefetcher, WeightServer
+from swarm.weights.server import Segment
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +83,8 @@ def test_keyframe_then_deltas_reconstruct_bit_exactly_and_holders_spare_the_lear
     publish(lx, 4, pub.publish({k: t + 1e-3 for k, t in pub.layout.tensors(pub.published).items()}, 4), "run1", {})
     newer = blobs_of(s1.fetch("run1", 3))
     assert [decode_version(b)[0].version for b in newer] == [4]
+    # it was told of v4 alone (the manifest's tail after v3), and keeps serving the segment it holds
+    assert sorted(s1.store.blobs) == [0, 1, 2, 3, 4]
     assert torch.equal(apply_all(got, newer), pub.published)
     # a new keyframe starts the learner's next segment: the sampler prunes what it no longer lists
     pub.cfg = PublishConfig(view="float32", keyframe_every=1)
@@ -121,8 +124,8 @@ def test_a_manifest_not_signed_by_the_followed_learner_is_refused(peers, tmp_pat
     lx, (s1, _) = peers
     publish_versions(lx, 2, "run4")
     forger = Identity.load_or_create(tmp_path / "forger.key")
-    lx._manifest = seal(forger, msgpack.packb({"model_id": BUILTIN_MODEL, "chain": "evil", "versions": [],
-                                               "learner": s1.learner(), "chunk_size": 1}))
+    forged = Manifest(BUILTIN_MODEL, "evil", 1, (VersionEntry.of_blob(0, None, b"x"),), s1.learner(), time.time(), 0)
+    lx._segment = Segment(forged, forger)  # what the learner serves, sealed by another key
     before = s1.stats["forged_manifests"]
     assert s1.fetch("", -1) is None
     assert s1.stats["forged_manifests"] == before + 1
@@ -478,14 +481,16 @@ def test_a_long_poll_is_answered_the_moment_the_learner_publishes(peers):
     timer = threading.Timer(0.5, lambda: lx.publish(WeightVersion(BUILTIN_MODEL, "run20", 1, 0, b"one")))
     timer.start()
     took, manifest = _timed_call(s1.node, s1.learner(), msgpack.packb(["run20", 0, 8.0]))
-    assert [e["version"] for e in manifest["versions"]][-1] == 1 and took < 6.0  # at v1, not after the 8 s
+    assert took < 6.0  # at v1, not after the 8 s
+    # listing only what the caller lacks: v1, in the segment that starts at v0
+    assert [e["version"] for e in manifest["versions"]] == [1] and manifest["first"] == 0
     took, _ = _timed_call(s1.node, s1.learner(), msgpack.packb(["run20", 0, 8.0]))
     assert took < 4.0  # the caller is behind already: no wait
     t0 = time.monotonic()
     assert s1.node.call(s1.learner(), MANIFEST, msgpack.packb(["run20", 1, 1.0]), 20.0) == b""
     assert time.monotonic() - t0 >= 0.9  # nothing newer: held for the wait asked, then told so (no manifest)
-    took, _ = _timed_call(s1.node, s1.learner(), b"")
-    assert took < 4.0  # a plain request (an older sampler): at once
+    took, manifest = _timed_call(s1.node, s1.learner(), b"")
+    assert took < 4.0 and [e["version"] for e in manifest["versions"]] == [0, 1]  # a plain request: the whole segment at once
 
 
 def test_long_polls_are_bounded_per_peer_and_malformed_requests_counted(peers):

@@ -37,11 +37,16 @@ def manifest() -> Manifest:
     # MIN_CHUNK, `chunk_size`): what is pinned here is the record's encoding, not the cut
     old_cut = tuple(chunk_digest(KEYFRAME[i : i + CHUNK_SIZE]) for i in range(0, len(KEYFRAME), CHUNK_SIZE))
     entries = (VersionEntry(3, None, len(KEYFRAME), old_cut), VersionEntry.of_blob(4, 3, b"patch"))
-    return Manifest("tiny-model", "chain-a", CHUNK_SIZE, entries, "QmLearner", 1700000000.25)
+    return Manifest("tiny-model", "chain-a", CHUNK_SIZE, entries, "QmLearner", 1700000000.25, 3)
 
 
-def test_a_manifest_encodes_to_the_bytes_the_old_dict_literal_did():
-    assert manifest().encode() == OLD_ENCODING
+# hetero.manifest.v2: the old literal with the segment's first version after its fields
+V2_ENCODING = OLD_ENCODING[:1].replace(b"\x86", b"\x87") + OLD_ENCODING[1:] + b"\xa5first\x03"
+
+
+def test_a_manifest_encodes_to_the_bytes_the_old_dict_literal_did_and_its_first_version():
+    assert V2_ENCODING == msgpack.packb({**msgpack.unpackb(OLD_ENCODING, raw=False), "first": 3})
+    assert manifest().encode() == V2_ENCODING
     # and that is the old literal, field by field, in its order (a keyframe's base is -1 on the wire)
     old = msgpack.unpackb(OLD_ENCODING, raw=False)
     assert list(old) == ["model_id", "chain", "chunk_size", "versions", "learner", "time"]
@@ -50,16 +55,18 @@ def test_a_manifest_encodes_to_the_bytes_the_old_dict_literal_did():
 
 
 def test_a_manifest_decodes_to_its_records_and_back_to_the_same_bytes():
-    m = Manifest.decode(OLD_ENCODING)
+    m = Manifest.decode(V2_ENCODING)
     assert m == manifest()
     assert [(e.version, e.base, e.size, len(e.chunks)) for e in m.versions] == [(3, None, len(KEYFRAME), 2), (4, 3, 5, 1)]
-    assert m.encode() == OLD_ENCODING
+    assert m.encode() == V2_ENCODING
+    assert m.segment() == range(3, 5)  # v3 and v4
 
 
 def test_unknown_manifest_fields_are_ignored_and_missing_or_mistyped_ones_refused():
-    d = msgpack.unpackb(OLD_ENCODING, raw=False)
+    d = msgpack.unpackb(V2_ENCODING, raw=False)
     assert Manifest.decode(msgpack.packb({**d, "later": 1})) == manifest()
     for bad in ({k: v for k, v in d.items() if k != "chain"}, {**d, "time": "now"},
+                msgpack.unpackb(OLD_ENCODING, raw=False), {**d, "first": "3"},  # v1's, without `first`
                 {**d, "versions": [{**d["versions"][0], "chunks": [1, 2]}]},
                 {**d, "versions": [{**d["versions"][0], "size": None}]}, [1, 2]):
         with pytest.raises(RecordError) as e:
@@ -79,7 +86,7 @@ def test_a_sealed_manifest_opens_for_its_learner_only(tmp_path):
 
 def test_requests_encode_as_the_old_lists_and_decode_back():
     assert ManifestRequest("c", 4, 10.0).encode() == msgpack.packb(["c", 4, 10.0])
-    assert ManifestRequest("c", 4, 0.0).encode() == b""  # no long poll: a plain request
+    assert ManifestRequest("c", 4, 0.0).encode() == msgpack.packb(["c", 4, 0.0])  # no long poll: still says what it holds
     assert ManifestRequest.decode(msgpack.packb(["c", 4, 2.5])) == ManifestRequest("c", 4, 2.5)
     assert ManifestRequest.decode(b"") is None
     for bad in (b"\xc1", msgpack.packb([1, 2, 3]), msgpack.packb(["c", 0, 9.0, "x" * 600])):
@@ -134,3 +141,31 @@ def test_one_bound_on_how_long_a_request_may_be_held():
     assert FetchConfig(long_poll_s=MAX_REQUEST_WAIT).long_poll_s == MAX_REQUEST_WAIT
     with pytest.raises(ValueError, match="long_poll_s"):
         FetchConfig(long_poll_s=MAX_REQUEST_WAIT + 1)
+
+
+def test_the_learner_lists_only_the_versions_after_the_askers_when_it_holds_one_of_the_segment(tmp_path):
+    from swarm.weights.server import Segment
+
+    learner = Identity.load_or_create(tmp_path / "l.key")
+    entries = tuple(VersionEntry.of_blob(v, None if v == 3 else v - 1, bytes([v]) * 10) for v in (3, 4, 5, 6))
+    segment = Segment(Manifest("m", "c", CHUNK_SIZE, entries, learner.peer_id, 1.0, 3), learner)
+    listed = lambda holds: [e.version for e in Manifest.open(segment.for_asker(holds), learner.peer_id).versions]  # noqa: E731
+    assert listed(("c", 3)) == [4, 5, 6] and listed(("c", 5)) == [6]
+    # nothing of this segment (another chain, older than its keyframe, or nothing at all): all of it
+    for holds in (("other", 5), ("c", 2), None):
+        assert listed(holds) == [3, 4, 5, 6], holds
+    # a tail is sealed once per version asked after, then served as is; it keeps the segment's first
+    assert segment.for_asker(("c", 4)) is segment.for_asker(("c", 4))
+    tail = Manifest.open(segment.for_asker(("c", 4)), learner.peer_id)
+    assert tail.first == 3 and tail.segment() == range(3, 7)
+
+
+def test_a_fetch_planned_from_a_tail_takes_the_newer_deltas_and_never_a_delta_without_its_base():
+    from swarm.exchange import plan_fetch
+
+    # the segment starts at keyframe 3; a sampler at v4 was told of v5 and v6 only
+    assert plan_fetch("c", [5, 6], "c", 4, first=3) == [5, 6]
+    assert plan_fetch("c", [3, 4, 5, 6], "c", 4, first=3) == [5, 6]  # the whole segment: the same
+    # a tail reaching one who holds nothing of the segment (it lacks the keyframe): nothing to apply
+    assert plan_fetch("c", [5, 6], "c", 2, first=3) == [] and plan_fetch("c", [5, 6], "other", 4, first=3) == []
+    assert plan_fetch("c", [3, 4, 5, 6], "other", 4, first=3) == [3, 4, 5, 6]

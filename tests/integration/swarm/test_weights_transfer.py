@@ -489,6 +489,8 @@ def test_a_long_poll_is_answered_the_moment_the_learner_publishes(peers):
     t0 = time.monotonic()
     assert s1.node.call(s1.learner(), MANIFEST, msgpack.packb(["run20", 1, 1.0]), 20.0) == b""
     assert time.monotonic() - t0 >= 0.9  # nothing newer: held for the wait asked, then told so (no manifest)
+    # a poll (no wait) from a sampler that holds the newest: nothing newer too, not the whole segment
+    assert s1.node.call(s1.learner(), MANIFEST, msgpack.packb(["run20", 1, 0.0]), 20.0) == b""
     took, manifest = _timed_call(s1.node, s1.learner(), b"")
     assert took < 4.0 and [e["version"] for e in manifest["versions"]] == [0, 1]  # a plain request: the whole segment at once
 

@@ -173,7 +173,7 @@ def probe_swarm(cfg: "JoinConfig", folder: str, wait_s: float = 60.0):
     from pathlib import Path
 
     from node.config import ConfigError
-    from swarm.discovery import find_swarm_model
+    from swarm.discovery import find_swarm_model, other_protocol_learners, protocol_mismatch
     from swarm.identity import Identity
     from swarm.model_files import FetchFailed, fetch_from, unpack_to
     from swarm.p2p import SwarmNode
@@ -189,6 +189,9 @@ def probe_swarm(cfg: "JoinConfig", folder: str, wait_s: float = 60.0):
             learner = find_swarm_model(node, cfg.follow)
             if learner is None:
                 time.sleep(2.0)
+        if learner is None and (skipped := other_protocol_learners(node, cfg.follow)):
+            raise ConfigError(f"the {len(skipped)} learner(s) swarm {cfg.swarm!r}'s coordinators name cannot be joined",
+                              protocol_mismatch(max(skipped.values())))
         if learner is None:
             raise ConfigError(f"no learner named by swarm {cfg.swarm!r}'s coordinators answered within {wait_s:.0f} s",
                               "check --initial-peers and --swarm against the coordinator's command; or pass --model")

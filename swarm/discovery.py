@@ -10,6 +10,10 @@ learners"). A sampler follows the one of its own model (it loads that learner's 
 sends a copy of each group to every other named learner that says it takes its model (`accepts`
 in its peer record): its *partners*, which correct those groups with F-TIS. With no learner of
 its own model, a sampler only feeds partners and keeps its own weights.
+
+Peers of another wire protocol (`PeerInfo.protocol`: swarm/wire/peer.py says what each changed) are
+neither followed, nor fed, nor mates: their calls would fail one by one (a manifest a sampler cannot
+read, chunks it cannot ask for), so a node says once which learners it skips and why.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Protocol
 from swarm.identity import short_id
 from swarm.p2p import SwarmNode
 from swarm.dht.records import named_by
-from swarm.wire.peer import PeerInfo, SwarmRecord
+from swarm.wire.peer import PROTOCOL, PeerInfo, SwarmRecord
 from swarm.wire.tally import Tally
 
 log = logging.getLogger(__name__)
@@ -50,14 +54,17 @@ class Choice:
     no one (the coordinator's word and the learner's disagree: a misconfiguration, or a lie)."""
     models: list[str]
     """Models the live named learners train (what a sampler of another model could join with)."""
+    other_protocol: dict[str, int]
+    """Named (or pinned) learners speaking another wire protocol than ours -> theirs: skipped."""
 
 
 def choose(peers: list[PeerInfo], trusted: dict[str, str], model_id: str, pin: str | None = None) -> Choice:
     """From live peer records and the learners our coordinators name (-> the model each record gives
     it, "" if none), the learner a sampler of `model_id` follows and the ones it feeds: the pinned
     one if live (whatever its model: the user said so), else the first named one of its model."""
-    live = {p.peer_id: p for p in peers if p.role == "learner"}
     trusted = {pin: ""} if pin else trusted
+    other = {p.peer_id: p.protocol for p in peers if p.role == "learner" and p.peer_id in trusted and p.protocol != PROTOCOL}
+    live = {p.peer_id: p for p in peers if p.role == "learner" and p.protocol == PROTOCOL}
     disputed = sorted(pid for pid, p in live.items() if trusted.get(pid) and trusted[pid] != p.model_id)
     named = {pid: p for pid, p in live.items() if pid in trusted and pid not in disputed}
     ours = sorted(pid for pid, p in named.items() if p.model_id == model_id)
@@ -67,7 +74,17 @@ def choose(peers: list[PeerInfo], trusted: dict[str, str], model_id: str, pin: s
         partners=sorted(pid for pid, p in named.items() if pid != pick and takes(p, model_id)),
         mates=sorted(p.peer_id for p in peers if is_mate(p, pick, model_id)) if pick else [],
         disputed=disputed,
-        models=sorted({p.model_id for p in named.values()}))
+        models=sorted({p.model_id for p in named.values()}),
+        other_protocol=other)
+
+
+def protocol_mismatch(theirs: int) -> str:
+    """What a peer of wire protocol `theirs` means for this node, and what would fix it."""
+    if theirs > PROTOCOL:
+        return (f"wire protocol {theirs} there, {PROTOCOL} here: this hetero-node is older than the swarm's; "
+                "update it (git pull, then the README's install line again)")
+    return (f"wire protocol {theirs} there, {PROTOCOL} here: the swarm runs an older hetero-node; "
+            "run the version it runs, or wait for its coordinator to update")
 
 
 def swarm_model(records: list[SwarmRecord], peers: list[PeerInfo], pin: str | None = None) -> PeerInfo | None:
@@ -78,7 +95,7 @@ def swarm_model(records: list[SwarmRecord], peers: list[PeerInfo], pin: str | No
     trusted = {pin: ""} if pin else named_by(records)
     wanted = next((r.model_id for r in records if r.model_id), "")
     serving = sorted((p for p in peers if p.role == "learner" and p.files and p.peer_id in trusted
-                      and trusted[p.peer_id] in ("", p.model_id)), key=lambda p: p.peer_id)
+                      and trusted[p.peer_id] in ("", p.model_id) and p.protocol == PROTOCOL), key=lambda p: p.peer_id)
     return next((p for p in serving if p.model_id == wanted), None) or (serving[0] if serving else None)
 
 
@@ -90,9 +107,19 @@ def find_swarm_model(node: SwarmNode, pin: str | None = None) -> PeerInfo | None
     return swarm_model(records, list(node.peer_records(named).values()), pin)
 
 
+def other_protocol_learners(node: SwarmNode, pin: str | None = None) -> dict[str, int]:
+    """The learners our coordinators name (or the pinned one) that speak another wire protocol than
+    ours -> theirs: why `find_swarm_model` finds none (read again on the waiting path only)."""
+    records = node.swarm_records(node.coordinators)
+    named = [pin] if pin else sorted({learner for r in records for learner in r.learners})
+    return {pid: p.protocol for pid, p in node.peer_records(named).items() if p.role == "learner" and p.protocol != PROTOCOL}
+
+
 def is_mate(peer: PeerInfo, learner: str | None, model_id: str) -> bool:
-    """Whether a peer record is a sampler of `model_id` following `learner` that peers can dial."""
-    return peer.role == "sampler" and peer.learner == learner and peer.model_id == model_id and not peer.private
+    """Whether a peer record is a sampler of `model_id` following `learner` that peers can dial, and
+    that speaks our protocol."""
+    return (peer.role == "sampler" and peer.learner == learner and peer.model_id == model_id and not peer.private
+            and peer.protocol == PROTOCOL)
 
 
 MAX_MATES = 64
@@ -197,6 +224,9 @@ class LearnerTracker:
         """Whether `mates` are the learner's seeders (a new swarm), not samplers it credits."""
         self.named_models: list[str] = []
         self._disputed: set[str] = set()
+        self.other_protocol: dict[str, int] = {}
+        """Named learners skipped for speaking another wire protocol (-> theirs), as of the last refresh."""
+        self._told: set[tuple[str, int]] = set()
         self._checked = 0.0
         self._kept: str | None = None
         """The learner followed though its records could not be read (said once)."""
@@ -208,13 +238,17 @@ class LearnerTracker:
         trusted = {} if self.follow else self.node.trusted_learners(self.node.coordinators)
         named = [self.follow] if self.follow else sorted(trusted)
         c = choose(list(self.node.peer_records(named).values()), trusted, self.model_id, self.follow)
-        if c.follow is None and self.current not in c.disputed and self._still_there(trusted):
+        if c.follow is None and self.current not in (*c.disputed, *c.other_protocol) and self._still_there(trusted):
             c.follow = self.current  # its record is unreadable, but it answers us: never dropped for that
         else:
             self._kept = None
         for pid in sorted(set(c.disputed) - self._disputed):
             self._disputed.add(pid)
             log.warning("ignoring learner %s: it announces another model than the swarm record gives it", short_id(pid))
+        for pid, theirs in sorted(c.other_protocol.items()):
+            if (pid, theirs) not in self._told:
+                self._told.add((pid, theirs))
+                log.warning("ignoring learner %s: %s", short_id(pid), protocol_mismatch(theirs))
         if set(c.partners) != set(self.partners):
             log.info("partner learners (other models that take %s): %s", self.model_id,
                      ", ".join(map(short_id, c.partners)) or "none")
@@ -222,7 +256,7 @@ class LearnerTracker:
             log.info("following learner %s", short_id(c.follow))
         elif c.follow != self.current:
             log.warning("the learner %s is gone from the swarm; looking for one", short_id(self.current or ""))
-        self.current, self.partners, self.named_models = c.follow, c.partners, c.models
+        self.current, self.partners, self.named_models, self.other_protocol = c.follow, c.partners, c.models, c.other_protocol
         self.mates, self.seeding = self._mates(c.follow)
         return self.current
 

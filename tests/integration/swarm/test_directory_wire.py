@@ -64,6 +64,37 @@ def test_a_sampler_gets_the_named_learners_records_from_its_coordinator(swarm):
 
 
 @pytest.mark.timeout(180)
+def test_a_named_learner_of_another_wire_protocol_is_not_followed_and_is_said(swarm, monkeypatch, caplog):
+    """The learner (its own key) announces the record an older hetero-node would: protocol one less.
+    A sampler reads it through its coordinator, follows nobody and says why; announced again at ours,
+    it is followed."""
+    import swarm.dht.records as records
+    from swarm.discovery import LearnerTracker
+    from swarm.wire.peer import PROTOCOL
+
+    boot, learner, sampler, _ = swarm
+
+    def tracked(protocol: int) -> LearnerTracker:
+        monkeypatch.setattr(records, "PROTOCOL", protocol)  # what `SwarmNode.announce` stamps
+        learner.announce(_card(learner))
+        tracker, deadline = LearnerTracker(sampler, None, "m"), time.monotonic() + 60
+        while time.monotonic() < deadline:
+            read = sampler.peer_records([learner.peer_id]).get(learner.peer_id)
+            if read is not None and read.protocol == protocol:  # then the tracker reads it too (or newer)
+                tracker.refresh(force=True)
+                return tracker
+            time.sleep(1.0)
+        raise AssertionError(f"the sampler never read the learner's protocol-{protocol} record")
+
+    with caplog.at_level("WARNING", logger="swarm.discovery"):
+        old = tracked(PROTOCOL - 1)
+    assert old.current is None and old.other_protocol == {learner.peer_id: PROTOCOL - 1}
+    assert f"wire protocol {PROTOCOL - 1} there, {PROTOCOL} here" in caplog.text
+    ours = tracked(PROTOCOL)
+    assert ours.current == learner.peer_id and ours.other_protocol == {}
+
+
+@pytest.mark.timeout(180)
 def test_a_strangers_offers_are_refused_and_counted(swarm):
     boot, learner, sampler, stranger = swarm
     own = stranger.directory.hold_own("peer", _card(stranger), ttl=60)  # valid, but nobody names it

@@ -11,16 +11,17 @@ from node.learner.config import ForeignConfig
 import sqlite3
 import time
 
+import msgspec
 import pytest
 
 from cli.errors import UserError
 from cli.roles import accepted_models, parse_learners, read_learners_file
 from node.learner import LearnerConfig
-from swarm.discovery import MAX_MATES, SEEDER_MATES, choose, earned, most_recent, seeders, takes
+from swarm.discovery import MAX_MATES, SEEDER_MATES, choose, earned, most_recent, protocol_mismatch, seeders, swarm_model, takes
 from swarm.wire.tally import MAX_SEEDERS
 from swarm.identity import peer_id_of
 from swarm.rollouts.outbox import OWN, Outbox
-from swarm.wire.peer import PeerInfo
+from swarm.wire.peer import PROTOCOL, PeerInfo
 from swarm.wire.tally import Contribution, Tally
 
 
@@ -105,6 +106,18 @@ def test_impostors_and_disputed_learners_are_neither_followed_nor_fed():
     c = choose(peers, {"LA": "a", "LB": "c"}, "b")  # X: named by nobody; LB: the record says it trains c
     assert (c.follow, c.partners, c.disputed) == (None, ["LA"], ["LB"])
     assert choose(peers, {"LA": "a", "LB": "c"}, "a").partners == []
+
+
+def test_peers_of_another_wire_protocol_are_neither_followed_fed_nor_mates_and_the_fix_is_said():
+    old = msgspec.structs.replace(learner("LA", "a", ["b"]), protocol=PROTOCOL - 1)
+    peers = [old, learner("LB", "b", ["a"]), sampler("S1", "b", "LB"),
+             msgspec.structs.replace(sampler("S2", "b", "LB"), protocol=PROTOCOL + 1)]
+    c = choose(peers, {"LA": "a", "LB": "b"}, "b")
+    assert (c.follow, c.partners, c.mates, c.other_protocol) == ("LB", [], ["S1"], {"LA": PROTOCOL - 1})
+    assert choose(peers, {}, "a", pin="LA").follow is None  # pinned, and still of no use to us
+    assert swarm_model([], [msgspec.structs.replace(old, files="f")], pin="LA") is None
+    assert "this hetero-node is older" in protocol_mismatch(PROTOCOL + 1)
+    assert "the swarm runs an older hetero-node" in protocol_mismatch(PROTOCOL - 1)
 
 
 def test_a_pinned_learner_is_followed_whatever_its_model_and_nothing_else_is_fed():

@@ -196,6 +196,7 @@ def _wait_file(path: Path, timeout: float, stop: threading.Event, tick=lambda: N
 
 def role_sampler(args) -> None:
     from swarm.discovery import LearnerTracker
+    from swarm.pacing import Heartbeat
     from swarm.wire.peer import PeerInfo
     from swarm.weights import WeightFetcher
 
@@ -208,29 +209,21 @@ def role_sampler(args) -> None:
     chain, version, found = "", -1, False
     held = {"version": 0}  # what the heartbeat announces: replaced whole by this loop
 
-    def announcing() -> None:  # mates find each other by these records
-        while True:
-            learner = tracker.current  # (read once: a refresh may change it meanwhile)
-            if learner:
-                try:
-                    node.announce(PeerInfo(peer_id=node.peer_id, role="sampler", model_id=MODEL,
-                                           version=held["version"], engine="", throughput=0.0, maddrs=node.maddrs(),
-                                           learner=learner), ttl=30)
-                except Exception as e:  # the next beat tries again, as join's heartbeat does
-                    logging.getLogger("bench_wan").warning("announcing failed: %s", e)
-            if stop.wait(5.0):
-                return
+    def announce() -> None:  # mates find each other by these records
+        learner = tracker.current  # (read once: a refresh may change it meanwhile)
+        if learner:
+            node.announce(PeerInfo(peer_id=node.peer_id, role="sampler", model_id=MODEL, version=held["version"],
+                                   engine="", throughput=0.0, maddrs=node.maddrs(), learner=learner), ttl=30)
 
-    # on a thread of its own, as `join`'s sampler does (its heartbeat: cli/roles/sampler.py), not
-    # from this loop, where a long poll and a slow download (~15 s at 25 Mbit/s) stand between two
-    # announcements of a record that lives 30 s. (In one run announced from here, each sampler's
-    # mates came to lack itself, the samplers disagreed on owners, and a version went to the learner
-    # 8 times over.) Not cli.roles' Heartbeat itself: importing cli.roles loads torch and the engines
-    heartbeat = threading.Thread(target=announcing, name="announce", daemon=True)
-    heartbeat.start()
+    # join's sampler's heartbeat (swarm/pacing.py), on a thread of its own, not from this loop, where
+    # a long poll and a slow download (~15 s at 25 Mbit/s) stand between two announcements of a record
+    # that lives 30 s. (In one run announced from here, each sampler's mates came to lack itself, the
+    # samplers disagreed on owners, and a version went to the learner 8 times over.)
+    heartbeat = Heartbeat([("announcing the sampler", 5.0, announce)])
     try:
         while not stop.is_set():
             t0 = time.time()
+            heartbeat.check()
             if tracker.refresh() and not found:
                 found = True
                 _event(work / "joined.jsonl", step="learner", spawned=args.spawned)
@@ -253,7 +246,7 @@ def role_sampler(args) -> None:
             stop.wait(1.0 - time.time() % 1.0 if args.sync_polls else max(0.05, 1.0 - (time.time() - t0)))
     finally:
         stop.set()
-        heartbeat.join(5.0)
+        heartbeat.close()
         fetcher.close()
         node.shutdown()
 

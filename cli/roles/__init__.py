@@ -20,10 +20,10 @@ that run a role. The `join` config tree: cli/config.py.
 
 from cli.roles.bootstrap import LearnersFile, parse_learners, read_learners_file, run_bootstrap
 from cli.roles.both import LocalSampler, run_both
-from cli.roles.common import Every, reachability_check, start_node, tcp_port, volunteer_command
+from cli.roles.common import reachability_check, start_node, tcp_port, volunteer_command
 from cli.roles.learner import LearnerRun, accepted_models, make_learner, run_learner
 from cli.roles.sampler import run_sampler
 
-__all__ = ["Every", "LearnerRun", "LearnersFile", "LocalSampler", "accepted_models", "make_learner", "parse_learners",
+__all__ = ["LearnerRun", "LearnersFile", "LocalSampler", "accepted_models", "make_learner", "parse_learners",
            "reachability_check", "read_learners_file", "run_bootstrap", "run_both", "run_learner", "run_sampler",
            "start_node", "tcp_port", "volunteer_command"]

@@ -37,7 +37,8 @@ from swarm.links import SwarmLearnerLink
 from swarm.model_files import FilesServer
 from swarm.wire.model_files import ModelFiles
 
-from cli.roles.common import Every, Heartbeat, start_node, survive, volunteer_command
+from cli.roles.common import start_node, volunteer_command
+from swarm.pacing import Every, Heartbeat, survive
 from cli.config import JoinConfig
 from cli.roles.report import LearnerReport
 

@@ -22,7 +22,8 @@ from swarm.p2p import SwarmNode
 from swarm.wire.peer import PeerInfo
 from swarm.links import SwarmSamplerLink
 
-from cli.roles.common import Every, Heartbeat, start_node
+from cli.roles.common import start_node
+from swarm.pacing import Every, Heartbeat
 from cli.roles.swarm_model import adopt_swarm_model
 from cli.doctor import refuse_unfit
 from cli.config import JoinConfig

@@ -95,6 +95,20 @@ def test_a_named_learner_of_another_wire_protocol_is_not_followed_and_is_said(sw
 
 
 @pytest.mark.timeout(180)
+def test_a_credited_sampler_counts_itself_a_mate_though_its_own_record_is_not_read(swarm):
+    """The sampler never announced (as if its record had lapsed), but the learner's tally credits it:
+    it owns its share of each version's chunks in its own eyes too, as its mates expect."""
+    from swarm.discovery import LearnerTracker
+
+    _, learner, sampler, _ = swarm
+    tracker, deadline = LearnerTracker(sampler, None, "m"), time.monotonic() + 60
+    while tracker.refresh(force=True) is None and time.monotonic() < deadline:
+        time.sleep(1.0)
+    assert tracker.current == learner.peer_id and sampler.peer_records([sampler.peer_id]) == {}
+    assert not sampler.private and tracker.mates == [sampler.peer_id] and not tracker.seeding
+
+
+@pytest.mark.timeout(180)
 def test_a_strangers_offers_are_refused_and_counted(swarm):
     boot, learner, sampler, stranger = swarm
     own = stranger.directory.hold_own("peer", _card(stranger), ttl=60)  # valid, but nobody names it

@@ -187,11 +187,11 @@ def probe_swarm(cfg: "JoinConfig", folder: str, wait_s: float = 60.0):
         deadline, learner = time.monotonic() + wait_s, None
         while learner is None and time.monotonic() < deadline:
             learner = find_swarm_model(node, cfg.follow)
+            if learner is None and (skipped := other_protocol_learners(node, cfg.follow)):  # said at once
+                raise ConfigError(f"the {len(skipped)} learner(s) swarm {cfg.swarm!r}'s coordinators name cannot be "
+                                  "joined", protocol_mismatch(max(skipped.values())))
             if learner is None:
                 time.sleep(2.0)
-        if learner is None and (skipped := other_protocol_learners(node, cfg.follow)):
-            raise ConfigError(f"the {len(skipped)} learner(s) swarm {cfg.swarm!r}'s coordinators name cannot be joined",
-                              protocol_mismatch(max(skipped.values())))
         if learner is None:
             raise ConfigError(f"no learner named by swarm {cfg.swarm!r}'s coordinators answered within {wait_s:.0f} s",
                               "check --initial-peers and --swarm against the coordinator's command; or pass --model")

@@ -290,13 +290,15 @@ class LearnerTracker:
         if learner is None:
             return [], False
         tally = self.node.tally_of(learner)
-        records = self.node.peer_records([*most_recent(tally, 2 * MAX_MATES), *seeders(tally)])
+        recent = most_recent(tally, 2 * MAX_MATES)
+        records = self.node.peer_records([*recent, *seeders(tally)])
         checked = [pid for pid, p in records.items() if is_mate(p, learner, self.model_id)]
         me = self.node.peer_id
-        if me not in checked and not self.node.private and credits(tally).get(me, 0) > 0:
-            # our own record, unread or lapsed here: we know what it says. A sampler that left itself
-            # out owned no chunk in its own eyes while its mates asked it for its share (bench_wan,
-            # docs/BENCHMARKS.md: a version went to the learner 8 times over)
+        if me in recent and me not in checked and not self.node.private:
+            # credited lately, so our mates read our record too, but here it did not read (lapsed,
+            # or not yet stored): we know what it says. A sampler that left itself out owned no chunk
+            # in its own eyes while its mates asked it for its share (bench_wan, docs/BENCHMARKS.md:
+            # a version went to the learner 8 times over)
             checked.append(me)
         mates = earned(checked, [tally] if tally else [], learner)
         return mates, bool(mates) and not any(credits(tally).get(m, 0) > 0 for m in mates)

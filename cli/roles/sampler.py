@@ -81,11 +81,11 @@ def _held_back(cfg: JoinConfig, outbox: Outbox, link: SwarmSamplerLink, tracker:
 
 def _waiting_for(tracker: LearnerTracker, swarm: str) -> str:
     """What a sampler with no learner to follow waits for, and what would end the wait."""
-    if tracker.follow:
-        return f"waiting for the learner --follow names ({short_id(tracker.follow)}) to appear in swarm {swarm!r}"
-    if tracker.other_protocol and not tracker.named_models:
+    if tracker.other_protocol and (tracker.follow or not tracker.named_models):
         return (f"waiting for a learner this node can talk to: the {len(tracker.other_protocol)} named in swarm {swarm!r} "
                 f"are skipped: {protocol_mismatch(max(tracker.other_protocol.values()))}")
+    if tracker.follow:
+        return f"waiting for the learner --follow names ({short_id(tracker.follow)}) to appear in swarm {swarm!r}"
     unnamed = tracker.unnamed_learners() if not tracker.named_models else []
     if unnamed:
         return (f"waiting for a learner the coordinator names: {len(unnamed)} learner(s) seen in swarm "

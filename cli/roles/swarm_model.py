@@ -48,7 +48,7 @@ class SwarmModel:
 def adopt_swarm_model(cfg: JoinConfig, node: SwarmNode, stop: threading.Event) -> SwarmModel | None:
     """Wait for a named learner that serves a bundle, fetch it (or find it in the workdir) and say
     what this sampler now runs; None if stopped first."""
-    backoff, t0 = 1.0, time.monotonic()
+    backoff, t0, told = 1.0, time.monotonic(), None
     while not stop.is_set():
         learner = find_swarm_model(node, cfg.follow)
         if learner is not None:
@@ -61,8 +61,10 @@ def adopt_swarm_model(cfg: JoinConfig, node: SwarmNode, stop: threading.Event) -
                 log.warning("could not take the swarm's model from learner %s: %s; asking again in %.0f s",
                             short_id(learner.peer_id), e, backoff)
         elif skipped := other_protocol_learners(node, cfg.follow):
-            log.warning("waiting for a learner this node can talk to: the %d named are skipped: %s (for %.0f s)",
-                        len(skipped), protocol_mismatch(max(skipped.values())), time.monotonic() - t0)
+            if skipped != told:  # said once (again if it changes): the retries say nothing new
+                told = skipped
+                log.warning("waiting for a learner this node can talk to: the %d named are skipped: %s",
+                            len(skipped), protocol_mismatch(max(skipped.values())))
         else:
             log.info("waiting for a learner the coordinator names to say which model this swarm trains (for %.0f s; "
                      "retrying in %.0f s)", time.monotonic() - t0, backoff)

@@ -20,15 +20,22 @@ log = logging.getLogger(__name__)
 
 class Segment:
     """The chain segment as of one publication, and its manifests sealed for each version an asker
-    may hold: the whole segment (sealed at publication, in the learner's thread), and the tail
-    after a version of it, sealed on first ask (in the node's loop; at most one per version listed,
-    so however many keys ask, a publication costs at most as many signatures as versions)."""
+    may hold: the whole segment (sealed at publication, in the learner's thread), and the tail after
+    one of the TAILS versions before the newest, sealed on first ask (in the node's loop) and kept
+    until the next publication. An asker holding anything else (an older version, one never
+    published, another chain) gets the whole segment: so however many keys ask for whatever
+    versions, a publication costs at most TAILS signatures and TAILS small tails of memory."""
+
+    TAILS = 8
+    """Versions (before the newest) whose tail is served: a sampler keeping up holds the one before
+    the newest; one that missed a few publications, one of the few before it."""
 
     def __init__(self, manifest: Manifest, identity: Identity) -> None:
         self.manifest = manifest
         self._identity = identity
         self.whole = manifest.seal(identity)
         self._tails: dict[int, bytes] = {}
+        self._tailed = {e.version for e in manifest.versions[-self.TAILS - 1 : -1]}
 
     @property
     def newest(self) -> tuple[str, int]:
@@ -36,9 +43,9 @@ class Segment:
 
     def for_asker(self, holds: tuple[str, int] | None) -> bytes:
         """The sealed manifest for an asker that holds `holds`: only the versions after it when it is
-        in this segment (and older than the newest), else the whole segment."""
+        one of the TAILS listed before the newest, else the whole segment."""
         m = self.manifest
-        if holds is None or holds[0] != m.chain or not m.first <= holds[1] < self.newest[1]:
+        if holds is None or holds[0] != m.chain or holds[1] not in self._tailed:
             return self.whole
         after = holds[1]
         if after not in self._tails:
@@ -55,8 +62,8 @@ class WeightServer:
     MAX_REQUEST_WAIT). Samplers then hear of a version the moment it is published, not at their
     next poll, and ask less often than a poll a second would. A request whose (chain, version) is
     still the newest when its wait ends (or when it may not wait) is answered b"": nothing newer.
-    Otherwise the manifest lists only the versions after the asker's, when those are in the segment
-    (`Segment`). An empty request (or one that is not valid: counted) is answered at once, with the
+    Otherwise the manifest lists only the versions after the asker's, when that is one of the few
+    published just before the newest (`Segment`), else the whole segment. An empty request (or one that is not valid: counted) is answered at once, with the
     whole segment. One waiting request per peer, `MAX_WAITERS` in
     all, of which keys the node has not proven (`Doors.set_proven`) hold at most half: beyond that, at
     once (the caller asks again later), so however many fresh keys hold long polls, the proven

@@ -3,9 +3,10 @@
 hetero.manifest.v2: b"" or [chain, version, wait] -> the manifest, sealed by the learner: chain id,
 model, the segment's first version (its keyframe), and per version listed its base, size and
 per-chunk sha256 (which pin every byte: a whole-blob hash on top would only cost the fetcher a pass
-over it). It lists only the versions after the one the asker holds when that one is in the segment
-(a sampler keeping up gets one version's hashes, not the segment's: 100 patches of 20 MiB in 80
-chunks are 528 kB), else the whole segment. On the wire a msgpack map with the fields below in
+over it). It lists only the versions after the one the asker holds when that is one of the few
+published just before the newest (a sampler keeping up gets one version's hashes, not the
+segment's: 100 patches of 20 MiB in 80 chunks are 528 kB), else the whole segment
+(swarm/weights/server.py `Segment`). On the wire a msgpack map with the fields below in
 their order; a keyframe's base is -1. Unknown extra fields are ignored.
 
 v1 listed the whole segment in every reply, and had no `first`.

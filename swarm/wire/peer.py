@@ -35,7 +35,8 @@ so a sampler given no --model runs the learner's model.
 protocol-6 peer exchanges no chunk with a protocol-7 one; a long poll with nothing newer is answered
 b"" (swarm/weights/server.py).
 8: a manifest lists only the versions after the one the asker holds (hetero.manifest.v2, with the
-segment's `first` version): a protocol-7 sampler would take that tail for the whole segment."""
+segment's `first` version): a protocol-7 sampler's hetero.manifest.v1 finds no handler, and peers
+of another protocol skip each other (swarm/discovery.py)."""
 SOFTWARE = "hetero-node/0.1.0"
 
 NonNegative = Annotated[int, Meta(ge=0)]

@@ -349,7 +349,7 @@ def test_while_the_mates_are_seeders_a_silent_ones_chunks_go_straight_to_the_lea
     from swarm.wire.manifest import Manifest
 
     learner = Identity.load_or_create(tmp_path / "l.key")
-    sealed = Manifest("m", "c", CHUNK_SIZE, (ENTRY,), learner.peer_id, 1.0).seal(learner)
+    sealed = Manifest("m", "c", CHUNK_SIZE, (ENTRY,), learner.peer_id, 1.0, ENTRY.version).seal(learner)
 
     class Learner(ScriptedNode):
         read: list = []

@@ -158,6 +158,14 @@ def test_the_learner_lists_only_the_versions_after_the_askers_when_it_holds_one_
     assert segment.for_asker(("c", 4)) is segment.for_asker(("c", 4))
     tail = Manifest.open(segment.for_asker(("c", 4)), learner.peer_id)
     assert tail.first == 3 and tail.segment() == range(3, 7)
+    # versions published with gaps (every few steps), 12 of them: a tail only after one of the 8
+    # published before the newest (v15 .. v50); a version never published, or older, gets the whole
+    gapped = tuple(VersionEntry.of_blob(v, None if v == 0 else v - 5, b"x") for v in range(0, 60, 5))
+    segment = Segment(Manifest("m", "c", CHUNK_SIZE, gapped, learner.peer_id, 1.0, 0), learner)
+    whole = [e.version for e in gapped]
+    assert listed(("c", 15)) == [20, 25, 30, 35, 40, 45, 50, 55] and listed(("c", 50)) == [55]
+    for holds in (("c", 10), ("c", 12), ("c", 55), ("c", 99)):
+        assert listed(holds) == whole, holds
 
 
 def test_a_fetch_planned_from_a_tail_takes_the_newer_deltas_and_never_a_delta_without_its_base():

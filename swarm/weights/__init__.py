@@ -5,7 +5,8 @@ Learner side (`WeightServer`, server.py) serves two RPCs:
                       once the learner has a version newer than that one, or after `wait` s)
                       -> b"" when nothing is newer, else the manifest of the learner's current
                       chain segment (its last keyframe and the deltas after it; only those after
-                      the asker's version when that is in the segment), sealed by the learner:
+                      the asker's version when that is one of the 8 before the newest: server.py
+                      `Segment`), sealed by the learner:
                       chain id, model, the segment's first version, and per version listed its
                       base, size and per-chunk sha256 (manifest.py: `Manifest`).
   hetero.chunks.v2    [chain, version, [index, ...], wait] -> a stream of those chunks, ending at

@@ -188,8 +188,8 @@ def probe_swarm(cfg: "JoinConfig", folder: str, wait_s: float = 60.0):
         while learner is None and time.monotonic() < deadline:
             learner = find_swarm_model(node, cfg.follow)
             if learner is None and (skipped := other_protocol_learners(node, cfg.follow)):  # said at once
-                raise ConfigError(f"the {len(skipped)} learner(s) swarm {cfg.swarm!r}'s coordinators name cannot be "
-                                  "joined", protocol_mismatch(max(skipped.values())))
+                raise ConfigError(f"no learner of swarm {cfg.swarm!r} can be joined: the {len(skipped)} named speak "
+                                  "another wire protocol", protocol_mismatch(max(skipped.values())))
             if learner is None:
                 time.sleep(2.0)
         if learner is None:

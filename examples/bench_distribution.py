@@ -42,6 +42,7 @@ from swarm.exchange import WeightVersion  # noqa: E402
 from swarm.identity import Identity  # noqa: E402
 from swarm.p2p import SwarmNode  # noqa: E402
 from swarm.weights import WeightFetcher, WeightServer  # noqa: E402
+from swarm.wire.chunks import chunk_size  # noqa: E402
 from swarm.wire.manifest import MANIFEST, ManifestRequest  # noqa: E402
 
 
@@ -191,7 +192,7 @@ def manifest_cost(args, lx: WeightServer, asker: SwarmNode) -> None:
     lx.publish(WeightVersion("bench", chain, 0, None, patch))
     marks = sorted({m for m in (1, 10, 25, 50, 100, 200, args.segment) if m <= args.segment})
     print(f"\nthe manifest as the segment grows: a keyframe then {args.segment} patches of {args.patch_mb} MiB "
-          f"({len(lx._segment.manifest.versions[0].chunks)} chunks each), one sampler asking")
+          f"({-(-len(patch) // chunk_size(len(patch)))} chunks each), one sampler asking")
     print(f"{'patches':>7} {'tail B':>8} {'whole B (v1)':>12} {'copies a sampler':>17} {'tail x 8':>9} {'x 64':>6} "
           f"{'x 1000':>7} {'whole x 64':>10} {'x 1000':>7}")
     print(f"{'':>29} {'(tail / whole)':>17}")

@@ -87,6 +87,11 @@ def protocol_mismatch(theirs: int) -> str:
             "run the version it runs, or wait for its coordinator to update")
 
 
+def skipped_for_protocol(other: dict[str, int]) -> str:
+    """What a node waiting with only learners of another protocol (-> theirs) tells its user."""
+    return f"the {len(other)} learner(s) named speak another wire protocol: {protocol_mismatch(max(other.values()))}"
+
+
 def swarm_model(records: list[SwarmRecord], peers: list[PeerInfo], pin: str | None = None) -> PeerInfo | None:
     """The learner whose model a sampler given no model runs (its bundle: swarm/model_files.py), from
     our coordinators' swarm `records` and the live `peers`' records: the pinned one if live, else the
@@ -102,17 +107,21 @@ def swarm_model(records: list[SwarmRecord], peers: list[PeerInfo], pin: str | No
 def find_swarm_model(node: SwarmNode, pin: str | None = None) -> PeerInfo | None:
     """`swarm_model` on what `node` reads now: its coordinators' swarm records and the peer records of
     the learners they name (or of the pinned one)."""
+    records, learners = _named_learners(node, pin)
+    return swarm_model(records, learners, pin)
+
+
+def _named_learners(node: SwarmNode, pin: str | None) -> tuple[list[SwarmRecord], list[PeerInfo]]:
+    """Our coordinators' swarm records, and the peer records of the learners they name (or of the pinned one)."""
     records = node.swarm_records(node.coordinators)
     named = [pin] if pin else sorted({learner for r in records for learner in r.learners})
-    return swarm_model(records, list(node.peer_records(named).values()), pin)
+    return records, list(node.peer_records(named).values())
 
 
 def other_protocol_learners(node: SwarmNode, pin: str | None = None) -> dict[str, int]:
     """The learners our coordinators name (or the pinned one) that speak another wire protocol than
     ours -> theirs: why `find_swarm_model` finds none (read again on the waiting path only)."""
-    records = node.swarm_records(node.coordinators)
-    named = [pin] if pin else sorted({learner for r in records for learner in r.learners})
-    return {pid: p.protocol for pid, p in node.peer_records(named).items() if p.role == "learner" and p.protocol != PROTOCOL}
+    return {p.peer_id: p.protocol for p in _named_learners(node, pin)[1] if p.role == "learner" and p.protocol != PROTOCOL}
 
 
 def is_mate(peer: PeerInfo, learner: str | None, model_id: str) -> bool:

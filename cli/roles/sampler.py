@@ -15,7 +15,7 @@ from node.metrics import MetricsWriter
 from node.models import load_tokenizer, tokenizer_hash
 from node.sampling.sampler import Sampler
 from node.tasks import make_task
-from swarm.discovery import LearnerTracker, protocol_mismatch
+from swarm.discovery import LearnerTracker, skipped_for_protocol
 from swarm.identity import short_id
 from swarm.rollouts.outbox import Outbox
 from swarm.p2p import SwarmNode
@@ -82,8 +82,7 @@ def _held_back(cfg: JoinConfig, outbox: Outbox, link: SwarmSamplerLink, tracker:
 def _waiting_for(tracker: LearnerTracker, swarm: str) -> str:
     """What a sampler with no learner to follow waits for, and what would end the wait."""
     if tracker.other_protocol and (tracker.follow or not tracker.named_models):
-        return (f"waiting for a learner this node can talk to: the {len(tracker.other_protocol)} named in swarm {swarm!r} "
-                f"are skipped: {protocol_mismatch(max(tracker.other_protocol.values()))}")
+        return f"waiting for a learner this node can talk to in swarm {swarm!r}: {skipped_for_protocol(tracker.other_protocol)}"
     if tracker.follow:
         return f"waiting for the learner --follow names ({short_id(tracker.follow)}) to appear in swarm {swarm!r}"
     unnamed = tracker.unnamed_learners() if not tracker.named_models else []

@@ -16,7 +16,7 @@ from pathlib import Path
 from node.config import from_dict, task_from_dict
 from node.sampling.params import SamplingConfig
 from swarm.directory.directory import REFRESH_S
-from swarm.discovery import find_swarm_model, other_protocol_learners, protocol_mismatch
+from swarm.discovery import find_swarm_model, other_protocol_learners, skipped_for_protocol
 from swarm.identity import short_id
 from swarm.model_files import FetchFailed, fetch_from, held, unpack_to
 from swarm.p2p import SwarmNode
@@ -63,8 +63,7 @@ def adopt_swarm_model(cfg: JoinConfig, node: SwarmNode, stop: threading.Event) -
         elif skipped := other_protocol_learners(node, cfg.follow):
             if skipped != told:  # said once (again if it changes): the retries say nothing new
                 told = skipped
-                log.warning("waiting for a learner this node can talk to: the %d named are skipped: %s",
-                            len(skipped), protocol_mismatch(max(skipped.values())))
+                log.warning("waiting for a learner this node can talk to: %s", skipped_for_protocol(skipped))
         else:
             log.info("waiting for a learner the coordinator names to say which model this swarm trains (for %.0f s; "
                      "retrying in %.0f s)", time.monotonic() - t0, backoff)

@@ -13,6 +13,7 @@ import asyncio
 import collections
 import logging
 import time
+from typing import Container
 
 
 from swarm.buckets import worth_logging
@@ -152,12 +153,11 @@ class ChunkStore:
         """Name as seeders, from now on, the first peers served `version` whole (a keyframe)."""
         self.seed_version, self._seeded = version, []
 
-    def retain(self, versions) -> None:
-        """Prune every held version, whole or partial, not in `versions` (those out of the learner's
-        segment: `Manifest.segment`, a range, is asked of as is, not spelled out)."""
-        keep = versions if isinstance(versions, range) else set(versions)
-        self.blobs = {v: b for v, b in self.blobs.items() if v in keep}
-        self.partial = {v: p for v, p in self.partial.items() if v in keep}
+    def retain(self, versions: Container[int]) -> None:
+        """Prune every held version, whole or partial, not in `versions` (a container: those of the
+        learner's segment, `Manifest.segment`)."""
+        self.blobs = {v: b for v, b in self.blobs.items() if v in versions}
+        self.partial = {v: p for v, p in self.partial.items() if v in versions}
         self._changed()
 
     def verified(self, chain: str, version: int) -> dict[int, bytes | memoryview]:

@@ -158,7 +158,7 @@ class WeightServer:
     def publish(self, wv: WeightVersion) -> None:
         if wv.base is None:  # a keyframe starts a new chain segment; the last one is still served
             # until the next keyframe, so that downloads under way (from its manifest) can finish
-            self.store.retain(e.version for e in self._entries if wv.chain == self.store.chain)
+            self.store.retain({e.version for e in self._entries if wv.chain == self.store.chain})
             self._entries = []
         self.store.put(wv.chain, wv.version, wv.blob)
         if wv.base is None:  # a new swarm's seeders are the first to take it whole (ChunkStore.seeders)

@@ -17,7 +17,7 @@ import pytest
 from cli.errors import UserError
 from cli.roles import accepted_models, parse_learners, read_learners_file
 from node.learner import LearnerConfig
-from swarm.discovery import MAX_MATES, SEEDER_MATES, choose, earned, most_recent, protocol_mismatch, seeders, swarm_model, takes
+from swarm.discovery import MAX_MATES, SEEDER_MATES, choose, earned, most_recent, protocol_mismatch, seeders, skipped_for_protocol, swarm_model, takes
 from swarm.wire.tally import MAX_SEEDERS
 from swarm.identity import peer_id_of
 from swarm.rollouts.outbox import OWN, Outbox
@@ -118,6 +118,8 @@ def test_peers_of_another_wire_protocol_are_neither_followed_fed_nor_mates_and_t
     assert swarm_model([], [msgspec.structs.replace(old, files="f")], pin="LA") is None
     assert "this hetero-node is older" in protocol_mismatch(PROTOCOL + 1)
     assert "the swarm runs an older hetero-node" in protocol_mismatch(PROTOCOL - 1)
+    assert skipped_for_protocol({"LA": PROTOCOL - 1, "LB": PROTOCOL + 1}).startswith("the 2 learner(s) named")
+    assert "this hetero-node is older" in skipped_for_protocol({"LA": PROTOCOL - 1, "LB": PROTOCOL + 1})  # the newest says
 
 
 def test_a_pinned_learner_is_followed_whatever_its_model_and_nothing_else_is_fed():

@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from node.learner.config import BehaviourConfig
+
 
 # audits off: what stops forged claims here is the recomputation's check alone (with audits on, the
 # attacker's first audited group would refuse it before any step:
@@ -47,8 +49,13 @@ def test_over_the_wire_forged_claims_are_dropped_and_counted_and_a_bfloat16_samp
         # the honest sampler's bfloat16 claims differ from the learner's float32 log-probs, by rounding
         assert max(r["behaviour_k3"] for r in recomputed) > 0 and max(r["behaviour_gap_mean"] for r in recomputed) < 0.1
         # the recomputation, not the trainer's own check, stopped the forged claims: the trainer
-        # never saw one (its gap would be >= 13/token), only the learner's own log-probs
-        assert max(r["routes"]["own"]["logprob_gap_max"] for r in steps if "own" in r.get("routes", {})) < 1
+        # dropped nothing, and its largest gap is within its own bound (a forged claim's is >= 13/token).
+        # What it does see is staleness: the learner's log-probs at the version a group claims against
+        # the step's weights some versions on (CI saw 1.09 on a slow machine; up to 2.07 honest at 64
+        # versions stale, examples/bench_logprob_gap.py), so the bound is the trainer's, not a guess below it
+        own = [r["routes"]["own"] for r in steps if "own" in r.get("routes", {})]
+        assert own and not any(r["dropped_groups"] for r in own)
+        assert max(r["logprob_gap_max"] for r in own) <= BehaviourConfig().max_logprob_gap
         # the rollout correction (on by default) weighs the honest bfloat16 engine's tokens near 1
         weights = [r["routes"]["own"]["rollout_weight_mean"] for r in steps if "own" in r.get("routes", {})]
         assert weights and all(0.9 < w < 1.1 for w in weights)

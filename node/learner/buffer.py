@@ -74,7 +74,8 @@ class GroupBuffer:
     def pick(self, kind_of: Callable[[BufferedGroup], GroupKind], new: int | None = None) -> list[int]:
         """Indices of the next step's groups (`pick_groups` with the foreign and unaudited shares,
         and at most `new` of new keys' groups: what the audit budget admits, default a step's
-        worth), oldest first, or newest version first with `take_newest`."""
+        worth; foreign groups within their share of the step taken, `within_share`), oldest first,
+        or newest version first with `take_newest`."""
         n = self.cfg.groups_per_step
         buf = list(self._groups)  # a deque: indexing it is O(n)
         order = list(range(len(buf)))
@@ -86,6 +87,7 @@ class GroupBuffer:
                               GroupKind.NEW: n if new is None else new},
                              # a new key's groups past its first audits would only bounce back (Auditor.audit)
                              {GroupKind.FOREIGN: self.cfg.foreign.per_sampler, GroupKind.NEW: max(1, self.cfg.audit.first)})
+        picked = [picked[j] for j in within_share([kind_of(buf[order[i]]) for i in picked], self.cfg.foreign.step_share)]
         return [order[j] for j in picked]
 
     def ready(self, kind_of: Callable[[BufferedGroup], GroupKind], is_proven: Callable[[str], bool],
@@ -124,6 +126,28 @@ class GroupBuffer:
     def clear(self) -> None:
         self._groups.clear()
         self._by_sampler.clear()
+
+
+def within_share(kinds: list[str], share: float) -> list[int]:
+    """Positions of a step's picked `kinds` to keep: every group that is not foreign, and the first
+    foreign ones while they stay within `share` of the step actually taken. A full step is within it
+    already (`pick_groups` caps foreign groups at floor(share x n)); a short one holding k other
+    groups keeps f <= share x (k + f), i.e. f <= share x k / (1 - share): none when k = 0, so a
+    learner never trains on another model's rollouts alone unless share is 1. (Seen: learner a of
+    tests/integration/swarm/test_swarm_learners.py, its own sampler joining 40 s late, took 160
+    steps of its partners' groups alone; its eval every 10 steps went 40, 48, 44, 40, 37, 36, 31,
+    36, 31, 36, 41, 48, 48, 43, 45, 48%: no learning, swings of 17 points. In CI, where its steps'
+    make-up was not kept, it ended its 40 steps at its start, 40%, after 28.5% at step 20.)"""
+    others = sum(k != GroupKind.FOREIGN for k in kinds)
+    room = len(kinds) if share >= 1 else math.floor(share * others / (1 - share) + 1e-9)
+    keep: list[int] = []
+    for i, k in enumerate(kinds):
+        if k != GroupKind.FOREIGN:
+            keep.append(i)
+        elif room > 0:
+            keep.append(i)
+            room -= 1
+    return keep
 
 
 def pick_groups(entries: list[tuple[str, str]], n: int, total_caps: dict[str, int],

@@ -146,7 +146,9 @@ class ForeignConfig:
     against the text (text it cannot check would let a peer claim anything), then re-tokenizes."""
     step_share: float = 0.25
     """Foreign groups (never audited: unchecked work, not credited) fill at most this share of a
-    step's groups (floor of share x groups_per_step); F-TIS bounds one step's damage, this a flood."""
+    step's groups (floor of share x groups_per_step), of a short step's too: a learner does not
+    train on other models' rollouts alone unless this is 1 (node/learner/buffer.within_share).
+    F-TIS bounds one step's damage, this a flood."""
     per_sampler: int = 2
     """...and at most this many of a step's groups come from one sampler's foreign groups."""
 

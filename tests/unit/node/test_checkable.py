@@ -263,6 +263,20 @@ def test_pick_groups_takes_round_robin_within_the_foreign_and_unaudited_shares()
     assert pick_groups(entries, 8, {}, {}) == [0, 5, 8, 10, 1, 6, 9, 11], "uncapped: plain round-robin"
 
 
+def test_a_short_step_keeps_foreign_groups_within_the_share_of_what_it_takes():
+    from node.learner.buffer import within_share
+
+    kinds = ["foreign", "checked", "foreign", "foreign", "new"]
+    # 2 others: share 0.5 allows f <= 0.5 x 2 / 0.5 = 2 (the first two), 0.25 allows 0.67 -> none
+    assert within_share(kinds, 0.5) == [0, 1, 2, 4]
+    assert within_share(kinds, 0.25) == [1, 4]
+    assert within_share(kinds, 0.75) == [0, 1, 2, 3, 4]  # 0.75 x 2 / 0.25 = 6 >= 3
+    assert within_share(kinds, 1.0) == [0, 1, 2, 3, 4]
+    assert within_share(["foreign"] * 3, 0.5) == [] and within_share(["foreign"] * 3, 1.0) == [0, 1, 2]
+    # a full step of 8 at share 0.25 (pick_groups' cap floor(0.25 x 8) = 2) stays whole: 0.25 x 6 / 0.75 = 2
+    assert within_share(["foreign"] * 2 + ["checked"] * 6, 0.25) == list(range(8))
+
+
 def _relabel(g, **fields):
     for k, v in fields.items():
         setattr(g, k, v)
@@ -303,9 +317,15 @@ def test_foreign_groups_fill_only_their_share_of_a_step_and_earn_no_credit(task,
     assert learner.untrained("other") == 3  # kept, within its quota, for later steps
     assert not learner.ready()  # h3 is checked work: wait for more of it rather than a foreign step
     only = _pair(task, tmp_path / "only", groups_per_step=4, foreign=ForeignConfig(step_share=0.5, per_sampler=1, accept_models=("other/model",)))[0]
-    assert only.ingest_many([_relabel(g, model_id="other/model", chain="", version=0) for g in other.produce(6)]) >= 4
-    recs = []  # only foreign groups wait (a swarm of them, or the unproven budget full of them): short steps
-    _trained_groups(only, recs)
+    foreign6 = [_relabel(g, model_id="other/model", chain="", version=0) for g in other.produce(6)]
+    assert only.ingest_many(foreign6) >= 4
+    # only foreign groups wait (a partner's, before our own sampler's first arrive): no step of them alone,
+    # whatever fills the unproven budget (a new key gets its fair share of it: swarm/rollouts/admission.py)
+    assert not only.ready() and only.step() is None
+    alone = _pair(task, tmp_path / "alone", groups_per_step=4, foreign=ForeignConfig(step_share=1.0, per_sampler=1, accept_models=("other/model",)))[0]
+    assert alone.ingest_many(foreign6) >= 4
+    recs = []  # share 1: a learner that asked to train on other models' rollouts alone does, in short steps
+    _trained_groups(alone, recs)
     assert recs and all((r["groups_own"], r["groups_foreign"]) == (0, 1) for r in recs), recs
     # the same wait, once unproven keys' groups fill their shared budget (4 here: h3 and f1-f3, neither
     # key proven), would stall the swarm: no new sampler could send the checked work waited for

@@ -95,7 +95,8 @@ class GroupBuffer:
         """Whether a full step can be taken within the foreign and unaudited shares; or a short one,
         of what the shares allow, when `groups_per_step` groups wait and waiting cannot fill a step:
         none of them is checked work, or unproven keys' groups fill their shared budget (the swarm's
-        receiver takes no more from any new key until some are trained on: waiting would stall)."""
+        receiver takes no more from any new key until some are trained on: waiting would stall).
+        Foreign groups alone never make a step (`within_share`): see `drop_unpaired`."""
         n = self.cfg.groups_per_step
         if len(self._groups) < n:
             return False
@@ -106,8 +107,31 @@ class GroupBuffer:
             return True
         if new == 0 and any(kind_of(b) is GroupKind.NEW for b in self._groups):
             return True  # new keys wait for the audit budget, which only training refills: train what can be
+        return self._pool_full(is_proven)
+
+    def _pool_full(self, is_proven: Callable[[str], bool]) -> bool:
         unproven = sum(not is_proven(b.sampler) for b in self._groups)
-        return unproven >= max(self.cfg.intake.unproven_quota, n)
+        return unproven >= max(self.cfg.intake.unproven_quota, self.cfg.groups_per_step)
+
+    def drop_unpaired(self, kind_of: Callable[[BufferedGroup], GroupKind], is_proven: Callable[[str], bool],
+                      new: int | None = None) -> int:
+        """When no step can be picked, foreign groups wait, and unproven keys' groups fill their
+        pool: drop the oldest foreign groups, a step's worth; returns how many. A partner's sampler
+        is never proven here, so its groups draw on the pool with every new key of our model; with
+        more such keys than the pool's cap (keys are free) a new key's fair share is 0, and foreign
+        groups that no step takes would hold the pool for good. Foreign-only steps used to drain
+        them; dropping them drains it without training on them alone."""
+        if not any(kind_of(b) is GroupKind.FOREIGN for b in self._groups) or self.pick(kind_of, new) \
+                or not self._pool_full(is_proven):
+            return 0
+        oldest = {id(b) for b in [b for b in self._groups if kind_of(b) is GroupKind.FOREIGN][:self.cfg.groups_per_step]}
+        return self._drop(lambda b: id(b) in oldest)
+
+    def only_foreign(self, kind_of: Callable[[BufferedGroup], GroupKind]) -> bool:
+        """Whether a step's worth of groups waits, all of them foreign, and the share keeps them
+        from stepping alone (foreign.step_share < 1)."""
+        return (self.cfg.foreign.step_share < 1 and len(self._groups) >= self.cfg.groups_per_step
+                and all(kind_of(b) is GroupKind.FOREIGN for b in self._groups))
 
     def take(self, kind_of: Callable[[BufferedGroup], GroupKind], new: int | None = None) -> list[BufferedGroup]:
         """Remove and return the next step's groups (`pick`)."""
@@ -133,7 +157,8 @@ def within_share(kinds: list[str], share: float) -> list[int]:
     foreign ones while they stay within `share` of the step actually taken. A full step is within it
     already (`pick_groups` caps foreign groups at floor(share x n)); a short one holding k other
     groups keeps f <= share x (k + f), i.e. f <= share x k / (1 - share): none when k = 0, so a
-    learner never trains on another model's rollouts alone unless share is 1. (Seen: learner a of
+    learner never trains on another model's rollouts alone unless share is 1 (Learner.step applies it
+    again to what its audits and recomputation leave). (Seen: learner a of
     tests/integration/swarm/test_swarm_learners.py, its own sampler joining 40 s late, took 160
     steps of its partners' groups alone; its eval every 10 steps went 40, 48, 44, 40, 37, 36, 31,
     36, 31, 36, 41, 48, 48, 43, 45, 48%: no learning, swings of 17 points. In CI, where its steps'

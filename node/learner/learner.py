@@ -53,7 +53,7 @@ from node.audit.auditor import Auditor
 from node.learner.phases import Phases
 from node.learner.behaviour import Recompute
 from node.learner.books import Books
-from node.learner.buffer import GroupBuffer
+from node.learner.buffer import GroupBuffer, within_share
 from node.learner.intake import Chains, RecordChecks
 from node.learner.config import DROP, LearnerConfig
 from node.learner.groups import BufferedGroup, Route
@@ -135,6 +135,7 @@ class Learner:
                           if cfg.behaviour.source != "sampler" else None)
         """Puts the learner's own log-probs into own-model groups (`behaviour_logprobs`)."""
         self.buffer = GroupBuffer(cfg)
+        self._said_only_foreign = False  # the line that says why a learner of partners' groups alone waits
         self.books = Books()
         self.phases = Phases()
         """Where this learner's time goes (node/learner/phases.py): `phase_s` in every step record."""
@@ -270,6 +271,13 @@ class Learner:
         if aged := self.buffer.drop_aged(self.version):
             self.books.drop(Drop.STALE, aged)
         new = self.auditor.admissions(self.buffer)
+        if unpaired := self.buffer.drop_unpaired(self.auditor.kind_of, self.auditor.is_proven, new):
+            self.books.drop(Drop.FOREIGN_UNPAIRED, unpaired)
+        if self.buffer.only_foreign(self.auditor.kind_of) and not self._said_only_foreign:
+            self._said_only_foreign = True
+            log.info("only other models' groups wait (%d): they fill at most %.0f%% of a step "
+                     "(learner.foreign.step_share), so the learner steps once its own model's groups arrive",
+                     len(self.buffer), 100 * self.cfg.foreign.step_share)
         return new if self.buffer.ready(self.auditor.kind_of, self.auditor.is_proven, new) else None
 
     def step(self) -> dict | None:
@@ -286,8 +294,10 @@ class Learner:
                 self._drop_claims(dropped)
         finally:
             self.auditor.release()  # never held through a training step
+        taken = self._within_share(taken)
         if not taken:
             return None  # every group taken failed an audit: nothing to train on this time
+        self._said_only_foreign = False
         parts, skipped = self.training.parts(taken)
         rec: dict[str, Any] = {Metric.KIND: Kind.STEP, Metric.VERSION: self.version + 1, **batch_stats(taken, self.version), **behaviour}
         rec[Metric.GROUPS_SKIPPED_ZERO_VAR] = skipped
@@ -319,6 +329,14 @@ class Learner:
         if self.cfg.eval_every and self.version % self.cfg.eval_every == 0:
             self.run_eval()
         return rec  # when to checkpoint is the runner's (cli/roles/learner.py): it compacts its journal after
+
+    def _within_share(self, taken: list[BufferedGroup]) -> list[BufferedGroup]:
+        """`taken` with its foreign groups within their share of what audits and recomputation left
+        of the step (`within_share`); those past it go back to the buffer for a later step."""
+        keep = set(within_share([self.auditor.kind_of(b) for b in taken], self.cfg.foreign.step_share))
+        if len(keep) < len(taken):
+            self.buffer.put_back([b for i, b in enumerate(taken) if i not in keep])
+        return [b for i, b in enumerate(taken) if i in keep]
 
     def _audited(self, taken: list[BufferedGroup]) -> list[BufferedGroup]:
         """Spot-audit `taken` (node/audit/auditor.py), refuse who failed; what may be trained on.

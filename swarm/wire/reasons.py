@@ -59,6 +59,9 @@ class Drop(enum.StrEnum):
     QUARANTINED = "quarantined"
     OWN_DROPPED = "own_dropped"
     FOREIGN_DROPPED = "foreign_dropped"
+    FOREIGN_UNPAIRED = "foreign_unpaired"
+    """Another model's group that waited with none of our model's to share a step with, while
+    unproven keys' groups filled their pool: dropped, oldest first, to make room (GroupBuffer.drop_unpaired)."""
     BUFFER_FULL = "buffer_full"
     SCORING_TIME = "scoring_time"
     REWARD_BUDGET = "reward_budget"

@@ -322,6 +322,12 @@ def test_foreign_groups_fill_only_their_share_of_a_step_and_earn_no_credit(task,
     # only foreign groups wait (a partner's, before our own sampler's first arrive): no step of them alone,
     # whatever fills the unproven budget (a new key gets its fair share of it: swarm/rollouts/admission.py)
     assert not only.ready() and only.step() is None
+    assert only.books.drops["foreign_unpaired"] == 0  # 4-6 groups: under the unproven pool's 32, kept
+    jammed = _pair(task, tmp_path / "jammed", groups_per_step=4, foreign=ForeignConfig(step_share=0.5, per_sampler=1, accept_models=("other/model",)), intake=IntakeConfig(unproven_quota=4))[0]
+    held = jammed.ingest_many(foreign6)
+    # the pool (4) full of a partner's groups that no step takes: the oldest step's worth (4) dropped, counted
+    assert held >= 4 and not jammed.ready() and jammed.books.drops["foreign_unpaired"] == 4
+    assert len(jammed.buffer) == held - 4
     alone = _pair(task, tmp_path / "alone", groups_per_step=4, foreign=ForeignConfig(step_share=1.0, per_sampler=1, accept_models=("other/model",)))[0]
     assert alone.ingest_many(foreign6) >= 4
     recs = []  # share 1: a learner that asked to train on other models' rollouts alone does, in short steps
@@ -335,6 +341,20 @@ def test_foreign_groups_fill_only_their_share_of_a_step_and_earn_no_credit(task,
     assert full.ready() and full.step()["groups_foreign"] == 1  # [h0, f0, h1, h2], as above
     assert not full.is_proven("honest") and len(full.buffer) == 4
     assert full.ready()  # a short step of h3 and f1: within the foreign share, and the budget drains
+
+
+def test_what_audits_leave_of_a_step_keeps_foreign_groups_within_their_share(task, tmp_path):
+    """A step's own groups can go back to the buffer at their audit (a new key past the audit budget)
+    or drop at the recomputation: the foreign ones are then held to the share of what is left."""
+    learner, sampler = _pair(task, tmp_path, groups_per_step=4, foreign=ForeignConfig(step_share=0.5, per_sampler=2, accept_models=("other/model",)))
+    learner.ingest_many([g.encode() for g in sampler("honest").produce(1)])
+    learner.ingest_many([_relabel(g, model_id="other/model", chain="", version=0) for g in sampler("other").produce(2)])
+    taken = list(learner.buffer)
+    learner.buffer.clear()
+    own, f1, f2 = taken
+    assert learner._within_share(taken) == [own, f1] and list(learner.buffer) == [f2]  # 1 other: 1 foreign
+    learner.buffer.clear()
+    assert learner._within_share([f1, f2]) == [] and list(learner.buffer) == [f1, f2]  # none alone
 
 
 def test_a_new_key_claiming_an_earlier_runs_chain_is_trained_only_within_the_unaudited_share(task, tmp_path):

@@ -126,9 +126,9 @@ class RewardWorker:
     """One worker process computing the reward `name` (a name `load_reward` resolves), restarted
     whenever it had to be killed. Thread-safe: one group at a time."""
 
-    def __init__(self, name: str, budget: Callable[[int], float] = group_budget_s) -> None:
+    def __init__(self, name: str, budget: Callable[[int], float] = group_budget_s, grace_s: float = GRACE_S) -> None:
         load_reward(name)  # a name that does not resolve fails here, not in the worker
-        self.name, self.budget = name, budget
+        self.name, self.budget, self.grace_s = name, budget, grace_s
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
         self._send: Connection | None = None
@@ -153,7 +153,7 @@ class RewardWorker:
                 self._await_ready()
                 t0 = time.monotonic()
                 self._send.send_bytes(request)
-            if not self._recv.poll(budget + GRACE_S):
+            if not self._recv.poll(budget + self.grace_s):
                 self._restart("killed past its deadline")
                 raise OverBudget(f"scoring ran past {budget:.2f} s: its worker was killed")
             try:

@@ -10,19 +10,42 @@ import time
 from pathlib import Path
 
 
+def _children(pid: int) -> list[int]:
+    out = []
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and f" {pid} " in (p / "stat").read_text().split(")")[-1][:40]:
+                out.append(int(p.name))
+        except OSError:  # gone while read
+            pass
+    return out
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def _until(cond, what: str, timeout: float = 30.0) -> None:
+    """Polled, not slept: a loaded CPU starts and reaps processes late."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"not within {timeout:g} s: {what}"
+        time.sleep(0.02)
+
+
 def test_forced_exit_kills_all_descendants(tmp_path):
     from cli.procs import kill_descendants
 
     parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
                                "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"])
-    time.sleep(1.0)
-    kids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
-            and (p / "stat").exists() and f" {parent.pid} " in (p / "stat").read_text().split(")")[-1][:40]]
-    assert kids, "the grandchild did not start"
-    kill_descendants(parent.pid)
-    time.sleep(0.3)
-    for k in kids:
-        state = Path(f"/proc/{k}/stat").read_text().split(")")[-1].split()[0] if Path(f"/proc/{k}").exists() else "gone"
-        assert state in ("Z", "gone")
-    parent.kill()
-    parent.wait()
+    try:
+        _until(lambda: _children(parent.pid), "the grandchild started")
+        kids = _children(parent.pid)
+        kill_descendants(parent.pid)
+        _until(lambda: all(_state(k) in ("Z", "gone") for k in kids), f"descendants {kids} dead")
+    finally:
+        parent.kill()
+        parent.wait()

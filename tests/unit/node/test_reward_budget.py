@@ -20,7 +20,7 @@ import pytest
 from helpers.honest_answers import KINDS, honest_groups
 from helpers.slow_rewards import EVADES, TOWER
 from node.tasks import DatasetTask, DatasetTaskConfig, math_verify_reward
-from node.tasks.bounded import MIN_GROUP_S, OverBudget, RewardWorker, group_budget_s
+from node.tasks.bounded import GRACE_S, MIN_GROUP_S, OverBudget, RewardWorker, group_budget_s
 from node.tasks.rewards import (MAX_ANSWER_CHARS, MAX_EXPONENT, MAX_FACTORIAL, MAX_NESTING, MAX_POWER_BITS,
                                 math_verify_refusal)
 
@@ -83,7 +83,10 @@ def test_the_precheck_is_bounded_on_any_text(text, monkeypatch):
 # ---- the worker: the budget as a hard deadline, on any thread ------------------------------------
 @pytest.fixture(scope="module")
 def worker():
-    w = RewardWorker("math_verify")
+    # the caller's grace past the budget (GRACE_S, 0.2 s) is the product's; here it is long, so that
+    # "the worker's own timer answered" holds on a loaded CPU too, where the reply can take longer
+    # than 0.2 s to arrive (the worker must leave sympy, reply, and the caller wake)
+    w = RewardWorker("math_verify", grace_s=30.0)
     yield w
     w.close()
 
@@ -123,7 +126,8 @@ def test_a_pathological_group_is_dropped_within_its_budget_from_any_thread(worke
 
 @pytest.mark.parametrize("reward", ["sleepy", "stubborn", "alarmist"])
 def test_a_custom_reward_is_held_to_the_same_deadline(reward):
-    w = RewardWorker(f"helpers.slow_rewards:{reward}")
+    # sleepy's own timer answers (a long grace, as in `worker`); the others are killed at budget + GRACE_S
+    w = RewardWorker(f"helpers.slow_rewards:{reward}", grace_s=30.0 if reward == "sleepy" else GRACE_S)
     try:
         assert w.rewards(["7", "8"], "7") == [1.0, 0.0]
         with pytest.raises(OverBudget) as e:
@@ -171,10 +175,16 @@ def _learner(task):
     from node.learner import Learner, LearnerConfig
     from node.models import BUILTIN_MODEL, load_model, load_tokenizer
 
+    from node.learner.scoring_time import ScoringTime
+
     tok = load_tokenizer(BUILTIN_MODEL)
     sampling = SamplingConfig(group_size=8, max_new_tokens=32)  # room for \boxed{...} in the char tokenizer
-    return Learner(LearnerConfig(groups_per_step=4, eval_every=0, eval_size=4), load_model(BUILTIN_MODEL), tok, task,
-                   model_id=BUILTIN_MODEL, sampling=sampling, swarm="s")
+    learner = Learner(LearnerConfig(groups_per_step=4, eval_every=0, eval_size=4), load_model(BUILTIN_MODEL), tok, task,
+                      model_id=BUILTIN_MODEL, sampling=sampling, swarm="s")
+    # scoring time is charged in real seconds, the worker's start among them (seconds on a loaded
+    # CPU): out of the way here; the tests of it set their own, on a frozen clock
+    learner.scoring_time = ScoringTime(burst_s=1e9)
+    return learner
 
 
 def _group(learner, texts: list[str], sampler: str = "attacker") -> bytes:
@@ -258,6 +268,12 @@ def test_keys_whose_groups_run_to_the_deadline_spend_the_unproven_keys_share_and
     assert learner.ingest(_group(learner, [answer] * 8, sampler="warm")) is None  # the worker's start
     clock = Clock(0.0)
     learner.scoring_time = ScoringTime(burst_s=1.5, clock=clock)  # a frozen clock: no refill meanwhile
+    real, charged = learner.scoring_time.charge, []
+
+    def charge(key: str, proven: bool, seconds: float) -> None:  # 1 s each, however long this CPU took past it
+        charged.append(seconds)
+        real(key, proven, 1.0)
+    learner.scoring_time.charge = charge
     for key in ("k1", "k2"):
         assert learner.ingest(_group(learner, [answer] * 7 + ["slow"], sampler=key)) == "reward_budget"
     from node.tasks.bounded import worker_for
@@ -266,5 +282,6 @@ def test_keys_whose_groups_run_to_the_deadline_spend_the_unproven_keys_share_and
     assert learner.ingest(_group(learner, [answer] * 7 + ["slow"], sampler="k3")) == SCORING_TIME
     assert worker_for(cfg.reward).groups == asked  # not scored: the thread that trains spent nothing on it
     assert learner.drops == {"reward_budget": 2, SCORING_TIME: 1}
+    assert len(charged) == 2 and min(charged) >= 1.0, charged  # each ran to its deadline, charged in full
     clock.t += 10.0  # paid back at 0.5 s a second
     assert learner.ingest(_group(learner, [answer] * 6 + [answer + " "] * 2, sampler="k4")) is None

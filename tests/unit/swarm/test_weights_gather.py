@@ -68,8 +68,10 @@ class ScriptedNode:
         return len(indices)
 
 
-SLOW_GAP = 2.0
-"""A slow source's pause after its first chunk on a stream: well past the tests' `hedge_s` (0.3 s)."""
+SLOW_GAP = 60.0
+"""A slow source's pause after its first chunk on a stream: far past the tests' `hedge_s` (0.3 s),
+so that what arrives before it ends came by a hedge on any CPU, however loaded (the pause ends
+early when the test is over)."""
 
 
 def gather(serve: dict, holders=(), owners=None, mates=(), cfg=FetchConfig(hedge_s=0.3), peer_wait=5.0):
@@ -79,9 +81,14 @@ def gather(serve: dict, holders=(), owners=None, mates=(), cfg=FetchConfig(hedge
     return fetcher, node, Gather(fetcher, fetcher._pool, 2, "c", ENTRY, LEARNER, list(holders), owners, list(mates))
 
 
-def run(fetcher, node, g):
+def run(fetcher, node, g, arrived: list | None = None):
+    """The gathered blob; `arrived` (if given) gets (index, source) of each chunk as the gather
+    ended, before the scripted sources are released."""
     try:
-        return b"".join(g.run()[i] for i in range(len(ENTRY.chunks)))
+        got = g.run()
+        if arrived is not None:
+            arrived += [(i, src) for _, i, src in g.arrived]
+        return b"".join(got[i] for i in range(len(ENTRY.chunks)))
     finally:
         node.released.set()
         fetcher.close()
@@ -105,10 +112,12 @@ def test_a_source_still_delivering_is_hedged_not_demoted_a_silent_one_is_demoted
     # chunks on one stream; demoted for it, its chunks went to the learner for 30 s and more
     source = {"holder": dict(holders=["s"]), "owner": dict(owners=["s"] * 4, mates=["s"])}[role]
     fetcher, node, g = gather({"s": how, LEARNER: "good"}, **source, peer_wait=0.2)
-    started = time.monotonic()
-    assert run(fetcher, node, g) == BLOB
-    # the rest were asked of the learner on a hedge, not after the pause or the stall bound
-    assert time.monotonic() - started < SLOW_GAP
+    arrived: list = []
+    assert run(fetcher, node, g, arrived) == BLOB
+    # the rest were asked of the learner on a hedge, not after the pause or the stall bound: all but
+    # the slow source's first chunk came from the learner before the source's pause (SLOW_GAP) ended
+    assert sum(src == "s" for _, src in arrived) <= (how == "slow"), arrived
+    assert sorted(i for i, _ in arrived) == list(range(4)), arrived
     assert fetcher.stats["hedged_streams"] >= 1 and fetcher.stats["bytes_from_learner"] > 0, fetcher.stats
     assert {peer for peer, _, _ in node.asked} == {"s", LEARNER}
     assert fetcher.demoted["s"] == (how == "stall"), (fetcher.demoted, fetcher.stats)

@@ -296,7 +296,7 @@ class Learner:
             self.auditor.release()  # never held through a training step
         taken = self._within_share(taken)
         if not taken:
-            return None  # every group taken failed an audit: nothing to train on this time
+            return None  # every group taken failed an audit, or only foreign ones were left: nothing to train on now
         self._said_only_foreign = False
         parts, skipped = self.training.parts(taken)
         rec: dict[str, Any] = {Metric.KIND: Kind.STEP, Metric.VERSION: self.version + 1, **batch_stats(taken, self.version), **behaviour}

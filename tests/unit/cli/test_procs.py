@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from helpers.wait import until
 
 
 def _children(pid: int) -> list[int]:
@@ -28,24 +29,16 @@ def _state(pid: int) -> str:
         return "gone"
 
 
-def _until(cond, what: str, timeout: float = 30.0) -> None:
-    """Polled, not slept: a loaded CPU starts and reaps processes late."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"not within {timeout:g} s: {what}"
-        time.sleep(0.02)
-
-
 def test_forced_exit_kills_all_descendants(tmp_path):
     from cli.procs import kill_descendants
 
     parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
                                "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"])
     try:
-        _until(lambda: _children(parent.pid), "the grandchild started")
+        until(lambda: _children(parent.pid), "the grandchild started")
         kids = _children(parent.pid)
         kill_descendants(parent.pid)
-        _until(lambda: all(_state(k) in ("Z", "gone") for k in kids), f"descendants {kids} dead")
+        until(lambda: all(_state(k) in ("Z", "gone") for k in kids), f"descendants {kids} dead")
     finally:
         parent.kill()
         parent.wait()

@@ -18,15 +18,7 @@ import time
 
 from helpers.leaderboard import HALF_SENT, closed_by_server, connect, get, history_store
 from swarm.leaderboard import LeaderboardServer, LeaderboardStore, ServerLimits
-
-
-def _until(cond, what: str, timeout: float = 30.0) -> None:
-    """Wait for the server's own state (read from its loop's thread: a set's size) instead of a
-    fixed sleep that a loaded CPU can outrun."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"not within {timeout:g} s: {what}"
-        time.sleep(0.01)
+from helpers.wait import until
 
 
 @contextlib.contextmanager
@@ -40,14 +32,14 @@ def test_past_the_cap_a_connection_takes_an_idle_ones_place_or_gets_a_503_and_a_
     store = history_store(tmp_path / "lb.db")
     with LeaderboardServer(store, "demo", "127.0.0.1", 0, limits=ServerLimits(max_connections=4)) as server:
         idle = [connect(server.address, HALF_SENT) for _ in range(4)]
-        _until(lambda: len(server._door._live) == 4, "4 connections open")
+        until(lambda: len(server._door._live) == 4, "4 connections open")
         assert get(server.url)[0] == 200  # a fifth connection: the oldest idle one made room
         assert closed_by_server(idle[0], 2) and not closed_by_server(idle[1], 0.2)
         with _stuck(store):
             busy = []
             for _ in range(4):  # each evicts a half-sent one, then waits on the store
                 busy.append(connect(server.address, b"GET /rows HTTP/1.1\r\nHost: x\r\n\r\n"))
-                _until(lambda: len(server._door._busy) == len(busy), f"{len(busy)} answering")
+                until(lambda: len(server._door._busy) == len(busy), f"{len(busy)} answering")
             assert all(closed_by_server(s, 2) for s in idle[1:])
             extra = connect(server.address, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
             extra.settimeout(2)
@@ -70,12 +62,12 @@ def test_clients_that_reset_before_their_answer_cost_one_log_line_each_and_no_tr
     with LeaderboardServer(store, "demo", "127.0.0.1", 0) as server:
         with _stuck(store):  # every request waits on the store, so each reset finds its answer pending
             clients = [connect(server.address, b"GET /api/history HTTP/1.1\r\nHost: x\r\n\r\n") for _ in range(50)]
-            _until(lambda: len(server._door._busy) == 50, "50 requests answering")
+            until(lambda: len(server._door._busy) == 50, "50 requests answering")
             caplog.clear()
             for c in clients:
                 c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
                 c.close()
-            _until(lambda: sum("went away" in r.getMessage() for r in caplog.records) >= 50, "50 'went away' lines")
+            until(lambda: sum("went away" in r.getMessage() for r in caplog.records) >= 50, "50 'went away' lines")
             time.sleep(0.2)  # and a moment for any further line they would cost (counted below: none)
         assert get(server.url + "api/history")[0] == 200  # and it serves on
     served = [r for r in caplog.records if r.name.startswith(("swarm.leaderboard", "aiohttp", "asyncio"))]

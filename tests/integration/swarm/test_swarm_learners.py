@@ -59,7 +59,7 @@ def wait_fed(s: Swarm, samplers: dict[str, str], timeout: float) -> None:
         time.sleep(2)
 
 
-def test_three_learners_each_learn_and_train_on_the_other_models_rollouts(tmp_path):
+def test_three_learners_learn_and_each_trains_on_the_other_models_rollouts(tmp_path):
     s = Swarm(tmp_path)
     ids = {k: Identity.load_or_create(tmp_path / f"learner-{k}" / "identity.key").peer_id for k in MODELS}
     samplers = {k: Identity.load_or_create(tmp_path / f"sampler-{k}" / "identity.key").peer_id for k in MODELS}
@@ -106,13 +106,15 @@ def test_three_learners_each_learn_and_train_on_the_other_models_rollouts(tmp_pa
         evals = [r["eval_acc"] for r in rows if r["kind"] == "eval"]
         print(f"learner {k} ({model}): eval {evals}, accepted {accepted}")
         assert len(evals) >= 3, (k, evals)
-        # none collapsed: its better last eval within 2 SDs of a 200-problem eval (~3.5 points) of its start
+        # none collapsed: its better last eval within 7 points of its start (2 SDs of one 200-problem
+        # eval, 3.5 points; the simulator's worst at these settings was 1 point under)
         assert max(evals[-2:]) >= evals[0] - 0.07, (k, evals)
         gains[k] = statistics.mean(evals[-2:]) - evals[0]
     # the swarm learns: the learners' mean gain (mean of the last two evals minus the start) is positive.
-    # Per learner it has no power at 40 steps: in the simulator at these settings (own sampler and one of
-    # each partner, 8 seeds, gains at v30-v40) tiny-arith-b gained -1.75 to +3.75 points, below its
-    # start in 1 of 8 (a: +1.75 to +9.25, c: +13.75 to +25.5); the mean over the three, +7.4 to +12.4
+    # Per learner a gain has no power here: in the simulator at these settings tiny-arith-b gained -1.75
+    # to +3.75 points at v30-v40 over 8 seeds, below its start once; the mean over the three, +7.4 to
+    # +12.4 (docs/RESULTS.md, "The three-learner test's learning check"). The learners run past v40
+    # until each has all three samplers' groups, so the last two evals may come later
     print(f"gains {gains}")
     assert statistics.mean(gains.values()) > 0, gains
     # each sampler followed its own model's learner and fed the other two, acknowledged by each

@@ -343,6 +343,17 @@ def test_foreign_groups_fill_only_their_share_of_a_step_and_earn_no_credit(task,
     assert full.ready()  # a short step of h3 and f1: within the foreign share, and the budget drains
 
 
+def test_a_full_pool_drops_foreign_groups_that_no_step_would_take(task, tmp_path):
+    learner, sampler = _pair(task, tmp_path, groups_per_step=4, intake=IntakeConfig(unproven_quota=4),
+                             foreign=ForeignConfig(step_share=0.25, per_sampler=2, accept_models=("other/model",)))
+    learner.ingest_many([g.encode() for g in sampler("honest").produce(1)])
+    learner.ingest_many([_relabel(g, model_id="other/model", chain="", version=0) for g in sampler("other").produce(4)])
+    # 5 unproven groups fill the pool (4); one own group leaves a quarter share no room (0.25 x 1 / 0.75
+    # < 1), so no step would take the partner's: the oldest step's worth (4) goes, the own group stays
+    assert not learner.ready() and learner.books.drops["foreign_unpaired"] == 4  # one group: less than a step
+    assert [b.sampler for b in learner.buffer] == ["honest"]
+
+
 def test_what_audits_leave_of_a_step_keeps_foreign_groups_within_their_share(task, tmp_path):
     """A step's own groups can go back to the buffer at their audit (a new key past the audit budget)
     or drop at the recomputation: the foreign ones are then held to the share of what is left."""

@@ -35,6 +35,7 @@ def test_past_the_cap_a_connection_takes_an_idle_ones_place_or_gets_a_503_and_a_
         until(lambda: len(server._door._live) == 4, "4 connections open")
         assert get(server.url)[0] == 200  # a fifth connection: the oldest idle one made room
         assert closed_by_server(idle[0], 2) and not closed_by_server(idle[1], 0.2)
+        until(lambda: not server._door._busy, "the first answer done")  # it leaves the set after its reply
         with _stuck(store):
             busy = []
             for _ in range(4):  # each evicts a half-sent one, then waits on the store

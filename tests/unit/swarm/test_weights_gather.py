@@ -88,6 +88,8 @@ def run(fetcher, node, g, arrived: list | None = None):
         got = g.run()
         if arrived is not None:
             arrived += [(i, src) for _, i, src in g.arrived]
+            # and the gather ended before any scripted stall gave up: by a hedge, not at its bound
+            arrived.append(("stalled", fetcher.stats["stalled_streams"]))
         return b"".join(got[i] for i in range(len(ENTRY.chunks)))
     finally:
         node.released.set()
@@ -116,6 +118,7 @@ def test_a_source_still_delivering_is_hedged_not_demoted_a_silent_one_is_demoted
     assert run(fetcher, node, g, arrived) == BLOB
     # the rest were asked of the learner on a hedge, not after the pause or the stall bound: all but
     # the slow source's first chunk came from the learner before the source's pause (SLOW_GAP) ended
+    assert arrived.pop() == ("stalled", 0), arrived
     assert sum(src == "s" for _, src in arrived) <= (how == "slow"), arrived
     assert sorted(i for i, _ in arrived) == list(range(4)), arrived
     assert fetcher.stats["hedged_streams"] >= 1 and fetcher.stats["bytes_from_learner"] > 0, fetcher.stats

@@ -115,20 +115,18 @@ class GroupBuffer:
 
     def drop_unpaired(self, kind_of: Callable[[BufferedGroup], GroupKind], is_proven: Callable[[str], bool],
                       new: int | None = None) -> int:
-        """When unproven keys' groups fill their pool and the next step would take none of the
-        foreign groups waiting (none of our model's to pair them with, or too few for their share):
-        drop the oldest foreign groups, a step's worth; returns how many. A partner's sampler is
-        never proven here, so its groups draw on the pool with every new key of our model; with more
-        such keys than the pool's cap (keys are free) a new key's fair share is 0, and foreign groups
-        that no step takes would hold the pool for good. Foreign-only steps used to drain them;
-        dropping them drains it without training on them alone."""
-        foreign = [b for b in self._groups if kind_of(b) is GroupKind.FOREIGN]
-        if not foreign or not self._pool_full(is_proven):
+        """When no step can be picked, foreign groups wait, and unproven keys' groups fill their
+        pool: drop the oldest foreign groups, a step's worth; returns how many. A partner's sampler
+        is never proven here, so its groups draw on the pool with every new key of our model; with
+        more such keys than the pool's cap (keys are free) a new key's fair share is 0, and foreign
+        groups that no step takes would hold the pool for good. Foreign-only steps used to drain
+        them; dropping them drains it without training on them alone. While steps are taken, the
+        foreign groups past their share wait, and the pool's bounds hold their senders back (busy),
+        as before: dropping acknowledged work there would lose it where backpressure does not."""
+        if not any(kind_of(b) is GroupKind.FOREIGN for b in self._groups) or self.pick(kind_of, new) \
+                or not self._pool_full(is_proven):
             return 0
-        buf = list(self._groups)
-        if any(kind_of(buf[i]) is GroupKind.FOREIGN for i in self.pick(kind_of, new)):
-            return 0  # steps take them: they drain
-        oldest = {id(b) for b in foreign[:self.cfg.groups_per_step]}
+        oldest = {id(b) for b in [b for b in self._groups if kind_of(b) is GroupKind.FOREIGN][:self.cfg.groups_per_step]}
         return self._drop(lambda b: id(b) in oldest)
 
     def only_foreign(self, kind_of: Callable[[BufferedGroup], GroupKind]) -> bool:

@@ -343,15 +343,15 @@ def test_foreign_groups_fill_only_their_share_of_a_step_and_earn_no_credit(task,
     assert full.ready()  # a short step of h3 and f1: within the foreign share, and the budget drains
 
 
-def test_a_full_pool_drops_foreign_groups_that_no_step_would_take(task, tmp_path):
+def test_a_full_pool_keeps_foreign_groups_while_steps_are_taken(task, tmp_path):
     learner, sampler = _pair(task, tmp_path, groups_per_step=4, intake=IntakeConfig(unproven_quota=4),
                              foreign=ForeignConfig(step_share=0.25, per_sampler=2, accept_models=("other/model",)))
     learner.ingest_many([g.encode() for g in sampler("honest").produce(1)])
     learner.ingest_many([_relabel(g, model_id="other/model", chain="", version=0) for g in sampler("other").produce(4)])
     # 5 unproven groups fill the pool (4); one own group leaves a quarter share no room (0.25 x 1 / 0.75
-    # < 1), so no step would take the partner's: the oldest step's worth (4) goes, the own group stays
-    assert not learner.ready() and learner.books.drops["foreign_unpaired"] == 4  # one group: less than a step
-    assert [b.sampler for b in learner.buffer] == ["honest"]
+    # < 1): a short step of the own group, and the partner's acknowledged groups wait, none dropped
+    assert learner.ready() and learner.step()["groups_own"] == 1
+    assert learner.books.drops["foreign_unpaired"] == 0 and learner.untrained("other") == 4
 
 
 def test_what_audits_leave_of_a_step_keeps_foreign_groups_within_their_share(task, tmp_path):

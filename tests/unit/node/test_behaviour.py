@@ -61,7 +61,12 @@ def _step(mode: str, sampler_dtype: torch.dtype, tamper=None, rollout_is_cap: fl
     s.samplers[0].engine.model.to(sampler_dtype)  # a GPU volunteer's engine; the learner stays float32
     s.samplers[0].maybe_update(s.link("s0"))
     # groups with a reward signal: a step whose groups all score alike trains on nothing (no routes)
-    groups = [g for g in s.samplers[0].produce(16) if has_signal([c.reward for c in g.completions])][:4]
+    groups: list = []
+    for _ in range(20):  # how many of 16 have signal varies from run to run (the version's nonce seeds them)
+        groups += [g for g in s.samplers[0].produce(16) if has_signal([c.reward for c in g.completions])]
+        if len(groups) >= 4:
+            break
+    groups = groups[:4]
     assert len(groups) == 4
     if tamper:
         tamper(groups)

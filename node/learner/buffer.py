@@ -123,8 +123,9 @@ class GroupBuffer:
         them; dropping them drains it without training on them alone. While steps are taken, the
         foreign groups past their share wait, and the pool's bounds hold their senders back (busy),
         as before: dropping acknowledged work there would lose it where backpressure does not."""
-        if not any(kind_of(b) is GroupKind.FOREIGN for b in self._groups) or self.pick(kind_of, new) \
-                or not self._pool_full(is_proven):
+        # cheapest first: this runs before every step check, and `pick` (again in `ready`) is the cost
+        if not self._pool_full(is_proven) or not any(kind_of(b) is GroupKind.FOREIGN for b in self._groups) \
+                or self.pick(kind_of, new):
             return 0
         oldest = {id(b) for b in [b for b in self._groups if kind_of(b) is GroupKind.FOREIGN][:self.cfg.groups_per_step]}
         return self._drop(lambda b: id(b) in oldest)

@@ -187,7 +187,7 @@ def distribution(args, lx: WeightServer, samplers: list[WeightFetcher], mates: l
 
 def manifest_cost(args, lx: WeightServer, asker: SwarmNode) -> None:
     """Reply bytes of a manifest request as the segment grows: the tail a sampler keeping up is sent
-    (hetero.manifest.v2) beside the whole segment (every reply in v1), in copies of one patch."""
+    (hetero.manifest.v3) beside the whole segment (every reply in v1), in copies of one patch."""
     chain, patch = "manifest", random.randbytes(args.patch_mb * 1024 * 1024)  # one blob: memory stays flat
     lx.publish(WeightVersion("bench", chain, 0, None, patch))
     marks = sorted({m for m in (1, 10, 25, 50, 100, 200, args.segment) if m <= args.segment})

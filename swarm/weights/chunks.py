@@ -78,7 +78,7 @@ loop 2.2 s for 65,536 of them)."""
 INDEX_COST = 64
 """Bytes of its door's byte budget (per peer, and the pool's) that each index a request names costs,
 charged before any is looked up: a lookup is work whatever the answer, and one request may name
-MAX_INDICES (2.9 MiB of budget for the largest). Small: at 1 KiB an index (1/1024 of a 1 MiB chunk), two
+MAX_INDICES (5.6 MiB of budget for the largest). Small: at 1 KiB an index (1/1024 of a 1 MiB chunk), two
 fresh samplers fetching the 219M rehearsal's keyframe from the learner were refused by its pool of
 unknown keys (tests/integration/swarm/test_rehearsal.py, a weight fetch failed; at 64 bytes it
 passes, as before the charge), so honest fetches name chunks more often than once each.

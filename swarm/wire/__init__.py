@@ -4,7 +4,7 @@ encode, decode and bounds in one place, and the direction it travels.
     rollout.py   RolloutGroup, CompletionRecord      sampler -> learner (signed, in a batch)
     batch.py     hetero.rollouts.v2: the batch, RolloutReply   sampler -> learner, and back
     envelope.py  Envelope: a record, its signer's key, the signature    any signer -> any reader
-    manifest.py  hetero.manifest.v2: ManifestRequest, Manifest    sampler -> learner, and back
+    manifest.py  hetero.manifest.v3: ManifestRequest, Manifest    sampler -> learner, and back
     chunks.py    hetero.chunks.v2: ChunkRequest (and how a blob is cut)    fetcher -> any holder
     reach.py     hetero.reach.v1: ReachRequest, ReachReply    a joining node -> a bootstrap, and back
     peer.py      PeerInfo, Holder, SwarmRecord    any peer -> the DHT

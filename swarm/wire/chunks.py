@@ -37,15 +37,18 @@ copy at the link rate plus the time an owner takes to forward its last chunk to 
 and 1.8-2.3x measured (docs/BENCHMARKS.md), and with more mates than chunks, an owner forwards a
 whole MiB to each of its N - 1 mates. 64 chunks put 8 mates at ~1.1x and 64 mates at one chunk
 each, while keeping the manifest small: a version under 64 MiB has at most 128 chunks, so a chain
-segment of 100 such patches lists at most 12,800 chunk hashes (845 kB, against MAX_MESSAGE)."""
-MANIFEST_BYTES_A_CHUNK = len(msgpack.packb("0" * 64))
-"""66: what one chunk costs the manifest that lists it (its sha256 in hex, a msgpack str8)."""
+segment of 100 such patches lists at most 12,800 chunk hashes (435 kB, against MAX_MESSAGE)."""
+DIGEST_BYTES = 32
+"""A chunk's sha256, as the manifest carries it (raw, not hex)."""
+MANIFEST_BYTES_A_CHUNK = len(msgpack.packb(bytes(DIGEST_BYTES)))
+"""34: what one chunk costs the manifest that lists it (its sha256, a msgpack bin8)."""
 MAX_INDICES = MAX_MESSAGE // MANIFEST_BYTES_A_CHUNK
-"""47,662: the most chunks a version can have, so the most indices a request may name, and one past
+"""92,521: the most chunks a version can have, so the most indices a request may name, and one past
 the largest index. A fetcher learns a version's chunks from its learner's manifest, one reply, which
 our replies keep under MAX_MESSAGE (3 MiB; hivemind carries 4 MiB at most): no manifest lists more
-chunks, so no version the code accepts is larger than 47,662 x CHUNK_SIZE (1 MiB) = 46.5 GiB (a 7B keyframe in
-bf16: 14,306 chunks). An honest request names at most every chunk of one version (`Gather._split`)."""
+chunks, so no version the code accepts is larger than 92,521 x CHUNK_SIZE (1 MiB) = 90.4 GiB (a 7B
+keyframe in bf16: 14,306 chunks; a 32B one, about 61,000). An honest request names at most every chunk of
+one version (`Gather._split`). (46.5 GiB while the manifest's hashes were hex, hetero.manifest.v2.)"""
 MAX_REQUEST_WAIT = 10.0
 """The longest a peer may ask us to wait for one thing to answer with (a manifest newer than the one
 it holds; a chunk still coming, counted from the last chunk we served on that request, so a request
@@ -120,6 +123,6 @@ class ChunkRequestError(ValueError):
 
 MAX_REQUEST_BYTES = len(ChunkRequest("\U0010ffff" * MAX_ID, -(1 << 63), [MAX_INDICES - 1] * MAX_INDICES,
                                      MAX_REQUEST_WAIT).encode())
-"""143,267: the largest request that follows the protocol (a chain of MAX_ID 4-byte characters, a
-9-byte version, MAX_INDICES indices of 3 bytes each, a float wait). The request frame is bounded by
+"""462,888: the largest request that follows the protocol (a chain of MAX_ID 4-byte characters, a
+9-byte version, MAX_INDICES indices of up to 5 bytes each, a float wait). The request frame is bounded by
 it before a byte of its payload is read (`BoundedStream`); the transport's own bound is MAX_MESSAGE."""

@@ -20,7 +20,7 @@ from msgspec import Meta, Struct
 
 from swarm.wire.model_files import MAX_BUNDLE
 
-PROTOCOL = 8
+PROTOCOL = 9
 """2: rollouts over a gated call (hetero.rollouts.v2), peer records say whether the peer is private.
 3: weight patches entropy-coded (node/weights/entropy.py): a protocol-2 sampler cannot apply them.
 4: several learners: peer records say which models a learner takes (`accepts`), swarm records which
@@ -36,7 +36,9 @@ protocol-6 peer exchanges no chunk with a protocol-7 one; a long poll with nothi
 b"" (swarm/weights/server.py).
 8: a manifest lists only the versions after the one the asker holds (hetero.manifest.v2, with the
 segment's `first` version): a protocol-7 sampler's hetero.manifest.v1 finds no handler, and peers
-of another protocol skip each other (swarm/discovery.py)."""
+of another protocol skip each other (swarm/discovery.py).
+9: a manifest's chunk hashes are raw sha256 bytes, not hex (hetero.manifest.v3): half the bytes a
+learner uploads to every sampler a version, and versions up to 90 GiB (`swarm.wire.chunks.MAX_INDICES`)."""
 SOFTWARE = "hetero-node/0.1.0"
 
 NonNegative = Annotated[int, Meta(ge=0)]

@@ -84,8 +84,8 @@ def test_a_download_in_progress_answers_its_gaps_with_empty_frames_up_to_a_bound
 
 @pytest.mark.parametrize("payload, why", [pytest.param(p, why, id=why) for p, why in [
     (b"\xc1", "undecodable"), (msgpack.packb(["c", "zero", [0], 0.0]), "schema"),
-    (msgpack.packb(["c", 0, [0] * (1 << 16), 0.0]), "too_many"),
-    (msgpack.packb(["c", 0, list(range(1 << 16)), 0.0]), "oversize"),  # (the node's frame bound refuses it first)
+    (msgpack.packb(["c", 0, [0] * (1 << 17), 0.0]), "too_many"),
+    (msgpack.packb(["c", 0, list(range(1 << 17)), 0.0]), "oversize"),  # (the node's frame bound refuses it first)
 ]])
 def test_a_malformed_request_costs_a_call_and_a_tarpit_and_is_counted(payload, why):
     store, node, tarpitted = _store()

@@ -42,11 +42,21 @@ def manifest() -> Manifest:
 
 # hetero.manifest.v2: the old literal with the segment's first version after its fields
 V2_ENCODING = OLD_ENCODING[:1].replace(b"\x86", b"\x87") + OLD_ENCODING[1:] + b"\xa5first\x03"
+# hetero.manifest.v3: v2's bytes with each hash a bin8 of its 32 raw bytes (c4 20) where v2 had a
+# str8 of its 64 hex digits (d9 40)
+V3_ENCODING = V2_ENCODING
+for _entry in msgpack.unpackb(V2_ENCODING, raw=False)["versions"]:
+    for _digest in _entry["chunks"]:
+        V3_ENCODING = V3_ENCODING.replace(b"\xd9\x40" + _digest.encode(), b"\xc4\x20" + bytes.fromhex(_digest))
 
 
-def test_a_manifest_encodes_to_the_bytes_the_old_dict_literal_did_and_its_first_version():
+def test_a_manifest_encodes_to_the_bytes_the_old_dict_literal_did_with_raw_hashes_and_its_first_version():
+    v2 = msgpack.unpackb(V2_ENCODING, raw=False)
     assert V2_ENCODING == msgpack.packb({**msgpack.unpackb(OLD_ENCODING, raw=False), "first": 3})
-    assert manifest().encode() == V2_ENCODING
+    assert len(V3_ENCODING) == len(V2_ENCODING) - 3 * 32  # three hashes, 32 bytes smaller each
+    assert manifest().encode() == V3_ENCODING
+    v3 = msgpack.unpackb(V3_ENCODING, raw=False)
+    assert [[c.hex() for c in e["chunks"]] for e in v3["versions"]] == [e["chunks"] for e in v2["versions"]]
     # and that is the old literal, field by field, in its order (a keyframe's base is -1 on the wire)
     old = msgpack.unpackb(OLD_ENCODING, raw=False)
     assert list(old) == ["model_id", "chain", "chunk_size", "versions", "learner", "time"]
@@ -55,19 +65,23 @@ def test_a_manifest_encodes_to_the_bytes_the_old_dict_literal_did_and_its_first_
 
 
 def test_a_manifest_decodes_to_its_records_and_back_to_the_same_bytes():
-    m = Manifest.decode(V2_ENCODING)
+    m = Manifest.decode(V3_ENCODING)
     assert m == manifest()
     assert [(e.version, e.base, e.size, len(e.chunks)) for e in m.versions] == [(3, None, len(KEYFRAME), 2), (4, 3, 5, 1)]
-    assert m.encode() == V2_ENCODING
+    assert m.encode() == V3_ENCODING
     assert m.segment() == range(3, 5)  # v3 and v4
 
 
 def test_unknown_manifest_fields_are_ignored_and_missing_or_mistyped_ones_refused():
-    d = msgpack.unpackb(V2_ENCODING, raw=False)
+    d = msgpack.unpackb(V3_ENCODING, raw=False)
     assert Manifest.decode(msgpack.packb({**d, "later": 1})) == manifest()
+    chunks = d["versions"][0]["chunks"]
     for bad in ({k: v for k, v in d.items() if k != "chain"}, {**d, "time": "now"},
                 msgpack.unpackb(OLD_ENCODING, raw=False), {**d, "first": "3"},  # v1's, without `first`
+                msgpack.unpackb(V2_ENCODING, raw=False),  # v2's: hashes in hex
                 {**d, "versions": [{**d["versions"][0], "chunks": [1, 2]}]},
+                {**d, "versions": [{**d["versions"][0], "chunks": [chunks[0], chunks[1][:31]]}]},  # a hash cut short
+                {**d, "versions": [{**d["versions"][0], "chunks": [chunks[0], chunks[1] + b"\x00"]}]},
                 {**d, "versions": [{**d["versions"][0], "size": None}]}, [1, 2]):
         with pytest.raises(RecordError) as e:
             Manifest.decode(msgpack.packb(bad))
@@ -98,7 +112,7 @@ def test_requests_encode_as_the_old_lists_and_decode_back():
     # the largest request that follows the protocol decodes; past any of its bounds, refused with a reason
     largest = ChunkRequest("\U0010ffff" * MAX_ID, -(1 << 63), [MAX_INDICES - 1] * MAX_INDICES, MAX_REQUEST_WAIT)
     assert len(largest.encode()) == MAX_REQUEST_BYTES and ChunkRequest.decode(largest.encode()) == largest
-    for bad, reason in ((msgpack.packb(["c", 4, list(range(1 << 16)), 0.0]), "oversize"),  # the review's 196 KB
+    for bad, reason in ((msgpack.packb(["c", 4, list(range(1 << 17)), 0.0]), "oversize"),  # 655 KB
                         (msgpack.packb(["c", 4, [0] * (MAX_INDICES + 1), 0.0]), "too_many"),
                         (b"\xc1", "undecodable"), (request.encode() + b"\x00", "undecodable"),
                         (msgpack.packb(["c" * 300, 4, [0], 0.0]), "undecodable"),  # a str longer than any chain
@@ -115,9 +129,10 @@ def test_requests_encode_as_the_old_lists_and_decode_back():
 
 def test_the_chunk_requests_bounds_follow_the_largest_manifest_a_fetcher_reads():
     # a version has at most as many chunks as one manifest reply (under MAX_MESSAGE) can list
-    hashes = len(msgpack.packb([chunk_digest(b"x")] * MAX_INDICES)) - 3  # less the list's header
-    assert hashes <= MAX_MESSAGE < hashes + len(msgpack.packb(chunk_digest(b"x")))
-    assert MAX_INDICES * CHUNK_SIZE > 15 * 10 ** 9  # a 7B keyframe in bf16 fits, 3 times over
+    entry = VersionEntry(0, None, 0, (chunk_digest(b"x"),) * MAX_INDICES)
+    hashes = len(msgpack.packb(entry.to_wire()["chunks"])) - 5  # less the list's header
+    assert hashes == 34 * MAX_INDICES <= MAX_MESSAGE < hashes + 34
+    assert MAX_INDICES * CHUNK_SIZE > 64 * 10 ** 9  # a 32B keyframe in bf16 fits
     assert INDEX_COST * MAX_INDICES < DOORS[CHUNKS].byte_burst  # the largest request within one burst
 
 

@@ -35,6 +35,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import msgpack
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from swarm.dht.network import NetworkConfig  # noqa: E402
@@ -43,7 +45,8 @@ from swarm.identity import Identity  # noqa: E402
 from swarm.p2p import SwarmNode  # noqa: E402
 from swarm.weights import WeightFetcher, WeightServer  # noqa: E402
 from swarm.wire.chunks import chunk_size  # noqa: E402
-from swarm.wire.manifest import MANIFEST, ManifestRequest  # noqa: E402
+from swarm.wire.manifest import MANIFEST, ManifestRequest, TailNotice  # noqa: E402
+from swarm.weights.server import TAIL_RELAYS  # noqa: E402
 
 
 def make_version(mb: int, chain: str) -> WeightVersion:
@@ -125,8 +128,10 @@ def main() -> None:
                     "(20: a 0.6B model's at lr 1e-6, 80 chunks)")
     ap.add_argument("--segment", type=int, default=100, help="patches after the keyframe in the manifest section")
     args = ap.parse_args()
-    if args.only_stream or args.only_manifest:
+    if args.only_stream:
         args.ns = [1]
+    if args.only_manifest:
+        args.ns = [2]  # a relay, and a sampler the learner sends a notice
     tmp = Path(tempfile.mkdtemp())
     ln = SwarmNode(Identity.load_or_create(tmp / "l.key"), NetworkConfig(), "bench")
     lx = WeightServer(ln)
@@ -136,7 +141,7 @@ def main() -> None:
     samplers = [WeightFetcher(n, lambda: ln.peer_id, mates=lambda: mates) for n in nodes]
     try:
         if args.only_manifest:
-            manifest_cost(args, lx, nodes[0])
+            manifest_cost(args, lx, nodes[0], nodes[1])
             return
         if not args.only_stream:
             distribution(args, lx, samplers, mates)
@@ -157,7 +162,7 @@ def main() -> None:
             ratios = {name: statistics.median(r[name] / r["raw"] for r in runs) for name in runs[0] if name != "raw"}
             print(f"\nmedian of {len(runs)}: " + ", ".join(f"{name} {q:.2f}x raw" for name, q in ratios.items()))
         if not args.only_stream:
-            manifest_cost(args, lx, nodes[0])
+            manifest_cost(args, lx, nodes[0], nodes[1])
     finally:
         for s in samplers:
             s.close()
@@ -185,31 +190,45 @@ def distribution(args, lx: WeightServer, samplers: list[WeightFetcher], mates: l
           f"{stats['chunks_not_held']}, bad chunks {stats['bad_chunks']}")
 
 
-def manifest_cost(args, lx: WeightServer, asker: SwarmNode) -> None:
-    """Reply bytes of a manifest request as the segment grows: the tail a sampler keeping up is sent
-    (hetero.manifest.v3) beside the whole segment (every reply in v1), in copies of one patch."""
+def manifest_cost(args, lx: WeightServer, asker: SwarmNode, reader: SwarmNode) -> None:
+    """Reply bytes of a manifest request as the segment grows, in copies of one patch: the tail a
+    sampler keeping up is sent (hetero.manifest.v3) if it is a relay or takes no notices, the notice
+    naming the relays that a sampler taking notices is sent instead, and the whole segment (every
+    reply in v1). Both askers are proven and the learner names one relay (`asker`); a notice naming
+    TAIL_RELAYS relays is longer by one peer id for each further one."""
     chain, patch = "manifest", random.randbytes(args.patch_mb * 1024 * 1024)  # one blob: memory stays flat
+    lx.node.doors.set_proven(lambda peer: True)
+    lx.relays = 1
     lx.publish(WeightVersion("bench", chain, 0, None, patch))
     marks = sorted({m for m in (1, 10, 25, 50, 100, 200, args.segment) if m <= args.segment})
+    per_relay = len(msgpack.packb(asker.peer_id))
     print(f"\nthe manifest as the segment grows: a keyframe then {args.segment} patches of {args.patch_mb} MiB "
-          f"({-(-len(patch) // chunk_size(len(patch)))} chunks each), one sampler asking")
-    print(f"{'patches':>7} {'tail B':>8} {'whole B (v1)':>12} {'copies a sampler':>17} {'tail x 8':>9} {'x 64':>6} "
-          f"{'x 1000':>7} {'whole x 64':>10} {'x 1000':>7}")
-    print(f"{'':>29} {'(tail / whole)':>17}")
+          f"({-(-len(patch) // chunk_size(len(patch)))} chunks each), two samplers asking")
+    print(f"{'patches':>7} {'tail B':>8} {'notice B':>9} {'whole B (v1)':>12} | learner copies a version: "
+          f"{'tail each, 8':>12} {'64':>6} {'1000':>6} | {TAIL_RELAYS} tails + notices, {'64':>5} {'1000':>6} | "
+          f"{'whole, 64':>9} {'1000':>6}")
     for v in range(1, args.segment + 1):
         lx.publish(WeightVersion("bench", chain, v, v - 1, patch))
         if v not in marks:
             continue
-        tail = asker.call(lx.node.peer_id, MANIFEST, ManifestRequest(chain, v - 1, 0.0).encode(), 30.0)
+        tail = asker.call(lx.node.peer_id, MANIFEST, ManifestRequest(chain, v - 1, 0.0, relay=True).encode(), 30.0)
+        notice = reader.call(lx.node.peer_id, MANIFEST, ManifestRequest(chain, v - 1, 0.0, notice=True).encode(), 30.0)
         whole = asker.call(lx.node.peer_id, MANIFEST, b"", 30.0)
         assert tail and whole, "a manifest ask was answered b\"\" (past the door's budget)"
+        assert TailNotice.is_notice(notice) and not TailNotice.is_notice(tail), "the learner did not name its relay"
+        named = len(notice) + (TAIL_RELAYS - 1) * per_relay  # a notice naming every relay
         t, w = len(tail) / len(patch), len(whole) / len(patch)
-        print(f"{v:>7} {len(tail):>8,} {len(whole):>12,} {t:>8.4f} / {w:<6.3f} {8 * t:>9.3f} {64 * t:>6.2f} "
-              f"{1000 * t:>7.2f} {64 * w:>10.2f} {1000 * w:>7.1f}")
-        time.sleep(2.0)  # two asks a mark, within the manifest door's 1 call a second for one key
-    print("copies: reply bytes over one patch's, which the learner uploads once per version at best; a sampler "
-          "keeping up is sent the tail once a version (a long poll that ends with nothing newer: b\"\")")
 
+        def relayed(n: int) -> float:
+            return (min(n, TAIL_RELAYS) * len(tail) + max(0, n - TAIL_RELAYS) * named) / len(patch)
+
+        print(f"{v:>7} {len(tail):>8,} {len(notice):>9,} {len(whole):>12,} | {'':>25}{8 * t:>12.3f} {64 * t:>6.2f} "
+              f"{1000 * t:>6.2f} | {'':>19}{relayed(64):>5.3f} {relayed(1000):>6.3f} | {64 * w:>9.2f} {1000 * w:>6.1f}")
+        time.sleep(2.0)  # two asks a mark, within the manifest door's 1 call a second for one key
+    print(f"copies: reply bytes over one patch's, which the learner uploads once per version at best. A sampler "
+          f"keeping up is sent the tail once a version (a long poll that ends with nothing newer: b\"\"), or, once the "
+          f"tail's {TAIL_RELAYS} relays are named, a notice of {len(notice) - per_relay:,} B and {per_relay} B a relay "
+          f"it names (the relays then serve it the tail: hetero.tail.v1)")
 
 if __name__ == "__main__":
     main()

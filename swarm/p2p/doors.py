@@ -34,7 +34,7 @@ from swarm.exchange import IntakeConfig
 from swarm.wire.batch import ROLLOUTS
 from swarm.wire.chunks import CHUNKS, MAX_REQUEST_WAIT
 from swarm.wire.directory import DIRECTORY
-from swarm.wire.manifest import MANIFEST
+from swarm.wire.manifest import MANIFEST, TAIL
 from swarm.wire.model_files import MAX_BUNDLE, MODEL_FILES
 from swarm.wire.reach import REACH
 
@@ -120,6 +120,13 @@ DOORS: dict[str, DoorBudget] = {
         why="a sampler long-polls: one call per version published or per wait (<= MAX_REQUEST_WAIT s), a few more "
             "when it starts or fails over; a sealed manifest costs little to send but one key asking 32 at a time "
             "made 2,249 replies/s (0.92 of a core): 32 a second for all unproven keys is ~1% of that"),
+    TAIL: DoorBudget(
+        calls_per_s=1.0, call_burst=8, unproven_calls_per_s=64.0, unproven_call_burst=256,
+        why="a sampler sent a TailNotice asks one relay a version (three at most, then the learner), and a relay "
+            "is asked by about 1 in 8 of its learner's samplers at once when a version is published (1,000 "
+            "samplers: 125). Samplers prove no one, so every asker draws on the pool: its burst holds one "
+            "version's askers, and its rate bounds what keys that read the digest from notices can take to 64 "
+            "tails a second (3.4 kB each at 80 chunks a version: 1.7 Mbit/s of a relay's upload)"),
     CHUNKS: DoorBudget(
         calls_per_s=8.0, call_burst=64, bytes_per_s=FAST_LINE, byte_burst=64 * MiB,
         unproven_calls_per_s=64.0, unproven_call_burst=256, unproven_bytes_per_s=64 * MiB, unproven_byte_burst=64 * MiB,

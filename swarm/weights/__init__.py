@@ -14,8 +14,11 @@ Learner side (`WeightServer`, server.py) serves two RPCs:
                       the versions it holds (announced in the DHT) or is downloading, so the
                       learner's upload need not grow with the number of samplers (chunks.py:
                       `ChunkStore`, `chunk_owner`).
+                      A tail may come as a notice naming the samplers it went to (its relays).
 Sampler side (`WeightFetcher`, fetcher.py): reads the manifest of the learner it follows (refusing
-one that learner did not seal), plans which versions to fetch (`exchange.plan_fetch`), gathers
+one that learner did not seal; a tail its notice names, from a relay: relay.py `TailRelay`, which
+also serves the tails this sampler was sent over hetero.tail.v1 [chain, version, after, sha256] ->
+the sealed tail or b""), plans which versions to fetch (`exchange.plan_fetch`), gathers
 chunks from holders, mates and the learner (gather.py: `Gather`), and checks every chunk and the
 whole blob's size against the manifest (a stream can silently lose its tail, so nothing is trusted
 unverified). No source can hold a fetch hostage (config.py: `FetchConfig`): each item is bounded in

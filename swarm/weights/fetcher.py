@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import queue
 import random
@@ -20,11 +21,16 @@ from swarm.weights.chunks import ChunkStore, chunk_owner
 from swarm.weights.config import FetchConfig
 from swarm.weights.gather import Gather
 from swarm.wire.chunks import MAX_REQUEST_WAIT
-from swarm.wire.manifest import MANIFEST, Manifest, ManifestRequest, VersionEntry
+from swarm.weights.relay import TailRelay
+from swarm.wire.manifest import MANIFEST, TAIL, Manifest, ManifestRequest, TailNotice, TailRequest, VersionEntry, tail_digest
 from swarm.weights.strikes import PeerStrikes
 from swarm.wire.reasons import Drop
 
 log = logging.getLogger(__name__)
+
+TAIL_TRIES = 3
+"""Relays a `TailNotice` names that a sampler asks for the tail before the learner, each for at most
+`FetchConfig.hedge_s`: three silent ones delay a version by three hedges, once (they are demoted)."""
 
 class WeightFetcher:
     """A sampler's side: fetches versions from holders, mates and the learner it follows.
@@ -61,6 +67,8 @@ class WeightFetcher:
         self.stats: collections.Counter[str] = collections.Counter()
         self._stats_lock = threading.Lock()
         self.store = ChunkStore(node)
+        self.relay = TailRelay(node)
+        """The learner's sealed tails we were sent, served to samplers it sends notices (hetero.tail.v1)."""
         self.cfg = cfg
         self.strikes = PeerStrikes(cfg.demote_s, cfg.demote_max_s, cfg.forget_s)
         """Holders and mates that stalled or lied, benched (under `_stats_lock`)."""
@@ -122,7 +130,11 @@ class WeightFetcher:
             return None
         wanted: list[int] = []
         try:
-            manifest = self._manifest(learner, ManifestRequest(have_chain, have_version, wait), stop)
+            # a notice will do in place of the tail when there are mates (samplers like us, who
+            # were likely sent it); we relay what we are sent unless no one can dial us
+            others = any(m != self.node.peer_id for m in self.mates())
+            request = ManifestRequest(have_chain, have_version, wait, notice=others, relay=not self.node.private)
+            manifest = self._manifest(learner, request, stop)
             if manifest is None:
                 return None
             listed = time.time()  # the long poll's wait is not part of the download
@@ -206,9 +218,44 @@ class WeightFetcher:
 
     def _manifest(self, learner: str, request: ManifestRequest, stop: threading.Event | None) -> Manifest | None:
         sealed = self.node.call(learner, MANIFEST, request.encode(), self.rpc_timeout + request.wait, stop=stop)
+        if TailNotice.is_notice(sealed):
+            sealed = self._relayed_tail(learner, TailNotice.decode(sealed), request, stop)
         if not sealed:
             return None
-        return Manifest.open(sealed, learner, forged=lambda: self.count("forged_manifests"))
+        manifest = Manifest.open(sealed, learner, forged=lambda: self.count("forged_manifests"))
+        if manifest.versions and manifest.versions[0].version != manifest.first:  # a tail (the whole
+            self.relay.keep(sealed)  # segment goes to a newcomer alone, never relayed)
+        return manifest
+
+    def _relayed_tail(self, learner: str, notice: TailNotice, request: ManifestRequest,
+                      stop: threading.Event | None) -> bytes:
+        """The sealed tail a notice of our learner points to: from up to TAIL_TRIES of the relays it
+        names (in an order of our own, those with strikes last), the first whose bytes have the
+        notice's sha256; else from the learner, asked for the tail itself. A relay that sends other
+        bytes, or cannot be reached, is demoted; one that does not hold it yet is just passed by."""
+        relays = [r for r in notice.relays if r != self.node.peer_id]
+        random.Random(f"{self.node.peer_id}/{notice.version}").shuffle(relays)
+        asked = TailRequest(notice.chain, notice.version, notice.after, notice.digest).encode()
+        for relay in self.usable(relays)[:TAIL_TRIES]:
+            try:
+                sealed = self.node.call(relay, TAIL, asked, self.cfg.hedge_s, stop=stop)
+            except CallStopped:
+                raise
+            except Exception as e:  # unreachable, or too slow: the next relay
+                self.count("tail_relay_failures")
+                self.demote(relay, f"no tail ({type(e).__name__})")
+                continue
+            if not sealed:
+                self.count("tails_not_held")
+            elif tail_digest(sealed) != notice.digest:
+                self.count("bad_tails")
+                self.demote(relay, "sent a tail that is not the one the learner named")
+            else:
+                self.count("tails_from_relays")
+                return sealed
+        self.count("tails_from_learner")
+        own = dataclasses.replace(request, wait=0.0, notice=False)
+        return self.node.call(learner, MANIFEST, own.encode(), self.rpc_timeout, stop=stop)
 
     def _download(self, learner: str, chain: str, entry: VersionEntry, holders: list[str], mates: list[str],
                   hedges: list[str]) -> bytes:

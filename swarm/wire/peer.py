@@ -37,8 +37,9 @@ b"" (swarm/weights/server.py).
 8: a manifest lists only the versions after the one the asker holds (hetero.manifest.v2, with the
 segment's `first` version): a protocol-7 sampler's hetero.manifest.v1 finds no handler, and peers
 of another protocol skip each other (swarm/discovery.py).
-9: a manifest's chunk hashes are raw sha256 bytes, not hex (hetero.manifest.v3): half the bytes a
-learner uploads to every sampler a version, and versions up to 90 GiB (`swarm.wire.chunks.MAX_INDICES`)."""
+9: a manifest's chunk hashes are raw sha256 bytes, not hex, and a tail may come as a notice naming
+the samplers that relay it (hetero.manifest.v3, hetero.tail.v1): the learner uploads a few tails a
+version, not one per sampler, and versions up to 90 GiB pass (`swarm.wire.chunks.MAX_INDICES`)."""
 SOFTWARE = "hetero-node/0.1.0"
 
 NonNegative = Annotated[int, Meta(ge=0)]

@@ -36,7 +36,7 @@ from swarm.weights import WeightServer
 from swarm.wire.chunks import CHUNKS
 from swarm.p2p.doors import DOORS
 from swarm.weights.chunks import MAX_REPEATS
-from swarm.wire.manifest import MANIFEST
+from swarm.wire.manifest import MANIFEST, ManifestRequest
 
 LEARNER_TOML = "[learner]\ncheckpoint = { every = 10 }\neval_every = 0\nmax_staleness = 1000\ngroups_per_step = 4\n"
 NOFILE = 1024
@@ -144,7 +144,7 @@ def test_fresh_keys_holding_long_polls_leave_half_the_slots_to_the_proven(weight
     ws, (attacker, proven), _ = weight_door
     ws.MAX_WAITERS = 2
     ws.node.doors.set_proven(lambda peer: peer == proven.peer_id)
-    ask = msgpack.packb(["chain", 0, 5.0])
+    ask = ManifestRequest("chain", 0, 5.0).encode()
 
     def timed(node: SwarmNode) -> float:
         t0 = time.monotonic()

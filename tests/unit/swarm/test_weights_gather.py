@@ -38,6 +38,9 @@ class ScriptedNode:
     def add_stream_handler(self, name, handler, **kw) -> None:
         pass
 
+    def add_handler(self, name, handler) -> None:
+        pass
+
     def call_stream(self, peer, name, payload, timeout, on_item, max_item, stall) -> int:
         chain, version, indices, wait = msgpack.unpackb(payload)
         self.asked.append((peer, tuple(indices), wait))

@@ -3,6 +3,8 @@ and the manifest and chunk requests encode to exactly the bytes the pre-package 
 (swarm/weight_rpc.py, a dict literal packed with msgpack) sent, decode back, and refuse what is
 malformed or forged."""
 
+import hashlib
+
 import msgpack
 import pytest
 
@@ -12,7 +14,7 @@ from swarm.p2p import MAX_MESSAGE
 from swarm.wire.rollout import MAX_ID
 from swarm.wire.chunks import CHUNK_SIZE, MAX_REQUEST_WAIT, ChunkRequest
 from swarm.weights import FetchConfig
-from swarm.wire.manifest import Manifest, ManifestRequest, VersionEntry
+from swarm.wire.manifest import Manifest, ManifestRequest, TailNotice, TailRequest, VersionEntry, tail_digest
 from swarm.p2p.doors import DOORS
 from swarm.wire.chunks import CHUNKS
 from swarm.weights.chunks import INDEX_COST
@@ -99,11 +101,13 @@ def test_a_sealed_manifest_opens_for_its_learner_only(tmp_path):
 
 
 def test_requests_encode_as_the_old_lists_and_decode_back():
-    assert ManifestRequest("c", 4, 10.0).encode() == msgpack.packb(["c", 4, 10.0])
-    assert ManifestRequest("c", 4, 0.0).encode() == msgpack.packb(["c", 4, 0.0])  # no long poll: still says what it holds
-    assert ManifestRequest.decode(msgpack.packb(["c", 4, 2.5])) == ManifestRequest("c", 4, 2.5)
+    assert ManifestRequest("c", 4, 10.0).encode() == msgpack.packb(["c", 4, 10.0, False, False])
+    assert ManifestRequest("c", 4, 0.0).encode() == msgpack.packb(["c", 4, 0.0, False, False])  # no long poll: still says what it holds
+    assert ManifestRequest("c", 4, 2.5, notice=True, relay=True).encode() == msgpack.packb(["c", 4, 2.5, True, True])
+    assert ManifestRequest.decode(msgpack.packb(["c", 4, 2.5, True, False])) == ManifestRequest("c", 4, 2.5, True, False)
     assert ManifestRequest.decode(b"") is None
-    for bad in (b"\xc1", msgpack.packb([1, 2, 3]), msgpack.packb(["c", 0, 9.0, "x" * 600])):
+    for bad in (b"\xc1", msgpack.packb([1, 2, 3, False, False]), msgpack.packb(["c", 0, 9.0]),  # v2's, without flags
+                msgpack.packb(["c", 0, 9.0, 1, 0]), msgpack.packb(["c", 0, 9.0, False, False, "x" * 600])):
         with pytest.raises(Exception):
             ManifestRequest.decode(bad)
     request = ChunkRequest("c", 4, [0, 2, 4], 5.0)
@@ -125,6 +129,31 @@ def test_requests_encode_as_the_old_lists_and_decode_back():
         with pytest.raises(ChunkRequestError) as e:
             ChunkRequest.decode(bad)
         assert e.value.reason == reason, (bad[:40], e.value)
+
+
+def test_a_tail_notice_and_a_tail_request_encode_decode_and_refuse_what_is_malformed(tmp_path):
+    sealed = manifest().seal(Identity.load_or_create(tmp_path / "l.key"))
+    digest = tail_digest(sealed)
+    assert digest == hashlib.sha256(sealed).digest() and len(digest) == 32
+    notice = TailNotice("chain-a", 5, 4, digest, ("QmA", "QmB"))
+    wire = notice.encode()
+    assert wire == msgpack.packb(["chain-a", 5, 4, digest, ["QmA", "QmB"]])
+    assert TailNotice.decode(wire) == notice
+    # told from a sealed manifest (a msgpack map) by its first byte, and from b"" ("nothing newer")
+    assert TailNotice.is_notice(wire) and not TailNotice.is_notice(sealed) and not TailNotice.is_notice(b"")
+    for bad in (msgpack.packb(["chain-a", 5, 4, digest[:31], []]), msgpack.packb(["chain-a", 5, 4, digest]),
+                msgpack.packb(["chain-a", "5", 4, digest, []]), msgpack.packb(["chain-a", 5, 4, digest, [1]]),
+                msgpack.packb(["chain-a", 5, 4, digest, ["Qm"] * (TailNotice.MAX_RELAYS + 1)]), b"\x91\xc1"):
+        with pytest.raises(RecordError) as e:
+            TailNotice.decode(bad)
+        assert e.value.reason == "schema", bad
+    request = TailRequest("chain-a", 5, 4, digest)
+    assert request.encode() == msgpack.packb(["chain-a", 5, 4, digest])
+    assert TailRequest.decode(request.encode()) == request
+    for bad in (msgpack.packb(["chain-a", 5, 4, digest[:31]]), msgpack.packb(["chain-a", 5, 4]), b"\xc1",
+                msgpack.packb(["chain-a", 5, 4, "x" * 600])):
+        with pytest.raises(Exception):
+            TailRequest.decode(bad)
 
 
 def test_the_chunk_requests_bounds_follow_the_largest_manifest_a_fetcher_reads():

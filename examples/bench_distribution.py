@@ -136,7 +136,7 @@ def main() -> None:
     ln = SwarmNode(Identity.load_or_create(tmp / "l.key"), NetworkConfig(), "bench")
     lx = WeightServer(ln)
     nodes = [SwarmNode(Identity.load_or_create(tmp / f"s{i}.key"), NetworkConfig(initial_peers=ln.maddrs()), "bench")
-             for i in range(max(args.ns))]
+             for i in range(max(*args.ns, 2))]  # (two at least: the manifest section asks with two)
     mates: list[str] = []
     samplers = [WeightFetcher(n, lambda: ln.peer_id, mates=lambda: mates) for n in nodes]
     try:

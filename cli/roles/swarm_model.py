@@ -30,6 +30,11 @@ log = logging.getLogger("hetero-node")
 BUILT_IN_TASKS = ("arithmetic", "chain")
 """Tasks a sampler takes from the learner's bundle as they are: made from their table alone (a
 dataset task reads files and may name a reward plugin, which is code: a sampler never runs a peer's)."""
+ASK_EVERY_SECOND_S = 15.0
+"""A sampler asks for the swarm's model every second this long, then backs off: samplers started
+with their learner (`hetero-node demo`, a coordinator's script) find it seconds after it starts,
+and a doubling wait would add up to as much again (1, 2, 4 s: the demo's samplers lost 2-3 s).
+A lookup a second for 15 s is a few reads of the DHT's directory records a waiting sampler makes."""
 FOLDER = "swarm-model"
 """Where in a sampler's workdir the bundle is unpacked, one folder per digest (the current one kept)."""
 
@@ -48,7 +53,7 @@ class SwarmModel:
 def adopt_swarm_model(cfg: JoinConfig, node: SwarmNode, stop: threading.Event) -> SwarmModel | None:
     """Wait for a named learner that serves a bundle, fetch it (or find it in the workdir) and say
     what this sampler now runs; None if stopped first."""
-    backoff, t0, told = 1.0, time.monotonic(), None
+    backoff, t0, told, say_at = 1.0, time.monotonic(), None, 0.0
     while not stop.is_set():
         learner = find_swarm_model(node, cfg.follow)
         if learner is not None:
@@ -64,12 +69,14 @@ def adopt_swarm_model(cfg: JoinConfig, node: SwarmNode, stop: threading.Event) -
             if skipped != told:  # said once (again if it changes): the retries say nothing new
                 told = skipped
                 log.warning("waiting for a learner this node can talk to: %s", skipped_for_protocol(skipped))
-        else:
+        elif (waited := time.monotonic() - t0) >= say_at:  # said at 0, 1, 3, 7... s: not at every ask
+            say_at = 2 * say_at + 1
             log.info("waiting for a learner the coordinator names to say which model this swarm trains (for %.0f s; "
-                     "retrying in %.0f s)", time.monotonic() - t0, backoff)
+                     "asking every %.0f s)", waited, backoff)
         stop.wait(backoff)
-        # no longer than the directory takes to hear of a new learner: more only delays a volunteer
-        backoff = min(backoff * 2, REFRESH_S)
+        if time.monotonic() - t0 >= ASK_EVERY_SECOND_S:
+            # no longer than the directory takes to hear of a new learner: more only delays a volunteer
+            backoff = min(backoff * 2, REFRESH_S)
     return None
 
 

@@ -124,9 +124,10 @@ DOORS: dict[str, DoorBudget] = {
         calls_per_s=1.0, call_burst=8, unproven_calls_per_s=64.0, unproven_call_burst=256,
         why="a sampler sent a TailNotice asks one relay a version (three at most, then the learner), and a relay "
             "is asked by about 1 in 8 of its learner's samplers at once when a version is published (1,000 "
-            "samplers: 125). Samplers prove no one, so every asker draws on the pool: its burst holds one "
-            "version's askers, and its rate bounds what keys that read the digest from notices can take to 64 "
-            "tails a second (3.4 kB each at 80 chunks a version: 1.7 Mbit/s of a relay's upload)"),
+            "samplers: 125). Its mates (samplers the learner credits, as the notices' readers are) each have "
+            "their own budget; every other key draws on the pool, whose rate bounds what keys that read the "
+            "digest from notices can take to 64 tails a second (3.4 kB each at 80 chunks a version: 1.7 Mbit/s "
+            "of a relay's upload), and whose burst holds one version's askers whose mate lists lag"),
     CHUNKS: DoorBudget(
         calls_per_s=8.0, call_burst=64, bytes_per_s=FAST_LINE, byte_burst=64 * MiB,
         unproven_calls_per_s=64.0, unproven_call_burst=256, unproven_bytes_per_s=64 * MiB, unproven_byte_burst=64 * MiB,

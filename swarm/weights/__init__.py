@@ -1,7 +1,7 @@
 """Weight versions over the swarm: a signed manifest and hash-checked chunks served by every holder.
 
 Learner side (`WeightServer`, server.py) serves two RPCs:
-  hetero.manifest.v3  b"" or [chain, version, wait] (what the asker holds, and a long poll: answered
+  hetero.manifest.v3  b"" or [chain, version, wait, notice, relay] (what the asker holds, and a long poll: answered
                       once the learner has a version newer than that one, or after `wait` s)
                       -> b"" when nothing is newer, else the manifest of the learner's current
                       chain segment (its last keyframe and the deltas after it; only those after

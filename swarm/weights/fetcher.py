@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 
 TAIL_TRIES = 3
 """Relays a `TailNotice` names that a sampler asks for the tail before the learner, each for at most
-`FetchConfig.hedge_s`: three silent ones delay a version by three hedges, once (they are demoted)."""
+`FetchConfig.hedge_s` past the relay's own wait for it (`TailRelay.HOLD_S`): three that fail delay a
+version by three such waits, once (each is demoted: the next versions go past it)."""
 
 class WeightFetcher:
     """A sampler's side: fetches versions from holders, mates and the learner it follows.
@@ -67,7 +68,7 @@ class WeightFetcher:
         self.stats: collections.Counter[str] = collections.Counter()
         self._stats_lock = threading.Lock()
         self.store = ChunkStore(node)
-        self.relay = TailRelay(node)
+        self.relay = TailRelay(node, proven=lambda peer: peer in self.mates())
         """The learner's sealed tails we were sent, served to samplers it sends notices (hetero.tail.v1)."""
         self.cfg = cfg
         self.strikes = PeerStrikes(cfg.demote_s, cfg.demote_max_s, cfg.forget_s)
@@ -232,13 +233,15 @@ class WeightFetcher:
         """The sealed tail a notice of our learner points to: from up to TAIL_TRIES of the relays it
         names (in an order of our own, those with strikes last), the first whose bytes have the
         notice's sha256; else from the learner, asked for the tail itself. A relay that sends other
-        bytes, or cannot be reached, is demoted; one that does not hold it yet is just passed by."""
+        bytes, none (it waited `TailRelay.HOLD_S` for it: an honest relay holds it by then, so a
+        relay that answers nothing, every version, costs each reader one wait, not one a version),
+        or cannot be reached, is demoted."""
         relays = [r for r in notice.relays if r != self.node.peer_id]
         random.Random(f"{self.node.peer_id}/{notice.version}").shuffle(relays)
         asked = TailRequest(notice.chain, notice.version, notice.after, notice.digest).encode()
         for relay in self.usable(relays)[:TAIL_TRIES]:
             try:
-                sealed = self.node.call(relay, TAIL, asked, self.cfg.hedge_s, stop=stop)
+                sealed = self.node.call(relay, TAIL, asked, TailRelay.HOLD_S + self.cfg.hedge_s, stop=stop)
             except CallStopped:
                 raise
             except Exception as e:  # unreachable, or too slow: the next relay
@@ -247,15 +250,17 @@ class WeightFetcher:
                 continue
             if not sealed:
                 self.count("tails_not_held")
+                self.demote(relay, "named a relay of a tail it did not serve")
             elif tail_digest(sealed) != notice.digest:
                 self.count("bad_tails")
                 self.demote(relay, "sent a tail that is not the one the learner named")
             else:
                 self.count("tails_from_relays")
                 return sealed
-        self.count("tails_from_learner")
         own = dataclasses.replace(request, wait=0.0, notice=False)
-        return self.node.call(learner, MANIFEST, own.encode(), self.rpc_timeout, stop=stop)
+        sealed = self.node.call(learner, MANIFEST, own.encode(), self.rpc_timeout, stop=stop)
+        self.count("tails_from_learner" if sealed else "tails_from_learner_refused")
+        return sealed
 
     def _download(self, learner: str, chain: str, entry: VersionEntry, holders: list[str], mates: list[str],
                   hedges: list[str]) -> bytes:

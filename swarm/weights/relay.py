@@ -12,6 +12,7 @@ import asyncio
 import collections
 import logging
 import threading
+from typing import Callable
 
 from swarm.buckets import worth_logging
 from swarm.identity import short_id
@@ -32,7 +33,10 @@ class TailRelay:
     the moment it has sent its relays the tail, so a notice's reader may ask before the relay has
     read its own copy. A few round trips on a slow line; past it, b"" (the asker goes on)."""
 
-    def __init__(self, node: SwarmNode) -> None:
+    def __init__(self, node: SwarmNode, proven: Callable[[str], bool] = lambda peer: False) -> None:
+        """`proven`: the askers that draw on a budget of their own (our mates, whom the learner
+        credits, as the notices' readers are), not on the pool every other key shares: fresh keys
+        that read the relays' ids from notices and empty the pool leave the mates' asks alone."""
         self._tails: collections.OrderedDict[bytes, bytes] = collections.OrderedDict()
         self._lock = threading.Lock()  # kept by the fetcher's thread, served in the node's loop
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -41,7 +45,7 @@ class TailRelay:
         self.stats: collections.Counter[str] = collections.Counter()
         """tails `served` (of them `served_after_wait`), asked but `not_held`, `malformed` requests,
         calls past the door (`busy`)."""
-        self._door = node.doors.open(TAIL)
+        self._door = node.doors.open(TAIL, proven=proven)
         node.add_handler(TAIL, self._on_tail)
 
     def keep(self, sealed: bytes) -> None:

@@ -22,7 +22,7 @@ TAIL_RELAYS = 8
 """Samplers a version's tail goes to, per version an asker may hold, before the learner answers the
 others that take notices with a `TailNotice` naming them. Each relay then serves about 1 in 8 of
 the learner's samplers (1,000 samplers: 125 tails of 3.4 kB, 0.4 MB a version), and an asker
-tries up to FetchConfig.tail_tries of them before the learner: 8 leave room for relays that do
+tries up to `fetcher.TAIL_TRIES` of them before the learner: 8 leave room for relays that do
 not serve. A swarm of 8 samplers or fewer never sees a notice."""
 
 

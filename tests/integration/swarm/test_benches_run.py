@@ -23,10 +23,13 @@ def test_the_distribution_bench_runs_each_schedule_and_repeats():
                          "--segment", "3"], 600)
     assert len(re.findall(r"(?m)^\s+2\s+(staggered|simultaneous|no sharing)\s", printed)) == 3, printed
     assert "median of 2" in printed, printed  # a second repetition runs (it failed before: issue 60)
-    # the manifest's tail after the version a sampler holds, beside the whole segment (v1's every reply)
-    rows = re.findall(r"(?m)^\s+(\d+)\s+([\d,]+)\s+([\d,]+)\s", printed.split("the manifest as the segment grows")[-1])
+    # the manifest's tail after the version a sampler holds, the notice in its place, and the whole
+    # segment (v1's every reply)
+    rows = re.findall(r"(?m)^\s+(\d+)\s+([\d,]+)\s+([\d,]+)\s+([\d,]+)\s",
+                      printed.split("the manifest as the segment grows")[-1])
     assert [int(r[0]) for r in rows] == [1, 3], printed[-3000:]
-    assert all(int(t.replace(",", "")) < int(w.replace(",", "")) for _, t, w in rows), rows
+    sizes = [tuple(int(x.replace(",", "")) for x in r[1:]) for r in rows]
+    assert all(notice < tail < whole for tail, notice, whole in sizes), rows
 
 
 def test_the_many_peers_bench_runs():

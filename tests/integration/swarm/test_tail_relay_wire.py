@@ -7,6 +7,7 @@ the learner. (Which asker gets what, by hand: tests/unit/swarm/test_tail_relay.p
 from __future__ import annotations
 
 import random
+import threading
 
 import pytest
 
@@ -97,4 +98,46 @@ def test_relays_that_lie_or_cannot_be_reached_are_refused_counted_and_the_learne
     assert server.stats["notices"] == 1
     assert asker.stats["bad_tails"] == 1 and asker.stats["tail_relay_failures"] == 1
     assert asker.stats["tails_from_learner"] == 1 and asker.stats["tails_from_relays"] == 0
-    assert asker.demoted[liar.peer_id] >= 1 and asker.demoted[absent.peer_id] == 1  # (the liar serves no chunk either)
+    assert asker.demoted[liar.peer_id] == 1 and asker.demoted[absent.peer_id] == 1  # (then benched: not asked for chunks)
+
+
+def _named_relay(learner: SwarmNode, relay: SwarmNode, chain: str) -> bytes:
+    """`relay` has itself named the tail's relay with a call of its own (its fetcher never sees the
+    tail, so its TailRelay does not hold it): the sealed tail the learner sent it."""
+    sealed = relay.call(learner.peer_id, MANIFEST, ManifestRequest(chain, 0, 0.0, relay=True).encode(), 30)
+    assert sealed and not TailNotice.is_notice(sealed)
+    return sealed
+
+
+def test_a_relay_asked_before_it_holds_the_tail_waits_for_it(swarm):
+    learner, node, fetcher = swarm
+    server, rng = WeightServer(learner, relays=1), random.Random(2)
+    relay_node, asker_node = node("relay"), node("asker")
+    mates = [relay_node.peer_id, asker_node.peer_id]
+    learner.doors.set_proven(lambda peer: peer in mates)
+    relay, asker = fetcher(relay_node, mates), fetcher(asker_node, mates)
+    _publish(server, "c3", 0, rng)
+    assert relay.fetch("", -1) and asker.fetch("", -1)
+    v1 = _publish(server, "c3", 1, rng)
+    sealed = _named_relay(learner, relay_node, "c3")
+    threading.Timer(0.5, relay.relay.keep, args=(sealed,)).start()  # the relay reads its copy late
+    got = asker.fetch("c3", 0)
+    assert got is not None and [w.blob for w in got] == [v1]
+    assert relay.relay.stats["served_after_wait"] == 1 and asker.stats["tails_from_relays"] == 1
+
+
+def test_a_named_relay_that_never_serves_the_tail_is_demoted_and_the_learner_serves_it(swarm):
+    learner, node, fetcher = swarm
+    server, rng = WeightServer(learner, relays=1), random.Random(3)
+    silent_node, asker_node = node("silent"), node("asker")
+    mates = [silent_node.peer_id, asker_node.peer_id]
+    learner.doors.set_proven(lambda peer: peer in mates)
+    silent, asker = fetcher(silent_node, mates), fetcher(asker_node, mates)
+    _publish(server, "c4", 0, rng)
+    assert silent.fetch("", -1) and asker.fetch("", -1)
+    v1 = _publish(server, "c4", 1, rng)
+    _named_relay(learner, silent_node, "c4")  # named, and never keeps it: it answers b"" after its wait
+    got = asker.fetch("c4", 0)
+    assert got is not None and [w.blob for w in got] == [v1]
+    assert silent.relay.stats["not_held"] == 1 and asker.stats["tails_not_held"] == 1
+    assert asker.stats["tails_from_learner"] == 1 and asker.demoted[silent_node.peer_id] == 1

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import collections
+import importlib
 import json
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -15,7 +17,6 @@ from rich.table import Table
 from swarm.identity import short_id
 
 from cli.procs import NodeProcess, start_node, stop, wait_for_file
-from node.learner.phases import phase_table
 from node.metrics import Kind, Metric
 
 LEARNER_TOML = """\
@@ -31,20 +32,18 @@ keyframe_every = 1
 """
 
 
-def _peer_id(workdir: Path, timeout: float = 60) -> str:
-    from swarm.identity import Identity
-
-    wait_for_file(workdir / "identity.key", timeout)
-    return Identity.load_or_create(workdir / "identity.key").peer_id
-
-
 def _start_swarm(base: Path, steps: int, n_samplers: int, nodes: list[NodeProcess],
                  console: Console) -> tuple[dict[str, str], str]:
+    """The bootstrap peer, the learner and the samplers, started; (sampler peer id -> name, the
+    bootstrap's address)."""
     from swarm.identity import Identity
 
     logs = base / "logs"
-    # the coordinator names the learner its samplers may follow: make the learner's key first
+    # the coordinator names the learner its samplers may follow: make the learner's key first (and
+    # the samplers', for the summary's names, rather than waiting for their processes to)
     learner_id = Identity.load_or_create(base / "learner" / "identity.key").peer_id
+    names = {Identity.load_or_create(base / f"sampler-{i}" / "identity.key").peer_id: f"sampler-{i}"
+             for i in range(n_samplers)}
     boot = start_node("bootstrap", ["bootstrap", "--port", "0", "--host", "127.0.0.1", "--no-nat",
                                     "--identity", str(base / "bootstrap.key"), "--addr-file", str(base / "bootstrap.addr"),
                                     "--trusted-learner", learner_id], logs)
@@ -59,12 +58,45 @@ def _start_swarm(base: Path, steps: int, n_samplers: int, nodes: list[NodeProces
     for i in range(n_samplers):
         nodes.append(start_node(f"sampler-{i}", ["join", "--role", "sampler", *common, "--name", f"sampler-{i}",
                                                   "--workdir", str(base / f"sampler-{i}")], logs))
-    board = start_node("leaderboard", ["leaderboard", "--serve", "127.0.0.1:0", "--initial-peers", addr, "--poll", "2",
-                                       "--db", str(base / "leaderboard" / "leaderboard.db"),
-                                       "--url-file", str(base / "leaderboard.url")], logs)
-    nodes.append(board)
-    url = wait_for_file(base / "leaderboard.url", 90, board).decode().strip()
-    return {_peer_id(base / f"sampler-{i}"): f"sampler-{i}" for i in range(n_samplers)}, url
+    return names, addr
+
+
+class _Board:
+    """The leaderboard service, started once the learner trains: while the swarm starts, five
+    processes importing torch share the cores, and the learner's first version, which every
+    sampler waits for, is the one that matters (the board needs the learner's tallies anyway)."""
+
+    def __init__(self, base: Path, addr: str, nodes: list[NodeProcess]) -> None:
+        self.base, self.addr, self.nodes = base, addr, nodes
+        self.process: NodeProcess | None = None
+        self.url: str | None = None
+
+    def start(self) -> None:
+        if self.process is None:
+            self.process = start_node("leaderboard", [
+                "leaderboard", "--serve", "127.0.0.1:0", "--initial-peers", self.addr, "--poll", "2",
+                "--db", str(self.db), "--url-file", str(self.base / "leaderboard.url")], self.base / "logs")
+            self.nodes.append(self.process)
+
+    @property
+    def db(self) -> Path:
+        return self.base / "leaderboard" / "leaderboard.db"
+
+    def poll(self, console: Console) -> None:
+        """Say where the board is once it serves (the first call after its URL file appears)."""
+        path = self.base / "leaderboard.url"
+        if self.process is not None and self.url is None and path.exists() and path.read_bytes().strip():
+            self.url = path.read_text().strip()
+            console.print(f"leaderboard live at {self.url}", soft_wrap=True)
+
+    def wait(self, console: Console, timeout: float = 90) -> str:
+        """Its URL, started and waited for if it is not up yet (a run shorter than its start)."""
+        self.start()
+        if self.url is None:
+            assert self.process is not None
+            wait_for_file(self.base / "leaderboard.url", timeout, self.process)
+            self.poll(console)
+        return self.url or ""
 
 
 def _read_new(path: Path, pos: int) -> tuple[list[dict], int]:
@@ -77,12 +109,12 @@ def _read_new(path: Path, pos: int) -> tuple[list[dict], int]:
     return [json.loads(x) for x in complete.splitlines() if x.strip()], pos + len(complete)
 
 
-def _follow(base: Path, steps: int, learner: NodeProcess, console: Console, timeout: float) -> list[dict]:
+def _follow(base: Path, steps: int, learner: NodeProcess, console: Console, timeout: float, board: _Board) -> list[dict]:
     metrics, pos, records, t0 = base / "learner" / "metrics.jsonl", 0, [], time.monotonic()
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console) as progress:
         bar = progress.add_task("learner versions", total=steps, info="starting peers...")
-        last_step, last_eval = None, None
+        last_step, last_eval, warmed = None, None, False
         while True:
             new, pos = _read_new(metrics, pos)
             records += new
@@ -91,6 +123,12 @@ def _follow(base: Path, steps: int, learner: NodeProcess, console: Console, time
                     last_eval = r[Metric.EVAL_ACC]
                 else:
                     last_step = r
+            if last_step is not None and not warmed:
+                warmed = True  # the summary's table of the learner's time imports node.learner, so torch (~1.5 s):
+                # done while the swarm runs (this process idles) rather than at the end, or before it starts
+                threading.Thread(target=importlib.import_module, args=("node.learner.phases",), daemon=True).start()
+                board.start()
+            board.poll(console)
             if last_step is not None:
                 progress.update(bar, completed=last_step[Metric.VERSION],
                                 info=f"reward {last_step['reward']:.2f}  staleness {last_step['staleness_mean']:.1f}"
@@ -129,6 +167,8 @@ def _summary(console: Console, records: list[dict], names: dict[str, str], wall:
     table.add_row("dropped", ", ".join(f"{k}: {v}" for k, v in last[Metric.DROPS].items()) or "none")
     table.add_row("wall time", f"{wall:.0f} s")
     if phases := last.get(Metric.PHASE_S):
+        from node.learner.phases import phase_table
+
         table.add_row("learner's time", ", ".join(f"{k} {v:.0f} s ({share:.0%})" for k, v, share in phase_table(phases)
                                                  if share >= 0.01))
     console.print(table)
@@ -216,13 +256,13 @@ def run_demo(steps: int, n_samplers: int, workdir: Path | None, timeout: float) 
     t0 = time.monotonic()
     ok = False
     try:
-        names, url = _start_swarm(base, steps, n_samplers, nodes, console)
-        console.print(f"leaderboard live at {url}", soft_wrap=True)
-        records = _follow(base, steps, nodes[1], console, timeout)
-        for sampler in nodes[2:-1]:  # nothing left for them to do: they stop while the summary is shown
+        names, addr = _start_swarm(base, steps, n_samplers, nodes, console)
+        learner, samplers, board = nodes[1], nodes[2:], _Board(base, addr, nodes)
+        records = _follow(base, steps, learner, console, timeout, board)
+        for sampler in samplers:  # nothing left for them to do: they stop while the summary is shown
             sampler.terminate()
-        ok = _summary(console, records, names, time.monotonic() - t0, nodes[1].log_path)
-        _leaderboard(console, url, records, base / "leaderboard" / "leaderboard.db")
+        ok = _summary(console, records, names, time.monotonic() - t0, learner.log_path)
+        _leaderboard(console, board.wait(console), records, board.db)
     except KeyboardInterrupt:
         console.print("interrupted (Ctrl-C): stopping the swarm")
     except _Stopped as e:

@@ -12,22 +12,80 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import base58
 import multihash
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
-from hivemind.proto import crypto_pb2
-from hivemind.utils.crypto import RSAPrivateKey
+
+if TYPE_CHECKING:
+    from hivemind.utils.crypto import RSAPrivateKey
 
 _PAD = padding.PKCS1v15()
 _HASH = hashes.SHA256()
 
+RSA_KEY = 0
+"""libp2p's KeyType of RSA keys."""
+
+
+def key_proto(key_type: int, data: bytes) -> bytes:
+    """libp2p's PublicKey and PrivateKey message (proto2: `required KeyType Type = 1; required bytes
+    Data = 2`), as protobuf encodes it: field 1 a varint, field 2 length-delimited. By hand rather
+    than through hivemind's crypto_pb2, whose import loads all of hivemind and torch (1.9 s): the
+    demo makes its learner's key before it starts a process, and waited for that. The bytes equal
+    crypto_pb2's (tests/unit/swarm/test_identity.py)."""
+    return b"\x08" + _varint(key_type) + b"\x12" + _varint(len(data)) + data
+
+
+def parse_key_proto(raw: bytes) -> tuple[int, bytes]:
+    """(key type, data) of a `key_proto` message; ValueError if it is not one (fields in any order,
+    the last of each kept, as protobuf reads them)."""
+    fields: dict[int, int | bytes] = {}
+    i = 0
+    while i < len(raw):
+        tag, i = _read_varint(raw, i)
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            fields[number], i = _read_varint(raw, i)
+        elif wire == 2:
+            n, i = _read_varint(raw, i)
+            if i + n > len(raw):
+                raise ValueError("a key message cut short")
+            fields[number], i = raw[i : i + n], i + n
+        else:
+            raise ValueError(f"a key message with a field of wire type {wire}")
+    key_type, data = fields.get(1), fields.get(2)
+    if not isinstance(key_type, int) or not isinstance(data, bytes):
+        raise ValueError("a key message needs its type (field 1) and data (field 2)")
+    return key_type, data
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _read_varint(raw: bytes, i: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while True:
+        if i >= len(raw) or shift > 63:
+            raise ValueError("a key message with a broken varint")
+        byte = raw[i]
+        value |= (byte & 0x7F) << shift
+        i, shift = i + 1, shift + 7
+        if not byte & 0x80:
+            return value, i
+
 
 def peer_id_of(public_key_der: bytes) -> str:
     """libp2p peer id (base58) of an RSA public key in DER SubjectPublicKeyInfo form."""
-    proto = crypto_pb2.PublicKey(key_type=crypto_pb2.RSA, data=public_key_der).SerializeToString()
+    proto = key_proto(RSA_KEY, public_key_der)
     return base58.b58encode(multihash.encode(hashlib.sha256(proto).digest(), "sha2-256")).decode()
 
 
@@ -91,18 +149,20 @@ class Identity:
             key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
             der = key.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.TraditionalOpenSSL,
                                     serialization.NoEncryption())
-            path.write_bytes(crypto_pb2.PrivateKey(key_type=crypto_pb2.RSA, data=der).SerializeToString())
+            path.write_bytes(key_proto(RSA_KEY, der))
             os.chmod(path, 0o400)
-        proto = crypto_pb2.PrivateKey.FromString(path.read_bytes())
-        if proto.key_type != crypto_pb2.RSA:
-            raise ValueError(f"{path}: only RSA identities are supported (got key type {proto.key_type})")
-        return cls(serialization.load_der_private_key(proto.data, password=None), path)
+        key_type, data = parse_key_proto(path.read_bytes())
+        if key_type != RSA_KEY:
+            raise ValueError(f"{path}: only RSA identities are supported (got key type {key_type})")
+        return cls(serialization.load_der_private_key(data, password=None), path)
 
     def sign(self, data: bytes) -> bytes:
         return self._key.sign(data, _PAD, _HASH)
 
     def dht_private_key(self) -> RSAPrivateKey:
         """This key as hivemind's RSAPrivateKey, for RSASignatureValidator (DHT record owner)."""
+        from hivemind.utils.crypto import RSAPrivateKey
+
         k = RSAPrivateKey.__new__(RSAPrivateKey)
         k._private_key = self._key  # hivemind's class keeps the cryptography key here
         return k

@@ -40,7 +40,9 @@ def run_sampler(cfg: JoinConfig, stop: threading.Event) -> None:
     try:
         folder = None
         if not cfg.model:  # no --model: the swarm's, from its learner (cli/roles/swarm_model.py)
+            warming = _warm_imports()
             adopted = adopt_swarm_model(cfg, node, stop)
+            warming.join()  # (its imports done before ours start: never two threads importing one package)
             if adopted is None:
                 return
             cfg, folder = adopted.cfg, adopted.folder
@@ -60,6 +62,25 @@ def run_sampler(cfg: JoinConfig, stop: threading.Event) -> None:
         outbox.close()
         metrics.close()
         node.shutdown()
+
+
+def _warm_imports() -> threading.Thread:
+    """Import, in a thread, what a sampler loads once it knows the swarm's model: transformers'
+    tokenizer and model classes, ~3 s of a core. While it waits for the learner's record, not after:
+    by then the learner's first version is waiting for its rollouts (the demo's samplers took 5 s
+    from finding the learner to generating, most of it these imports)."""
+
+    def imports() -> None:
+        try:
+            import transformers.generation.utils  # noqa: F401
+            import transformers.modeling_utils  # noqa: F401
+            from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+        except Exception as e:  # a head start only: the import that needs it says what is wrong
+            log.debug("warming transformers' imports failed: %s", e)
+
+    thread = threading.Thread(target=imports, name="warm-imports", daemon=True)
+    thread.start()
+    return thread
 
 
 def _partner_summary(link: SwarmSamplerLink) -> str:

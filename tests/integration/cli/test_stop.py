@@ -36,6 +36,8 @@ def test_a_demo_stopped_any_way_leaves_no_process(tmp_path, sig):
     try:
         metrics = tmp_path / "demo" / "learner" / "metrics.jsonl"
         wait_until(lambda: metrics.exists() and '"step"' in metrics.read_text(), 240, "learner step")
+        board = tmp_path / "demo" / "leaderboard.url"  # (the demo starts its leaderboard once the learner trains)
+        wait_until(lambda: board.exists() and board.read_bytes().strip(), 120, "the leaderboard's address")
         swarm = set(descendants(demo.popen.pid))
         assert len(swarm) >= 5, f"bootstrap, learner, 2 samplers and the leaderboard, with their DHTs: {swarm}"
         demo.popen.send_signal(sig)

@@ -65,3 +65,11 @@ def test_a_new_swarms_samplers_share_its_keyframe_through_the_seeders_its_learne
                          "--interval", "4", "--join-every", "20", "--rate-mbit", "50", "--rtt-ms", "20"], 600)
     copies = re.search(r"keyframe .* the learner uploaded ([\d.]+) copies \(one a sampler: 3\)", printed)
     assert copies and float(copies.group(1)) < 1.5, printed[-3000:]
+
+
+def test_the_demo_bench_says_where_a_run_went():
+    printed = run_bench(["bench_demo.py", "--steps", "10"], 300)
+    # each node's CPU (the demo's own children, found through /proc), and the learner's loop by phase
+    for node in ("learner", "sampler-0", "sampler-1", "bootstrap", "leaderboard"):
+        assert re.search(rf"(?m)^{node}\s+\d+\.\d\s", printed), (node, printed[-3000:])
+    assert "the learner's loop:" in printed and re.search(r"(?m)^\s+train\s+\d+\.\d s", printed), printed[-3000:]

@@ -1,0 +1,103 @@
+"""Where `hetero-node demo`'s time goes: one run, each of its processes' CPU time and lifetime (read
+from /proc while it runs), the share of the machine's cores they used, and the learner's own split
+(its `phase_s`: training, waiting for rollouts, publishing...) beside the time before its loop
+started and after it ended. Linux only (/proc).
+
+    python examples/bench_demo.py               # the demo as a newcomer runs it (200 versions)
+    python examples/bench_demo.py --steps 20    # a short one
+
+What it prints is what docs/BENCHMARKS.md ("The demo") reads a run's time from."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _processes() -> dict[int, tuple[int, str, float]]:
+    """pid -> (parent pid, command line, CPU seconds) of every process readable now."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile
+            continue
+        out[int(entry)] = (int(stat[1]), cmd, (int(stat[11]) + int(stat[12])) / TICK)
+    return out
+
+
+def _role(cmd: str) -> str:
+    """A node the demo started, by its command line: learner, sampler-N (its --name), bootstrap, leaderboard."""
+    words = cmd.split()
+    for name in ("learner", "bootstrap", "leaderboard"):
+        if name in words[3:5] or ("--role" in words and words[words.index("--role") + 1] == name):
+            return name
+    return words[words.index("--name") + 1] if "--name" in words[:-1] else Path(words[0]).name
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=None, help="the demo's --steps (default: its own, 200)")
+    ap.add_argument("--every", type=float, default=0.25, help="seconds between two reads of /proc")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-demo-"))
+    argv = [sys.executable, "-m", "cli.main", "demo", "--workdir", str(work / "demo")]
+    if args.steps:
+        argv += ["--steps", str(args.steps)]
+    t0, t0_wall = time.monotonic(), time.time()
+    with open(work / "demo.out", "w") as out:
+        demo = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[1])
+    seen: dict[int, dict] = {demo.pid: {"name": "demo", "node": "demo", "first": 0.0, "last": 0.0, "cpu": 0.0}}
+    while demo.poll() is None:
+        now = time.monotonic() - t0
+        for pid, (ppid, cmd, cpu) in _processes().items():
+            if pid not in seen and ppid in seen:  # the demo's descendants: nodes, and each node's helpers (p2pd)
+                node = seen[ppid]["node"]
+                name = _role(cmd) if node == "demo" else f"{node}: {Path(cmd.split()[0]).name}"
+                seen[pid] = {"name": name, "node": _role(cmd) if node == "demo" else node, "first": now}
+            if pid in seen:
+                seen[pid].update(cpu=cpu, last=now)
+        time.sleep(args.every)
+    wall, cores = time.monotonic() - t0, os.cpu_count() or 1
+    print(f"hetero-node demo{' --steps ' + str(args.steps) if args.steps else ''}: {wall:.1f} s, exit code "
+          f"{demo.returncode}; its processes, as /proc last saw them (CPU to within {args.every} s):")
+    print(f"{'process':32s} {'CPU s':>7} {'alive from - to (s)':>20}")
+    by_name: dict[str, list[dict]] = {}
+    for rec in seen.values():
+        by_name.setdefault(rec["name"], []).append(rec)
+    total = 0.0
+    for name, recs in sorted(by_name.items()):
+        cpu = sum(r.get("cpu", 0.0) for r in recs)
+        total += cpu
+        print(f"{name:32s} {cpu:7.1f} {min(r['first'] for r in recs):9.1f} - {max(r['last'] for r in recs):5.1f}")
+    print(f"all: {total:.1f} CPU s of the {cores * wall:.1f} that {cores} cores give in {wall:.1f} s "
+          f"({total / (cores * wall):.0%})")
+    steps = [json.loads(line) for line in open(work / "demo" / "learner" / "metrics.jsonl")
+             if '"kind": "step"' in line or '"kind":"step"' in line]
+    if steps:
+        last = steps[-1]  # its time_s: seconds since the loop began; published_at: the wall clock then
+        loop_s = last["time_s"]
+        began = last["weights_published_at"] - loop_s - t0_wall
+        print(f"the learner's loop: {loop_s:.1f} s, from {began:.1f} s after the command started to "
+              f"{wall - began - loop_s:.1f} s before it ended; in it:")
+        for k, v in sorted(last["phase_s"].items(), key=lambda kv: -kv[1]):
+            if v >= 0.05:
+                print(f"  {k:12s} {v:6.1f} s  {v / loop_s:4.0%}")
+    tail = (work / "demo.out").read_text().splitlines()
+    print(next((line for line in tail if "eval accuracy" in line), "no summary (see " + str(work / "demo.out") + ")"))
+    print(f"the run's files: {work}")
+
+
+if __name__ == "__main__":
+    main()

@@ -18,6 +18,8 @@ BENCHES = {
     "bf16_audit": (["bench_bf16_audit.py", "--preset", "smoke", "--models", "builtin", "--dtypes", "bfloat16"],
                    r"honest groups failed at margin"),
     "filters": (["bench_filters.py", "--vocab", "1024", "--rows", "8", "--repeats", "1"], r"ms a position"),
+    "learner": (["bench_learner.py", "--shape", "builtin", "--groups", "2", "--steps", "1", "--sampler-prompts", "2",
+                 "--sampler-tokens", "4"], r"learner / bare: \d+\.\d+x tokens/s"),
     "logprob_gap": (["bench_logprob_gap.py", "--steps", "3", "--prompts", "4"], r"a liar claiming"),
     "losses": (["bench_losses.py", "--reps", "2"], r"(?m)^grpo\s+\d"),
     "picker": (["bench_picker.py", "--batch", "4", "--vocab", "1024", "--steps", "2"], r"(?m)^\s+4\s+1024\s"),

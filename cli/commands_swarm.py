@@ -208,8 +208,6 @@ def peer_id(
     `hetero-node bootstrap --trusted-learner "$(hetero-node peer-id hetero-node-learner)"`, then
     `hetero-node join --role learner` in the same folder uses that key (its default --workdir).
     """
-    from google.protobuf.message import DecodeError
-
     from swarm.identity import Identity
 
     key = path if path.suffix == ".key" or path.is_file() else path / "identity.key"
@@ -218,7 +216,7 @@ def peer_id(
 
     try:
         typer.echo(Identity.load_or_create(key).peer_id)
-    except (ValueError, DecodeError) as e:
+    except ValueError as e:  # not libp2p's key message, or not a key in it
         raise UserError(f"{key} is not an identity key ({e})",
                         "pass a node's --workdir or the .key file it made; a missing one is made for you") from None
 

@@ -163,7 +163,7 @@ class JoinConfig(TablesBlock, ProcessBlock, ModelBlock):
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError("max_steps must be >= 1")
         if self.follow is not None:
-            from swarm.identity import check_peer_id  # imports hivemind: only for a --follow
+            from swarm.identity import check_peer_id
 
             check_peer_id(self.follow, "follow")
         if min(self.status_every_s, self.tally_every_s, self.announce_every_s, self.peer_ttl_s) <= 0:

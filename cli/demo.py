@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import collections
-import importlib
 import json
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from rich.table import Table
 from swarm.identity import short_id
 
 from cli.procs import NodeProcess, start_node, stop, wait_for_file
+from node.learner.phases import phase_table
 from node.metrics import Kind, Metric
 
 LEARNER_TOML = """\
@@ -42,12 +41,12 @@ def _start_swarm(base: Path, steps: int, n_samplers: int, nodes: list[NodeProces
     # the coordinator names the learner its samplers may follow: make the learner's key first (and
     # the samplers', for the summary's names, rather than waiting for their processes to)
     learner_id = Identity.load_or_create(base / "learner" / "identity.key").peer_id
-    names = {Identity.load_or_create(base / f"sampler-{i}" / "identity.key").peer_id: f"sampler-{i}"
-             for i in range(n_samplers)}
     boot = start_node("bootstrap", ["bootstrap", "--port", "0", "--host", "127.0.0.1", "--no-nat",
                                     "--identity", str(base / "bootstrap.key"), "--addr-file", str(base / "bootstrap.addr"),
                                     "--trusted-learner", learner_id], logs)
     nodes.append(boot)
+    names = {Identity.load_or_create(base / f"sampler-{i}" / "identity.key").peer_id: f"sampler-{i}"
+             for i in range(n_samplers)}  # (while the bootstrap starts)
     addr = wait_for_file(base / "bootstrap.addr", 90, boot).decode().split()[0]
     console.print("bootstrap peer ready; while the demo runs, list the swarm's peers with:")
     _command(console, f"hetero-node status --initial-peers {addr}")
@@ -90,8 +89,7 @@ class _Board:
             console.print(f"leaderboard live at {self.url}", soft_wrap=True)
 
     def wait(self, console: Console, timeout: float = 90) -> str:
-        """Its URL, started and waited for if it is not up yet (a run shorter than its start)."""
-        self.start()
+        """Its URL, waited for if it is not up yet (a run shorter than its start)."""
         if self.url is None:
             assert self.process is not None
             wait_for_file(self.base / "leaderboard.url", timeout, self.process)
@@ -114,7 +112,7 @@ def _follow(base: Path, steps: int, learner: NodeProcess, console: Console, time
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console) as progress:
         bar = progress.add_task("learner versions", total=steps, info="starting peers...")
-        last_step, last_eval, warmed = None, None, False
+        last_step, last_eval = None, None
         while True:
             new, pos = _read_new(metrics, pos)
             records += new
@@ -123,10 +121,7 @@ def _follow(base: Path, steps: int, learner: NodeProcess, console: Console, time
                     last_eval = r[Metric.EVAL_ACC]
                 else:
                     last_step = r
-            if last_step is not None and not warmed:
-                warmed = True  # the summary's table of the learner's time imports node.learner, so torch (~1.5 s):
-                # done while the swarm runs (this process idles) rather than at the end, or before it starts
-                threading.Thread(target=importlib.import_module, args=("node.learner.phases",), daemon=True).start()
+            if last_step is not None:
                 board.start()
             board.poll(console)
             if last_step is not None:
@@ -167,8 +162,6 @@ def _summary(console: Console, records: list[dict], names: dict[str, str], wall:
     table.add_row("dropped", ", ".join(f"{k}: {v}" for k, v in last[Metric.DROPS].items()) or "none")
     table.add_row("wall time", f"{wall:.0f} s")
     if phases := last.get(Metric.PHASE_S):
-        from node.learner.phases import phase_table
-
         table.add_row("learner's time", ", ".join(f"{k} {v:.0f} s ({share:.0%})" for k, v, share in phase_table(phases)
                                                  if share >= 0.01))
     console.print(table)
@@ -262,7 +255,12 @@ def run_demo(steps: int, n_samplers: int, workdir: Path | None, timeout: float) 
         for sampler in samplers:  # nothing left for them to do: they stop while the summary is shown
             sampler.terminate()
         ok = _summary(console, records, names, time.monotonic() - t0, learner.log_path)
-        _leaderboard(console, board.wait(console), records, board.db)
+        if board.process is not None:  # (not started: the learner never trained, nothing was credited)
+            try:
+                _leaderboard(console, board.wait(console), records, board.db)
+            except (RuntimeError, TimeoutError) as e:  # the service failed to start: its log says why
+                console.print(f"[yellow]the leaderboard did not start ({e}); see {base / 'logs' / 'leaderboard.log'}[/]",
+                              soft_wrap=True)
     except KeyboardInterrupt:
         console.print("interrupted (Ctrl-C): stopping the swarm")
     except _Stopped as e:

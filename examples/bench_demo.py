@@ -5,6 +5,7 @@ started and after it ended. Linux only (/proc).
 
     python examples/bench_demo.py               # the demo as a newcomer runs it (200 versions)
     python examples/bench_demo.py --steps 20    # a short one
+    python examples/bench_demo.py --keep        # and keep its folder (logs, metrics, checkpoints)
 
 What it prints is what docs/BENCHMARKS.md ("The demo") reads a run's time from."""
 
@@ -13,6 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -33,7 +36,8 @@ def _processes() -> dict[int, tuple[int, str, float]]:
             cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:  # gone meanwhile
             continue
-        out[int(entry)] = (int(stat[1]), cmd, (int(stat[11]) + int(stat[12])) / TICK)
+        if cmd.strip():  # (a zombie has no command line: its CPU is its parent's to reap)
+            out[int(entry)] = (int(stat[1]), cmd, (int(stat[11]) + int(stat[12])) / TICK)
     return out
 
 
@@ -50,6 +54,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=None, help="the demo's --steps (default: its own, 200)")
     ap.add_argument("--every", type=float, default=0.25, help="seconds between two reads of /proc")
+    ap.add_argument("--keep", action="store_true", help="keep the run's folder (logs, metrics), named at the end")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-demo-"))
     argv = [sys.executable, "-m", "cli.main", "demo", "--workdir", str(work / "demo")]
@@ -70,6 +75,7 @@ def main() -> None:
                 seen[pid].update(cpu=cpu, last=now)
         time.sleep(args.every)
     wall, cores = time.monotonic() - t0, os.cpu_count() or 1
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)  # every process under the demo, each reaped by its parent
     print(f"hetero-node demo{' --steps ' + str(args.steps) if args.steps else ''}: {wall:.1f} s, exit code "
           f"{demo.returncode}; its processes, as /proc last saw them (CPU to within {args.every} s):")
     print(f"{'process':32s} {'CPU s':>7} {'alive from - to (s)':>20}")
@@ -81,22 +87,30 @@ def main() -> None:
         cpu = sum(r.get("cpu", 0.0) for r in recs)
         total += cpu
         print(f"{name:32s} {cpu:7.1f} {min(r['first'] for r in recs):9.1f} - {max(r['last'] for r in recs):5.1f}")
-    print(f"all: {total:.1f} CPU s of the {cores * wall:.1f} that {cores} cores give in {wall:.1f} s "
-          f"({total / (cores * wall):.0%})")
-    steps = [json.loads(line) for line in open(work / "demo" / "learner" / "metrics.jsonl")
-             if '"kind": "step"' in line or '"kind":"step"' in line]
-    if steps:
-        last = steps[-1]  # its time_s: seconds since the loop began; published_at: the wall clock then
-        loop_s = last["time_s"]
-        began = last["weights_published_at"] - loop_s - t0_wall
-        print(f"the learner's loop: {loop_s:.1f} s, from {began:.1f} s after the command started to "
-              f"{wall - began - loop_s:.1f} s before it ended; in it:")
+    every = reaped.ru_utime + reaped.ru_stime
+    print(f"all: {total:.1f} CPU s as /proc last saw them ({every:.1f} s by the kernel's count of every process "
+          f"the demo started, those too short-lived to be seen included), of the {cores * wall:.1f} that {cores} cores "
+          f"give in {wall:.1f} s ({every / (cores * wall):.0%})")
+    metrics = work / "demo" / "learner" / "metrics.jsonl"
+    steps = [json.loads(line) for line in open(metrics) if '"kind": "step"' in line] if metrics.exists() else []
+    if steps and steps[-1].get("weights_published_at"):
+        # time_s: seconds since the learner was made (its v0 and first evaluation included);
+        # weights_published_at: the wall clock when that step's version went out, a moment before
+        last = steps[-1]
+        run_s = last["time_s"]
+        began = last["weights_published_at"] - run_s - t0_wall
+        print(f"the learner's run: {run_s:.1f} s, from {began:.1f} s after the command started to "
+              f"{wall - began - run_s:.1f} s before it ended; in it:")
         for k, v in sorted(last["phase_s"].items(), key=lambda kv: -kv[1]):
             if v >= 0.05:
-                print(f"  {k:12s} {v:6.1f} s  {v / loop_s:4.0%}")
+                print(f"  {k:12s} {v:6.1f} s  {v / run_s:4.0%}")
     tail = (work / "demo.out").read_text().splitlines()
-    print(next((line for line in tail if "eval accuracy" in line), "no summary (see " + str(work / "demo.out") + ")"))
-    print(f"the run's files: {work}")
+    print(next((line for line in tail if "eval accuracy" in line), "no summary: the demo's output ends\n"
+               + "\n".join(tail[-20:])))
+    if args.keep:
+        print(f"the run's files: {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -40,8 +40,9 @@ def key_proto(key_type: int, data: bytes) -> bytes:
 
 
 def parse_key_proto(raw: bytes) -> tuple[int, bytes]:
-    """(key type, data) of a `key_proto` message; ValueError if it is not one (fields in any order,
-    the last of each kept, as protobuf reads them)."""
+    """(key type, data) of a `key_proto` message; ValueError if it is not one. Fields may come in any
+    order, the last of each kept, as protobuf reads them; unlike protobuf, a field of another wire
+    type (fixed 32 or 64 bits, a group) is refused rather than skipped: no key message has one."""
     fields: dict[int, int | bytes] = {}
     i = 0
     while i < len(raw):
@@ -63,6 +64,8 @@ def parse_key_proto(raw: bytes) -> tuple[int, bytes]:
 
 
 def _varint(n: int) -> bytes:
+    if n < 0:
+        raise ValueError(f"a varint of {n}: key types and lengths are never negative")
     out = bytearray()
     while True:
         byte, n = n & 0x7F, n >> 7

@@ -42,9 +42,9 @@ def run_sampler(cfg: JoinConfig, stop: threading.Event) -> None:
         if not cfg.model:  # no --model: the swarm's, from its learner (cli/roles/swarm_model.py)
             warming = _warm_imports()
             adopted = adopt_swarm_model(cfg, node, stop)
-            warming.join()  # (its imports done before ours start: never two threads importing one package)
-            if adopted is None:
+            if adopted is None:  # stopped: no need to wait for the imports (a daemon thread)
                 return
+            warming.join()  # (its imports done before the model's files are read: no two threads import transformers)
             cfg, folder = adopted.cfg, adopted.folder
             refuse_unfit(cfg, str(folder))  # the swarm's model must fit here too: said in one line if not
         tracker = LearnerTracker(node, cfg.follow, cfg.model)

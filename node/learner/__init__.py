@@ -18,19 +18,18 @@ Its other parts live where their concept does: the Auditor in node/audit/, Train
 node/training/, Publishing in node/weights/.
 """
 
-from node.learner.buffer import GroupBuffer, pick_groups
-from node.learner.config import DROP, LearnerConfig
-from node.learner.groups import BufferedGroup, GroupKind, Route, Verdict
+import importlib
 
-__all__ = ["DROP", "BufferedGroup", "GroupBuffer", "GroupKind", "Learner", "LearnerConfig", "Route", "Verdict",
-           "pick_groups"]
+_EXPORTS = {"GroupBuffer": "buffer", "pick_groups": "buffer", "DROP": "config", "LearnerConfig": "config",
+            "BufferedGroup": "groups", "GroupKind": "groups", "Route": "groups", "Verdict": "groups",
+            "Learner": "learner"}
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
-    # the composite imports its parts (node/audit, node/training, node/weights), and they import the
-    # learner's config and groups from here: the composite is loaded when first asked for
-    if name == "Learner":
-        from node.learner.learner import Learner
-
-        return Learner
+    # each part loaded when first asked for: the config imports node.algorithms, so torch (1.5 s), and
+    # the composite imports its parts (node/audit, node/training, node/weights), which import the
+    # learner's config and groups from here; a reader of phases.py alone (the demo's summary) needs none
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"node.learner.{_EXPORTS[name]}"), name)
     raise AttributeError(f"module 'node.learner' has no attribute {name!r}")

@@ -72,4 +72,4 @@ def test_the_demo_bench_says_where_a_run_went():
     # each node's CPU (the demo's own children, found through /proc), and the learner's loop by phase
     for node in ("learner", "sampler-0", "sampler-1", "bootstrap", "leaderboard"):
         assert re.search(rf"(?m)^{node}\s+\d+\.\d\s", printed), (node, printed[-3000:])
-    assert "the learner's loop:" in printed and re.search(r"(?m)^\s+train\s+\d+\.\d s", printed), printed[-3000:]
+    assert "the learner's run:" in printed and re.search(r"(?m)^\s+train\s+\d+\.\d s", printed), printed[-3000:]

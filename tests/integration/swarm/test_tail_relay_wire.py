@@ -101,25 +101,26 @@ def test_relays_that_lie_or_cannot_be_reached_are_refused_counted_and_the_learne
     assert asker.demoted[liar.peer_id] == 1 and asker.demoted[absent.peer_id] == 1  # (then benched: not asked for chunks)
 
 
-def _named_relay(learner: SwarmNode, relay: SwarmNode, chain: str) -> bytes:
-    """`relay` has itself named the tail's relay with a call of its own (its fetcher never sees the
-    tail, so its TailRelay does not hold it): the sealed tail the learner sent it."""
-    sealed = relay.call(learner.peer_id, MANIFEST, ManifestRequest(chain, 0, 0.0, relay=True).encode(), 30)
-    assert sealed and not TailNotice.is_notice(sealed)
-    return sealed
-
-
-def test_a_relay_asked_before_it_holds_the_tail_waits_for_it(swarm):
+def _relay_named_by_its_own_call(swarm, chain: str, seed: int):
+    """A learner naming one relay, the relay and an asker (proven mates of each other) holding v0, v1
+    published, and the relay named by a call of its own (its fetcher never sees the tail, so its
+    TailRelay does not hold it): (relay, asker, v1, the sealed tail the learner sent the relay)."""
     learner, node, fetcher = swarm
-    server, rng = WeightServer(learner, relays=1), random.Random(2)
+    server, rng = WeightServer(learner, relays=1), random.Random(seed)
     relay_node, asker_node = node("relay"), node("asker")
     mates = [relay_node.peer_id, asker_node.peer_id]
     learner.doors.set_proven(lambda peer: peer in mates)
     relay, asker = fetcher(relay_node, mates), fetcher(asker_node, mates)
-    _publish(server, "c3", 0, rng)
+    _publish(server, chain, 0, rng)
     assert relay.fetch("", -1) and asker.fetch("", -1)
-    v1 = _publish(server, "c3", 1, rng)
-    sealed = _named_relay(learner, relay_node, "c3")
+    v1 = _publish(server, chain, 1, rng)
+    sealed = relay_node.call(learner.peer_id, MANIFEST, ManifestRequest(chain, 0, 0.0, relay=True).encode(), 30)
+    assert sealed and not TailNotice.is_notice(sealed)
+    return relay, asker, v1, sealed
+
+
+def test_a_relay_asked_before_it_holds_the_tail_waits_for_it(swarm):
+    relay, asker, v1, sealed = _relay_named_by_its_own_call(swarm, "c3", 2)
     threading.Timer(0.5, relay.relay.keep, args=(sealed,)).start()  # the relay reads its copy late
     got = asker.fetch("c3", 0)
     assert got is not None and [w.blob for w in got] == [v1]
@@ -127,17 +128,8 @@ def test_a_relay_asked_before_it_holds_the_tail_waits_for_it(swarm):
 
 
 def test_a_named_relay_that_never_serves_the_tail_is_demoted_and_the_learner_serves_it(swarm):
-    learner, node, fetcher = swarm
-    server, rng = WeightServer(learner, relays=1), random.Random(3)
-    silent_node, asker_node = node("silent"), node("asker")
-    mates = [silent_node.peer_id, asker_node.peer_id]
-    learner.doors.set_proven(lambda peer: peer in mates)
-    silent, asker = fetcher(silent_node, mates), fetcher(asker_node, mates)
-    _publish(server, "c4", 0, rng)
-    assert silent.fetch("", -1) and asker.fetch("", -1)
-    v1 = _publish(server, "c4", 1, rng)
-    _named_relay(learner, silent_node, "c4")  # named, and never keeps it: it answers b"" after its wait
-    got = asker.fetch("c4", 0)
+    silent, asker, v1, _ = _relay_named_by_its_own_call(swarm, "c4", 3)  # it never keeps the tail:
+    got = asker.fetch("c4", 0)  # it answers b"" after its wait
     assert got is not None and [w.blob for w in got] == [v1]
     assert silent.relay.stats["not_held"] == 1 and asker.stats["tails_not_held"] == 1
-    assert asker.stats["tails_from_learner"] == 1 and asker.demoted[silent_node.peer_id] == 1
+    assert asker.stats["tails_from_learner"] == 1 and asker.demoted[silent.node.peer_id] == 1

@@ -38,15 +38,14 @@ def _start_swarm(base: Path, steps: int, n_samplers: int, nodes: list[NodeProces
     from swarm.identity import Identity
 
     logs = base / "logs"
-    # the coordinator names the learner its samplers may follow: make the learner's key first (and
-    # the samplers', for the summary's names, rather than waiting for their processes to)
+    # the coordinator names the learner its samplers may follow: make the learner's key first
     learner_id = Identity.load_or_create(base / "learner" / "identity.key").peer_id
     boot = start_node("bootstrap", ["bootstrap", "--port", "0", "--host", "127.0.0.1", "--no-nat",
                                     "--identity", str(base / "bootstrap.key"), "--addr-file", str(base / "bootstrap.addr"),
                                     "--trusted-learner", learner_id], logs)
     nodes.append(boot)
     names = {Identity.load_or_create(base / f"sampler-{i}" / "identity.key").peer_id: f"sampler-{i}"
-             for i in range(n_samplers)}  # (while the bootstrap starts)
+             for i in range(n_samplers)}  # the summary's names, made here while the bootstrap starts
     addr = wait_for_file(base / "bootstrap.addr", 90, boot).decode().split()[0]
     console.print("bootstrap peer ready; while the demo runs, list the swarm's peers with:")
     _command(console, f"hetero-node status --initial-peers {addr}")

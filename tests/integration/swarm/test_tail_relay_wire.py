@@ -6,6 +6,7 @@ the learner. (Which asker gets what, by hand: tests/unit/swarm/test_tail_relay.p
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 
@@ -133,3 +134,37 @@ def test_a_named_relay_that_never_serves_the_tail_is_demoted_and_the_learner_ser
     assert got is not None and [w.blob for w in got] == [v1]
     assert silent.relay.stats["not_held"] == 1 and asker.stats["tails_not_held"] == 1
     assert asker.stats["tails_from_learner"] == 1 and asker.demoted[silent.node.peer_id] == 1
+
+
+def test_a_relay_that_holds_the_request_is_hedged_to_the_next_one(swarm):
+    learner, node, fetcher = swarm
+    server, rng = WeightServer(learner, relays=2), random.Random(4)
+    staller, honest_node, asker_node = node("staller"), node("honest"), node("asker")
+    learner.doors.set_proven(lambda peer: True)
+
+    async def stall(payload: bytes, remote: str) -> bytes:  # holds every request, answers nothing
+        await asyncio.sleep(60)
+        return b""
+
+    staller.add_handler(TAIL, stall)
+    mates = [honest_node.peer_id, asker_node.peer_id]  # (the staller is no mate: it owns no chunk)
+    honest, asker = fetcher(honest_node, mates), fetcher(asker_node, mates)
+    _publish(server, "c5", 0, rng)
+    assert honest.fetch("", -1) and asker.fetch("", -1)
+    v1 = _publish(server, "c5", 1, rng)
+    # the asker tries the relays a notice names in an order of its own (`_relayed_tail`): they are
+    # named in the order that puts the staller first in it
+    swap = [0, 1]
+    random.Random(f"{asker_node.peer_id}/1").shuffle(swap)
+    for who in ("staller", "honest") if swap == [0, 1] else ("honest", "staller"):
+        if who == "staller":
+            ask = ManifestRequest("c5", 0, 0.0, relay=True).encode()
+            assert not TailNotice.is_notice(staller.call(learner.peer_id, MANIFEST, ask, 30))
+        else:
+            assert [w.blob for w in honest.fetch("c5", 0)] == [v1]
+    got = asker.fetch("c5", 0)
+    assert got is not None and [w.blob for w in got] == [v1]
+    # the tail came from the honest relay while the staller still held the request: asked one after
+    # the other, the staller's call would have timed out first (TailRelay.HOLD_S + hedge_s, counted)
+    assert asker.stats["tails_from_relays"] == 1 and honest.relay.stats["served"] == 1
+    assert asker.stats["tail_relay_failures"] == 0 and asker.stats["tails_from_learner"] == 0

@@ -157,10 +157,8 @@ class WeightServer:
             # minute-long steps
             self.stats["nothing_newer"] += 1
             return b""
-        if request is None:
-            reply = segment.for_asker(None)
-        else:
-            reply = segment.for_asker(after, remote, request.notice, request.relay, proven=not unknown)
+        reply = segment.for_asker(after, remote, request is not None and request.notice,
+                                  request is not None and request.relay, proven=not unknown)
         kind = "notices" if TailNotice.is_notice(reply) else "sealed"
         self.stats[kind] += 1
         self.stats[f"{kind}_bytes"] += len(reply)

@@ -12,6 +12,7 @@ at 4 MiB by hivemind, so callers keep messages under `MAX_MESSAGE`.
   budget.py    the inbound streams a peer and all peers may hold open (open-file limit)
   doors.py     every door's budget (`DOORS`): calls and bytes per peer and for all unproven keys, the tarpit
   calls.py     calling: unary, streamed and gated calls, routed to peers we have no route to yet
+  changes.py   `Changes`: wakes handlers in the loop when another thread changes what they wait for
 """
 
 from swarm.p2p.budget import StreamBudget, raise_nofile_limit

@@ -9,7 +9,6 @@ learner's upload need not grow with the number of samplers.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import logging
 import time
@@ -19,6 +18,7 @@ from typing import Container
 from swarm.buckets import worth_logging
 from swarm.identity import short_id
 from swarm.p2p import SwarmNode
+from swarm.p2p.changes import Changes
 from swarm.p2p.doors import Bound
 from swarm.p2p.handlers import BoundedStream
 from swarm.wire.tally import MAX_SEEDERS
@@ -123,11 +123,10 @@ class ChunkStore:
         keyframe (`WeightServer.publish`); None: no one is (a sampler's store)."""
         self._seeded: list[str] = []
         """The first MAX_SEEDERS peers served every chunk of `seed_version`, in that order."""
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._change: asyncio.Event | None = None
-        """Set (and replaced) in the node's loop whenever what this store holds changes (`_changed`):
-        it wakes the requests waiting for a chunk still coming. They had polled every 10 ms, ~100
-        wakes a second each, and a sampler holds dozens of them while a version spreads."""
+        self._changes = Changes()
+        """Notified whenever what this store holds changes: it wakes the requests waiting for a chunk
+        still coming. They had polled every 10 ms, ~100 wakes a second each, and a sampler holds
+        dozens of them while a version spreads. (The fetcher adds chunks in its pool's threads.)"""
         self._door = node.doors.open(CHUNKS)
         node.add_stream_handler(CHUNKS, BoundedStream(self._on_chunks, MAX_REQUEST_BYTES, self._on_broken_frame))
 
@@ -136,7 +135,7 @@ class ChunkStore:
             self.reset(chain)
         self.blobs[version] = blob
         self.partial.pop(version, None)
-        self._changed()
+        self._changes.notify()
         # one peer may take this version whole, and the pool NEWCOMERS_AT_ONCE such peers: a fresh
         # sampler has no mates yet, so its first fetch is the newest version whole, from here
         budget = self._door.budget
@@ -147,7 +146,7 @@ class ChunkStore:
     def reset(self, chain: str) -> None:
         self.chain, self.blobs, self.partial = chain, {}, {}
         self.seed_version, self._seeded = None, []
-        self._changed()
+        self._changes.notify()
 
     def seed_from(self, version: int) -> None:
         """Name as seeders, from now on, the first peers served `version` whole (a keyframe)."""
@@ -158,7 +157,7 @@ class ChunkStore:
         learner's segment, `Manifest.segment`)."""
         self.blobs = {v: b for v, b in self.blobs.items() if v in versions}
         self.partial = {v: p for v, p in self.partial.items() if v in versions}
-        self._changed()
+        self._changes.notify()
 
     def verified(self, chain: str, version: int) -> dict[int, bytes | memoryview]:
         """The chunks of `version` verified so far (by an earlier try, too): a download resumes."""
@@ -168,48 +167,16 @@ class ChunkStore:
         if chain != self.chain:
             self.reset(chain)
         self.partial.setdefault(version, {})
-        self._changed()
+        self._changes.notify()
 
     def add_chunk(self, chain: str, version: int, index: int, chunk: bytes | memoryview) -> None:
         if chain == self.chain and version in self.partial:
             self.partial[version][index] = chunk
-            self._changed()
+            self._changes.notify()
 
     def abandon(self, version: int) -> None:
         self.partial.pop(version, None)
-        self._changed()
-
-    def _changed(self) -> None:
-        """Wake the requests waiting for a chunk (from any thread: the fetcher adds chunks in its
-        pool's). The change itself is made before this is called, so a request that looked it up
-        too early is woken after it, and looks again."""
-        loop = self._loop
-        if loop is not None and loop.is_running():  # (a stopped loop: the node is shutting down, nobody waits)
-            try:
-                loop.call_soon_threadsafe(self._wake)
-            except RuntimeError:  # closed meanwhile
-                pass
-
-    def _wake(self) -> None:  # in the node's loop
-        if self._change is not None:
-            self._change.set()
-            self._change = asyncio.Event()
-
-    async def _next_change(self, timeout: float) -> bool:
-        """Until what this store holds next changes, at most `timeout` s (in the node's loop): False
-        if the time ran out first."""
-        loop = asyncio.get_running_loop()
-        if self._change is None or self._loop is not loop:
-            # the first wait in this loop: a change made since the caller looked woke no one (no
-            # loop was known), so it looks again now; from here on every change wakes it
-            self._loop, self._change = loop, asyncio.Event()
-            return True
-        try:  # (asyncio.timeout, not wait_for: no task per wait, and 3.11's wait_for may swallow a cancel)
-            async with asyncio.timeout(timeout):
-                await self._change.wait()
-            return True
-        except TimeoutError:
-            return False
+        self._changes.notify()
 
     @property
     def malformed(self) -> int:
@@ -293,7 +260,7 @@ class ChunkStore:
                 chunk = self._lookup(chain, version, index)
                 # a download in progress here, or about to start: wait for the chunk briefly
                 while chunk is None and self._coming(chain, version) and (left := deadline - time.monotonic()) > 0:
-                    await self._next_change(left)
+                    await self._changes.wait(left)
                     chunk = self._lookup(chain, version, index)
                 if chunk and not self._may_serve(remote, chain, version, index, len(chunk)):
                     return  # past its bytes or repeats: so would the rest be

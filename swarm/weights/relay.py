@@ -8,15 +8,16 @@ fetcher also opens its seal (swarm/weights/fetcher.py `_relayed_tail`)."""
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import logging
 import threading
+import time
 from typing import Callable
 
 from swarm.buckets import worth_logging
 from swarm.identity import short_id
 from swarm.p2p import SwarmNode
+from swarm.p2p.changes import Changes
 from swarm.wire.manifest import TAIL, TailRequest, tail_digest
 
 log = logging.getLogger(__name__)
@@ -39,9 +40,8 @@ class TailRelay:
         that read the relays' ids from notices and empty the pool leave the mates' asks alone."""
         self._tails: collections.OrderedDict[bytes, bytes] = collections.OrderedDict()
         self._lock = threading.Lock()  # kept by the fetcher's thread, served in the node's loop
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._kept: asyncio.Event | None = None
-        """Set (and replaced) in the node's loop when a tail is kept: wakes the requests waiting for one."""
+        self._kept = Changes()
+        """Notified when a tail is kept: wakes the requests waiting for one."""
         self.stats: collections.Counter[str] = collections.Counter()
         """tails `served` (of them `served_after_wait`), asked but `not_held`, `malformed` requests,
         calls past the door (`busy`)."""
@@ -54,17 +54,7 @@ class TailRelay:
             self._tails[tail_digest(sealed)] = sealed
             while len(self._tails) > self.KEEP:
                 self._tails.popitem(last=False)
-        loop = self._loop
-        if loop is not None and loop.is_running():
-            try:
-                loop.call_soon_threadsafe(self._wake)
-            except RuntimeError:  # closed meanwhile: the node is shutting down, nobody waits
-                pass
-
-    def _wake(self) -> None:  # in the node's loop
-        if self._kept is not None:
-            self._kept.set()
-            self._kept = asyncio.Event()
+        self._kept.notify()
 
     def _held(self, digest: bytes) -> bytes | None:
         with self._lock:
@@ -72,14 +62,11 @@ class TailRelay:
 
     async def _wait_for(self, digest: bytes) -> bytes | None:
         """The tail `digest` names, once kept, within HOLD_S."""
-        if self._kept is None:
-            self._loop, self._kept = asyncio.get_running_loop(), asyncio.Event()
-        try:
-            async with asyncio.timeout(self.HOLD_S):
-                while (sealed := self._held(digest)) is None:
-                    await self._kept.wait()
-        except TimeoutError:
-            return None
+        deadline = time.monotonic() + self.HOLD_S
+        while (sealed := self._held(digest)) is None:
+            if (left := deadline - time.monotonic()) <= 0:
+                return None
+            await self._kept.wait(left)
         return sealed
 
     async def _on_tail(self, payload: bytes, remote: str) -> bytes:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import dataclasses
 import logging
@@ -11,6 +10,7 @@ import time
 from swarm.exchange import WeightVersion
 from swarm.identity import Identity, short_id
 from swarm.p2p import SwarmNode
+from swarm.p2p.changes import Changes
 from swarm.wire.chunks import CHUNK_SIZE, MAX_REQUEST_WAIT
 from swarm.weights.chunks import ChunkStore
 from swarm.wire.manifest import MANIFEST, Manifest, ManifestRequest, TailNotice, VersionEntry, tail_digest
@@ -108,9 +108,8 @@ class WeightServer:
         self._segment: Segment | None = None
         """The segment as last published and its sealed manifests (replaced whole at each publication,
         read once per request: the learner's thread publishes, the node's loop serves)."""
-        self._published: asyncio.Event | None = None
-        """Set (and replaced) in the node's loop when a version is published: wakes the long polls."""
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._published = Changes()
+        """Notified when a version is published (in the learner's thread): wakes the long polls."""
         self._waiting: set[str] = set()
         self._waiting_unknown = 0
         """Of them, the long polls of keys the node does not know."""
@@ -133,18 +132,14 @@ class WeightServer:
         after = (request.chain, request.version) if request is not None else None
         wait = min(max(float(request.wait), 0.0), MAX_REQUEST_WAIT) if request is not None else 0.0
         unknown = not self.node.doors.is_proven(remote)
-        newest = self._segment.newest if self._segment is not None else None
-        if wait > 0 and after == newest and self._may_wait(remote, unknown):
-            if self._published is None:
-                self._loop, self._published = asyncio.get_running_loop(), asyncio.Event()
-            published = self._published
+        if wait > 0 and after == self._newest() and self._may_wait(remote, unknown):
             self._waiting.add(remote)
             self._waiting_unknown += unknown
             self.stats["long_polls"] += 1
+            deadline = time.monotonic() + wait
             try:
-                await asyncio.wait_for(published.wait(), wait)
-            except asyncio.TimeoutError:
-                pass
+                while self._newest() == after and (left := deadline - time.monotonic()) > 0:
+                    await self._published.wait(left)
             finally:
                 self._waiting.discard(remote)
                 self._waiting_unknown -= unknown
@@ -183,10 +178,8 @@ class WeightServer:
             log.info("malformed manifest request from %s (%s); answered at once", short_id(remote), e)
             return None
 
-    def _wake(self) -> None:  # in the node's loop
-        if self._published is not None:
-            self._published.set()
-            self._published = asyncio.Event()
+    def _newest(self) -> tuple[str, int] | None:
+        return self._segment.newest if self._segment is not None else None
 
     def publish(self, wv: WeightVersion) -> None:
         if wv.base is None:  # a keyframe starts a new chain segment; the last one is still served
@@ -200,8 +193,4 @@ class WeightServer:
         first = self._entries[0].version
         manifest = Manifest(wv.model_id, wv.chain, CHUNK_SIZE, tuple(self._entries), self.node.peer_id, time.time(), first)
         self._segment = Segment(manifest, self.node.identity, self.relays)
-        if self._loop is not None:  # publish runs in the learner's thread; the waiters in the node's loop
-            try:
-                self._loop.call_soon_threadsafe(self._wake)
-            except RuntimeError:  # the node's loop is closed: it is shutting down, nobody waits
-                pass
+        self._published.notify()

@@ -131,7 +131,7 @@ def test_a_request_waiting_for_a_chunk_is_woken_by_the_change_not_a_poll(change)
     # fetcher's thread as in a sampler (a poll: ~20 lookups in the 0.2 s)
     store, node, _ = _store()
     store.begin("c", 3)
-    lookups, lookup, woken, next_change = [], store._lookup, [], store._next_change
+    lookups, lookup, woken, next_change = [], store._lookup, [], store._changes.wait
     store._lookup = lambda *a: lookups.append(a) or lookup(*a)
 
     # woken: returned well before its time ran out. (An event set from another thread, not through the
@@ -141,7 +141,7 @@ def test_a_request_waiting_for_a_chunk_is_woken_by_the_change_not_a_poll(change)
         woke = await next_change(timeout)
         woken.append(woke and time.monotonic() - start < timeout / 2)
         return woke
-    store._next_change = waits
+    store._changes.wait = waits
 
     def later() -> None:
         time.sleep(0.2)

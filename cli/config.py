@@ -43,6 +43,11 @@ class SimSamplerSpec:
     dtype: str = "float32"
     """The precision their engine computes in: "bfloat16" is a GPU volunteer's sampler (behaviour
     log-probs from another precision than the learner's)."""
+    matmul: str = "float32"
+    """How a bfloat16 or float16 engine on a CPU multiplies: "float32" (each linear layer's product
+    in float32, rounded once to the dtype: a GPU's bf16 GEMM accumulates in float32 too) or "native"
+    (torch's CPU kernel for the dtype, 3.3x slower to generate with on a CPU without AVX512-BF16;
+    `cli.simulate.Float32Linear` says how the two differ). On a GPU, always the native kernel."""
     logit_error: float = 0.0
     """Standard deviation (logits) of Gaussian noise added to every logit their engine computes, at
     every position: an emulated engine error. A small model in bfloat16 errs far less than a large
@@ -58,6 +63,8 @@ class SimSamplerSpec:
             raise ValueError(f"samplers: logit_error {self.logit_error} is not in [0, 10) logits")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"samplers: dtype {self.dtype!r} is not float32, bfloat16 or float16")
+        if self.matmul not in ("float32", "native"):
+            raise ValueError(f"samplers: matmul {self.matmul!r} is not float32 or native")
 
 
 @dataclass(kw_only=True)

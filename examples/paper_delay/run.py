@@ -154,7 +154,7 @@ def build_config(loss: str, delay: int, seed: int, args: argparse.Namespace, met
         sampling=SamplingConfig(group_size=args.group_size, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, max_new_tokens=args.max_new_tokens),
         learner=learner, samplers=(SimSamplerSpec(name="sampler", count=args.samplers, weight_delay=weights,
-                                                  rollout_delay=rollouts, dtype=args.sampler_dtype,
+                                                  rollout_delay=rollouts, dtype=args.sampler_dtype, matmul=args.sampler_matmul,
                                                   logit_error=args.sampler_logit_error),),
         steps=args.steps, seconds_per_step=sps, max_delay_steps=delay, seed=seed, threads=args.threads,
         device=args.device, metrics_path=metrics_path)
@@ -214,6 +214,14 @@ SETTINGS = ("steps", "task", "model", "lr", "groups", "group_size", "max_new_tok
 OLDER_SETTINGS = {"sampler_dtype": "float32", "temperature": 1.0, "top_p": 1.0, "top_k": 0, "lag": False,
                   "behaviour_logprobs": "sampler", "sampler_logit_error": 0.0, "rollout_is_cap": 0.0, "evals": "all"}
 """What grids run before a setting existed ran with."""
+
+
+KERNELS = ("sampler_matmul",)
+"""What a run records of how its numbers were computed, not of what it ran: a resumed grid mixes
+them, as it mixes machines (whose CPUs' kernels differ too). A bf16 sampler's linear layers in
+float32 rounded once agree with torch's bf16 CPU kernel on all but 2e-5 of a forward's linear
+outputs, by one bf16 step (examples/bench_sim_bf16.py); runs before 2026-11-30 used that kernel
+and record no "kernels" (`native`)."""
 
 
 def settings(args: argparse.Namespace) -> dict:
@@ -300,7 +308,8 @@ def run_one(job: tuple[str, int, int, dict]) -> str:
     if first := first_eval(args, delay):
         evaluate_from(sim.learner, first)
     history = sim.run()
-    summary = {"loss": loss, "delay": delay, "seed": seed, "settings": settings(args), "wall_s": round(time.time() - t, 1),
+    summary = {"loss": loss, "delay": delay, "seed": seed, "settings": settings(args),
+               "kernels": {k: getattr(args, k) for k in KERNELS}, "wall_s": round(time.time() - t, 1),
                **summarise(history, grid_start(out, args.evals))}
     write_atomically(out / f"{name}.summary.json", summary)
     return (f"{name:24s} eval {summary['start']:.3f} -> best {summary['best']:.3f}, last {summary['last']:.3f}, "
@@ -584,6 +593,10 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="where the samplers' engines and the learner run (cuda on a GPU)")
     ap.add_argument("--sampler-dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                     help="the samplers' engine precision (bfloat16: a GPU volunteer's; the learner stays float32)")
+    ap.add_argument("--sampler-matmul", default="float32", choices=["float32", "native"],
+                    help="with --sampler-dtype bfloat16/float16 on a CPU: each linear layer multiplies in float32 and "
+                         "rounds once (as a GPU's bf16 GEMM) or with torch's kernel for the dtype, 3.3x slower "
+                         "(cli.config.SimSamplerSpec.matmul; recorded in each summary, not a setting: see KERNELS)")
     ap.add_argument("--sampler-logit-error", type=float, default=0.0,
                     help="std (logits) of Gaussian noise the samplers' engines add to every logit: a larger model's "
                          "low-precision error on this one (cli.config.SimSamplerSpec.logit_error)")

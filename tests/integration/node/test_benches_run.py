@@ -23,6 +23,7 @@ BENCHES = {
     "logprob_gap": (["bench_logprob_gap.py", "--steps", "3", "--prompts", "4"], r"a liar claiming"),
     "losses": (["bench_losses.py", "--reps", "2"], r"(?m)^grpo\s+\d"),
     "picker": (["bench_picker.py", "--batch", "4", "--vocab", "1024", "--steps", "2"], r"(?m)^\s+4\s+1024\s"),
+    "sim_bf16": (["bench_sim_bf16.py", "--batches", "1", "--prompts", "2"], r"linear outputs that differ: \d+ of \d+"),
     "weights": (["bench_weights.py", "--shape", "wide-vocab-tiny", "--algos", "grpo", "--steps", "2", "--groups", "2",
                  "--group-size", "2", "--prompt-len", "8", "--completion-len", "8"], r"mean: patch 1/"),
 }

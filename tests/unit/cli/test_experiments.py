@@ -97,7 +97,7 @@ def _args(**kw) -> Namespace:
     base = dict(lr=3e-5, groups=8, eval_every=20, eval_size=200, model="builtin:tiny-chain", task="chain",
                 group_size=8, max_new_tokens=128, samplers=2, steps=60, threads=1, device="cpu", sampler_dtype="float32",
                 temperature=1.0, top_p=1.0, top_k=0, lag=False, behaviour_logprobs="sampler", rollout_is_cap=0.0,
-                sampler_logit_error=0.0, evals="all")
+                sampler_logit_error=0.0, sampler_matmul="float32", evals="all")
     return Namespace(**{**base, **kw})
 
 

@@ -204,3 +204,45 @@ def test_a_group_refused_as_a_duplicate_is_made_again_so_the_learner_steps_every
     assert steps[-1]["drops"] == {"duplicate_content": 1}
     assert [r["version"] for r in steps] == [1, 2, 3, 4]
     assert [r["staleness_mean"] for r in steps] == [0.0] * 4
+
+
+def test_a_bf16_linear_in_float32_is_the_exact_product_rounded_once_and_follows_its_loaded_weights():
+    import torch
+
+    from cli.simulate import Float32Linear
+
+    torch.manual_seed(0)
+    k = 384  # the built-in model's widest input (its MLP's down projection)
+    plain = torch.nn.Linear(k, 64).to(torch.bfloat16)
+    layer = Float32Linear(plain)
+    x = torch.randn(32, k).to(torch.bfloat16)
+
+    def check(w: torch.Tensor, b: torch.Tensor) -> None:
+        out = layer(x)
+        assert out.dtype == torch.bfloat16
+        exact = x.double() @ w.double().T + b.double()
+        # float32 sums of k products are off the exact sum by at most k * 2^-24 * sum |x w| (the
+        # standard bound gamma_k); one rounding to bf16 adds at most half its step, 2^-8 relative
+        err32 = k * 2.0 ** -24 * ((x.double().abs() @ w.double().abs().T) + b.double().abs())
+        assert bool(((out.double() - exact).abs() <= 2.0 ** -8 * exact.abs() + err32).all())
+
+    check(plain.weight, plain.bias)
+    # new weights loaded in place (as an engine's load_weights does) reach the next product
+    new = {"weight": torch.randn(64, k).to(torch.bfloat16), "bias": torch.randn(64).to(torch.bfloat16)}
+    layer.load_state_dict(new, strict=True)
+    check(new["weight"], new["bias"])
+
+
+def test_only_a_cpu_samplers_reduced_precision_linears_multiply_in_float32():
+    from cli.simulate import Float32Linear
+
+    def swapped(spec: SimSamplerSpec) -> int:
+        sim = Simulator(replace(small(0, steps=1), samplers=(spec,)))
+        net = sim.samplers[0][0].engine.model
+        return sum(isinstance(m, Float32Linear) for m in net.modules())
+
+    assert swapped(SimSamplerSpec(dtype="bfloat16")) == 29  # 4 layers of 7, and the head
+    assert swapped(SimSamplerSpec(dtype="bfloat16", matmul="native")) == 0
+    assert swapped(SimSamplerSpec(dtype="float32")) == 0
+    with pytest.raises(ValueError, match="matmul"):
+        SimSamplerSpec(matmul="fast")

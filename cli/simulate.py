@@ -62,16 +62,19 @@ class Float32Linear(torch.nn.Module):
     runs spent 54% of their time in that kernel. The two agree on all but 2e-5 of a forward's
     linear outputs, by one bf16 step (their float32 sums run in another order). The weight stays
     the module's own parameter (loaded as before); its float32 copy is remade whenever the
-    parameter changes (its version counter).
+    parameter changes (its version counter). Not an `nn.Linear` (no `in_features`): for a sampler's
+    engine only, not a model a learner trains or scores with.
     """
 
     def __init__(self, linear: torch.nn.Linear) -> None:
         super().__init__()
         self.weight, self.bias = linear.weight, linear.bias
-        self._copy: tuple[int, torch.Tensor, torch.Tensor | None] | None = None
+        self._copy: tuple[tuple, torch.Tensor, torch.Tensor | None] | None = None
 
     def _float32(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        seen = self.weight._version + (self.bias._version if self.bias is not None else 0)
+        # which tensors, and how often each was changed in place (load_state_dict copies into them);
+        # a write through `.data` bumps no counter, and nothing here makes one
+        seen = tuple((t.data_ptr(), t._version) for t in (self.weight, self.bias) if t is not None)
         if self._copy is None or self._copy[0] != seen:
             self._copy = (seen, self.weight.detach().float(),
                           None if self.bias is None else self.bias.detach().float())
@@ -135,6 +138,9 @@ class Simulator:
                                chain=f"sim-seed-{cfg.seed}",  # sampling randomness hangs off the chain
                                keep_records=None)  # a finite run: its history is its result
         self._on_record: Callable[[dict], None] | None = None
+        self.sampler_matmul = "native"
+        """How the samplers' reduced-precision layers multiplied: "float32" if any sampler's were
+        swapped for `Float32Linear` (SimSamplerSpec.matmul on a CPU), else "native"."""
         self.samplers: list[tuple[Sampler, object, float]] = []
         for spec in cfg.samplers:
             for i in range(spec.count):
@@ -147,6 +153,7 @@ class Simulator:
         net = load_model(model, device=self.place.device).to(getattr(torch, spec.dtype))
         if spec.dtype != "float32" and spec.matmul == "float32" and self.place.device.type == "cpu":
             float32_matmuls(net)
+            self.sampler_matmul = "float32"
         if spec.logit_error:
             add_logit_error(net, spec.logit_error, seed=zlib.crc32(f"{self.cfg.seed}/{peer}".encode()))
         engine = HFEngine(net, tok, model)

@@ -216,14 +216,6 @@ OLDER_SETTINGS = {"sampler_dtype": "float32", "temperature": 1.0, "top_p": 1.0, 
 """What grids run before a setting existed ran with."""
 
 
-KERNELS = ("sampler_matmul",)
-"""What a run records of how its numbers were computed, not of what it ran: a resumed grid mixes
-them, as it mixes machines (whose CPUs' kernels differ too). A bf16 sampler's linear layers in
-float32 rounded once agree with torch's bf16 CPU kernel on all but 2e-5 of a forward's linear
-outputs, by one bf16 step (examples/bench_sim_bf16.py); runs before 2026-11-30 used that kernel
-and record no "kernels" (`native`)."""
-
-
 def settings(args: argparse.Namespace) -> dict:
     """What a run depends on besides its cell (loss, delay, seed): a resumed grid must not mix them."""
     return {k: getattr(args, k) for k in SETTINGS}
@@ -308,8 +300,13 @@ def run_one(job: tuple[str, int, int, dict]) -> str:
     if first := first_eval(args, delay):
         evaluate_from(sim.learner, first)
     history = sim.run()
+    # `kernels`: how its numbers were computed, not what it ran, so not one of the `settings` a
+    # resumed grid must not mix (it mixes machines, whose CPUs' kernels differ too). A bf16 sampler's
+    # linear layers in float32 rounded once agree with torch's bf16 CPU kernel on all but 2e-5 of a
+    # forward's outputs, by one bf16 step (examples/bench_sim_bf16.py); runs before 2026-11-30 ran
+    # that kernel and record no `kernels` ("native")
     summary = {"loss": loss, "delay": delay, "seed": seed, "settings": settings(args),
-               "kernels": {k: getattr(args, k) for k in KERNELS}, "wall_s": round(time.time() - t, 1),
+               "kernels": {"sampler_matmul": sim.sampler_matmul}, "wall_s": round(time.time() - t, 1),
                **summarise(history, grid_start(out, args.evals))}
     write_atomically(out / f"{name}.summary.json", summary)
     return (f"{name:24s} eval {summary['start']:.3f} -> best {summary['best']:.3f}, last {summary['last']:.3f}, "
@@ -596,7 +593,7 @@ def main() -> None:
     ap.add_argument("--sampler-matmul", default="float32", choices=["float32", "native"],
                     help="with --sampler-dtype bfloat16/float16 on a CPU: each linear layer multiplies in float32 and "
                          "rounds once (as a GPU's bf16 GEMM) or with torch's kernel for the dtype, 3.3x slower "
-                         "(cli.config.SimSamplerSpec.matmul; recorded in each summary, not a setting: see KERNELS)")
+                         "(cli.config.SimSamplerSpec.matmul; each summary's `kernels` records what ran, not a setting: see run_one)")
     ap.add_argument("--sampler-logit-error", type=float, default=0.0,
                     help="std (logits) of Gaussian noise the samplers' engines add to every logit: a larger model's "
                          "low-precision error on this one (cli.config.SimSamplerSpec.logit_error)")

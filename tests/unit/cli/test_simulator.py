@@ -231,18 +231,21 @@ def test_a_bf16_linear_in_float32_is_the_exact_product_rounded_once_and_follows_
     new = {"weight": torch.randn(64, k).to(torch.bfloat16), "bias": torch.randn(64).to(torch.bfloat16)}
     layer.load_state_dict(new, strict=True)
     check(new["weight"], new["bias"])
+    # and so do parameters replaced whole (a new tensor, its version counter maybe the same)
+    layer.weight = torch.nn.Parameter(torch.randn(64, k).to(torch.bfloat16))
+    check(layer.weight, new["bias"])
 
 
 def test_only_a_cpu_samplers_reduced_precision_linears_multiply_in_float32():
     from cli.simulate import Float32Linear
 
-    def swapped(spec: SimSamplerSpec) -> int:
+    def swapped(spec: SimSamplerSpec) -> tuple[int, str]:
         sim = Simulator(replace(small(0, steps=1), samplers=(spec,)))
         net = sim.samplers[0][0].engine.model
-        return sum(isinstance(m, Float32Linear) for m in net.modules())
+        return sum(isinstance(m, Float32Linear) for m in net.modules()), sim.sampler_matmul
 
-    assert swapped(SimSamplerSpec(dtype="bfloat16")) == 29  # 4 layers of 7, and the head
-    assert swapped(SimSamplerSpec(dtype="bfloat16", matmul="native")) == 0
-    assert swapped(SimSamplerSpec(dtype="float32")) == 0
+    assert swapped(SimSamplerSpec(dtype="bfloat16")) == (29, "float32")  # 4 layers of 7, and the head
+    assert swapped(SimSamplerSpec(dtype="bfloat16", matmul="native")) == (0, "native")
+    assert swapped(SimSamplerSpec(dtype="float32")) == (0, "native")
     with pytest.raises(ValueError, match="matmul"):
         SimSamplerSpec(matmul="fast")

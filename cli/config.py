@@ -46,7 +46,7 @@ class SimSamplerSpec:
     matmul: str = "float32"
     """How a bfloat16 or float16 engine on a CPU multiplies: "float32" (each linear layer's product
     in float32, rounded once to the dtype: a GPU's bf16 GEMM accumulates in float32 too) or "native"
-    (torch's CPU kernel for the dtype, 3.3x slower to generate with on a CPU without AVX512-BF16;
+    (torch's CPU kernel for the dtype, 3.2x slower to generate with on a CPU without AVX512-BF16;
     `cli.simulate.Float32Linear` says how the two differ). On a GPU, always the native kernel."""
     logit_error: float = 0.0
     """Standard deviation (logits) of Gaussian noise added to every logit their engine computes, at

@@ -592,7 +592,7 @@ def main() -> None:
                     help="the samplers' engine precision (bfloat16: a GPU volunteer's; the learner stays float32)")
     ap.add_argument("--sampler-matmul", default="float32", choices=["float32", "native"],
                     help="with --sampler-dtype bfloat16/float16 on a CPU: each linear layer multiplies in float32 and "
-                         "rounds once (as a GPU's bf16 GEMM) or with torch's kernel for the dtype, 3.3x slower "
+                         "rounds once (as a GPU's bf16 GEMM) or with torch's kernel for the dtype, 3.2x slower "
                          "(cli.config.SimSamplerSpec.matmul; each summary's `kernels` records what ran, not a setting: see run_one)")
     ap.add_argument("--sampler-logit-error", type=float, default=0.0,
                     help="std (logits) of Gaussian noise the samplers' engines add to every logit: a larger model's "

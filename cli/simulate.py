@@ -60,7 +60,7 @@ class Float32Linear(torch.nn.Module):
     Why: torch's bf16 kernel on a CPU without AVX512-BF16 is slow: a bf16 sampler of the built-in
     model generated a batch 3.2x faster this way (`examples/bench_sim_bf16.py`), and the bf16 grids'
     runs spent 54% of their time in that kernel. The two agree on all but 2e-5 of a forward's
-    linear outputs, by one bf16 step (their float32 sums run in another order). The weight stays
+    linear outputs, by one bf16 step (presumably their float32 sums run in another order). The weight stays
     the module's own parameter (loaded as before); its float32 copy is remade whenever the
     parameter changes (its version counter). Not an `nn.Linear` (no `in_features`): for a sampler's
     engine only, not a model a learner trains or scores with.

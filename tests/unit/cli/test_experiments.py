@@ -223,6 +223,7 @@ class _Learner:
 class _Simulator:
     def __init__(self, cfg) -> None:
         self.cfg, self.learner, self.metrics = cfg, _Learner(), Namespace(close=lambda: None)
+        self.sampler_matmul = "native"  # (what a summary's `kernels` records)
 
     def run(self) -> list[dict]:
         learner, every = self.learner, self.cfg.learner.eval_every
@@ -248,6 +249,7 @@ def test_a_burn_in_grid_evaluates_step0_once_and_each_run_from_its_burn_in(tmp_p
     run_one(("grpo", 32, 0, args))  # B = max(ceil(100 / 5), 32) = 32: evaluations at 40, 60, 80, 100
     s = json.loads((tmp_path / "grpo_d32_s0.summary.json").read_text())
     assert [v for v, _ in s["evals"]] == [40, 60, 80, 100] and s["start"] == 0.5 and s["last"] == 0.6
+    assert s["kernels"] == {"sampler_matmul": "native"}  # the simulator's own record, not the flag
     # the protocol reads it: primary over steps >= 32 (all four), secondary the last three
     assert metrics(s) == (pytest.approx((0.54 + 0.56 + 0.58 + 0.6) / 4), pytest.approx((0.56 + 0.58 + 0.6) / 3))
     run_one(("grpo", 0, 0, {**args, "evals": "all"}))  # every evaluation, as before

@@ -300,11 +300,9 @@ def run_one(job: tuple[str, int, int, dict]) -> str:
     if first := first_eval(args, delay):
         evaluate_from(sim.learner, first)
     history = sim.run()
-    # `kernels`: how its numbers were computed, not what it ran, so not one of the `settings` a
-    # resumed grid must not mix (it mixes machines, whose CPUs' kernels differ too). A bf16 sampler's
-    # linear layers in float32 rounded once agree with torch's bf16 CPU kernel on all but 2e-5 of a
-    # forward's outputs, by one bf16 step (examples/bench_sim_bf16.py); runs before 2026-11-30 ran
-    # that kernel and record no `kernels` ("native")
+    # `kernels`: how its numbers were computed (cli.simulate.Float32Linear says how close), not what
+    # it ran, so not one of the `settings` a resumed grid must not mix: it mixes machines, whose
+    # kernels differ too. Runs before 2026-11-30 record none: they ran torch's ("native")
     summary = {"loss": loss, "delay": delay, "seed": seed, "settings": settings(args),
                "kernels": {"sampler_matmul": sim.sampler_matmul}, "wall_s": round(time.time() - t, 1),
                **summarise(history, grid_start(out, args.evals))}

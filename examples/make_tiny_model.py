@@ -4,6 +4,7 @@ training on the arithmetic task until it has a *partial* skill, so RL has room t
     python examples/make_tiny_model.py                       # node/assets/tiny-arith
     python examples/make_tiny_model.py --name tiny-arith-b --hidden 96 --layers 3 --seed 1
     python examples/make_tiny_model.py --task chain --name tiny-chain   # long scratchpad completions
+    python examples/make_tiny_model.py --task chain-long --name tiny-chain-long --hidden 160 --layers 3   # longer
 
 It trains from scratch on the train split (completion tokens only: the answer, or for the chain
 task the worked scratchpad, node/tasks/chain.py), measures greedy eval
@@ -37,7 +38,10 @@ TASKS = {  # --task -> (the task, the completion it is taught, tokens an eval ma
                    "multiplication)"),
     "chain": (lambda: ChainTask(ChainConfig()), ChainTask.worked, 128,
               "the chain task (`ChainConfig()`: sums of 4-8 two-digit numbers worked out on a scratchpad, "
-              "completions of 36-80 characters)"),
+              "completions of 30-80 characters)"),
+    "chain-long": (lambda: ChainTask(ChainConfig(min_terms=8, max_terms=12)), ChainTask.worked, 192,
+                   "the chain task at longer completions (`ChainConfig(min_terms=8, max_terms=12)`: sums of 8-12 "
+                   "two-digit numbers worked out on a scratchpad, completions of 72-124 characters)"),
 }
 
 

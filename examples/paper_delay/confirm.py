@@ -1,22 +1,27 @@
-"""Issue 61's confirmation (docs/RESULTS.md, Protocol, "The cut", 2): the verdict on the screen's pick.
+"""Issue 61's confirmation and its replication (docs/RESULTS.md, Protocol, "The cut", 2 and 4): the
+verdict on the screen's pick, then the same on a second model and task.
 
-    python examples/paper_delay/confirm.py    # reads docs/results/confirm_bf16, writes docs/results/protocol/confirm.md
+    python examples/paper_delay/confirm.py    # writes docs/results/protocol/confirm.md and replicate.md
 
-What it reads, each as soon as the runs it needs are in (a part of the grid is enough for the first):
+What each reads, each as soon as the runs it needs are in (a part of the grid is enough for the first):
 
-1. **Run length.** The late gain (protocol.late_gain) of GRPO's online cell's seed-mean curve, seeds
-   100-104: 3 points or more, and T doubles before any other cell runs.
-2. **Seeds.** Once every cell has 10 seeds, the primary metric's SD pooled within the six cells:
-   the seeds a cell needs for non-inferiority at 3 points at that SD, never fewer than 13.
+1. **Run length.** The late gain (protocol.late_gain) of GRPO's online cell's seed-mean curve over
+   the study's first five seeds at T = 300: 3 points or more, and T doubles before any other cell runs.
+2. **Seeds.** Once every cell has the study's `sd_after` seeds, the primary metric's SD pooled within
+   the six cells: the seeds a cell needs for non-inferiority at 3 points at that SD, never fewer than
+   the study declared.
 3. **The verdict**, once every cell has them: the pick minus GRPO per regime (Welch, 95%); Holm
    over the two superiority tests (lag 32, lag 128) at familywise 0.05; the pick wins if one holds
    and it is non-inferior (3 points, one-sided 2.5%) in each of the other regimes.
+
+The replication runs only once the confirmation names the pick the winner.
 """
 
 from __future__ import annotations
 
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -25,21 +30,41 @@ from examples.paper_delay.protocol import Curve, holm, late_gain, non_inferior, 
 from examples.paper_delay.reread import ALPHA, MARGIN, POWER, REF, RESULTS, metrics, write  # noqa: E402
 from examples.paper_delay.run import load  # noqa: E402
 
-FOLDER = "confirm_bf16"
-"""The 300-step runs, GRPO's online cell first (it decides the run length)."""
-DOUBLED = "confirm_bf16_t600"
-"""The confirmation's runs if the run length doubles (a folder of their own: run.py skips a cell whose
-summary exists, and a 300-step run is not a 600-step one)."""
 PICK = "gepo-lenclip"
 """The screen's pick (docs/results/protocol/screen.md)."""
 LAGS = (0, 32, 128)
 FAMILY = (32, 128)
 """The regimes whose superiority tests form the family (Holm)."""
-SEEDS = tuple(range(100, 113))
-FIRST = (100, 101, 102, 103, 104)
-"""GRPO's online seeds that decide the run length."""
-SD_AFTER = 10
-"""Seeds a cell has when the SD rule is applied."""
+
+
+@dataclass(frozen=True)
+class Study:
+    """One verdict on the pick: where its runs are, its seeds, its rules' counts."""
+
+    title: str
+    report: str
+    """Its file under docs/results/protocol."""
+    folder: str
+    """The 300-step runs, GRPO's online cell first (it decides the run length)."""
+    doubled: str
+    """Its runs if the run length doubles (a folder of their own: run.py skips a cell whose summary
+    exists, and a 300-step run is not a 600-step one)."""
+    seeds: tuple[int, ...]
+    """The seeds a cell has at least (the SD rule may raise it, never lower it)."""
+    sd_after: int
+    """Seeds a cell has when the SD rule is applied."""
+
+    @property
+    def first(self) -> tuple[int, ...]:
+        """GRPO's online seeds that decide the run length."""
+        return self.seeds[:5]
+
+
+CONFIRMATION = Study("Issue 61's confirmation", "confirm.md", "confirm_bf16", "confirm_bf16_t600",
+                     seeds=tuple(range(100, 113)), sd_after=10)
+REPLICATION = Study("Issue 61's replication: a second model and task", "replicate.md", "replicate_chain_long",
+                    "replicate_chain_long_t600", seeds=tuple(range(200, 207)), sd_after=5)
+"""builtin:tiny-chain-long on the chain-long task (docs/RESULTS.md, Protocol, "The cut", 4)."""
 
 
 def seed_mean(runs: dict[int, dict], seeds) -> Curve:
@@ -49,46 +74,48 @@ def seed_mean(runs: dict[int, dict], seeds) -> Curve:
     return [(step, statistics.fmean(c[step] for c in curves)) for step in steps]
 
 
-def decided_t(cells: dict) -> int | None:
-    """The run length GRPO's online seeds 100-104 of the 300-step runs decide (None until all are in)."""
+def decided_t(cells: dict, study: Study = CONFIRMATION) -> int | None:
+    """The run length GRPO's first online seeds of the 300-step runs decide (None until all are in)."""
     runs = cells.get((REF, 0), {})
-    if any(s not in runs for s in FIRST):
+    if any(s not in runs for s in study.first):
         return None
-    curve = seed_mean(runs, FIRST)
+    curve = seed_mean(runs, study.first)
     return 2 * curve[-1][0] if late_gain(curve) >= MARGIN else curve[-1][0]
 
 
-def run_length(cells: dict) -> str:
-    runs = cells.get((REF, 0), {})
-    if any(s not in runs for s in FIRST):
-        return f"Run length: {len(set(FIRST) & set(runs))} of GRPO's online seeds {FIRST[0]}-{FIRST[-1]} are in."
-    curve = seed_mean(runs, FIRST)
+def run_length(cells: dict, study: Study = CONFIRMATION) -> str:
+    runs, first = cells.get((REF, 0), {}), study.first
+    if any(s not in runs for s in first):
+        return f"Run length: {len(set(first) & set(runs))} of GRPO's online seeds {first[0]}-{first[-1]} are in."
+    curve = seed_mean(runs, first)
     gain = late_gain(curve)
     steps = curve[-1][0]
-    decision = (f"T doubles to {decided_t(cells)} before any other cell runs" if gain >= MARGIN
+    decision = (f"T doubles to {decided_t(cells, study)} before any other cell runs" if gain >= MARGIN
                 else f"T = {steps} stands")
     points = ", ".join(f"{s}: {100 * a:.1f}" for s, a in curve)
-    return (f"Run length: GRPO online, seeds {FIRST[0]}-{FIRST[-1]}, seed-mean eval accuracy by step ({points}); late gain over "
+    return (f"Run length: GRPO online, seeds {first[0]}-{first[-1]}, seed-mean eval accuracy by step ({points}); late gain over "
             f"the last third {100 * gain:+.1f} points against the {100 * MARGIN:.0f}-point rule: **{decision}**.")
 
 
-def primaries(cells: dict, loss: str, lag: int) -> dict[int, float]:
-    return {seed: metrics(s)[0] for seed, s in cells.get((loss, lag), {}).items() if seed in SEEDS}
+def primaries(cells: dict, loss: str, lag: int, study: Study = CONFIRMATION) -> dict[int, float]:
+    """Seed -> primary metric of a cell's runs, the study's seeds and any it was raised to (past its last)."""
+    return {seed: metrics(s)[0] for seed, s in cells.get((loss, lag), {}).items() if seed >= study.seeds[0]}
 
 
-def seeds_needed(cells: dict) -> tuple[int | None, float | None]:
-    """(seeds a cell needs, the pooled SD) once every cell has SD_AFTER seeds; (None, None) before."""
-    groups = [primaries(cells, loss, lag) for loss in (REF, PICK) for lag in LAGS]
-    if any(len(g) < SD_AFTER for g in groups):
+def seeds_needed(cells: dict, study: Study = CONFIRMATION) -> tuple[int | None, float | None]:
+    """(seeds a cell needs, the pooled SD) once every cell has `sd_after` seeds; (None, None) before."""
+    groups = [primaries(cells, loss, lag, study) for loss in (REF, PICK) for lag in LAGS]
+    if any(len(g) < study.sd_after for g in groups):
         return None, None
     s = pooled_sd([list(g.values()) for g in groups])
-    return max(len(SEEDS), seeds_per_cell(s, MARGIN, ALPHA, POWER)), s
+    return max(len(study.seeds), seeds_per_cell(s, MARGIN, ALPHA, POWER)), s
 
 
-def verdict(cells: dict, need: int) -> list[str]:
+def verdict(cells: dict, need: int, study: Study = CONFIRMATION) -> list[str]:
+    """The table and the sentence once every cell has `need` seeds; a line saying what is missing before."""
     diffs = {}
     for lag in LAGS:
-        a, b = primaries(cells, PICK, lag), primaries(cells, REF, lag)
+        a, b = primaries(cells, PICK, lag, study), primaries(cells, REF, lag, study)
         if len(a) < need or len(b) < need:
             return [f"Verdict: not yet ({len(a)} and {len(b)} of {need} seeds at lag {lag})."]
         diffs[lag] = welch(list(a.values()), list(b.values()))
@@ -108,25 +135,32 @@ def verdict(cells: dict, need: int) -> list[str]:
     return ["\n".join(lines), said]
 
 
-def report(root: Path = RESULTS) -> str:
-    first = load(root / FOLDER) if (root / FOLDER).is_dir() else {}
-    t = decided_t(first)
-    folder = DOUBLED if t is not None and t > 300 else FOLDER
+def report(study: Study = CONFIRMATION, root: Path = RESULTS) -> tuple[str, bool]:
+    """(the study's report, whether it names the pick the winner)."""
+    first = load(root / study.folder) if (root / study.folder).is_dir() else {}
+    t = decided_t(first, study)
+    folder = study.doubled if t is not None and t > 300 else study.folder
     cells = (load(root / folder) if (root / folder).is_dir() else {}) if t is not None else {}
-    need, s = seeds_needed(cells)
-    counts = ", ".join(f"{loss} {'online' if lag == 0 else f'lag {lag}'}: {len(primaries(cells, loss, lag))}"
+    need, s = seeds_needed(cells, study)
+    counts = ", ".join(f"{loss} {'online' if lag == 0 else f'lag {lag}'}: {len(primaries(cells, loss, lag, study))}"
                        for loss in (REF, PICK) for lag in LAGS)
-    seeds = (f"Seeds: the SD rule waits for {SD_AFTER} seeds a cell." if need is None else
+    seeds = (f"Seeds: the SD rule waits for {study.sd_after} seeds a cell." if need is None else
              f"Seeds: pooled primary SD {100 * s:.1f} points over the six cells: {need} seeds a cell.")
-    parts = ["# Issue 61's confirmation", "Written by `python examples/paper_delay/confirm.py` from "
-             f"docs/results/{FOLDER} and {DOUBLED} (docs/RESULTS.md, Protocol, \"The cut\").",
-             run_length(first), f"The confirmation's runs: docs/results/{folder}, T = {t}. Seeds in: {counts}."
-             if t is not None else "The confirmation waits for the run length.", seeds, *verdict(cells, need or len(SEEDS))]
-    return "\n\n".join(parts) + "\n"
+    said = verdict(cells, need or len(study.seeds), study)
+    parts = [f"# {study.title}", "Written by `python examples/paper_delay/confirm.py` from "
+             f"docs/results/{study.folder} and {study.doubled} (docs/RESULTS.md, Protocol, \"The cut\").",
+             run_length(first, study), f"The runs: docs/results/{folder}, T = {t}. Seeds in: {counts}."
+             if t is not None else "The runs wait for the run length.", seeds, *said]
+    return "\n\n".join(parts) + "\n", f"**{PICK} wins**" in said[-1]
 
 
 def main() -> None:
-    write("confirm.md", report())
+    text, won = report(CONFIRMATION)
+    write(CONFIRMATION.report, text)
+    text, _ = report(REPLICATION)
+    if not won:
+        text += "\nThe replication runs once the confirmation names the pick the winner: it has not yet.\n"
+    write(REPLICATION.report, text)
 
 
 if __name__ == "__main__":

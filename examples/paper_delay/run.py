@@ -116,10 +116,21 @@ def loss_and_options(loss: str) -> tuple[str, dict, dict]:
     return base, options, {**(learner[0] if learner else {}), "guard": guard}
 
 
+TASKS = {  # --task -> (the model a grid runs by default, --max-new-tokens' default)
+    "chain": ("builtin:tiny-chain", 128),
+    # issue 61's second model and task: the same sums at 8-12 terms, so completions of 72-124
+    # characters (chain's 30-80); 192, as 128 for chain, is ~1.5x the longest reference, within the model's 256 positions
+    "chain-long": ("builtin:tiny-chain-long", 192),
+    "arith": ("builtin:tiny-arith", 128),
+}
+"""The tasks a grid runs on."""
+
+
 def task_config(task: str):
     from node.tasks import ArithmeticConfig, ChainConfig
 
-    return ChainConfig() if task == "chain" else ArithmeticConfig()
+    return {"chain": ChainConfig(), "chain-long": ChainConfig(min_terms=8, max_terms=12),
+            "arith": ArithmeticConfig()}[task]
 
 
 def held_out(task: str) -> int:
@@ -570,12 +581,15 @@ def main() -> None:
     ap.add_argument("--delays", type=int, nargs="+", default=[0, 16, 64, 256], help="max delays in learner steps (0 = online)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--task", choices=("chain", "arith"), default="chain")
-    ap.add_argument("--model", default="", help="default: builtin:tiny-chain (chain) or builtin:tiny-arith (arith)")
+    ap.add_argument("--task", choices=list(TASKS), default="chain",
+                    help="chain: sums of 4-8 two-digit numbers on a scratchpad; chain-long: of 8-12; arith: 1-4 token answers")
+    ap.add_argument("--model", default="",
+                    help="default: " + ", ".join(f"{model} ({task})" for task, (model, _) in TASKS.items()))
     ap.add_argument("--lr", type=float, default=3e-5)
     ap.add_argument("--groups", type=int, default=8, help="groups (prompts) per learner step")
     ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--max-new-tokens", type=int, default=0,
+                    help="default: " + ", ".join(f"{n} ({task})" for task, (_, n) in TASKS.items()))
     ap.add_argument("--samplers", type=int, default=2)
     ap.add_argument("--eval-every", type=int, default=20)
     ap.add_argument("--eval-size", type=int, default=1200,
@@ -614,7 +628,8 @@ def main() -> None:
                     help="the tables also pair each cell with the same cell of this grid's --out (another regime)")
     args = ap.parse_args()
     if not args.model:
-        args.model = "builtin:tiny-chain" if args.task == "chain" else "builtin:tiny-arith"
+        args.model = TASKS[args.task][0]
+    args.max_new_tokens = args.max_new_tokens or TASKS[args.task][1]
     for loss in args.losses:
         from node.algorithms import get_algorithm
 

@@ -8,7 +8,7 @@ on a scratchpad, one partial sum per line, and ends with the answer after ``#``:
     107+91=198
     #198
 
-With 4-8 terms (the default) a worked completion is 36-80 characters, i.e. tokens for the
+With 4-8 terms (the default) a worked completion is 30-80 characters, i.e. tokens for the
 character-level tiny models (the arithmetic task's completions are 1-4), so sequence-level ratios average over
 tens of tokens, as they do for the hundreds-of-token completions of GEPO's and M2PO's runs. Only
 the answer is verified (`final_answer_match`): the scratchpad is the policy's own business.

@@ -4,11 +4,12 @@ their delay model. A tiny real grid end to end: tests/integration/cli/test_exper
 import json
 import math
 from argparse import Namespace
+from pathlib import Path
 
 import pytest
 
-from examples.paper_delay.run import (OLDER_SETTINGS, against_table, build_config, evaluate_from, first_eval, held_out,
-                                      mean_ci, run_one, run_start, settings, staleness_table, summarise, t975, tables,
+from examples.paper_delay.run import (OLDER_SETTINGS, TASKS, against_table, build_config, evaluate_from, first_eval,
+                                      held_out, mean_ci, task_config, run_one, run_start, settings, staleness_table, summarise, t975, tables,
                                       variants_table, versus_table)
 from helpers.repo import ROOT
 from swarm.delay import lognormal_params
@@ -156,6 +157,24 @@ def test_a_guard_suffix_turns_the_guard_on_with_its_threshold():
 def test_the_default_task_holds_the_protocols_1200_held_out_problems_and_arith_does_not():
     assert held_out("chain") == 3068  # run.py's default task: --eval-size 1200 takes 1,200 of them
     assert held_out("arith") == 1078  # run.py refuses --eval-size 1200 there rather than evaluate 1,078
+    assert held_out("chain-long") == 3077  # the second model's task holds the protocol's 1,200 too
+
+
+@pytest.mark.parametrize("task", ["chain", "chain-long"])
+def test_a_tasks_longest_worked_completion_fits_its_token_budget_and_the_models_positions(task):
+    # a completion cut at --max-new-tokens earns no reward: the budget must hold the longest reference
+    # answer (character tokens, and the end of sequence) with room to spare, and prompt + budget the
+    # default model's positions
+    from node.models import build_char_tokenizer, resolve_model_path
+    from node.tasks import ChainTask, make_task
+
+    model, max_new = TASKS[task]
+    problems = [p for split in ("train", "eval") for p in make_task(task_config(task)).split(split)]
+    tok = build_char_tokenizer()
+    longest = max(len(tok(ChainTask.worked(p), add_special_tokens=False)["input_ids"]) + 1 for p in problems)
+    prompt = max(len(tok(p.prompt, add_special_tokens=False)["input_ids"]) for p in problems)
+    positions = json.loads((Path(resolve_model_path(model)) / "config.json").read_text())["max_position_embeddings"]
+    assert 1.5 * longest <= max_new and prompt + max_new <= positions
 
 
 def test_runs_evaluate_from_the_protocols_burn_in():

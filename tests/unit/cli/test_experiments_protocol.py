@@ -153,31 +153,36 @@ def test_the_screen_picks_the_highest_mean_only_once_every_candidate_has_its_see
     assert pick({**cells, "c": {0: 0.9}}, seeds=(0, 1)) is None  # c lacks seed 1: no pick yet
 
 
-def test_the_confirmation_doubles_t_on_a_late_gain_of_3_points_and_says_who_wins(tmp_path):
+# seeds mod 3 give each seed's primary 0, 1 or 2 points above its cell's base. Confirmation, seeds 100-112: four
+# 0s, five 1s, four 2s -> variance 8 / 12 points^2; Welch, equal cells: se = sqrt(2 x 8 / 12 / 13) = 0.320, t(24)
+# 2.064, half 0.66. Replication, seeds 200-206: 2, 0, 1, 2, 0, 1, 2 -> mean 8 / 7, variance (14 - 7 (8 / 7)^2) / 6
+# = 34 / 42; se = sqrt(2 x 34 / 42 / 7) = 0.481, t(12) 2.179, half 1.05.
+@pytest.mark.parametrize("name, variance, half", [("CONFIRMATION", 8 / 12, "0.7"), ("REPLICATION", 34 / 42, "1.0")])
+def test_a_study_doubles_t_on_a_late_gain_of_3_points_and_says_who_wins(tmp_path, name, variance, half):
     from examples.paper_delay import confirm
 
-    folder = tmp_path / confirm.FOLDER
+    study = getattr(confirm, name)
+    folder = tmp_path / study.folder
     steps = list(range(60, 301, 20))
-    # GRPO online, seeds 100-104: 0.2 points a step over steps 200-300 -> late gain 0.0002 x 100 = 2 points
-    for seed in confirm.FIRST:
+    # GRPO online, the study's first five seeds: 0.2 points a step over steps 200-300 -> late gain 0.0002 x 100 = 2 points
+    for seed in study.first:
         _write(folder, "grpo", 0, seed, [(s, 0.6 + 0.0002 * s) for s in steps], lag=True, steps=300)
-    assert "T = 300 stands" in confirm.run_length(load(folder))
-    for seed in confirm.FIRST:  # 0.4 a step: 4 points, past the rule
+    assert "T = 300 stands" in confirm.run_length(load(folder), study)
+    for seed in study.first:  # 0.4 a step: 4 points, past the rule
         _write(folder, "grpo", 0, seed, [(s, 0.6 + 0.0004 * s) for s in steps], lag=True, steps=300)
-    assert "T doubles to 600" in confirm.run_length(load(folder))
+    assert "T doubles to 600" in confirm.run_length(load(folder), study)
+    assert confirm.decided_t(load(folder), study) == 600
 
     def cell(loss, lag, base):  # primary = base + 0, 1 or 2 points by seed (every evaluation alike)
-        for seed in confirm.SEEDS:
+        for seed in study.seeds:
             _write(folder, loss, lag, seed, [(s, base + 0.01 * (seed % 3)) for s in (140, 220, 300)], lag=True, steps=300)
 
     for lag in confirm.LAGS:
         cell("grpo", lag, 0.70)
         cell(confirm.PICK, lag, 0.75 if lag == 32 else 0.70)
-    need, s = confirm.seeds_needed(load(folder))
-    # seeds 100-112 mod 3: four 0s, five 1s, four 2s -> mean 1 point, variance 8 / 12 points^2 in every cell
-    assert need == 13 and s == pytest.approx(0.01 * math.sqrt(8 / 12))
-    said = confirm.verdict(load(folder), need)
-    # Welch: se = sqrt(2 x (8 / 12) / 13) = 0.320 points, df 24, t 2.064: half 0.66
-    assert "| lag 32 | +5.0 ± 0.7 |" in said[0] and "wins**: superior at lag 32" in said[1]
+    need, s = confirm.seeds_needed(load(folder), study)
+    assert need == len(study.seeds) and s == pytest.approx(0.01 * math.sqrt(variance))
+    said = confirm.verdict(load(folder), need, study)
+    assert f"| lag 32 | +5.0 ± {half} |" in said[0] and "wins**: superior at lag 32" in said[1]
     cell(confirm.PICK, 0, 0.66)  # 4 points below GRPO online: not non-inferior at 3
-    assert "does not win**: superior, but not non-inferior" in confirm.verdict(load(folder), need)[1]
+    assert "does not win**: superior, but not non-inferior" in confirm.verdict(load(folder), need, study)[1]

@@ -7,10 +7,11 @@ What each reads, each as soon as the runs it needs are in (a part of the grid is
 
 1. **Run length.** The late gain (protocol.late_gain) of GRPO's online cell's seed-mean curve over
    the study's first five seeds at T = 300: 3 points or more, and T doubles before any other cell runs.
-2. **Seeds.** Once every cell has the study's `sd_after` seeds, the primary metric's SD pooled within
-   the six cells: the seeds a cell needs for non-inferiority at 3 points at that SD, never fewer than
-   the study declared.
-3. **The verdict**, once every cell has them: the pick minus GRPO per regime (Welch, 95%); Holm
+2. **Seeds.** Once every cell has the study's first `sd_after` seeds, the primary metric's SD pooled
+   within the six cells over those seeds: the seeds a cell needs at 3 points at that SD (the
+   confirmation: non-inferiority; the replication: superiority at Holm's first level), never fewer
+   than the study declared.
+3. **The verdict**, once every cell has the study's first that many seeds (a seed past them is not read): the pick minus GRPO per regime (Welch, 95%); Holm
    over the two superiority tests (lag 32, lag 128) at familywise 0.05; the pick wins if one holds
    and it is non-inferior (3 points, one-sided 2.5%) in each of the other regimes.
 
@@ -39,7 +40,7 @@ FAMILY = (32, 128)
 
 @dataclass(frozen=True)
 class Study:
-    """One verdict on the pick: where its runs are, its seeds, its rules' counts."""
+    """One verdict on the pick: where its runs are, which seeds, and its rules' counts."""
 
     title: str
     report: str
@@ -49,21 +50,30 @@ class Study:
     doubled: str
     """Its runs if the run length doubles (a folder of their own: run.py skips a cell whose summary
     exists, and a 300-step run is not a 600-step one)."""
-    seeds: tuple[int, ...]
-    """The seeds a cell has at least (the SD rule may raise it, never lower it)."""
+    first_seed: int
+    declared: int
+    """Seeds a cell has at least: first_seed on, consecutive (the SD rule may raise it, never lower it)."""
     sd_after: int
-    """Seeds a cell has when the SD rule is applied."""
+    """Seeds a cell has when the SD rule is applied (its first `sd_after`, in every cell)."""
+    sd_alpha: float
+    """The two-sided level the SD rule sizes a cell for at 3 points and power 0.8: ALPHA is
+    non-inferiority's one-sided 2.5%, ALPHA / 2 superiority at Holm's first level."""
+
+    def seeds(self, n: int) -> tuple[int, ...]:
+        """The study's first `n` seeds."""
+        return tuple(range(self.first_seed, self.first_seed + n))
 
     @property
     def first(self) -> tuple[int, ...]:
         """GRPO's online seeds that decide the run length."""
-        return self.seeds[:5]
+        return self.seeds(5)
 
 
 CONFIRMATION = Study("Issue 61's confirmation", "confirm.md", "confirm_bf16", "confirm_bf16_t600",
-                     seeds=tuple(range(100, 113)), sd_after=10)
+                     first_seed=100, declared=13, sd_after=10, sd_alpha=ALPHA)
+"""builtin:tiny-chain on the chain task (docs/RESULTS.md, Protocol, "The cut", 2)."""
 REPLICATION = Study("Issue 61's replication: a second model and task", "replicate.md", "replicate_chain_long",
-                    "replicate_chain_long_t600", seeds=tuple(range(200, 207)), sd_after=5)
+                    "replicate_chain_long_t600", first_seed=200, declared=7, sd_after=5, sd_alpha=ALPHA / 2)
 """builtin:tiny-chain-long on the chain-long task (docs/RESULTS.md, Protocol, "The cut", 4)."""
 
 
@@ -74,7 +84,7 @@ def seed_mean(runs: dict[int, dict], seeds) -> Curve:
     return [(step, statistics.fmean(c[step] for c in curves)) for step in steps]
 
 
-def decided_t(cells: dict, study: Study = CONFIRMATION) -> int | None:
+def decided_t(cells: dict, study: Study) -> int | None:
     """The run length GRPO's first online seeds of the 300-step runs decide (None until all are in)."""
     runs = cells.get((REF, 0), {})
     if any(s not in runs for s in study.first):
@@ -83,7 +93,7 @@ def decided_t(cells: dict, study: Study = CONFIRMATION) -> int | None:
     return 2 * curve[-1][0] if late_gain(curve) >= MARGIN else curve[-1][0]
 
 
-def run_length(cells: dict, study: Study = CONFIRMATION) -> str:
+def run_length(cells: dict, study: Study) -> str:
     runs, first = cells.get((REF, 0), {}), study.first
     if any(s not in runs for s in first):
         return f"Run length: {len(set(first) & set(runs))} of GRPO's online seeds {first[0]}-{first[-1]} are in."
@@ -97,27 +107,35 @@ def run_length(cells: dict, study: Study = CONFIRMATION) -> str:
             f"the last third {100 * gain:+.1f} points against the {100 * MARGIN:.0f}-point rule: **{decision}**.")
 
 
-def primaries(cells: dict, loss: str, lag: int, study: Study = CONFIRMATION) -> dict[int, float]:
-    """Seed -> primary metric of a cell's runs, the study's seeds and any it was raised to (past its last)."""
-    return {seed: metrics(s)[0] for seed, s in cells.get((loss, lag), {}).items() if seed >= study.seeds[0]}
+def primaries(cells: dict, loss: str, lag: int, seeds: tuple[int, ...]) -> dict[int, float]:
+    """Seed -> primary metric of a cell's runs among `seeds`."""
+    runs = cells.get((loss, lag), {})
+    return {seed: metrics(runs[seed])[0] for seed in seeds if seed in runs}
 
 
-def seeds_needed(cells: dict, study: Study = CONFIRMATION) -> tuple[int | None, float | None]:
-    """(seeds a cell needs, the pooled SD) once every cell has `sd_after` seeds; (None, None) before."""
-    groups = [primaries(cells, loss, lag, study) for loss in (REF, PICK) for lag in LAGS]
+def seeds_in(cells: dict, loss: str, lag: int, study: Study) -> int:
+    """How many of the study's seeds (its first on) a cell has run."""
+    return sum(seed >= study.first_seed for seed in cells.get((loss, lag), {}))
+
+
+def seeds_needed(cells: dict, study: Study) -> tuple[int | None, float | None]:
+    """(seeds a cell needs, the pooled SD) once every cell has the study's first `sd_after` seeds;
+    (None, None) before."""
+    groups = [primaries(cells, loss, lag, study.seeds(study.sd_after)) for loss in (REF, PICK) for lag in LAGS]
     if any(len(g) < study.sd_after for g in groups):
         return None, None
     s = pooled_sd([list(g.values()) for g in groups])
-    return max(len(study.seeds), seeds_per_cell(s, MARGIN, ALPHA, POWER)), s
+    return max(study.declared, seeds_per_cell(s, MARGIN, study.sd_alpha, POWER)), s
 
 
-def verdict(cells: dict, need: int, study: Study = CONFIRMATION) -> list[str]:
-    """The table and the sentence once every cell has `need` seeds; a line saying what is missing before."""
-    diffs = {}
+def verdict(cells: dict, need: int, study: Study) -> tuple[list[str], bool | None]:
+    """(the table and the sentence, whether the pick wins) on the study's first `need` seeds once every
+    cell has them; (a line saying what is missing, None) before."""
+    seeds, diffs = study.seeds(need), {}
     for lag in LAGS:
-        a, b = primaries(cells, PICK, lag, study), primaries(cells, REF, lag, study)
+        a, b = primaries(cells, PICK, lag, seeds), primaries(cells, REF, lag, seeds)
         if len(a) < need or len(b) < need:
-            return [f"Verdict: not yet ({len(a)} and {len(b)} of {need} seeds at lag {lag})."]
+            return [f"Verdict: not yet ({len(a)} and {len(b)} of seeds {seeds[0]}-{seeds[-1]} at lag {lag})."], None
         diffs[lag] = welch(list(a.values()), list(b.values()))
     adjusted = dict(zip(FAMILY, holm([diffs[lag].p for lag in FAMILY])))
     superior = [lag for lag in FAMILY if adjusted[lag] <= ALPHA and diffs[lag].mean > 0]
@@ -132,34 +150,37 @@ def verdict(cells: dict, need: int, study: Study = CONFIRMATION) -> list[str]:
     said = (f"**{PICK} wins**: superior at lag {' and '.join(map(str, superior))}, non-inferior elsewhere" if wins else
             f"**{PICK} does not win**: " + ("superior at no lag after Holm" if not superior
                                             else "superior, but not non-inferior in every other regime"))
-    return ["\n".join(lines), said]
+    return ["\n".join(lines), said], wins
 
 
-def report(study: Study = CONFIRMATION, root: Path = RESULTS) -> tuple[str, bool]:
-    """(the study's report, whether it names the pick the winner)."""
+def report(study: Study, root: Path = RESULTS) -> tuple[str, bool | None]:
+    """(the study's report, whether it names the pick the winner: None until its verdict)."""
     first = load(root / study.folder) if (root / study.folder).is_dir() else {}
     t = decided_t(first, study)
     folder = study.doubled if t is not None and t > 300 else study.folder
     cells = (load(root / folder) if (root / folder).is_dir() else {}) if t is not None else {}
     need, s = seeds_needed(cells, study)
-    counts = ", ".join(f"{loss} {'online' if lag == 0 else f'lag {lag}'}: {len(primaries(cells, loss, lag, study))}"
+    counts = ", ".join(f"{loss} {'online' if lag == 0 else f'lag {lag}'}: {seeds_in(cells, loss, lag, study)}"
                        for loss in (REF, PICK) for lag in LAGS)
     seeds = (f"Seeds: the SD rule waits for {study.sd_after} seeds a cell." if need is None else
-             f"Seeds: pooled primary SD {100 * s:.1f} points over the six cells: {need} seeds a cell.")
-    said = verdict(cells, need or len(study.seeds), study)
+             f"Seeds: pooled primary SD {100 * s:.1f} points over the six cells' first {study.sd_after} seeds: "
+             f"{need} seeds a cell.")
+    said, won = verdict(cells, need or study.declared, study)
     parts = [f"# {study.title}", "Written by `python examples/paper_delay/confirm.py` from "
              f"docs/results/{study.folder} and {study.doubled} (docs/RESULTS.md, Protocol, \"The cut\").",
              run_length(first, study), f"The runs: docs/results/{folder}, T = {t}. Seeds in: {counts}."
              if t is not None else "The runs wait for the run length.", seeds, *said]
-    return "\n\n".join(parts) + "\n", f"**{PICK} wins**" in said[-1]
+    return "\n\n".join(parts) + "\n", won
 
 
 def main() -> None:
     text, won = report(CONFIRMATION)
     write(CONFIRMATION.report, text)
     text, _ = report(REPLICATION)
-    if not won:
-        text += "\nThe replication runs once the confirmation names the pick the winner: it has not yet.\n"
+    if won is None:
+        text += "\nThe replication runs once the confirmation names the pick the winner; its verdict is not in yet.\n"
+    elif not won:
+        text += "\nThe confirmation did not name the pick the winner: the replication does not run.\n"
     write(REPLICATION.report, text)
 
 

@@ -116,7 +116,7 @@ def loss_and_options(loss: str) -> tuple[str, dict, dict]:
     return base, options, {**(learner[0] if learner else {}), "guard": guard}
 
 
-TASKS = {  # --task -> (the model a grid runs by default, --max-new-tokens' default)
+GRID_TASKS = {  # --task -> (the model a grid runs by default, --max-new-tokens' default)
     "chain": ("builtin:tiny-chain", 128),
     # issue 61's second model and task: the same sums at 8-12 terms, so completions of 72-124
     # characters (chain's 30-80); 192, as 128 for chain, is ~1.5x the longest reference, within the model's 256 positions
@@ -581,15 +581,15 @@ def main() -> None:
     ap.add_argument("--delays", type=int, nargs="+", default=[0, 16, 64, 256], help="max delays in learner steps (0 = online)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--task", choices=list(TASKS), default="chain",
+    ap.add_argument("--task", choices=list(GRID_TASKS), default="chain",
                     help="chain: sums of 4-8 two-digit numbers on a scratchpad; chain-long: of 8-12; arith: 1-4 token answers")
     ap.add_argument("--model", default="",
-                    help="default: " + ", ".join(f"{model} ({task})" for task, (model, _) in TASKS.items()))
+                    help="default: " + ", ".join(f"{model} ({task})" for task, (model, _) in GRID_TASKS.items()))
     ap.add_argument("--lr", type=float, default=3e-5)
     ap.add_argument("--groups", type=int, default=8, help="groups (prompts) per learner step")
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=0,
-                    help="default: " + ", ".join(f"{n} ({task})" for task, (_, n) in TASKS.items()))
+                    help="tokens a completion may take; 0, the default: by task, " + ", ".join(f"{n} ({task})" for task, (_, n) in GRID_TASKS.items()))
     ap.add_argument("--samplers", type=int, default=2)
     ap.add_argument("--eval-every", type=int, default=20)
     ap.add_argument("--eval-size", type=int, default=1200,
@@ -628,8 +628,8 @@ def main() -> None:
                     help="the tables also pair each cell with the same cell of this grid's --out (another regime)")
     args = ap.parse_args()
     if not args.model:
-        args.model = TASKS[args.task][0]
-    args.max_new_tokens = args.max_new_tokens or TASKS[args.task][1]
+        args.model = GRID_TASKS[args.task][0]
+    args.max_new_tokens = args.max_new_tokens or GRID_TASKS[args.task][1]
     for loss in args.losses:
         from node.algorithms import get_algorithm
 

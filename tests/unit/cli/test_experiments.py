@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from examples.paper_delay.run import (OLDER_SETTINGS, TASKS, against_table, build_config, evaluate_from, first_eval,
-                                      held_out, mean_ci, task_config, run_one, run_start, settings, staleness_table, summarise, t975, tables,
-                                      variants_table, versus_table)
+from examples.paper_delay.run import (GRID_TASKS, OLDER_SETTINGS, against_table, build_config, evaluate_from, first_eval,
+                                      held_out, mean_ci, run_one, run_start, settings, staleness_table, summarise, t975, tables,
+                                      task_config, variants_table, versus_table)
 from helpers.repo import ROOT
 from swarm.delay import lognormal_params
 
@@ -168,7 +168,7 @@ def test_a_tasks_longest_worked_completion_fits_its_token_budget_and_the_models_
     from node.models import build_char_tokenizer, resolve_model_path
     from node.tasks import ChainTask, make_task
 
-    model, max_new = TASKS[task]
+    model, max_new = GRID_TASKS[task]
     problems = [p for split in ("train", "eval") for p in make_task(task_config(task)).split(split)]
     tok = build_char_tokenizer()
     longest = max(len(tok(ChainTask.worked(p), add_special_tokens=False)["input_ids"]) + 1 for p in problems)

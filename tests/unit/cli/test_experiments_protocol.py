@@ -156,9 +156,12 @@ def test_the_screen_picks_the_highest_mean_only_once_every_candidate_has_its_see
 # seeds mod 3 give each seed's primary 0, 1 or 2 points above its cell's base. Confirmation, seeds 100-112: four
 # 0s, five 1s, four 2s -> variance 8 / 12 points^2; Welch, equal cells: se = sqrt(2 x 8 / 12 / 13) = 0.320, t(24)
 # 2.064, half 0.66. Replication, seeds 200-206: 2, 0, 1, 2, 0, 1, 2 -> mean 8 / 7, variance (14 - 7 (8 / 7)^2) / 6
-# = 34 / 42; se = sqrt(2 x 34 / 42 / 7) = 0.481, t(12) 2.179, half 1.05.
-@pytest.mark.parametrize("name, variance, half", [("CONFIRMATION", 8 / 12, "0.7"), ("REPLICATION", 34 / 42, "1.0")])
-def test_a_study_doubles_t_on_a_late_gain_of_3_points_and_says_who_wins(tmp_path, name, variance, half):
+# = 34 / 42; se = sqrt(2 x 34 / 42 / 7) = 0.481, t(12) 2.179, half 1.05. The SD rule pools the first sd_after
+# seeds: confirmation 100-109 (1, 2, 0 three times, then 1: mean 1, variance 6 / 9); replication 200-204 (2, 0, 1, 2, 0:
+# mean 1, variance 4 / 4).
+@pytest.mark.parametrize("name, sd_variance, variance, half", [("CONFIRMATION", 6 / 9, 8 / 12, "0.7"),
+                                                               ("REPLICATION", 4 / 4, 34 / 42, "1.0")])
+def test_a_study_doubles_t_on_a_late_gain_of_3_points_and_says_who_wins(tmp_path, name, sd_variance, variance, half):
     from examples.paper_delay import confirm
 
     study = getattr(confirm, name)
@@ -173,16 +176,36 @@ def test_a_study_doubles_t_on_a_late_gain_of_3_points_and_says_who_wins(tmp_path
     assert "T doubles to 600" in confirm.run_length(load(folder), study)
     assert confirm.decided_t(load(folder), study) == 600
 
-    def cell(loss, lag, base):  # primary = base + 0, 1 or 2 points by seed (every evaluation alike)
-        for seed in study.seeds:
+    def cell(loss, lag, base, seeds):  # primary = base + 0, 1 or 2 points by seed (every evaluation alike)
+        for seed in seeds:
             _write(folder, loss, lag, seed, [(s, base + 0.01 * (seed % 3)) for s in (140, 220, 300)], lag=True, steps=300)
 
-    for lag in confirm.LAGS:
-        cell("grpo", lag, 0.70)
-        cell(confirm.PICK, lag, 0.75 if lag == 32 else 0.70)
+    def grid(seeds):
+        for lag in confirm.LAGS:
+            cell("grpo", lag, 0.70, seeds)
+            cell(confirm.PICK, lag, 0.75 if lag == 32 else 0.70, seeds)
+
+    grid(study.seeds(study.sd_after - 1))
+    cell("grpo", 0, 0.0, [study.first_seed - 1])  # a seed before the study's first: never read
+    assert confirm.seeds_needed(load(folder), study) == (None, None)
+    grid(study.seeds(study.sd_after))
     need, s = confirm.seeds_needed(load(folder), study)
-    assert need == len(study.seeds) and s == pytest.approx(0.01 * math.sqrt(variance))
-    said = confirm.verdict(load(folder), need, study)
-    assert f"| lag 32 | +5.0 ± {half} |" in said[0] and "wins**: superior at lag 32" in said[1]
-    cell(confirm.PICK, 0, 0.66)  # 4 points below GRPO online: not non-inferior at 3
-    assert "does not win**: superior, but not non-inferior" in confirm.verdict(load(folder), need, study)[1]
+    assert need == study.declared and s == pytest.approx(0.01 * math.sqrt(sd_variance))
+    assert confirm.verdict(load(folder), need, study)[1] is None  # not yet: the cells lack seeds
+    grid(study.seeds(study.declared))
+    cell("grpo", 32, 0.99, [study.first_seed + study.declared])  # a seed past the ones needed: not read
+    said, won = confirm.verdict(load(folder), need, study)
+    assert f"| lag 32 | +5.0 ± {half} |" in said[0] and "wins**: superior at lag 32" in said[1] and won is True
+    cell(confirm.PICK, 0, 0.66, study.seeds(need))  # 4 points below GRPO online: not non-inferior at 3
+    said, won = confirm.verdict(load(folder), need, study)
+    assert "does not win**: superior, but not non-inferior" in said[1] and won is False
+
+
+def test_a_study_raises_its_seeds_to_what_its_sd_asks():
+    from examples.paper_delay import confirm
+    from examples.paper_delay.protocol import seeds_per_cell
+
+    # at SD 1.5 points: non-inferiority (two-sided 0.05) asks 6 seeds, superiority at 0.025 asks 7; at 2.0: 9 and 10
+    assert seeds_per_cell(0.015, 0.03, confirm.CONFIRMATION.sd_alpha) == 6
+    assert seeds_per_cell(0.015, 0.03, confirm.REPLICATION.sd_alpha) == 7 == confirm.REPLICATION.declared
+    assert seeds_per_cell(0.02, 0.03, confirm.REPLICATION.sd_alpha) == 10

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from examples.paper_delay.protocol import Curve, holm, late_gain, non_inferior, pooled_sd, seeds_per_cell, welch  # noqa: E402
 from examples.paper_delay.reread import ALPHA, MARGIN, POWER, REF, RESULTS, metrics, write  # noqa: E402
-from examples.paper_delay.run import load  # noqa: E402
+from examples.paper_delay.run import fmt, load  # noqa: E402
 
 PICK = "gepo-lenclip"
 """The screen's pick (docs/results/protocol/screen.md)."""
@@ -139,12 +139,14 @@ def verdict(cells: dict, need: int, study: Study) -> tuple[list[str], bool | Non
         diffs[lag] = welch(list(a.values()), list(b.values()))
     adjusted = dict(zip(FAMILY, holm([diffs[lag].p for lag in FAMILY])))
     superior = [lag for lag in FAMILY if adjusted[lag] <= ALPHA and diffs[lag].mean > 0]
-    lines = ["| regime | pick - GRPO, points (95%) | p | Holm p | non-inferior at 3 |", "|---|---|---|---|---|"]
+    lines = ["| regime | GRPO, % (95%) | pick, % (95%) | pick - GRPO, points (95%) | p | Holm p | non-inferior at 3 |",
+             "|---|---|---|---|---|---|---|"]
     for lag in LAGS:
         d = diffs[lag]
         holm_p = f"{adjusted[lag]:.2g}" if lag in adjusted else ""
-        lines.append(f"| {'online' if lag == 0 else f'lag {lag}'} | {100 * d.mean:+.1f} ± {100 * d.half:.1f} | {d.p:.2g} | "
-                     f"{holm_p} | {'yes' if non_inferior(d, MARGIN) else 'no'} |")
+        cells_ = [fmt(list(primaries(cells, loss, lag, seeds).values())) for loss in (REF, PICK)]
+        lines.append(f"| {'online' if lag == 0 else f'lag {lag}'} | {' | '.join(cells_)} | {100 * d.mean:+.1f} ± "
+                     f"{100 * d.half:.1f} | {d.p:.2g} | {holm_p} | {'yes' if non_inferior(d, MARGIN) else 'no'} |")
     others_ok = all(non_inferior(diffs[lag], MARGIN) for lag in LAGS if lag not in superior)
     wins = bool(superior) and others_ok
     said = (f"**{PICK} wins**: superior at lag {' and '.join(map(str, superior))}, non-inferior elsewhere" if wins else

@@ -156,12 +156,15 @@ def test_the_screen_picks_the_highest_mean_only_once_every_candidate_has_its_see
 # seeds mod 3 give each seed's primary 0, 1 or 2 points above its cell's base. Confirmation, seeds 100-112: four
 # 0s, five 1s, four 2s -> variance 8 / 12 points^2; Welch, equal cells: se = sqrt(2 x 8 / 12 / 13) = 0.320, t(24)
 # 2.064, half 0.66. Replication, seeds 200-206: 2, 0, 1, 2, 0, 1, 2 -> mean 8 / 7, variance (14 - 7 (8 / 7)^2) / 6
-# = 34 / 42; se = sqrt(2 x 34 / 42 / 7) = 0.481, t(12) 2.179, half 1.05. The SD rule pools the first sd_after
+# = 34 / 42; se = sqrt(2 x 34 / 42 / 7) = 0.481, t(12) 2.179, half 1.05. Each cell's own interval: confirmation
+# 71.0 (GRPO at lag 32) ± t(12) sqrt(8 / 12 / 13) = 2.179 x 0.226 = 0.49; replication 70 + 8 / 7 = 71.1 ±
+# t(6) sqrt(34 / 42 / 7) = 2.447 x 0.340 = 0.83. The SD rule pools the first sd_after
 # seeds: confirmation 100-109 (1, 2, 0 three times, then 1: mean 1, variance 6 / 9); replication 200-204 (2, 0, 1, 2, 0:
 # mean 1, variance 4 / 4).
-@pytest.mark.parametrize("name, sd_variance, variance, half", [("CONFIRMATION", 6 / 9, 8 / 12, "0.7"),
-                                                               ("REPLICATION", 4 / 4, 34 / 42, "1.0")])
-def test_a_study_doubles_t_on_a_late_gain_of_3_points_and_says_who_wins(tmp_path, name, sd_variance, variance, half):
+@pytest.mark.parametrize("name, sd_variance, row", [
+    ("CONFIRMATION", 6 / 9, "| lag 32 | 71.0 ± 0.5 | 76.0 ± 0.5 | +5.0 ± 0.7 |"),
+    ("REPLICATION", 4 / 4, "| lag 32 | 71.1 ± 0.8 | 76.1 ± 0.8 | +5.0 ± 1.0 |")])
+def test_a_study_doubles_t_on_a_late_gain_of_3_points_and_says_who_wins(tmp_path, name, sd_variance, row):
     from examples.paper_delay import confirm
 
     study = getattr(confirm, name)
@@ -195,7 +198,7 @@ def test_a_study_doubles_t_on_a_late_gain_of_3_points_and_says_who_wins(tmp_path
     grid(study.seeds(study.declared))
     cell("grpo", 32, 0.99, [study.first_seed + study.declared])  # a seed past the ones needed: not read
     said, won = confirm.verdict(load(folder), need, study)
-    assert f"| lag 32 | +5.0 ± {half} |" in said[0] and "wins**: superior at lag 32" in said[1] and won is True
+    assert row in said[0] and "wins**: superior at lag 32" in said[1] and won is True
     cell(confirm.PICK, 0, 0.66, study.seeds(need))  # 4 points below GRPO online: not non-inferior at 3
     said, won = confirm.verdict(load(folder), need, study)
     assert "does not win**: superior, but not non-inferior" in said[1] and won is False

@@ -4,7 +4,7 @@ training on the arithmetic task until it has a *partial* skill, so RL has room t
     python examples/make_tiny_model.py                       # node/assets/tiny-arith
     python examples/make_tiny_model.py --name tiny-arith-b --hidden 96 --layers 3 --seed 1
     python examples/make_tiny_model.py --task chain --name tiny-chain   # long scratchpad completions
-    python examples/make_tiny_model.py --task chain-long --name tiny-chain-long --hidden 160 --layers 3 --seed 1 \
+    python examples/make_tiny_model.py --task chain-long --name tiny-chain-long --hidden 160 --layers 3 --seed 1 --eval-from 400 \
         --eval-every 5 --eval-size 100 --target-acc 0.5 --max-steps 4000    # longer: issue 61's second model
 
 It trains from scratch on the train split (completion tokens only: the answer, or for the chain

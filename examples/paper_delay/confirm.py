@@ -11,9 +11,10 @@ What each reads, each as soon as the runs it needs are in (a part of the grid is
    within the six cells over those seeds: the seeds a cell needs at 3 points at that SD (the
    confirmation: non-inferiority; the replication: superiority at Holm's first level), never fewer
    than the study declared.
-3. **The verdict**, once every cell has the study's first that many seeds (a seed past them is not read): the pick minus GRPO per regime (Welch, 95%); Holm
-   over the two superiority tests (lag 32, lag 128) at familywise 0.05; the pick wins if one holds
-   and it is non-inferior (3 points, one-sided 2.5%) in each of the other regimes.
+3. **The verdict**, once every cell has the study's first that many seeds (a seed past them is not
+   read): the pick minus GRPO per regime (Welch, 95%); Holm over the two superiority tests (lag 32,
+   lag 128) at familywise 0.05; the pick wins if one holds and it is non-inferior (3 points,
+   one-sided 2.5%) in each of the other regimes.
 
 The replication runs only once the confirmation names the pick the winner.
 """
@@ -144,8 +145,8 @@ def verdict(cells: dict, need: int, study: Study) -> tuple[list[str], bool | Non
     for lag in LAGS:
         d = diffs[lag]
         holm_p = f"{adjusted[lag]:.2g}" if lag in adjusted else ""
-        cells_ = [fmt(list(primaries(cells, loss, lag, seeds).values())) for loss in (REF, PICK)]
-        lines.append(f"| {'online' if lag == 0 else f'lag {lag}'} | {' | '.join(cells_)} | {100 * d.mean:+.1f} ± "
+        means = [fmt(list(primaries(cells, loss, lag, seeds).values())) for loss in (REF, PICK)]
+        lines.append(f"| {'online' if lag == 0 else f'lag {lag}'} | {' | '.join(means)} | {100 * d.mean:+.1f} ± "
                      f"{100 * d.half:.1f} | {d.p:.2g} | {holm_p} | {'yes' if non_inferior(d, MARGIN) else 'no'} |")
     others_ok = all(non_inferior(diffs[lag], MARGIN) for lag in LAGS if lag not in superior)
     wins = bool(superior) and others_ok

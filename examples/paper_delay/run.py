@@ -119,7 +119,8 @@ def loss_and_options(loss: str) -> tuple[str, dict, dict]:
 GRID_TASKS = {  # --task -> (the model a grid runs by default, --max-new-tokens' default)
     "chain": ("builtin:tiny-chain", 128),
     # issue 61's second model and task: the same sums at 8-12 terms, so completions of 72-124
-    # characters (chain's 30-80); 192, as 128 for chain, is ~1.5x the longest reference, within the model's 256 positions
+    # characters (chain's 30-80); 192, as 128 for chain, is ~1.5x the longest reference, and
+    # prompt + 192 fits the model's 256 positions
     "chain-long": ("builtin:tiny-chain-long", 192),
     "arith": ("builtin:tiny-arith", 128),
 }
@@ -589,7 +590,8 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=8, help="groups (prompts) per learner step")
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=0,
-                    help="tokens a completion may take; 0, the default: by task, " + ", ".join(f"{n} ({task})" for task, (_, n) in GRID_TASKS.items()))
+                    help="tokens a completion may take; 0, the default: by task, "
+                         + ", ".join(f"{n} ({task})" for task, (_, n) in GRID_TASKS.items()))
     ap.add_argument("--samplers", type=int, default=2)
     ap.add_argument("--eval-every", type=int, default=20)
     ap.add_argument("--eval-size", type=int, default=1200,

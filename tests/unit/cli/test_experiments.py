@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from examples.paper_delay.run import (GRID_TASKS, OLDER_SETTINGS, against_table, build_config, evaluate_from, first_eval,
-                                      held_out, mean_ci, run_one, run_start, settings, staleness_table, summarise, t975, tables,
-                                      task_config, variants_table, versus_table)
+                                      held_out, mean_ci, run_one, run_start, settings, staleness_table, summarise, t975,
+                                      tables, task_config, variants_table, versus_table)
 from helpers.repo import ROOT
 from swarm.delay import lognormal_params
 

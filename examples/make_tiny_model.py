@@ -27,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from examples.paper_delay.run import GRID_TASKS, task_config  # noqa: E402  (the grids' task, one definition)
 from node.engines.hf import HFEngine  # noqa: E402
 from node.learner.evaluate import eval_problems, evaluate  # noqa: E402
 from node.training.logprobs import completion_logprobs, pack  # noqa: E402
@@ -40,7 +41,7 @@ TASKS = {  # --task -> (the task, the completion it is taught, tokens an eval ma
     "chain": (lambda: ChainTask(ChainConfig()), ChainTask.worked, 128,
               "the chain task (`ChainConfig()`: sums of 4-8 two-digit numbers worked out on a scratchpad, "
               "completions of 30-80 characters)"),
-    "chain-long": (lambda: ChainTask(ChainConfig(min_terms=8, max_terms=12)), ChainTask.worked, 192,
+    "chain-long": (lambda: ChainTask(task_config("chain-long")), ChainTask.worked, GRID_TASKS["chain-long"][1],
                    "the chain task at longer completions (`ChainConfig(min_terms=8, max_terms=12)`: sums of 8-12 "
                    "two-digit numbers worked out on a scratchpad, completions of 72-124 characters)"),
 }

@@ -204,7 +204,7 @@ def test_a_study_doubles_t_on_a_late_gain_of_3_points_and_says_who_wins(tmp_path
     assert "does not win**: superior, but not non-inferior" in said[1] and won is False
 
 
-def test_a_study_raises_its_seeds_to_what_its_sd_asks():
+def test_the_replications_seven_seeds_are_what_superiority_asks_at_the_planned_sd_of_1_5():
     from examples.paper_delay import confirm
     from examples.paper_delay.protocol import seeds_per_cell
 

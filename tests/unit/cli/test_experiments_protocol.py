@@ -212,3 +212,18 @@ def test_the_replications_seven_seeds_are_what_superiority_asks_at_the_planned_s
     assert seeds_per_cell(0.015, 0.03, confirm.CONFIRMATION.sd_alpha) == 6
     assert seeds_per_cell(0.015, 0.03, confirm.REPLICATION.sd_alpha) == 7 == confirm.REPLICATION.declared
     assert seeds_per_cell(0.02, 0.03, confirm.REPLICATION.sd_alpha) == 10
+
+
+def test_a_study_raises_its_seeds_when_its_measured_sd_asks_for_more(tmp_path):
+    from examples.paper_delay import confirm
+    from examples.paper_delay.protocol import seeds_per_cell
+
+    study = confirm.REPLICATION
+    folder = tmp_path / study.folder
+    for loss in ("grpo", confirm.PICK):  # seeds 200-204 mod 3: 2, 0, 1, 2, 0 -> 3 points apart: SD 3 points
+        for lag in confirm.LAGS:
+            for seed in study.seeds(study.sd_after):
+                _write(folder, loss, lag, seed, [(s, 0.7 + 0.03 * (seed % 3)) for s in (140, 220, 300)],
+                       lag=True, steps=300)
+    need, s = confirm.seeds_needed(load(folder), study)
+    assert s == pytest.approx(0.03) and need == seeds_per_cell(0.03, 0.03, confirm.ALPHA / 2) > study.declared

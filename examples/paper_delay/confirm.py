@@ -3,6 +3,8 @@ verdict on the screen's pick, then the same on a second model and task.
 
     python examples/paper_delay/confirm.py    # writes docs/results/protocol/confirm.md and replicate.md
 
+and each study's mechanism.py table of its runs' diagnostics (mechanism.md, mechanism_replicate.md).
+
 What each reads, each as soon as the runs it needs are in (a part of the grid is enough for the first):
 
 1. **Run length.** The late gain (protocol.late_gain) of GRPO's online cell's seed-mean curve over
@@ -28,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from examples.paper_delay import mechanism  # noqa: E402
 from examples.paper_delay.protocol import Curve, holm, late_gain, non_inferior, pooled_sd, seeds_per_cell, welch  # noqa: E402
 from examples.paper_delay.reread import ALPHA, MARGIN, POWER, REF, RESULTS, metrics, write  # noqa: E402
 from examples.paper_delay.run import fmt, load  # noqa: E402
@@ -156,11 +159,17 @@ def verdict(cells: dict, need: int, study: Study) -> tuple[list[str], bool | Non
     return ["\n".join(lines), said], wins
 
 
+def runs_folder(study: Study, root: Path = RESULTS) -> tuple[int | None, str]:
+    """(the run length, the folder of the study's runs at it): `folder` until the length is decided."""
+    first = load(root / study.folder) if (root / study.folder).is_dir() else {}
+    t = decided_t(first, study)
+    return t, study.doubled if t is not None and t > 300 else study.folder
+
+
 def report(study: Study, root: Path = RESULTS) -> tuple[str, bool | None]:
     """(the study's report, whether it names the pick the winner: None until its verdict)."""
     first = load(root / study.folder) if (root / study.folder).is_dir() else {}
-    t = decided_t(first, study)
-    folder = study.doubled if t is not None and t > 300 else study.folder
+    t, folder = runs_folder(study, root)
     cells = (load(root / folder) if (root / folder).is_dir() else {}) if t is not None else {}
     need, s = seeds_needed(cells, study)
     counts = ", ".join(f"{loss} {'online' if lag == 0 else f'lag {lag}'}: {seeds_in(cells, loss, lag, study)}"
@@ -185,6 +194,10 @@ def main() -> None:
     elif not won:
         text += "\nThe confirmation did not name the pick the winner: the replication does not run.\n"
     write(REPLICATION.report, text)
+    for study, name in ((CONFIRMATION, "mechanism.md"), (REPLICATION, "mechanism_replicate.md")):
+        t, folder = runs_folder(study)
+        if t is not None and (RESULTS / folder).is_dir():  # the cells' diagnostics, descriptive (mechanism.py)
+            write(name, mechanism.report(folder))
 
 
 if __name__ == "__main__":

@@ -159,17 +159,17 @@ def verdict(cells: dict, need: int, study: Study) -> tuple[list[str], bool | Non
     return ["\n".join(lines), said], wins
 
 
-def runs_folder(study: Study, root: Path = RESULTS) -> tuple[int | None, str]:
-    """(the run length, the folder of the study's runs at it): `folder` until the length is decided."""
+def runs_folder(study: Study, root: Path = RESULTS) -> tuple[dict, int | None, str]:
+    """(the cells of the study's 300-step folder, the run length they decide, the folder of the
+    study's runs at that length: the 300-step one until the length is decided)."""
     first = load(root / study.folder) if (root / study.folder).is_dir() else {}
     t = decided_t(first, study)
-    return t, study.doubled if t is not None and t > 300 else study.folder
+    return first, t, study.doubled if t is not None and t > 300 else study.folder
 
 
 def report(study: Study, root: Path = RESULTS) -> tuple[str, bool | None]:
     """(the study's report, whether it names the pick the winner: None until its verdict)."""
-    first = load(root / study.folder) if (root / study.folder).is_dir() else {}
-    t, folder = runs_folder(study, root)
+    first, t, folder = runs_folder(study, root)
     cells = (load(root / folder) if (root / folder).is_dir() else {}) if t is not None else {}
     need, s = seeds_needed(cells, study)
     counts = ", ".join(f"{loss} {'online' if lag == 0 else f'lag {lag}'}: {seeds_in(cells, loss, lag, study)}"
@@ -195,9 +195,9 @@ def main() -> None:
         text += "\nThe confirmation did not name the pick the winner: the replication does not run.\n"
     write(REPLICATION.report, text)
     for study, name in ((CONFIRMATION, "mechanism.md"), (REPLICATION, "mechanism_replicate.md")):
-        t, folder = runs_folder(study)
+        _, t, folder = runs_folder(study)
         if t is not None and (RESULTS / folder).is_dir():  # the cells' diagnostics, descriptive (mechanism.py)
-            write(name, mechanism.report(folder))
+            write(name, mechanism.report(folder, name))
 
 
 if __name__ == "__main__":

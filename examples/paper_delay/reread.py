@@ -91,11 +91,16 @@ def cells_of(regime: Regime, root: Path = RESULTS) -> dict[str, dict[int, dict]]
     return out
 
 
-def metrics(summary: dict) -> tuple[float, float]:
-    """(primary, secondary) of one run's summary; older summaries have no `lag` setting (none ran one)."""
+def start_of(summary: dict) -> int:
+    """The burn-in of the run a summary describes: where its primary metric starts counting (older
+    summaries have no `lag` setting: none ran one)."""
     steps = summary.get("settings", {}).get("steps", summary["steps"])
-    lag = summary["delay"] if summary.get("settings", {}).get("lag") else 0
-    return primary(summary["evals"], burn_in(steps, lag)), secondary(summary["evals"])
+    return burn_in(steps, summary["delay"] if summary.get("settings", {}).get("lag") else 0)
+
+
+def metrics(summary: dict) -> tuple[float, float]:
+    """(primary, secondary) of one run's summary."""
+    return primary(summary["evals"], start_of(summary)), secondary(summary["evals"])
 
 
 @dataclass(frozen=True)

@@ -170,14 +170,17 @@ def test_a_study_doubles_t_on_a_late_gain_of_3_points_and_says_who_wins(tmp_path
     study = getattr(confirm, name)
     folder = tmp_path / study.folder
     steps = list(range(60, 301, 20))
+    assert confirm.runs_folder(study, tmp_path)[1:] == (None, study.folder)  # no runs: the length waits
     # GRPO online, the study's first five seeds: 0.2 points a step over steps 200-300 -> late gain 0.0002 x 100 = 2 points
     for seed in study.first:
         _write(folder, "grpo", 0, seed, [(s, 0.6 + 0.0002 * s) for s in steps], lag=True, steps=300)
     assert "T = 300 stands" in confirm.run_length(load(folder), study)
+    assert confirm.runs_folder(study, tmp_path)[1:] == (300, study.folder)
     for seed in study.first:  # 0.4 a step: 4 points, past the rule
         _write(folder, "grpo", 0, seed, [(s, 0.6 + 0.0004 * s) for s in steps], lag=True, steps=300)
     assert "T doubles to 600" in confirm.run_length(load(folder), study)
     assert confirm.decided_t(load(folder), study) == 600
+    assert confirm.runs_folder(study, tmp_path)[1:] == (600, study.doubled)  # the runs at T = 600: their own folder
 
     def cell(loss, lag, base, seeds):  # primary = base + 0, 1 or 2 points by seed (every evaluation alike)
         for seed in seeds:

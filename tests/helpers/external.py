@@ -41,8 +41,9 @@ def require_chromium() -> tuple[str, str]:
 
 
 def require_vllm() -> None:
-    """vLLM runs in its own environment (README, "vLLM"); the main environment skips its tests,
-    and so does CI's main run: CI runs them in that environment with `-m vllm`, where it fails."""
+    """vLLM runs in its own environment (README, "vLLM"). Elsewhere a run leaves its tests out
+    (tests/conftest.py) unless it names them, and then they skip here; CI runs them in that
+    environment with `-m vllm`, where a missing vLLM fails."""
     from node.engines.vllm import vllm_available
 
     if vllm_available():

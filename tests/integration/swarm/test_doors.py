@@ -15,7 +15,6 @@ import threading
 import time
 from pathlib import Path
 
-import msgpack
 import pytest
 from google.protobuf.wrappers_pb2 import BytesValue
 from hivemind.p2p import PeerID

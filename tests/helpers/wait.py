@@ -6,7 +6,13 @@ import time
 from typing import Callable
 
 
-def until(cond: Callable[[], object], what: str, timeout: float = 30.0, every: float = 0.01) -> None:
+PATIENCE_S = 30.0
+"""How long a test waits for what should happen at once (a reply, a close): a hang fails the test, a
+slow or loaded CPU does not. A wait that must pass a deadline of the code under test is derived from
+that deadline instead."""
+
+
+def until(cond: Callable[[], object], what: str, timeout: float = PATIENCE_S, every: float = 0.01) -> None:
     """Return once `cond()` is true; fail the test with `what` after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while not cond():

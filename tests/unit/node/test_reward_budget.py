@@ -19,6 +19,7 @@ import pytest
 
 from helpers.honest_answers import KINDS, honest_groups
 from helpers.slow_rewards import EVADES, TOWER
+from helpers.wait import PATIENCE_S
 from node.tasks import DatasetTask, DatasetTaskConfig, math_verify_reward
 from node.tasks.bounded import GRACE_S, MIN_GROUP_S, OverBudget, RewardWorker, group_budget_s
 from node.tasks.rewards import (MAX_ANSWER_CHARS, MAX_EXPONENT, MAX_FACTORIAL, MAX_NESTING, MAX_POWER_BITS,
@@ -95,13 +96,18 @@ def test_the_budget_follows_the_group_size():
     assert group_budget_s(8) == 1.0 and group_budget_s(2) == MIN_GROUP_S == 0.5 and group_budget_s(16) == 2.0
 
 
-def test_honest_groups_score_in_the_worker_as_in_process_within_the_budget(worker):
-    for kind, gold, comps in honest_groups(len(KINDS) * 2, seed=7):
-        texts = [t for t, _ in comps]
-        got = worker.rewards(texts, gold)  # past its budget, it would raise OverBudget
-        assert got == [math_verify_reward(x, gold) for x in texts], (kind, gold)
-    assert worker.rewards(["\\boxed{\\frac{1}{2}}", "\\boxed{0.5}", "\\boxed{3}", "1/2"], "1/2") == [1.0, 1.0, 0.0, 1.0]
-    assert worker.kills == 0
+def test_honest_groups_score_in_the_worker_as_in_process():
+    # the budget here is long: whether honest groups fit the product's (PER_COMPLETION_S, twice the
+    # p99.9 of honest answers measured) is a property of the CPU, measured, not asserted by a fast test
+    w = RewardWorker("math_verify", budget=lambda n: PATIENCE_S, grace_s=PATIENCE_S)
+    try:
+        for kind, gold, comps in honest_groups(len(KINDS) * 2, seed=7):
+            texts = [t for t, _ in comps]
+            assert w.rewards(texts, gold) == [math_verify_reward(x, gold) for x in texts], (kind, gold)
+        assert w.rewards(["\\boxed{\\frac{1}{2}}", "\\boxed{0.5}", "\\boxed{3}", "1/2"], "1/2") == [1.0, 1.0, 0.0, 1.0]
+        assert w.kills == 0
+    finally:
+        w.close()
 
 
 def test_a_pathological_group_is_dropped_within_its_budget_from_any_thread(worker):
@@ -116,7 +122,7 @@ def test_a_pathological_group_is_dropped_within_its_budget_from_any_thread(worke
             out.append(str(e))
     thread = threading.Thread(target=score)
     thread.start()
-    thread.join(10)
+    thread.join(PATIENCE_S)
     # the worker's own timer ran out ("ran past its deadline", said by the worker at its budget), not
     # the caller's wait; that sympy stopped in time is the worker living on
     assert len(out) == 1 and "ran past its deadline" in out[0], out

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from helpers.numerics import U32
 from node.algorithms import get_algorithm
 from node.engines.base import Completion
 from node.models import BUILTIN_MODEL, load_model, load_tokenizer
@@ -221,7 +222,12 @@ def test_the_guard_reads_the_median_sequence_so_a_few_forged_claims_do_not_move_
     from node.algorithms.base import k3, seq_mean
     from node.training.logprobs import completion_logprobs
 
-    model, tok = model_and_tok
+    model0, tok = model_and_tok
+    # float64 end to end, so that the step's median equals the one computed here but for the one
+    # rounding the step applies: it keeps each sequence's k3 as float32 (relative error <= U32)
+    model = type(model0)(model0.config)
+    model.load_state_dict(model0.state_dict())
+    model.to(torch.float64)
     algo = get_algorithm("grpo")
     groups = _groups(tok, 4, 4, seed=3)
     batch = build_batch(groups, True, tok.pad_token_id)
@@ -241,7 +247,7 @@ def test_the_guard_reads_the_median_sequence_so_a_few_forged_claims_do_not_move_
     forged = float(k3(torch.tensor(-3.5)))  # e^-3.5 + 3.5 - 1 ~ 2.53 per token
     assert route["kl_k3"] > forged / 4 > 0.6  # the mean: a quarter of the rows at 2.53 sets it
     every = sorted(honest[~liars].tolist() + [forged] * int(liars.sum()))
-    assert route["kl_k3_median"] == pytest.approx((every[7] + every[8]) / 2, rel=1e-4)  # 16 rows
+    assert route["kl_k3_median"] == pytest.approx((every[7] + every[8]) / 2, rel=2 * U32)  # 16 rows
     assert route["kl_k3_median"] < 0.01
 
 

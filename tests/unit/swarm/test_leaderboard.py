@@ -17,12 +17,12 @@ import json
 import re
 import socket
 import threading
-import time
 import urllib.error
 
 import pytest
 
 from helpers.leaderboard import http_get, peer, progress, served, tally
+from helpers.wait import PATIENCE_S, until
 from swarm.identity import short_id
 from swarm.leaderboard import (LeaderboardServer, LeaderboardStore, clean_name, collect_once, render_chart,
                                render_learning_chart, render_page, render_rows, serve)
@@ -169,15 +169,13 @@ def test_serve_collects_from_its_source_until_stopped_and_frees_the_port(tmp_pat
     t = threading.Thread(target=serve, args=(store, "demo", "127.0.0.1", 0, stop),
                          kwargs={"source": source, "poll_s": 0.05, "ready": urls.append}, daemon=True)
     t.start()
-    deadline = time.monotonic() + 10
-    while not (urls and store.board()["peers"]) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    until(lambda: urls and store.board()["peers"], "the server up and a poll collected")
     board = json.loads(http_get(urls[0] + "api/leaderboard")[0])
     # 8 from L1, which the coordinator names; L2's tally (99 more) is never read
     assert [(p["peer_id"], p["name"], p["rollouts"]) for p in board["peers"]] == [("A", "alice", 8)]
     assert source.refreshed >= 1  # every poll asks for newer records, not only every 10 s
     stop.set()
-    t.join(timeout=5)
+    t.join(timeout=PATIENCE_S)
     assert not t.is_alive()
     port = int(urls[0].rsplit(":", 1)[1].strip("/"))
     with socket.create_server(("127.0.0.1", port)):  # released, so a restart can take it again

@@ -20,7 +20,7 @@ from swarm.p2p.doors import DOORS, Bound
 from swarm.p2p.handlers import BoundedStream
 from swarm.weights import ChunkStore
 from swarm.weights.chunks import INDEX_COST
-from swarm.wire.chunks import CHUNK_SIZE, CHUNKS, MAX_INDICES, MAX_REQUEST_BYTES, MIN_CHUNK, ChunkRequest
+from swarm.wire.chunks import CHUNK_SIZE, CHUNKS, MAX_INDICES, MAX_REQUEST_BYTES, MAX_REQUEST_WAIT, MIN_CHUNK, ChunkRequest
 
 
 class _Node:
@@ -109,17 +109,20 @@ def test_a_mate_waits_for_each_chunk_of_a_request_from_the_last_it_served():
     store, node, _ = _store()
     store.begin("c", 3)
 
+    # each chunk waited for at most 2 s. Sleeps only run late, never early: chunk 1 comes at least 2.1 s
+    # after the request (past a whole-request deadline of 2 s) and is late for its own 2 s only if the
+    # 1.1 s sleep overruns by 0.9 s; chunk 0 only if the 1 s sleep overruns by 1 s
     async def collect() -> list[bytes]:
         async def arrive() -> None:
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(1.0)
             store.add_chunk("c", 3, 0, b"\x00")
-            await asyncio.sleep(0.9)  # 1.1 s after the request: past a whole-request deadline of 1 s
+            await asyncio.sleep(1.1)
             store.add_chunk("c", 3, 1, b"\x01")
         task = asyncio.create_task(arrive())
-        got = [bytes(item) async for item in node.handler(ChunkRequest("c", 3, [0, 1, 2], 1.0).encode(), "peer")]
+        got = [bytes(item) async for item in node.handler(ChunkRequest("c", 3, [0, 1, 2], 2.0).encode(), "peer")]
         await task
         return got
-    # chunk 1 came within 1 s of chunk 0 being served; chunk 2 never did: a gap after 1 s, the end
+    # chunk 1 came within 2 s of chunk 0 being served; chunk 2 never did: a gap after 2 s, the end
     assert asyncio.run(collect()) == [b"\x00", b"\x01", b""]
 
 
@@ -148,10 +151,11 @@ def test_a_request_waiting_for_a_chunk_is_woken_by_the_change_not_a_poll(change)
         store.add_chunk("c", 3, 0, b"\x00") if change == "arrives" else store.abandon(3)
     thread = threading.Thread(target=later)
     thread.start()
-    got = _ask(node, ChunkRequest("c", 3, [0], 5.0).encode())
+    got = _ask(node, ChunkRequest("c", 3, [0], MAX_REQUEST_WAIT).encode())
     thread.join()
     assert got == ([b"\x00"] if change == "arrives" else []) and len(lookups) <= 3
-    assert False not in woken  # by the change, not its 5 s running out
+    # by the change, 0.2 s in, not its 10 s running out: woken before half of them unless the CPU stalled 4.8 s
+    assert False not in woken
 
 
 def test_the_first_peers_served_the_seed_version_whole_are_its_seeders_fixed_until_the_next():

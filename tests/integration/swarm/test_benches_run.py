@@ -3,24 +3,28 @@ why): real peers, real processes, the emulated WAN where the bench needs it."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 from helpers.external import cannot
 from helpers.repo import ROOT
 
 
-def run_bench(argv: list[str], timeout: float) -> str:
+def run_bench(argv: list[str], timeout: float, tmp: Path) -> str:
+    """The bench's printout; its work folders (tempfile.mkdtemp, kept for a user to read) go under
+    `tmp`, the test's, not the machine's /tmp (hivemind's sockets stay in /tmp: their own path)."""
     out = subprocess.run([sys.executable, str(ROOT / "examples" / argv[0]), *argv[1:]], cwd=ROOT, capture_output=True,
-                         text=True, timeout=timeout)
+                         text=True, timeout=timeout, env={**os.environ, "TMPDIR": str(tmp)})
     assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-3000:])
     return out.stdout
 
 
-def test_the_distribution_bench_runs_each_schedule_and_repeats():
+def test_the_distribution_bench_runs_each_schedule_and_repeats(tmp_path):
     printed = run_bench(["bench_distribution.py", "--mb", "2", "--ns", "1", "2", "--repeat", "2", "--patch-mb", "1",
-                         "--segment", "3"], 600)
+                         "--segment", "3"], 600, tmp_path)
     assert len(re.findall(r"(?m)^\s+2\s+(staggered|simultaneous|no sharing)\s", printed)) == 3, printed
     assert "median of 2" in printed, printed  # a second repetition runs (it failed before: issue 60)
     # the manifest's tail after the version a sampler holds, the notice in its place, and the whole
@@ -32,28 +36,28 @@ def test_the_distribution_bench_runs_each_schedule_and_repeats():
     assert all(notice < tail < whole for tail, notice, whole in sizes), rows
 
 
-def test_the_many_peers_bench_runs():
-    printed = run_bench(["bench_many.py", "--peers", "4", "--window", "10", "--newcomers", "1"], 600)
+def test_the_many_peers_bench_runs(tmp_path):
+    printed = run_bench(["bench_many.py", "--peers", "4", "--window", "10", "--newcomers", "1"], 600, tmp_path)
     assert "goal: a newcomer knows the learner" in printed, printed[-3000:]
 
 
-def test_the_soak_bench_runs_with_churn_and_an_attack():
+def test_the_soak_bench_runs_with_churn_and_an_attack(tmp_path):
     printed = run_bench(["bench_soak.py", "--minutes", "3", "--churn-s", "60", "--attack-every-s", "70",
-                         "--sample-s", "5"], 420)
+                         "--sample-s", "5"], 420, tmp_path)
     assert re.search(r"soak of \d", printed) and "attack 1 done" in printed, printed[-3000:]
 
 
-def test_the_wan_bench_spreads_versions_to_earned_mates():
+def test_the_wan_bench_spreads_versions_to_earned_mates(tmp_path):
     from examples.wan import skip_reason
 
     cannot(skip_reason())
     printed = run_bench(["bench_wan.py", "--samplers", "3", "--patch-mb", "1", "--versions", "2", "--interval", "6",
-                         "--rate-mbit", "50", "--rtt-ms", "20"], 600)
+                         "--rate-mbit", "50", "--rtt-ms", "20"], 600, tmp_path)
     assert "knows its 3 public mates" in printed and "goals:" in printed, printed[-3000:]
     assert re.search(r"CPU per version while it spread \(median\): the swarm [\d.]+ s", printed), printed[-3000:]
 
 
-def test_a_new_swarms_samplers_share_its_keyframe_through_the_seeders_its_learner_names():
+def test_a_new_swarms_samplers_share_its_keyframe_through_the_seeders_its_learner_names(tmp_path):
     """No one is credited yet: samplers joining one after another take v0 from the first, whom the
     learner's tally names as a seeder (swarm/discovery.py `seeders`), not one copy each from the
     learner (3 here before seeders). 20 s apart: the first holds v0 and the learner's tally (every
@@ -62,13 +66,13 @@ def test_a_new_swarms_samplers_share_its_keyframe_through_the_seeders_its_learne
 
     cannot(skip_reason())
     printed = run_bench(["bench_wan.py", "--samplers", "3", "--keyframe-mb", "4", "--patch-mb", "1", "--versions", "1",
-                         "--interval", "4", "--join-every", "20", "--rate-mbit", "50", "--rtt-ms", "20"], 600)
+                         "--interval", "4", "--join-every", "20", "--rate-mbit", "50", "--rtt-ms", "20"], 600, tmp_path)
     copies = re.search(r"keyframe .* the learner uploaded ([\d.]+) copies \(one a sampler: 3\)", printed)
     assert copies and float(copies.group(1)) < 1.5, printed[-3000:]
 
 
-def test_the_demo_bench_says_where_a_run_went():
-    printed = run_bench(["bench_demo.py", "--steps", "10"], 300)
+def test_the_demo_bench_says_where_a_run_went(tmp_path):
+    printed = run_bench(["bench_demo.py", "--steps", "10"], 300, tmp_path)
     # each node's CPU (the demo's own children, found through /proc), and the learner's loop by phase
     for node in ("learner", "sampler-0", "sampler-1", "bootstrap", "leaderboard"):
         assert re.search(rf"(?m)^{node}\s+\d+\.\d\s", printed), (node, printed[-3000:])

@@ -111,13 +111,14 @@ def test_a_peers_name_and_engine_reach_status_and_logs_escaped(tmp_path):
 
 
 @pytest.mark.timeout(180)
-def test_the_discovery_bench_runs():
+def test_the_discovery_bench_runs(tmp_path):
     """examples/bench_discovery.py at its smallest (the directory's load, 12 s): a change that breaks
-    the bench fails here, not when someone next reads BENCHMARKS."""
+    the bench fails here, not when someone next reads BENCHMARKS. Its work folder goes under the test's."""
     from helpers.repo import ROOT
 
     out = subprocess.run([sys.executable, str(ROOT / "examples" / "bench_discovery.py"), "--only", "directory",
-                          "--directory-seconds", "12"], capture_output=True, text=True, timeout=150)
+                          "--directory-seconds", "12"], capture_output=True, text=True, timeout=150,
+                         env={**os.environ, "TMPDIR": str(tmp_path)})
     assert out.returncode == 0, out.stderr[-2000:]
     line = next(x for x in out.stdout.splitlines() if x.startswith("coordinator's directory:"))
     assert float(line.split(": ")[2].split(" B/s")[0]) > 0, line  # it served the samplers something

@@ -43,6 +43,12 @@ STARTUP_S = 30
 before it can send anything: not the door's doing."""
 
 
+def _pool_refilled() -> None:
+    """Wait until the unproven keys' pool has refilled its burst (at POOL_RATE) after a test drained
+    it, so that the module's next test, in whatever order, starts with the pool it would have alone."""
+    time.sleep(POOL_QUOTA / POOL_RATE)
+
+
 @pytest.fixture(scope="module")
 def other_tokenizer(tmp_path_factory):
     from transformers import AutoTokenizer
@@ -201,6 +207,7 @@ def test_fresh_keys_share_one_pool_while_the_proven_sampler_goes_on(swarm, sybil
     assert sum(v for k, v in step["throttled"].items() if k.startswith("unproven_")) >= 1, step["throttled"]
     swarm.wait_version(swarm.version() + 2, timeout=120)
     assert next_step(swarm)["accepted_by_sampler"].get(honest, 0) > before  # trained on throughout
+    _pool_refilled()
 
 
 def test_a_flood_of_fresh_keys_is_held_to_the_pool(swarm, sybils, capsys):
@@ -228,6 +235,7 @@ def test_a_flood_of_fresh_keys_is_held_to_the_pool(swarm, sybils, capsys):
     assert opened(counts) <= POOL_QUOTA + POOL_RATE * elapsed, (opened(counts), counts, elapsed)
     assert during > 0, "the honest, proven sampler was starved by the fresh keys"  # its own budget, not the pool's
     assert sum(n for why, n in counts["why"].items() if why.startswith("unproven_")) >= 1, counts
+    _pool_refilled()
 
 
 def test_keys_declaring_payloads_they_never_send_cannot_keep_a_newcomer_out(swarm, sybils):

@@ -12,6 +12,8 @@ import statistics
 import threading
 import time
 
+import pytest
+
 from helpers.leaderboard import HALF_SENT, closed_by_server, connect, get, history_store
 from swarm.leaderboard import LeaderboardServer, ServerLimits
 
@@ -20,15 +22,20 @@ def _server_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("leaderboard")]
 
 
-def _raise_nofile() -> None:
+@pytest.fixture
+def many_files():
+    """The process's descriptor limit raised to its hard limit for the test, and put back after (a
+    later test in this process sees the limit it would see alone)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= 4000, "1,500 sockets on both ends need 4,000 descriptors"
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    try:
+        assert hard >= 4000, "1,500 sockets on both ends need 4,000 descriptors"
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-def test_1500_half_sent_requests_hold_no_threads_keep_no_one_out_and_are_closed_at_the_deadline(tmp_path):
-    _raise_nofile()
+def test_1500_half_sent_requests_hold_no_threads_keep_no_one_out_and_are_closed_at_the_deadline(tmp_path, many_files):
     store = history_store(tmp_path / "lb.db")
     limits = ServerLimits(request_s=8.0)
     with LeaderboardServer(store, "demo", "127.0.0.1", 0, limits=limits) as server:
@@ -55,8 +62,7 @@ def test_1500_half_sent_requests_hold_no_threads_keep_no_one_out_and_are_closed_
             s.close()
 
 
-def test_200_clients_at_once_on_the_history_are_all_answered(tmp_path):
-    _raise_nofile()
+def test_200_clients_at_once_on_the_history_are_all_answered(tmp_path, many_files):
     store = history_store(tmp_path / "lb.db", peers=50, tallies=40)
     with LeaderboardServer(store, "demo", "127.0.0.1", 0) as server:
         url, go, took, codes = server.url + "api/history", threading.Barrier(200), [], []

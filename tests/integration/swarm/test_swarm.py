@@ -1,8 +1,9 @@
 """The swarm on hivemind, for real: peers as processes on 127.0.0.1, signed records, faults.
 
 One module-scoped swarm (bootstrap, learner, two samplers of the learner's model and one of a
-different model) serves the tests in order; every process group is reaped by PGID at the end and
-checked. A test-local hivemind peer plays the attacker.
+different model) serves the tests; a test that kills a node starts it again before it ends, so the
+tests pass in any order. Every process group is reaped by PGID at the end and checked. A
+test-local hivemind peer plays the attacker.
 """
 
 from __future__ import annotations
@@ -143,6 +144,7 @@ def test_kill9_sampler_learner_keeps_training(swarm):
     assert not victim.group_alive(), "the killed node's DHT process or p2pd lived on (swarm/lifetime.py)"
     v = swarm.version()
     swarm.wait_version(v + 4, timeout=120)
+    swarm.join("sampler-b", "sampler")  # back, for the module's other tests
 
 
 def test_kill9_learner_restart_redelivers_outbox_nothing_lost_or_counted_twice(swarm):
@@ -166,3 +168,4 @@ def test_kill9_learner_restart_redelivers_outbox_nothing_lost_or_counted_twice(s
     # graceful stop writes a final checkpoint; then check the books
     stop([swarm.nodes["learner"]], grace=30)
     check_books(swarm.base / "learner")
+    swarm.join("learner", "learner", "--config", str(swarm.base / "learner.toml"))  # back, for the module's other tests

@@ -9,6 +9,7 @@ import msgpack
 import pytest
 import torch
 
+from helpers.wait import until
 from node.models import BUILTIN_MODEL, load_model
 from node.weights.codec import Publisher, PublishConfig, apply_version
 from node.weights.blob import decode_version, encode_version, untie
@@ -65,20 +66,29 @@ def apply_all(published, blobs):
     return published
 
 
+def _holds(reader, holder: str, chain: str, version: int) -> None:
+    """Wait until `reader` (a SwarmNode) reads `holder`'s record of holding `version` in the DHT."""
+    until(lambda: any(h.chain == chain and version in h.versions for h in reader.holdings_of([holder])),
+          f"{chain} v{version} held by {holder}, as the DHT says", every=0.05)
+
+
 def test_keyframe_then_deltas_reconstruct_bit_exactly_and_holders_spare_the_learner(peers):
     lx, (s1, s2) = peers
+    # the peers are the module's: counts are taken from here, whatever earlier tests moved
+    up0, s1_up0, s1_held0, s2_held0 = (lx.store.served_bytes, s1.store.served_bytes, s1.stats["bytes_from_holders"],
+                                       s2.stats["bytes_from_holders"])
     pub = publish_versions(lx, 4, "run1")
     blobs = blobs_of(s1.fetch("", -1))  # nothing held yet: the keyframe and every delta
     assert [decode_version(b)[0].version for b in blobs] == [0, 1, 2, 3]
     got = apply_all(None, blobs)
     assert torch.equal(got, pub.published)
-    uploaded = lx.store.served_bytes
-    assert uploaded == sum(len(b) for b in blobs) and s1.stats["bytes_from_holders"] == 0
-    time.sleep(0.5)  # s1's holder record reaches the DHT
+    uploaded = lx.store.served_bytes - up0
+    assert uploaded == sum(len(b) for b in blobs) and s1.stats["bytes_from_holders"] == s1_held0
+    _holds(s2.node, s1.node.peer_id, "run1", 3)  # s1 announces what it fetched
     blobs2 = blobs_of(s2.fetch("", -1))
     assert blobs2 == blobs
-    assert lx.store.served_bytes == uploaded  # the second sampler got every byte from the first
-    assert s2.stats["bytes_from_holders"] == uploaded and s1.store.served_bytes == uploaded
+    assert lx.store.served_bytes - up0 == uploaded  # the second sampler got every byte from the first
+    assert s2.stats["bytes_from_holders"] - s2_held0 == uploaded and s1.store.served_bytes - s1_up0 == uploaded
     # one more version: only the new delta travels
     publish(lx, 4, pub.publish({k: t + 1e-3 for k, t in pub.layout.tensors(pub.published).items()}, 4), "run1", {})
     newer = blobs_of(s1.fetch("run1", 3))
@@ -97,15 +107,15 @@ def test_a_corrupted_chunk_from_a_holder_is_fetched_again_elsewhere(peers):
     lx, (s1, s2) = peers
     publish_versions(lx, 1, "run2")
     good = blobs_of(s1.fetch("", -1))
-    time.sleep(0.5)
+    _holds(s2.node, s1.node.peer_id, "run2", 0)
     bad = bytearray(s1.store.blobs[0])
     bad[len(bad) // 2] ^= 0xFF  # the holder's copy is damaged
     s1.store.blobs[0] = bytes(bad)
-    before_bad, before_up = s2.stats["bad_chunks"], lx.store.served_bytes
+    before_bad, before_up, demoted = s2.stats["bad_chunks"], lx.store.served_bytes, s2.demoted[s1.node.peer_id]
     assert blobs_of(s2.fetch("", -1)) == good  # the learner served the chunk the holder spoiled
     assert s2.stats["bad_chunks"] == before_bad + 1 and lx.store.served_bytes > before_up
     # the holder that lied is demoted: s2 does not ask it first again for a while
-    assert s2.demoted[s1.node.peer_id] == 1 and s2.strikes.benched(s1.node.peer_id, time.monotonic())
+    assert s2.demoted[s1.node.peer_id] == demoted + 1 and s2.strikes.benched(s1.node.peer_id, time.monotonic())
     s2.strikes = PeerStrikes(s2.cfg.demote_s, s2.cfg.demote_max_s, s2.cfg.forget_s)  # later tests share s1 as a mate
 
 
@@ -324,7 +334,7 @@ def test_a_holder_announcing_a_huge_chunk_is_refused_before_it_is_read_and_count
     try:
         liar.run(liar.p2p.add_binary_stream_handler("hetero.chunks.v2", huge), timeout=10)
         assert liar.announce_holdings("run13", [0])
-        time.sleep(0.5)  # the holder record reaches the DHT
+        _holds(s1.node, liar.peer_id, "run13", 0)
         before = s1.stats["bad_streams"]
         assert blobs_of(s1.fetch("", -1)) == [blob]
         assert s1.stats["bad_streams"] > before and sent
@@ -429,7 +439,7 @@ def test_a_holder_of_every_version_that_stalls_is_hedged_demoted_and_the_sampler
     try:
         bad.run(bad.p2p.add_binary_stream_handler("hetero.chunks.v2", handler), timeout=10)
         assert bad.announce_holdings(chain, list(range(64)))
-        time.sleep(0.5)  # the holder record reaches the DHT
+        _holds(node, bad.peer_id, chain, 0)
         pub = publish_versions(lx, 1, chain)
         pre = WeightPrefetcher(fetcher, interval=0.2)
         have, seen = ("", -1), []

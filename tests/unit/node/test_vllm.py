@@ -102,14 +102,16 @@ def test_in_place_weight_update_changes_outputs_and_version(engine, hf):
     gen = torch.Generator().manual_seed(0)
     changed = {k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in original.items()}
     engine.load_weights(changed, version=7)
-    assert engine.version == 7
-    after = engine.generate(PROMPTS, greedy)
-    assert [r.completions[0].token_ids for r in after] != before
-    other = load_model(BUILTIN_MODEL).eval()
-    other.load_state_dict(changed)
-    sampled = engine.generate(PROMPTS, SamplingParams(n=4, temperature=1.0, max_new_tokens=6))
-    assert learner_gap(engine, other, sampled, 1.0) < TOLERANCE  # vLLM really runs the new weights
-    engine.load_weights(original, version=8)  # and back: same engine, no restart
+    try:
+        assert engine.version == 7
+        after = engine.generate(PROMPTS, greedy)
+        assert [r.completions[0].token_ids for r in after] != before
+        other = load_model(BUILTIN_MODEL).eval()
+        other.load_state_dict(changed)
+        sampled = engine.generate(PROMPTS, SamplingParams(n=4, temperature=1.0, max_new_tokens=6))
+        assert learner_gap(engine, other, sampled, 1.0) < TOLERANCE  # vLLM really runs the new weights
+    finally:  # and back: same engine, no restart (the module's later tests share it)
+        engine.load_weights(original, version=8)
     assert [r.completions[0].token_ids for r in engine.generate(PROMPTS, greedy)] == before
 
 

@@ -134,7 +134,7 @@ def test_every_attacker_is_refused_and_credited_nothing(runs, capsys):
     assert dup == "duplicate_content" or last["drops"].get("duplicate_content", 0) >= 1, dup
 
 
-@pytest.mark.timeout(60, func_only=True)  # the test itself; `runs` (two whole training runs) has the default's
+@pytest.mark.timeout(1200)  # as its sibling's: run alone or first, it builds `runs` (two whole training runs)
 def test_the_attacked_model_learns_as_the_clean_one_and_honest_samplers_raise_no_flags(runs, capsys):
     clean, attacked = runs["clean"], runs["attacked"]
     with capsys.disabled():

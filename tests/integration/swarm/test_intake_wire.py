@@ -6,12 +6,14 @@ never sent), and read the refusals back from its replies and its metrics.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 
 import msgpack
 import pytest
 
+from cli.procs import stop
 from swarm.wire.envelope import seal
 
 # ---- over the real protocol: a real learner, each attacker a peer with its own fresh key ------------
@@ -43,10 +45,13 @@ STARTUP_S = 30
 before it can send anything: not the door's doing."""
 
 
-def _pool_refilled() -> None:
-    """Wait until the unproven keys' pool has refilled its burst (at POOL_RATE) after a test drained
-    it, so that the module's next test, in whatever order, starts with the pool it would have alone."""
+def _pool_refilled(swarm) -> None:
+    """Wait until the unproven keys' pool is as a test found it, so that the module's next test, in
+    whatever order, starts with the pool it would have alone: its rate refilled its burst (POOL_QUOTA
+    at POOL_RATE a second), and the groups it holds (at most POOL_QUOTA, received and not yet trained
+    on) are trained on, oldest first, 4 a step (LEARNER_TOML's groups_per_step)."""
     time.sleep(POOL_QUOTA / POOL_RATE)
+    swarm.wait_version(swarm.version() + math.ceil(POOL_QUOTA / 4) + 1, timeout=240)
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +212,7 @@ def test_fresh_keys_share_one_pool_while_the_proven_sampler_goes_on(swarm, sybil
     assert sum(v for k, v in step["throttled"].items() if k.startswith("unproven_")) >= 1, step["throttled"]
     swarm.wait_version(swarm.version() + 2, timeout=120)
     assert next_step(swarm)["accepted_by_sampler"].get(honest, 0) > before  # trained on throughout
-    _pool_refilled()
+    _pool_refilled(swarm)
 
 
 def test_a_flood_of_fresh_keys_is_held_to_the_pool(swarm, sybils, capsys):
@@ -235,7 +240,7 @@ def test_a_flood_of_fresh_keys_is_held_to_the_pool(swarm, sybils, capsys):
     assert opened(counts) <= POOL_QUOTA + POOL_RATE * elapsed, (opened(counts), counts, elapsed)
     assert during > 0, "the honest, proven sampler was starved by the fresh keys"  # its own budget, not the pool's
     assert sum(n for why, n in counts["why"].items() if why.startswith("unproven_")) >= 1, counts
-    _pool_refilled()
+    _pool_refilled(swarm)
 
 
 def test_keys_declaring_payloads_they_never_send_cannot_keep_a_newcomer_out(swarm, sybils):
@@ -255,6 +260,8 @@ def test_keys_declaring_payloads_they_never_send_cannot_keep_a_newcomer_out(swar
         took = time.monotonic() - t0
     finally:
         future.result(200)
+        if "newcomer" in swarm.nodes:  # it would compete for the pool in the module's later tests
+            stop([swarm.nodes["newcomer"]])
     print(f"\n  2 keys declaring 3 MiB and sending nothing ({dict(counts)}): the newcomer's first group "
           f"acknowledged {took:.1f} s after it started")
     assert counts["go"] >= 2  # the liars were let in and held their calls

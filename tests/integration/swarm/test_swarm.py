@@ -138,19 +138,32 @@ def test_forged_and_malformed_records_are_rejected_and_counted(swarm, tmp_path):
 def test_kill9_sampler_learner_keeps_training(swarm):
     victim = swarm.nodes["sampler-b"]
     victim.kill9()  # nothing of its code runs: its DHT process notices and stops itself and p2pd
-    deadline = time.monotonic() + 15
-    while victim.group_alive() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not victim.group_alive(), "the killed node's DHT process or p2pd lived on (swarm/lifetime.py)"
-    v = swarm.version()
-    swarm.wait_version(v + 4, timeout=120)
-    swarm.join("sampler-b", "sampler")  # back, for the module's other tests
+    try:
+        deadline = time.monotonic() + 15
+        while victim.group_alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not victim.group_alive(), "the killed node's DHT process or p2pd lived on (swarm/lifetime.py)"
+        v = swarm.version()
+        swarm.wait_version(v + 4, timeout=120)
+    finally:
+        stop([victim])
+        swarm.join("sampler-b", "sampler")  # back, for the module's other tests
 
 
 def test_kill9_learner_restart_redelivers_outbox_nothing_lost_or_counted_twice(swarm):
     learner = swarm.nodes["learner"]
     swarm.wait_version(max(swarm.version() + 2, 7), timeout=120)  # at least one checkpoint exists (every 5)
     learner.kill9()
+    try:
+        _learner_killed_and_restarted(swarm, learner)
+    finally:
+        stop([swarm.nodes["learner"]], grace=30)
+        swarm.join("learner", "learner", "--config", str(swarm.base / "learner.toml"))  # back, for the module's other tests
+
+
+def _learner_killed_and_restarted(swarm, learner) -> None:
+    """The learner just killed -9: restarted from its checkpoint, it continues the versions and takes
+    what samplers kept in their outboxes meanwhile, once; stopped gracefully, its books check."""
     stop([learner])  # reap its DHT and p2pd
     killed_at = swarm.version()
     n_before = sum(r["kind"] == "step" for r in swarm.metrics())
@@ -168,4 +181,3 @@ def test_kill9_learner_restart_redelivers_outbox_nothing_lost_or_counted_twice(s
     # graceful stop writes a final checkpoint; then check the books
     stop([swarm.nodes["learner"]], grace=30)
     check_books(swarm.base / "learner")
-    swarm.join("learner", "learner", "--config", str(swarm.base / "learner.toml"))  # back, for the module's other tests

@@ -19,6 +19,7 @@ import pytest
 
 from cli.errors import UserError
 from helpers.external import cannot
+from helpers.wait import PATIENCE_S
 from swarm.dht.network import NetworkConfig, listen_maddr
 
 PEER = "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"  # a real peer id (sha2-256), nobody's
@@ -167,7 +168,7 @@ def test_the_leaderboard_serves_on_an_ipv6_address_and_cleans_up(tmp_path):
             time.sleep(0.1)
         url = url_file.read_text().strip()
         assert url.startswith("http://[::1]:"), url
-        with urllib.request.urlopen(url, timeout=10) as page:
+        with urllib.request.urlopen(url, timeout=PATIENCE_S) as page:
             assert page.status == 200 and b"<html" in page.read().lower()
         board.send_signal(signal.SIGTERM)
         _, err = board.communicate(timeout=60)

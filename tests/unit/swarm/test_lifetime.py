@@ -16,6 +16,7 @@ import pytest
 
 from swarm.lifetime import children, descendants, unix_socket_paths
 from helpers.repo import ROOT
+from helpers.wait import PATIENCE_S
 
 HELPER = """
 import socket, subprocess, sys, time
@@ -35,7 +36,7 @@ time.sleep(120)
 """
 
 
-def _gone(pid: int, timeout: float = 10.0) -> bool:
+def _gone(pid: int, timeout: float = PATIENCE_S) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -63,7 +64,7 @@ def node(tmp_path):
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    proc.wait(10)
+    proc.wait(PATIENCE_S)
     for path in (sock, sock + ".node"):
         if os.path.exists(path):
             os.unlink(path)
@@ -73,7 +74,7 @@ def test_a_helper_process_ends_with_its_daemon_when_the_node_is_killed_9(node):
     proc, helper, daemon, sock = node
     assert sock in unix_socket_paths(helper)
     proc.kill()  # SIGKILL: nothing of the node's code runs
-    proc.wait(10)
+    proc.wait(PATIENCE_S)
     assert _gone(helper) and _gone(daemon), "the helper or its daemon outlived the node"
     assert not os.path.exists(sock), "the helper's hivemind socket was left in /tmp"
     assert not os.path.exists(sock + ".node"), "the node's hivemind socket was left in /tmp"
@@ -91,7 +92,7 @@ def test_descendants_walks_the_whole_tree_parents_first():
     # a shell that starts a shell that starts `sleep`: three generations of real processes
     top = subprocess.Popen(["sh", "-c", "sh -c 'sleep 60; true' & wait"])
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + PATIENCE_S
         while len(descendants(top.pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         tree = descendants(top.pid)
@@ -104,4 +105,4 @@ def test_descendants_walks_the_whole_tree_parents_first():
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        top.wait(10)
+        top.wait(PATIENCE_S)

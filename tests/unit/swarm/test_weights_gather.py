@@ -308,7 +308,7 @@ def test_a_download_that_ends_short_resumes_from_the_chunks_it_verified():
             return len(served)
 
     node = HalfLearner({LEARNER: "busy"})
-    fetcher = WeightFetcher(node, lambda: LEARNER, cfg=FetchConfig(hedge_s=0.3), parallel=2)
+    fetcher = WeightFetcher(node, lambda: LEARNER, cfg=FetchConfig(hedge_s=STEADY_HEDGE_S), parallel=2)
     try:
         fetcher.store.begin("c", ENTRY.version)
         with pytest.raises(RecordError, match="verified from no source"):

@@ -90,8 +90,8 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     vllm = config.stash.get(_vllm_left_out, 0)
     if vllm:
         terminalreporter.write_line(
-            f"left out {vllm} vLLM test{'s' if vllm != 1 else ''}: vLLM is not installed here; they run in its own environment "
-            "with `python -m pytest -m vllm` (README, section 'vLLM')"
+            f"left out {vllm} vLLM test{'s' if vllm != 1 else ''}: vLLM is not installed here; they run in its "
+            "own environment with `python -m pytest -m vllm` (README, section 'vLLM')"
         )
     left_out = config.stash.get(_deselected, 0)
     if left_out:

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from examples.paper_delay import mechanism  # noqa: E402
 from examples.paper_delay.protocol import Curve, holm, late_gain, non_inferior, pooled_sd, seeds_per_cell, welch  # noqa: E402
-from examples.paper_delay.reread import ALPHA, MARGIN, POWER, REF, RESULTS, metrics, write  # noqa: E402
+from examples.paper_delay.reread import ALPHA, MARGIN, POWER, REF, RESULTS, metrics, regime_name, write  # noqa: E402
 from examples.paper_delay.run import fmt, load  # noqa: E402
 
 PICK = "gepo-lenclip"
@@ -104,7 +104,7 @@ def run_length(cells: dict, study: Study) -> str:
     curve = seed_mean(runs, first)
     gain = late_gain(curve)
     steps = curve[-1][0]
-    decision = (f"T doubles to {decided_t(cells, study)} before any other cell runs" if gain >= MARGIN
+    decision = (f"T doubles to {2 * steps} before any other cell runs" if gain >= MARGIN
                 else f"T = {steps} stands")
     points = ", ".join(f"{s}: {100 * a:.1f}" for s, a in curve)
     return (f"Run length: GRPO online, seeds {first[0]}-{first[-1]}, seed-mean eval accuracy by step ({points}); late gain over "
@@ -149,7 +149,7 @@ def verdict(cells: dict, need: int, study: Study) -> tuple[list[str], bool | Non
         d = diffs[lag]
         holm_p = f"{adjusted[lag]:.2g}" if lag in adjusted else ""
         means = [fmt(list(primaries(cells, loss, lag, seeds).values())) for loss in (REF, PICK)]
-        lines.append(f"| {'online' if lag == 0 else f'lag {lag}'} | {' | '.join(means)} | {100 * d.mean:+.1f} ± "
+        lines.append(f"| {regime_name(lag)} | {' | '.join(means)} | {100 * d.mean:+.1f} ± "
                      f"{100 * d.half:.1f} | {d.p:.2g} | {holm_p} | {'yes' if non_inferior(d, MARGIN) else 'no'} |")
     others_ok = all(non_inferior(diffs[lag], MARGIN) for lag in LAGS if lag not in superior)
     wins = bool(superior) and others_ok
@@ -172,7 +172,7 @@ def report(study: Study, root: Path = RESULTS) -> tuple[str, bool | None]:
     first, t, folder = runs_folder(study, root)
     cells = (load(root / folder) if (root / folder).is_dir() else {}) if t is not None else {}
     need, s = seeds_needed(cells, study)
-    counts = ", ".join(f"{loss} {'online' if lag == 0 else f'lag {lag}'}: {seeds_in(cells, loss, lag, study)}"
+    counts = ", ".join(f"{loss} {regime_name(lag)}: {seeds_in(cells, loss, lag, study)}"
                        for loss in (REF, PICK) for lag in LAGS)
     seeds = (f"Seeds: the SD rule waits for {study.sd_after} seeds a cell." if need is None else
              f"Seeds: pooled primary SD {100 * s:.1f} points over the six cells' first {study.sd_after} seeds: "

@@ -40,7 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from examples.paper_delay.protocol import sd  # noqa: E402
-from examples.paper_delay.reread import RESULTS, start_of, write  # noqa: E402
+from examples.paper_delay.reread import RESULTS, regime_name, start_of, write  # noqa: E402
 from examples.paper_delay.run import cell_name, load, loss_and_options, own_route  # noqa: E402
 
 FOLDER = "confirm_bf16_t600"
@@ -92,7 +92,7 @@ class Cell:
 
     @property
     def regime(self) -> str:
-        return "online" if self.delay == 0 else f"lag {self.delay}" if self.lag else f"max delay {self.delay}"
+        return regime_name(self.delay, self.lag)
 
 
 def read_folder(folder: Path) -> list[Cell]:

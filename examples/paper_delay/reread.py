@@ -91,6 +91,11 @@ def cells_of(regime: Regime, root: Path = RESULTS) -> dict[str, dict[int, dict]]
     return out
 
 
+def regime_name(delay: int, lag: bool = True) -> str:
+    """A cell's regime as the reports write it: online, a pinned lag, or a log-normal delay's maximum."""
+    return "online" if delay == 0 else f"lag {delay}" if lag else f"max delay {delay}"
+
+
 def start_of(summary: dict) -> int:
     """The burn-in of the run a summary describes: where its primary metric starts counting (older
     summaries have no `lag` setting: none ran one)."""

@@ -1,5 +1,6 @@
-"""The science scripts (examples/paper_delay): a tiny real grid end to end (resumable, tables with
-intervals, plots), and a stopped grid leaves no worker behind. Their statistics and delay model by
+"""The science scripts (examples/paper_delay, examples/paper_share): a tiny real grid end to end
+(resumable, tables with intervals, plots), a stopped grid leaves no worker behind, and the sharing
+experiment runs to its table in the simulator and as a loopback swarm of real processes. Their statistics and delay model by
 hand: tests/unit/cli/test_experiments.py."""
 
 import json
@@ -66,3 +67,25 @@ def test_a_stopped_grid_leaves_no_worker_behind(tmp_path, sig):
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_the_sharing_experiment_runs_to_its_table_simulated_and_real(tmp_path):
+    """examples/paper_share at its smallest: the simulator's runs (alone and ftis) and one real
+    loopback swarm of three learners and three samplers (ftis): each writes its summaries and a
+    table with a row per learner (examples/paper_hetero is left out: it first trains two models)."""
+    sim = subprocess.run([sys.executable, str(ROOT / "examples/paper_share/run.py"), "--seeds", "0", "--steps", "2",
+                          "--eval-every", "1", "--eval-size", "10", "--settings", "alone", "ftis", "--workers", "1",
+                          "--out", str(tmp_path / "sim")], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert sim.returncode == 0, sim.stderr[-3000:]
+    table = (tmp_path / "sim" / "table.md").read_text()
+    for learner in ("arith", "arith-b", "arith-c"):
+        for setting in ("alone", "ftis"):
+            assert f"| {learner} | {setting} | 1 |" in table, table
+
+    real = subprocess.run([sys.executable, str(ROOT / "examples/paper_share/real.py"), "--seeds", "0", "--settings", "ftis",
+                           "--steps", "3", "--eval-every", "3", "--eval-size", "10", "--settle-s", "2",
+                           "--out", str(tmp_path / "real")], capture_output=True, text=True, timeout=420, cwd=ROOT)
+    assert real.returncode == 0, (real.stdout[-2000:], real.stderr[-3000:])
+    assert (tmp_path / "real" / "ftis_s0.summary.json").exists()
+    table = (tmp_path / "real" / "table.md").read_text()
+    assert all(f"| {learner} | ftis | 1 |" in table for learner in ("arith", "arith-b", "arith-c")), table

@@ -77,3 +77,13 @@ def test_the_demo_bench_says_where_a_run_went(tmp_path):
     for node in ("learner", "sampler-0", "sampler-1", "bootstrap", "leaderboard"):
         assert re.search(rf"(?m)^{node}\s+\d+\.\d\s", printed), (node, printed[-3000:])
     assert "the learner's run:" in printed and re.search(r"(?m)^\s+train\s+\d+\.\d s", printed), printed[-3000:]
+
+
+def test_the_flood_bench_runs_at_both_priorities(tmp_path):
+    """Two fresh keys flood a proven sampler's learner, at the swarm's priority and at nice 19: a row
+    each, with what the learner's doors did with the flood (accepted / busy / refused)."""
+    printed = run_bench(["bench_flood.py", "--seconds", "3", "--keys", "2"], 420, tmp_path)
+    for label in ("same priority", "nice 19"):
+        assert re.search(rf"(?m)^2 key\(s\), {label}\s+[\d.]+ ->\s+[\d.]+\s+\d+%\s+\d+\s+\d+\s+\d+\s+\d+\s", printed), \
+            (label, printed[-3000:])
+    assert printed.count("flood: ") == 2 and "busy by bound" in printed, printed[-3000:]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -23,6 +24,8 @@ import time
 from pathlib import Path
 
 TICK = os.sysconf("SC_CLK_TCK")
+GOAL_POINTS, GOAL_S = 20.0, 60.0
+"""What a newcomer's first command should show on an idle 2-core machine, and how fast (issue 60)."""
 
 
 def _processes() -> dict[int, tuple[int, str, float]]:
@@ -105,8 +108,12 @@ def main() -> None:
             if v >= 0.05:
                 print(f"  {k:12s} {v:6.1f} s  {v / run_s:4.0%}")
     tail = (work / "demo.out").read_text().splitlines()
-    print(next((line for line in tail if "eval accuracy" in line), "no summary: the demo's output ends\n"
-               + "\n".join(tail[-20:])))
+    summary = next((line for line in tail if "eval accuracy" in line), None)
+    print(summary or "no summary: the demo's output ends\n" + "\n".join(tail[-20:]))
+    if summary and (gain := re.search(r"\(([+-][\d.]+) points\)", summary)):
+        points = float(gain.group(1))
+        print(f"goal (issue 60): +{GOAL_POINTS:g} points within {GOAL_S:g} s on an idle 2-core machine; this run "
+              f"{points:+.1f} points in {wall:.1f} s: " + ("met" if points >= GOAL_POINTS and wall <= GOAL_S else "not met"))
     if args.keep:
         print(f"the run's files: {work}")
     else:

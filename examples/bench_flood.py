@@ -138,7 +138,9 @@ def main() -> None:
             _, during = flood_rates(s.metrics(), honest, t1, t1, t2)
             journal = (s.base / "learner" / "journal.bin").stat().st_size / 2**20
             label = f"{args.keys} key(s), " + ("same priority" if nice == 0 else f"nice {nice}")
-            print(f"{label:<26} {base:7.2f} -> {during:6.2f} {during / base:>12.0%} {counts['sent']:>11} "
+            # (no two steps in the baseline window: a window too short for this machine's learner)
+            share = f"{during / base:>12.0%}" if base else f"{'n/a':>12}"
+            print(f"{label:<26} {base:7.2f} -> {during:6.2f} {share} {counts['sent']:>11} "
                   f"{counts['ok']:>9} {counts['busy']:>9} {counts['rejected']:>8} {rss_before:>17.0f} -> "
                   f"{learner_memory_mb(s):>5.0f} MB "
                   f"{journal:>6.2f} MB")

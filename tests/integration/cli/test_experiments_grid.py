@@ -1,7 +1,7 @@
 """The science scripts (examples/paper_delay, examples/paper_share): a tiny real grid end to end
 (resumable, tables with intervals, plots), a stopped grid leaves no worker behind, and the sharing
-experiment runs to its table in the simulator and as a loopback swarm of real processes. Their statistics and delay model by
-hand: tests/unit/cli/test_experiments.py."""
+experiment runs to its table in the simulator and as a loopback swarm of real processes. Their
+statistics and delay model by hand: tests/unit/cli/test_experiments.py."""
 
 import json
 import re

@@ -8,30 +8,43 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
 from helpers.external import cannot, require_vllm
 from helpers.repo import ROOT
 
+PEAKS = Path("/proc/self/clear_refs")  # CPU peaks: Linux's VmHWM, reset through clear_refs
+
+
+class Bench(NamedTuple):
+    argv: list[str]
+    shows: str  # a regex its table matches
+    needs_peaks: bool = False  # measures CPU peak memory, so needs PEAKS
+
+
 BENCHES = {
-    "audit": (["bench_audit.py", "--steps", "4", "--chosen", "8"], r"ms per audited group"),
-    "bf16_audit": (["bench_bf16_audit.py", "--preset", "smoke", "--models", "builtin", "--dtypes", "bfloat16"],
-                   r"honest groups failed at margin"),
-    "filters": (["bench_filters.py", "--vocab", "1024", "--rows", "8", "--repeats", "1"], r"ms a position"),
-    "gepo_variance": (["gepo_variance.py"], r"GEPO lower\n(\s+[\d.]+){4}\s+\d+%\n"),
-    "learner_memory": (["learner_memory.py", "--shape", "wide-vocab-tiny", "--layers", "1", "--versions", "1",
-                        "--groups", "1", "--group-size", "2", "--completion-len", "16", "--threads", "1"],
-                       r"v1: v1 rebuilt and loaded for an audit .* peak in phase .*\n(?s:.*)arithmetic \(docs/BENCHMARKS"),
-    "learner": (["bench_learner.py", "--shape", "builtin", "--groups", "2", "--steps", "1", "--sampler-prompts", "2",
-                 "--sampler-tokens", "4"], r"learner / bare: \d+\.\d+x tokens/s"),
-    "logprob_gap": (["bench_logprob_gap.py", "--steps", "3", "--prompts", "4"], r"a liar claiming"),
-    "losses": (["bench_losses.py", "--reps", "2"], r"(?m)^grpo\s+\d"),
-    "picker": (["bench_picker.py", "--batch", "4", "--vocab", "1024", "--steps", "2"], r"(?m)^\s+4\s+1024\s"),
-    "reward_budget": (["bench_reward_budget.py", "4"], r"budget of a group of 8: [\d.]+ s; honest groups over it: \d+"),
-    "sim_bf16": (["bench_sim_bf16.py", "--batches", "1", "--prompts", "2"], r"linear outputs that differ: \d+ of \d+"),
-    "weights": (["bench_weights.py", "--shape", "wide-vocab-tiny", "--algos", "grpo", "--steps", "2", "--groups", "2",
-                 "--group-size", "2", "--prompt-len", "8", "--completion-len", "8"], r"mean: patch 1/"),
+    "audit": Bench(["bench_audit.py", "--steps", "4", "--chosen", "8"], r"ms per audited group"),
+    "bf16_audit": Bench(["bench_bf16_audit.py", "--preset", "smoke", "--models", "builtin", "--dtypes", "bfloat16"],
+                        r"honest groups failed at margin"),
+    "filters": Bench(["bench_filters.py", "--vocab", "1024", "--rows", "8", "--repeats", "1"], r"ms a position"),
+    "gepo_variance": Bench(["gepo_variance.py"], r"GEPO lower\n(\s+[\d.]+){4}\s+\d+%\n"),
+    "learner_memory": Bench(["learner_memory.py", "--shape", "wide-vocab-tiny", "--layers", "1", "--versions", "1",
+                             "--groups", "1", "--group-size", "2", "--completion-len", "16", "--threads", "1"],
+                            r"v1: v1 rebuilt and loaded for an audit .* peak in phase .*\n"
+                            r"(?s:.*)arithmetic \(docs/BENCHMARKS", needs_peaks=True),
+    "learner": Bench(["bench_learner.py", "--shape", "builtin", "--groups", "2", "--steps", "1", "--sampler-prompts",
+                      "2", "--sampler-tokens", "4"], r"learner / bare: \d+\.\d+x tokens/s", needs_peaks=True),
+    "logprob_gap": Bench(["bench_logprob_gap.py", "--steps", "3", "--prompts", "4"], r"a liar claiming"),
+    "losses": Bench(["bench_losses.py", "--reps", "2"], r"(?m)^grpo\s+\d"),
+    "picker": Bench(["bench_picker.py", "--batch", "4", "--vocab", "1024", "--steps", "2"], r"(?m)^\s+4\s+1024\s"),
+    "reward_budget": Bench(["bench_reward_budget.py", "4"],
+                           r"budget of a group of 8: [\d.]+ s; honest groups over it: \d+"),
+    "sim_bf16": Bench(["bench_sim_bf16.py", "--batches", "1", "--prompts", "2"],
+                      r"linear outputs that differ: \d+ of \d+"),
+    "weights": Bench(["bench_weights.py", "--shape", "wide-vocab-tiny", "--algos", "grpo", "--steps", "2", "--groups",
+                      "2", "--group-size", "2", "--prompt-len", "8", "--completion-len", "8"], r"mean: patch 1/"),
 }
 
 
@@ -44,11 +57,11 @@ def run_bench(argv: list[str], timeout: float) -> str:
 
 @pytest.mark.parametrize("name", sorted(BENCHES))
 def test_a_node_benchmark_runs_to_its_table(name):
-    argv, shows = BENCHES[name]
-    if name == "learner_memory":  # its peaks: Linux's VmHWM, reset through clear_refs
-        cannot(None if Path("/proc/self/clear_refs").exists() else "needs Linux /proc (clear_refs) to measure peak memory")
-    printed = run_bench(argv, 600)
-    assert re.search(shows, printed), printed[-3000:]
+    bench = BENCHES[name]
+    if bench.needs_peaks:
+        cannot(None if PEAKS.exists() else f"needs Linux's {PEAKS} to measure peak memory")
+    printed = run_bench(bench.argv, 600)
+    assert re.search(bench.shows, printed), printed[-3000:]
 
 
 @pytest.mark.vllm

@@ -77,6 +77,9 @@ def test_the_demo_bench_says_where_a_run_went(tmp_path):
     for node in ("learner", "sampler-0", "sampler-1", "bootstrap", "leaderboard"):
         assert re.search(rf"(?m)^{node}\s+\d+\.\d\s", printed), (node, printed[-3000:])
     assert "the learner's run:" in printed and re.search(r"(?m)^\s+train\s+\d+\.\d s", printed), printed[-3000:]
+    # the gain from the learner's own eval records, first to last, as the demo's summary reports it
+    assert re.search(r"eval accuracy \(the learner's metrics\): v0 [\d.]+% -> v10 [\d.]+% \([+-][\d.]+ points\)",
+                     printed), printed[-3000:]
     assert re.search(r"goal \(issue 60\): \+20 points within 60 s .* points in [\d.]+ s: (met|not met)", printed), \
         printed[-3000:]
 

@@ -27,11 +27,11 @@ def demo(
     """Run a whole swarm on this machine: a bootstrap peer, a learner and samplers as real processes.
 
     They talk over hivemind on 127.0.0.1 only, with the built-in tiny model and arithmetic task;
-    the learner trains on the samplers' rollouts (GRPO for its own model's) and publishes new versions
+    the learner trains on the samplers' rollouts (gepo_lenclip for its own model's) and publishes new versions
     that the samplers load. Shows live progress and ends with a summary. Every process it started
     is stopped when it ends, also on Ctrl-C. For a single-process run, see `hetero-node local`.
     """
-    # "GRPO": the learner's default own_loss (node.learner.LearnerConfig; a test keeps the two equal)
+    # "gepo_lenclip": the learner's default own_loss (node.learner.LearnerConfig; a test keeps the two equal)
     claim = claim_dir(workdir, "--workdir", "demo") if workdir else None  # held until the demo ends
     setup_logging(verbose)
     from cli.demo import run_demo

@@ -11,9 +11,9 @@ from typing import Annotated, Literal, Optional
 
 import typer
 
-LOSSES = ("gepo", "grpo", "dr_grpo", "grpo_seqmask", "gspo", "m2po", "tis", "ftis", "pg")
+LOSSES = ("gepo_lenclip", "gepo", "grpo", "dr_grpo", "grpo_seqmask", "gspo", "m2po", "tis", "ftis", "pg")
 """The registered losses (the names of node.algorithms.ALGORITHMS, whose import takes torch; a test
-keeps the two equal), in the order `--help` lists them."""
+keeps the two equal), in the order `--help` lists them: the learner's default first."""
 DROP = "drop"
 """The route that trains on nothing (node.learner.DROP; a test keeps the two equal)."""
 ROUTES = (*LOSSES, DROP)

@@ -1,4 +1,5 @@
-"""Policy losses (GRPO, Dr. GRPO, GRPO with a sequence drift mask, GSPO, GEPO, M2PO, truncated IS,
+"""Policy losses (GRPO, Dr. GRPO, GRPO with a sequence drift mask, GSPO, GEPO and its length-clipped
+preset `gepo_lenclip` (the learner's default), M2PO, truncated IS,
 F-TIS, and `pg`: no correction), one small pure function each, chosen by name through `ALGORITHMS`.
 
     from node.algorithms import get_algorithm, LossInputs
@@ -18,7 +19,7 @@ from typing import Any, Callable
 from node.algorithms.advantages import group_advantages, has_signal
 from node.algorithms.base import AGGREGATIONS, LossInputs, LossOutput
 from node.algorithms.ftis import FTISConfig, ftis_loss
-from node.algorithms.gepo import GEPOConfig, gepo_loss
+from node.algorithms.gepo import GEPOConfig, GEPOLenClipConfig, gepo_loss
 from node.algorithms.grpo import DrGRPOConfig, GRPOConfig, grpo_loss
 from node.algorithms.grpo_seqmask import GRPOSeqMaskConfig, grpo_seqmask_loss
 from node.algorithms.gspo import GSPOConfig, gspo_loss
@@ -53,6 +54,7 @@ ALGORITHMS: dict[str, Algorithm] = {
         Algorithm("grpo_seqmask", grpo_seqmask_loss, GRPOSeqMaskConfig),
         Algorithm("gspo", gspo_loss, GSPOConfig),
         Algorithm("gepo", gepo_loss, GEPOConfig),
+        Algorithm("gepo_lenclip", gepo_loss, GEPOLenClipConfig),
         Algorithm("m2po", m2po_loss, M2POConfig),
         Algorithm("tis", tis_loss, TISConfig),
         Algorithm("ftis", ftis_loss, FTISConfig),

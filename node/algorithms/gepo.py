@@ -86,6 +86,16 @@ class GEPOConfig:
             raise ValueError("gepo: decoupled drops the clip that len_clip reshapes; choose one")
 
 
+@dataclass(frozen=True)
+class GEPOLenClipConfig(GEPOConfig):
+    """`gepo_lenclip`, the learner's default for its own model's rollouts: GEPO with `len_clip`.
+    A name of its own rather than `gepo` with a default option, so a config that names another loss
+    never inherits a GEPO-only field. The default by docs/RESULTS.md's protocol ("At a glance"):
+    above GRPO under a pinned lag of 32 and 128 versions, non-inferior on-policy and in the demo."""
+
+    len_clip: bool = True
+
+
 def gepo_log_weights(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, group_ids: torch.Tensor,
                      log_e_hat: torch.Tensor | None = None) -> torch.Tensor:
     """log w_i = mean_t l^p_{i,t} - log E_hat(group of i); [B, T] x 2 -> [B], grad through l^p only.

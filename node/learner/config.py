@@ -120,9 +120,9 @@ class BehaviourConfig:
     max_logprob_gap: float = 4.0
     """Own-model sequences whose claimed behaviour log-probs differ from the learner's own by more
     than this (mean |gap| per token, nats) are dropped from the step and counted against their
-    sampler. Honest gaps come from staleness and engine numerics: at most 2.07 at 64 versions
-    stale (examples/bench_logprob_gap.py); a claim of -18/token is >= 13 away. What passes is
-    still bounded by the dual clip (node/algorithms/base.py)."""
+    sampler. Honest gaps come from staleness and engine numerics: at most 2.34 at 64 versions
+    stale under the default gepo_lenclip (2.07 under GRPO; examples/bench_logprob_gap.py); a claim
+    of -18/token is >= 11.9 away. What passes is still bounded by the dual clip (node/algorithms/base.py)."""
 
     def __post_init__(self) -> None:
         _check("learner.behaviour", [
@@ -187,9 +187,10 @@ class CheckpointConfig:
 class LearnerConfig:
     """The `[learner]` table."""
 
-    own_loss: str = "grpo"
-    """Loss for rollouts of our own model (any version): grpo, gepo, dr_grpo, gspo, m2po, pg or drop.
-    GRPO by evidence: it held at every max delay measured where GEPO lost (docs/RESULTS.md, "Defaults")."""
+    own_loss: str = "gepo_lenclip"
+    """Loss for rollouts of our own model (any version): gepo_lenclip, gepo, grpo, dr_grpo, gspo, m2po,
+    pg or drop. `gepo_lenclip` by the protocol's evidence (docs/RESULTS.md, "At a glance"): above GRPO
+    under a pinned lag of 32 and 128 versions, non-inferior on-policy and in the demo at T 1.0."""
     own_options: dict[str, Any] = field(default_factory=dict)
     """Fields of that loss's config, e.g. {eps = 0.2, beta = 0.005} for GEPO."""
     foreign_loss: str = "ftis"

@@ -126,7 +126,7 @@ def test_demo_help_names_the_loss_the_demo_trains_its_own_rollouts_with():
     from cli.demo import LEARNER_TOML
 
     assert "own_loss" not in LEARNER_TOML and "stale_loss" not in LEARNER_TOML  # the demo's learner keeps the default
-    assert f"({LearnerConfig().own_loss.upper()} for its own model's)" in get_command(app).commands["demo"].help
+    assert f"({LearnerConfig().own_loss} for its own model's)" in get_command(app).commands["demo"].help
 
 
 def _cli(capsys, *argv: str) -> tuple[int, list[str]]:
@@ -163,7 +163,7 @@ def test_user_mistakes_get_one_line_and_exit_code_2(capsys, tmp_path, configs):
         (["join", "--config", configs("steps = [")], "is not valid TOML"),
         (["join", "--config", configs("role = 'sampler'\nmax_stepz = 3")], "unknown key(s) ['max_stepz']"),
         (["local", "--config", configs('steps = "ten"')], "steps must be an int, not 'ten'"),
-        (["local", "--algorithm", "foo"], "'foo' is not one of 'gepo'"),
+        (["local", "--algorithm", "foo"], "'foo' is not one of 'gepo_lenclip', 'gepo'"),
         (["local", "--lr", "-1"], "lr > 0"),
         (["local", "--config", configs('[task]\nkind = "dataset"\ntrain_files = ["missing.jsonl"]')],
          "missing.jsonl does not exist"),

@@ -1,6 +1,7 @@
 """The policy losses pinned to hand-computed values, gradients, stop-gradients and edge cases."""
 
 import math
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -238,6 +239,20 @@ def test_gepo_len_clip_is_centred_on_the_group_factor_and_narrowed_by_length_han
         GEPOConfig(len_clip=True, decoupled=True)
 
 
+def test_gepo_lenclip_is_gepo_with_len_clip_and_the_learners_default():
+    from node.learner import LearnerConfig
+
+    algo = get_algorithm("gepo_lenclip")
+    assert algo.loss is gepo_loss and asdict(algo.make_config()) == asdict(GEPOConfig(len_clip=True))
+    a, b = gepo_case(), gepo_case()
+    la, lb = gepo_loss(a, algo.make_config()), gepo_loss(b, GEPOConfig(len_clip=True))
+    assert la.loss.item() == lb.loss.item() and la.metrics == lb.metrics
+    assert algo.make_config({"eps": 0.1}).len_clip  # options still apply on top of the preset
+    assert LearnerConfig().own_loss == "gepo_lenclip"
+    # a user who names GRPO gets GRPO's config, with no GEPO-only field carried over from the default
+    assert get_algorithm(LearnerConfig(own_loss="grpo").own_loss).make_config().__class__ is GRPOConfig
+
+
 def test_theorem1_group_expectation_weights_have_far_lower_variance(capsys):
     """GEPO's Theorem 1, numerically: Var[p/E_hat] falls far below Var[p/q] as KL(p||q) grows."""
     from examples.gepo_variance import format_table, variance_table
@@ -394,7 +409,7 @@ def test_ftis_gate_is_the_mean_of_token_k3_and_the_sequence_gate_sees_only_the_a
 
 # ---- all losses: robustness --------------------------------------------------------------------
 
-ALL = ["grpo", "dr_grpo", "grpo_seqmask", "gspo", "gepo", "m2po", "tis", "ftis", "pg"]
+ALL = ["grpo", "dr_grpo", "grpo_seqmask", "gspo", "gepo", "gepo_lenclip", "m2po", "tis", "ftis", "pg"]
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -406,7 +421,7 @@ def test_finite_for_extreme_gaps_empty_completions_and_equal_rewards(name):
         mask=[[1, 1, 1], [0, 0, 0], [1, 1, 0], [1, 1, 1]],  # row 1 is an empty completion
         adv=[1.0, -1.0, -1.0, 1.0], groups=[0, 0, 1, 1],
     )
-    out = algo.loss(inp, algo.make_config({"beta": 0.005} if name == "gepo" else {}))
+    out = algo.loss(inp, algo.make_config({"beta": 0.005} if name.startswith("gepo") else {}))
     out.loss.backward()
     assert torch.isfinite(out.loss) and torch.isfinite(inp.logp.grad).all()
     assert all(math.isfinite(v) for v in out.metrics.values())

@@ -143,7 +143,7 @@ def test_the_attacked_model_learns_as_the_clean_one_and_honest_samplers_raise_no
               f"honest audits clean {clean['last']['audit']}")
     # 300 eval problems: binomial sd ~0.028 per run, and runs differ in timing; clean runs measured
     # 0.57-0.65 at v120 and attacked ones 0.63, so "within noise" is a 0.10 band (derived under GRPO,
-    # the default then; under gepo_lenclip one pair measured clean 0.613 and attacked 0.603)
+    # the default then; under gepo_lenclip two pairs measured clean 0.613, 0.633 and attacked 0.603, 0.630)
     assert attacked["eval"] >= clean["eval"] - 0.10
     assert attacked["eval"] > attacked["eval0"] + 0.05  # it keeps learning
     for run in (clean, attacked):  # the honest sampler: audited, never flagged

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import socket
 import subprocess
@@ -25,10 +26,26 @@ from helpers.readme import BOOT_ADDR, PUBLIC_IP, readme_commands
 from helpers.jsonl import read_jsonl
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(n: int) -> list[str]:
+    """n distinct ports free now, below the kernel's ephemeral range. The commands take ports as text,
+    so a port is checked, released and then bound by a node; one the kernel hands out for bind(0) or
+    an outgoing connection could be taken by any process in between. Below that range only an
+    explicit bind to that very port can take it."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default start of the range
+    picked: list[str] = []
+    for port in random.Random().sample(range(20000, low), k=min(200, low - 20000)):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        picked.append(str(port))
+        if len(picked) == n:
+            return picked
+    raise RuntimeError(f"no {n} free ports in 20000-{low}")
 
 
 def _start(name: str, command: str, cwd: Path, logs: Path) -> NodeProcess:
@@ -72,7 +89,7 @@ def _board(url: str) -> dict | None:
 
 def test_the_readme_join_commands_make_a_learning_swarm(tmp_path):
     volunteer, bootstrap, learner, board = readme_commands()
-    ports = {"31337": str(_free_port()), "31338": str(_free_port()), "8080": str(_free_port())}
+    ports = dict(zip(("31337", "31338", "8080"), _free_ports(3)))
     sub = lambda c: re.sub(r"\b(31337|31338|8080)\b", lambda m: ports[m.group(1)], c).replace(PUBLIC_IP, "127.0.0.1")
     logs, coord = tmp_path / "logs", tmp_path / "coordinator"
     logs.mkdir()

@@ -120,9 +120,9 @@ class BehaviourConfig:
     max_logprob_gap: float = 4.0
     """Own-model sequences whose claimed behaviour log-probs differ from the learner's own by more
     than this (mean |gap| per token, nats) are dropped from the step and counted against their
-    sampler. Honest gaps come from staleness and engine numerics: at most 2.34 at 64 versions
-    stale under the default gepo_lenclip (2.07 under GRPO; examples/bench_logprob_gap.py); a claim
-    of -18/token is >= 11.9 away. What passes is still bounded by the dual clip (node/algorithms/base.py)."""
+    sampler. Honest gaps come from staleness and engine numerics: at most 1.95-2.34 at 64 versions
+    stale under the default gepo_lenclip (2.07 under GRPO; examples/bench_logprob_gap.py, two runs);
+    a claim of -18/token is >= 11.9 away. What passes is still bounded by the dual clip (node/algorithms/base.py)."""
 
     def __post_init__(self) -> None:
         _check("learner.behaviour", [

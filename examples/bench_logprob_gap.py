@@ -2,7 +2,7 @@
 
     python examples/bench_logprob_gap.py [--steps 96] [--lr 3e-5]
 
-Trains the built-in model as the demo does (simulator, one fresh sampler, GEPO, the demo's
+Trains the built-in model as the demo does (simulator, one fresh sampler, the learner's default loss, the demo's
 lr and batch), keeps the learner's weights at every version, then samples groups (checkable, as
 samplers do) with the weights of version v and measures, for staleness s, the per-sequence gap
 

@@ -4,7 +4,7 @@
     config.py      the loader (TOML, then flags) and the blocks every command's root is made of
     tables.py      the tables every command reads alike: [task], [sampling], [learner]
     tasks/         problems, splits and verifiable rewards
-    algorithms/    policy losses (GRPO, Dr. GRPO, GSPO, GEPO, M2PO, F-TIS, pg), one pure function each
+    algorithms/    policy losses (GRPO, Dr. GRPO, GSPO, GEPO and gepo_lenclip, M2PO, F-TIS, pg), one pure function each
     engines/       generation engines (HF transformers; vLLM optional) and `make_engine`
     sampling/      how completions are drawn: the settings, checkable sampling's race, the sampler role
     training/      one optimizer step: batches, micro-batches, log-probs, the guard, FSDP2

@@ -30,7 +30,7 @@ DELTA = MARGIN = 0.03
 """The difference the protocol is powered for, and its non-inferiority margin (RESULTS, Protocol)."""
 PLANNED_FAMILY = 43
 """Issue 61's superiority tests (RESULTS, Protocol): 6 candidates x 8 delayed regimes, less the
-shipped default's 5 float32 ones, where it is GRPO run for run ("auto" keeps float32 claims)."""
+shipped default's 5 float32 ones, where it was GRPO (the default until 2026-12-01) run for run ("auto" keeps float32 claims)."""
 NON_INFERIORITY_REGIMES = 9
 """The other regimes a winner must be non-inferior in: 10 regimes less the one it wins in."""
 

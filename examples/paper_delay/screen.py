@@ -4,8 +4,8 @@
 
 Every candidate at bfloat16 samplers, pinned lag 32, the authors' sampling, 150 steps, seeds 0-4:
 section 6's `premise_bf16` cells (GRPO, GEPO, `gepo-lenclip`) and the screen's own
-(`screen_bf16`: `grpo_seqmask`, `gspo`, `tis`; `screen_bf16_default`: the shipped default, GRPO
-with `behaviour_logprobs = "auto"` and `rollout_is_cap = 2`). The pick, declared before the runs:
+(`screen_bf16`: `grpo_seqmask`, `gspo`, `tis`; `screen_bf16_default`: the shipped default then, GRPO
+(until 2026-12-01) with `behaviour_logprobs = "auto"` and `rollout_is_cap = 2`). The pick, declared before the runs:
 the candidate with the highest mean primary metric, once every candidate has all its seeds;
 differences to GRPO are printed, never read as verdicts (a screen's winner carries its luck).
 """

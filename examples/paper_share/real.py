@@ -34,7 +34,7 @@ from examples.paper_delay.run import fmt  # noqa: E402
 def learner_toml(model: str, setting: str, args: argparse.Namespace) -> str:
     others = ", ".join(f'"{m}"' for m in PARTIES.values() if m != model)
     foreign = 0 if setting == "alone" else 2 * args.share
-    return (f"seed = {args.seed_now}\n[learner]\neval_every = {args.eval_every}\neval_size = {args.eval_size}\n"
+    return (f"seed = {args.seed_now}\n[learner]\nown_loss = \"grpo\"\neval_every = {args.eval_every}\neval_size = {args.eval_size}\n"
             f"groups_per_step = {args.own + foreign}\nforeign_loss = \"{SETTINGS[setting]}\"\n"
             f"foreign = {{ step_share = {foreign / (args.own + foreign)}, per_sampler = {args.share}, "
             f"accept_models = [{others}] }}\n")

@@ -76,7 +76,8 @@ def make_parties(setting: str, seed: int, args: argparse.Namespace, out: Path) -
     for name, model in PARTIES.items():
         others = tuple(m for m in PARTIES.values() if m != model)
         foreign = 2 * args.share if sharing else 0
-        cfg = LearnerConfig(own_loss="grpo", foreign_loss=SETTINGS[setting],  # grpo: as RESULTS' runs were made foreign_options=dict(args.ftis_options),
+        cfg = LearnerConfig(own_loss="grpo",  # grpo: as RESULTS' runs were made (the default then)
+                            foreign_loss=SETTINGS[setting], foreign_options=dict(args.ftis_options),
                             eval_every=args.eval_every, eval_size=args.eval_size, lr=args.lr,
                             groups_per_step=own_groups(setting, args) + foreign,
                             foreign=ForeignConfig(step_share=foreign / (own_groups(setting, args) + foreign), per_sampler=args.share, accept_models=others))  # named: the partners' models are foreign (F-TIS), not audited

@@ -14,7 +14,7 @@ from node.training.batch import ScoredGroup
 
 
 class Route(str, enum.Enum):
-    """Which loss corrects a group: the learner's `stale_loss` for its own model's rollouts of any
+    """Which loss corrects a group: the learner's `own_loss` for its own model's rollouts of any
     version, `foreign_loss` for another model's (token level in a shared tokenizer, sequence level
     once re-tokenized). The value names the route in the step's metrics (`routes/<value>/...`)."""
 

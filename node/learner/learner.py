@@ -10,8 +10,8 @@ Invariants (what makes off-policy training here correct):
   * a record is validated completely before it is accepted, and once accepted it is kept (in
     the buffer and in checkpoints) until trained on or dropped as stale, never lost.
 
-Routing (docs/DESIGN.md, "The algorithms"): rollouts of the learner's own model go to `stale_loss`
-(GRPO by default), rollouts of another model to `foreign_loss` (F-TIS by default); either may be
+Routing (docs/DESIGN.md, "The algorithms"): rollouts of the learner's own model go to `own_loss`
+(`gepo_lenclip` by default), rollouts of another model to `foreign_loss` (F-TIS by default); either may be
 "drop". A foreign model with another tokenizer is re-tokenized and corrected at sequence level.
 
 The parts, each owning its state and its `state_dict`: `RecordChecks` (and `Chains`), the

@@ -6,7 +6,7 @@ from node.learner import LearnerConfig
 from node.local import LocalConfig, run_local
 
 
-@pytest.mark.parametrize("algorithm", ["gepo", "grpo"])
+@pytest.mark.parametrize("algorithm", ["gepo_lenclip", "gepo", "grpo"])
 def test_eval_accuracy_rises(algorithm, tmp_path, capsys):
     cfg = LocalConfig(learner=LearnerConfig(own_loss=algorithm, eval_every=40, eval_size=300), steps=80,
                       metrics_path=str(tmp_path / "m.jsonl"))

@@ -118,6 +118,7 @@ def test_losses_offered_by_the_cli_are_the_registered_ones():
     assert sorted(LOSSES) == sorted(ALGORITHMS)
     assert DROP == LEARNER_DROP and ROUTES == (*LOSSES, DROP)
     assert typing.get_args(Loss) == LOSSES and typing.get_args(RouteLoss) == ROUTES
+    assert LOSSES[0] == LearnerConfig().own_loss  # --help lists the default first
 
 
 def test_demo_help_names_the_loss_the_demo_trains_its_own_rollouts_with():

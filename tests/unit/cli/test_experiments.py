@@ -143,8 +143,8 @@ def test_variants_set_the_reference_codes_knobs():
 def test_a_guard_suffix_turns_the_guard_on_with_its_threshold():
     plain = build_config("grpo", 8, 0, _args(), "/dev/null").learner
     assert not plain.guard.enabled
-    default = build_config("grpo+guard", 8, 0, _args(), "/dev/null").learner
-    assert default.own_loss == "grpo" and default.guard.enabled and default.guard.kl_high == 0.05
+    guarded = build_config("grpo+guard", 8, 0, _args(), "/dev/null").learner
+    assert guarded.own_loss == "grpo" and guarded.guard.enabled and guarded.guard.kl_high == 0.05
     low = build_config("gepo-released+guard@0.02", 8, 0, _args(), "/dev/null").learner
     assert (low.own_loss, low.own_options["e_hat_rows"]) == ("gepo", 8)
     assert low.guard.enabled and low.guard.kl_high == 0.02 and low.guard.kl_low == pytest.approx(0.008, rel=1e-12)

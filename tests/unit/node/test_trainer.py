@@ -136,7 +136,7 @@ def _assert_same_grads(micro: dict, full: dict) -> None:
 
 @pytest.mark.parametrize("name,options", [
     ("grpo", {}), ("grpo", {"aggregation": "token_mean"}), ("dr_grpo", {}), ("gspo", {"eps_low": 0.2, "eps_high": 0.2}),
-    ("gepo", {"beta": 0.05}), ("gepo", {"e_hat_rows": 3, "beta": 0.005, "dual_clip": math.inf}), ("ftis", {}), ("pg", {}),
+    ("gepo", {"beta": 0.05}), ("gepo_lenclip", {}), ("gepo", {"e_hat_rows": 3, "beta": 0.005, "dual_clip": math.inf}), ("ftis", {}), ("pg", {}),
 ])
 def test_micro_batches_give_the_full_batch_gradient_for_every_loss(model_and_tok, name, options):
     from node.training.step import StepOptions, plan_microbatches

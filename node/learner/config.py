@@ -46,11 +46,10 @@ class AuditConfig:
     (node/sampling/race.race_margins) before its group fails. An honest engine's shortfall is its
     logit error at two scores, whatever the vocabulary: float32 engines ~1e-5; on an H100,
     bfloat16 up to 0.62 and float16 up to 0.067 over 32k positions of a 151k-vocabulary 0.6B shape
-    (examples/bench_bf16_audit.py; docs/BENCHMARKS.md, "The audit across precisions"). The tail is
-    long and depends on the model: the simulator's bfloat16 samplers stayed within 0.62 in 78 + 2
-    runs, and honest ones on builtin:tiny-chain-long fell 1.5 and 2.36 short in two tries of a pair
-    (docs/RESULTS.md, "The cut" item 4), so one failed audit can refuse an honest low-precision
-    sampler: this constant is not yet derived from what it guards. An attacker may pick any token
+    (examples/bench_bf16_audit.py; docs/BENCHMARKS.md, "The audit across precisions"). Not yet
+    derived from what it guards: the tail depends on the model, and honest bfloat16 samplers on
+    builtin:tiny-chain-long fell 1.5 and 2.36 short (docs/RESULTS.md, "The cut" item 4), so one
+    failed audit can refuse an honest low-precision sampler. An attacker may pick any token
     within it, so the per-sampler statistic below bounds how often."""
     flip_rate: float = 0.06
     """The per-sampler statistic: the highest share of audited positions at which an honest

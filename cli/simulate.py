@@ -100,13 +100,15 @@ def emulated_engine_audit(audit: AuditConfig, logit_error: float, temperature: f
     """What the learner's audit needs to pass an honest engine that errs by N(0, logit_error^2)
     per logit (SimSamplerSpec.logit_error), as a learner's tolerances are derived from its engines'
     measured error: a margin of 6 sigma (an honest margin is the difference of two errors, ~4.9 sigma
-    at most over 12 steps' audits at sigma 0.6); a claimed log-prob gap of 2 sigma / T per token (a
-    token's log-prob moves by e_token - E_q[e], whose mean |.| is at most 1.13 sigma / T); and the flip
+    at most over 12 steps' audits at sigma 0.6), and a hard bound at least twice that; a claimed
+    log-prob gap of 2 sigma / T per token (a token's log-prob moves by e_token - E_q[e], whose mean
+    |.| is at most 1.13 sigma / T); and the flip
     rate measured across models, since node/audit.FlipRate measures this model's own bfloat16 rate,
     not the emulated engine's."""
     if not logit_error:
         return audit
-    out = replace(audit, margin=max(audit.margin, 6 * logit_error),
+    margin = max(audit.margin, 6 * logit_error)
+    out = replace(audit, margin=margin, margin_hard=max(audit.margin_hard, 2 * margin),
                   logprob_gap=max(audit.logprob_gap, 2 * logit_error / (temperature or 1.0)), calibrate=False)
     log.info("samplers emulate an engine error of %.3g logits: the learner's audit takes %s", logit_error, out)
     return out

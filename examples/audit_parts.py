@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from node.audit.margins import AuditItem
-from node.sampling.race import keys_tensor, position_keys, race_margins
+from node.audit.margins import AuditItem, margins_at
+from node.sampling.race import keys_tensor, position_keys
 from node.sampling.params import SamplingParams
 from node.engines.hf import PickTokens, _bare_generation_defaults
 from node.learner.config import AuditConfig
@@ -106,9 +106,10 @@ class Measured:
 
 @torch.no_grad()
 def measure(model32, items: list[AuditItem], params: SamplingParams, pad: int, per_pass: int,
-            slack: float = AuditConfig.margin) -> Measured:
+            slack: float = AuditConfig.margin, hard: float | None = AuditConfig.margin_hard) -> Measured:
     """The float32 auditor's margins and log-probs for every group (`per_pass` groups per forward),
-    top-k / top-p applied with `slack` logits of slack (node/sampling/race.race_margins)."""
+    top-k / top-p applied with `slack` logits of slack, a token only an engine within `hard` keeps
+    at margin `hard`, as the learner's audit does (node/audit/margins.margins_at)."""
     device = next(model32.parameters()).device
     out = Measured()
     for s in range(0, len(items), per_pass):
@@ -120,8 +121,7 @@ def measure(model32, items: list[AuditItem], params: SamplingParams, pad: int, p
         margins = torch.zeros(len(tokens), dtype=torch.float64, device=device)
         mine = torch.zeros(len(tokens), device=device)
         for sl, logits in completion_logits(model32, batch):
-            margins[sl] = race_margins(logits, tokens[sl], keys[sl], params.temperature, params.top_k, params.top_p,
-                                       slack)
+            margins[sl] = margins_at(logits, tokens[sl], keys[sl], params, slack, hard)
             mine[sl] = logprobs_from_logits(logits, tokens[sl], params.logprob_temperature)
         margins, mine = margins.cpu(), mine.cpu()
         claimed = torch.tensor([c for r in rows for c in r[2]])

@@ -29,6 +29,7 @@ from node.learner.config import AuditConfig
 
 from cli.config import SimSamplerSpec, SimulatorConfig
 from cli.simulate import Simulator
+from node.audit.flips import FlipTest, flip_llr
 from node.audit.margins import audit_group
 from node.sampling.race import group_seeds
 from node.sampling.params import SamplingConfig
@@ -37,17 +38,27 @@ from node.models import BUILTIN_MODEL, load_model, load_tokenizer
 from swarm.delay import DelayConfig
 
 
+def refused_alone(r, audit: AuditConfig) -> bool:
+    """Whether a new key is refused at this group, its first audited one (node/audit/auditor.py):
+    a token past the hard bound, or its flips (at the ceiling rate) or its tokens past the margin
+    too many for either sequential test at once (each at half the alarm)."""
+    at_once = math.log(2 / audit.alarm)
+    return (not r.passed or flip_llr(r.flips, r.positions, audit.flip_rate, FlipTest.RATIO) >= at_once
+            or flip_llr(r.exceedances, r.positions, audit.exceed_rate, FlipTest.RATIO) >= at_once)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--chosen", type=int, default=500, help="chosen groups audited per attack")
     ap.add_argument("--margin", type=float, default=AuditConfig.margin,
-                    help="the audit's tolerance in logits (AuditConfig.margin)")
+                    help="the audit's tolerance in logits (AuditConfig.margin; its hard bound stays AuditConfig.margin_hard)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     sampling = SamplingConfig()
     cfg = SimulatorConfig(
-        learner=LearnerConfig(audit=AuditConfig(rate=1.0, rate_established=1.0, budget=math.inf, margin=args.margin), eval_every=0, eval_size=50),
+        learner=LearnerConfig(audit=AuditConfig(rate=1.0, rate_established=1.0, budget=math.inf, margin=args.margin,
+                                              margin_hard=max(args.margin, AuditConfig.margin_hard)), eval_every=0, eval_size=50),
         sampling=sampling, steps=args.steps,
         samplers=(SimSamplerSpec(count=1), SimSamplerSpec(name="stale", count=2,
                                                           weight_delay=DelayConfig(kind="lognormal", lower_s=30, upper_s=20 * 30))),
@@ -76,8 +87,9 @@ def main() -> None:
         for _ in range(sampling.group_size):
             ids = tok(p.answer + str(rng.randrange(10)), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
             chosen.append((ids, [-2.0] * len(ids)))
-        r = audit_group(model, prompt_ids, chosen, seeds, params, tok.pad_token_id, learner.cfg.audit.margin)
-        caught["answer plus a digit, all 8"] += not r.passed
+        r = audit_group(model, prompt_ids, chosen, seeds, params, tok.pad_token_id, learner.cfg.audit.margin,
+                        learner.cfg.audit.margin_hard)
+        caught["answer plus a digit, all 8"] += refused_alone(r, learner.cfg.audit)
         honest = engine.engine.generate([p.prompt], params, [seeds])[0].completions
         comps = [(c.token_ids, c.logprobs) for c in honest]
         ids = tok(p.answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
@@ -85,8 +97,8 @@ def main() -> None:
             comps[0] = (ids, [-0.5] * len(ids))
             engine.engine.model.eval()
             r = audit_group(engine.engine.model, prompt_ids, comps, seeds, params, tok.pad_token_id,
-                            learner.cfg.audit.margin)
-            caught["one of 8 swapped for the answer"] += not r.passed
+                            learner.cfg.audit.margin, learner.cfg.audit.margin_hard)
+            caught["one of 8 swapped for the answer"] += refused_alone(r, learner.cfg.audit)
             tried["one of 8 swapped for the answer"] += 1  # (a swap for what was sampled anyway changes nothing)
     print("2. detection per audited group:")
     for k, v in caught.items():

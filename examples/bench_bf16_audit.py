@@ -10,18 +10,20 @@ audits in float32 (node/audit/margins.py): at every position, how far (in logits
 score is below the best (node/sampling/race.race_margins). Per sampler setting this prints:
   - flips: the share of tokens whose margin exceeds node/audit.FLIP_MARGIN (the sampler's token is
     not the float32 race's choice), with its 95% interval, and the margins' p99, p99.9 and max;
-  - honest groups failed at the tolerance (`--margin`, default AuditConfig.margin), with
-    the 95% interval, and the chance that the flip test (node/audit.FlipTest at the learner's
-    audit_flip_rate) ever refuses such a sampler within 10,000 audited groups, by resampling the
-    measured groups' flips (Monte Carlo);
+  - exceedances: the share of tokens past the tolerance (`--margin`, default AuditConfig.margin)
+    and within the hard bound (`--margin-hard`), with its 95% interval, beside the exceedance
+    test's honest ceiling (`--exceed-rate`); honest groups failed (a token past the hard bound),
+    with the 95% interval; and the chance that the flip test (node/audit.FlipTest at the learner's
+    audit_flip_rate) or the exceedance test ever refuses such a sampler within 10,000 audited
+    groups, by resampling the measured groups (Monte Carlo);
   - the training side: the behaviour log-probs the sampler reports against the float32 learner's,
     k3 = E[r - 1 - log r] per token (r = p_learner / p_sampler) and the share of tokens with
     |r - 1| > 0.2 (GRPO's clip), so on-policy p/q is not 1;
   - detection per audited group: (a) one completion swapped for the right answer (built-in model),
     (b) one token edited to the most likely other, and (c) an attacker that samples in float32 and,
-    wherever the token that leads to the right answer is within the tolerance, takes it: its
-    accuracy against honest sampling, its groups failed, and how many of its groups the flip test
-    needs to refuse it.
+    wherever the token that leads to the right answer is within the hard bound, takes it: its
+    accuracy against honest sampling, its groups failed, and how many of its groups the audit's
+    two sequential tests need to refuse it.
   - the race's cost (`--cost`): generation time with the engine's sampler (race + behaviour
     log-probs) against transformers' own multinomial sampling, same model and batch.
 
@@ -97,7 +99,8 @@ class AnswerSeeker(PickTokens):
 def alarm_chance(flips: list[int], positions: list[int], rate: float, alarm: float, groups: int = 10_000,
                  runs: int = 1000, seed: int = 0) -> float:
     """The share of `runs` simulated samplers, each `groups` audited groups drawn (with replacement)
-    from the measured ones, that the flip test refuses: an honest sampler's chance of refusal."""
+    from the measured ones, that the sequential test of their events (`flips`: flips, or
+    exceedances) at `rate` refuses: an honest sampler's chance of refusal."""
     g = torch.Generator().manual_seed(seed)
     llr = torch.tensor([flip_llr(f, n, rate, FlipTest.RATIO) for f, n in zip(flips, positions)], dtype=torch.float64)
     refused = 0
@@ -112,21 +115,30 @@ TOLERANCES = (0.25, 0.5, 1.0, 2.0)
 """Honest groups failed is also printed at these margins (logits), to choose the default from."""
 
 
+def exceeding(x: torch.Tensor, tol: float, hard: float) -> int:
+    """A group's exceedances: margins past `tol`, within `hard` (node/audit/margins.judge_margins)."""
+    return int(((x > tol) & (x <= hard)).sum())
+
+
 def report(name: str, label: str, m: Measured, tol: float, rate: float, alarm: float, elapsed: float,
-           table: list[dict]) -> None:
+           table: list[dict], hard: float, exceed_rate: float) -> None:
     margins = torch.cat(m.margins)
     flips = [int((x > FLIP_MARGIN).sum()) for x in m.margins]
+    exceed = [exceeding(x, tol, hard) for x in m.margins]
     positions = [len(x) for x in m.margins]
-    failed = sum(int((x > tol).any()) for x in m.margins)
+    failed = sum(int((x > hard).any()) for x in m.margins)
     q = lambda p: float(margins.quantile(p)) if len(margins) < 16_000_000 else float(margins.sort().values[int(p * (len(margins) - 1))])  # noqa: E731
     r = (torch.cat(m.mine) - torch.cat(m.claimed)).double().exp()
     k3 = float((r - 1 - r.log()).mean())
     clip = float(((r - 1).abs() > 0.2).double().mean())
-    chance = alarm_chance(flips, positions, rate, alarm)
+    chance = alarm_chance(flips, positions, rate, alarm / 2)  # the learner's: each test at half the alarm
+    chance_x = alarm_chance(exceed, positions, exceed_rate, alarm / 2)
     lo, hi = wilson(failed, len(m.margins))
+    x_hi = wilson(sum(exceed), len(margins))[1]
     row = dict(model=name, sampler=label, groups=len(m.margins), tokens=len(margins), flips=sum(flips),
                flip_share=sum(flips) / max(len(margins), 1), p99=q(0.99), p999=q(0.999), max=float(margins.max()),
-               failed=failed, failed_hi=hi, alarm10k=chance, k3=k3, clip=clip,
+               failed=failed, failed_hi=hi, alarm10k=chance, k3=k3, clip=clip, exceed=sum(exceed), exceed_hi=x_hi,
+               exceed_alarm10k=chance_x,
                failed_at={t: sum(int((x > t).any()) for x in m.margins) for t in TOLERANCES},
                tokens_per_s=len(margins) / max(elapsed, 1e-9))
     table.append(row)
@@ -134,16 +146,18 @@ def report(name: str, label: str, m: Measured, tol: float, rate: float, alarm: f
           f"{row['tokens_per_s']:.0f} tokens/s")
     print(f"  flips (margin > {FLIP_MARGIN:g}): {share(sum(flips), len(margins))}; margin p99 {row['p99']:.3g}, "
           f"p99.9 {row['p999']:.3g}, max {row['max']:.3g} logits")
-    print(f"  honest groups failed at margin <= {tol:g}: {share(failed, len(m.margins))}; flip test (rate {rate:g}, "
-          f"alarm {alarm:g}) refuses such a sampler within 10,000 groups: {chance:.2%} of 1,000 resampled runs")
-    print("  honest groups failed at margin " + ", ".join(f"{t:g}: {v}" for t, v in row["failed_at"].items()))
+    print(f"  exceedances (margin in ({tol:g}, {hard:g}]): {share(sum(exceed), len(margins))}, against the test's "
+          f"ceiling {exceed_rate:g}; it refuses such a sampler within 10,000 groups: {chance_x:.2%} of 1,000 resampled runs")
+    print(f"  honest groups failed (a margin past {hard:g}): {share(failed, len(m.margins))}; flip test (rate {rate:g}, "
+          f"alarm {alarm / 2:g}) refuses such a sampler within 10,000 groups: {chance:.2%} of 1,000 resampled runs")
+    print("  honest groups with a margin past " + ", ".join(f"{t:g}: {v}" for t, v in row["failed_at"].items()))
     print(f"  training side: k3 {k3:.2e} per token, |p_learner/p_sampler - 1| > 0.2 on {clip:.3%} of tokens")
     if WRITE is not None:
         WRITE()
 
 
-def attacks(name: str, model32, items: list[AuditItem], params, pad, tol: float, rate: float, alarm: float,
-            rng: random.Random, answers: list[list[int]] | None, attack_rows: dict, slack: float) -> None:
+def attacks(name: str, model32, items: list[AuditItem], params, pad, args, rng: random.Random,
+            answers: list[list[int]] | None, attack_rows: dict) -> None:
     """(a) swap for the answer, (b) one token edited to the most likely other: groups caught."""
     lines = []
     for how in (["answer", "likely"] if answers else ["likely"]):
@@ -158,33 +172,35 @@ def attacks(name: str, model32, items: list[AuditItem], params, pad, tol: float,
             else:
                 comps[j] = one_edit(model32, it.prompt_ids, comps[j], pad, rng)
             chosen.append(AuditItem(it.prompt_ids, comps, it.seeds))
-        m = measure(model32, chosen, params, pad, per_pass=8, slack=slack)
-        caught = sum(int((x > tol).any()) for x in m.margins)
-        # a sampler that does this in every group: how many audited groups until the flip test
-        # refuses it (the groups in the order measured; those a margin fails count too)
-        after = groups_to_refusal(m.margins, tol, rate, alarm, rng)
+        m = measure(model32, chosen, params, pad, per_pass=8, slack=args.slack, hard=args.margin_hard)
+        caught = sum(int((x > args.margin_hard).any()) for x in m.margins)
+        # a sampler that does this in every group: how many audited groups until it is refused
+        # (a group past the hard bound, or either sequential test), over random orders of the groups
+        after = groups_to_refusal(m.margins, args, rng)
         attack_rows[(name, how)] = (caught, len(chosen), after)
         lines.append(f"    ({'a' if how == 'answer' else 'b'}) {'one of 8 swapped for the answer' if how == 'answer' else 'one token edited to the most likely other'}: "
                      f"{share(caught, len(chosen))}; done in every group, refused after {f'{after:.2f}' if after else 'more than ' + str(len(chosen))} audited groups on average")
-    print("  detection per audited group at margin <= %g:" % tol)
+    print(f"  detection per audited group (a margin past {args.margin_hard:g}):")
     print("\n".join(lines))
     if WRITE is not None:
         WRITE()
 
 
-def groups_to_refusal(margins: list[torch.Tensor], tol: float, rate: float, alarm: float, rng: random.Random,
-                      orders: int = 200) -> float | None:
+def groups_to_refusal(margins: list[torch.Tensor], args, rng: random.Random, orders: int = 200) -> float | None:
     """Mean number of audited groups until a sampler whose every group is like these is refused
-    (a group past the tolerance, or the flip test), over `orders` random orders of the groups;
-    None if some order is never refused."""
-    fails = [bool((x > tol).any()) for x in margins]
+    (a group past the hard bound, or the flip or the exceedance test, each at half the alarm, as
+    node/audit/auditor.py runs them), over `orders` random orders of the groups; None if some
+    order is never refused."""
+    fails = [bool((x > args.margin_hard).any()) for x in margins]
     flips = [(int((x > FLIP_MARGIN).sum()), len(x)) for x in margins]
+    exceed = [exceeding(x, args.margin, args.margin_hard) for x in margins]
     total = 0
     for _ in range(orders):
         order = list(range(len(margins)))
         rng.shuffle(order)
-        test = FlipTest(rate, alarm)
-        n = next((n for n, i in enumerate(order, 1) if fails[i] or test.add("x", *flips[i])), None)
+        test, xtest = FlipTest(args.rate_now, args.alarm / 2), FlipTest(args.exceed_rate, args.alarm / 2)
+        n = next((n for n, i in enumerate(order, 1)
+                  if fails[i] | test.add("x", *flips[i]) | xtest.add("x", exceed[i], flips[i][1])), None)
         if n is None:
             return None
         total += n
@@ -224,13 +240,14 @@ def run_model(name: str, model32, prompts, params, pad, eos, dtypes, batches, ar
         if dtype.startswith("vllm:"):
             groups, elapsed = vllm_generate(dtype.removeprefix("vllm:"), prompts[:n_prompts], params, seeds[:n_prompts])
             items = [AuditItem(prompts[i], groups[i], seeds[i]) for i in range(n_prompts)]
-            m = measure(model32, items, params, pad, per_pass=args.per_pass, slack=args.slack)
-            report(name, f"vLLM {dtype.removeprefix('vllm:')}", m, args.margin, args.rate_now, args.alarm, elapsed, table)
+            m = measure(model32, items, params, pad, per_pass=args.per_pass, slack=args.slack, hard=args.margin_hard)
+            report(name, f"vLLM {dtype.removeprefix('vllm:')}", m, args.margin, args.rate_now, args.alarm, elapsed, table,
+                   args.margin_hard, args.exceed_rate)
             continue
         sampler = model32 if dtype == "float32" else copy.deepcopy(model32).to(DTYPES[dtype])
         groups, elapsed = generate(sampler, prompts[:n_prompts], params, seeds[:n_prompts], batch, eos, pad)
         items = [AuditItem(prompts[i], groups[i], seeds[i]) for i in range(n_prompts)]
-        m = measure(model32, items, params, pad, per_pass=args.per_pass, slack=args.slack)
+        m = measure(model32, items, params, pad, per_pass=args.per_pass, slack=args.slack, hard=args.margin_hard)
         if dtype == "float32" and args.calibrate:  # the learner's own measure of an honest bfloat16 engine
             calib = FlipRate()
             for s in range(0, len(items), args.per_pass):
@@ -240,11 +257,11 @@ def run_model(name: str, model32, prompts, params, pad, eos, dtypes, batches, ar
             args.rate_now = calib.rate(args.flip_rate)
             print(f"  calibrated: the auditor's bfloat16 reference flips at {calib.flips}/{calib.positions} positions: "
                   f"flip test rate {args.rate_now:.3%} (ceiling {args.flip_rate:g})")
-        report(name, f"HF {dtype} batch {batch}", m, args.margin, args.rate_now, args.alarm, elapsed, table)
+        report(name, f"HF {dtype} batch {batch}", m, args.margin, args.rate_now, args.alarm, elapsed, table,
+               args.margin_hard, args.exceed_rate)
         if dtype != "float32" and first_low:
             first_low = False
-            attacks(name, model32, items, params, pad, args.margin, args.rate_now, args.alarm, rng, answers, attack_rows,
-                    args.slack)
+            attacks(name, model32, items, params, pad, args, rng, answers, attack_rows)
             if answers is not None:
                 seeker_attack(name, model32, prompts, params, pad, eos, seeds, answers, task, problems, args, attack_rows)
         del sampler
@@ -276,8 +293,8 @@ def seeker_attack(name, model32, prompts, params, pad, eos, seeds, answers, task
     batch = 128
 
     def seeker(chunk, width):
-        return AnswerSeeker(params, width, [seeds[i][j] for i, j in chunk], [answers[i] for i, _ in chunk], args.margin,
-                            args.slack)
+        return AnswerSeeker(params, width, [seeds[i][j] for i, j in chunk], [answers[i] for i, _ in chunk],
+                            args.margin_hard, args.slack)
 
     honest, _ = generate(model32, prompts, params, seeds, batch, eos, pad)
     cheat, _ = generate(model32, prompts, params, seeds, batch, eos, pad, picker=seeker)
@@ -288,20 +305,23 @@ def seeker_attack(name, model32, prompts, params, pad, eos, seeds, answers, task
         return sum(rewards) / len(rewards)
 
     items = [AuditItem(prompts[i], cheat[i], seeds[i]) for i in range(len(prompts))]
-    m = measure(model32, items, params, pad, per_pass=args.per_pass, slack=args.slack)
-    failed = sum(int((x > args.margin).any()) for x in m.margins)
-    test, refused_after = FlipTest(args.rate_now, args.alarm), None
-    for n, x in enumerate(m.margins, 1):
-        if test.add("c", int((x > FLIP_MARGIN).sum()), len(x)):
+    m = measure(model32, items, params, pad, per_pass=args.per_pass, slack=args.slack, hard=args.margin_hard)
+    failed = sum(int((x > args.margin_hard).any()) for x in m.margins)
+    test, xtest, refused_after = FlipTest(args.rate_now, args.alarm / 2), FlipTest(args.exceed_rate, args.alarm / 2), None
+    for n, x in enumerate(m.margins, 1):  # in the order made, as the learner would audit them
+        if (x > args.margin_hard).any() | test.add("c", int((x > FLIP_MARGIN).sum()), len(x)) \
+                | xtest.add("c", exceeding(x, args.margin, args.margin_hard), len(x)):
             refused_after = n
             break
     acc_h, acc_c = accuracy(honest), accuracy(cheat)
     attack_rows[(name, "seeker")] = dict(honest=acc_h, cheat=acc_c, failed=failed, groups=len(items),
                                          refused_after=refused_after, flips=sum(int((x > FLIP_MARGIN).sum()) for x in m.margins),
-                                         tokens=sum(len(x) for x in m.margins))
-    print(f"    (c) answer seeker within margin {args.margin:g}: accuracy {acc_c:.2%} vs honest {acc_h:.2%} "
+                                         tokens=sum(len(x) for x in m.margins),
+                                         exceed=sum(exceeding(x, args.margin, args.margin_hard) for x in m.margins))
+    print(f"    (c) answer seeker within the hard bound {args.margin_hard:g}: accuracy {acc_c:.2%} vs honest {acc_h:.2%} "
           f"({(acc_c - acc_h) * 100:+.1f} points); groups failed {share(failed, len(items))}; flips "
-          f"{attack_rows[(name, 'seeker')]['flips']}/{attack_rows[(name, 'seeker')]['tokens']}; refused by the flip test "
+          f"{attack_rows[(name, 'seeker')]['flips']}/{attack_rows[(name, 'seeker')]['tokens']}, past the margin "
+          f"{attack_rows[(name, 'seeker')]['exceed']}; refused by the audit "
           f"after {refused_after if refused_after else 'never, in'} {'groups' if refused_after else str(len(items)) + ' groups'}")
     if WRITE is not None:
         WRITE()
@@ -333,24 +353,26 @@ def cost(model32, vocab: int, args, table_cost: list) -> None:
 
 
 def markdown(table: list[dict], attack_rows: dict, costs: list[dict], args, device_name: str) -> str:
-    lines = [f"Device: {device_name}. Tolerance: margin <= {args.margin:g} logits; flip test at rate "
-             f"{'calibrated per model (in the log), at most ' if args.calibrate else ''}{args.flip_rate:g}, "
-             f"alarm {args.alarm:g}. Command: `python examples/bench_bf16_audit.py "
+    lines = [f"Device: {device_name}. Margin {args.margin:g} logits (exceedance test at rate {args.exceed_rate:g}), "
+             f"hard bound {args.margin_hard:g}; flip test at rate "
+             f"{'calibrated per model (in the log), at most ' if args.calibrate else ''}{args.flip_rate:g}; "
+             f"each test at alarm {args.alarm / 2:g}. Command: `python examples/bench_bf16_audit.py "
              f"{' '.join(sys.argv[1:])}`", "",
-             "| model | sampler | groups | tokens | flips | margin p99 / p99.9 / max | honest groups failed (95% upper) | "
-             "failed at " + " / ".join(f"{t:g}" for t in TOLERANCES) + " | "
-             "flip test refuses within 10k groups | k3 / tokens past clip | tokens/s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| model | sampler | groups | tokens | flips | margin p99 / p99.9 / max | exceedances (95% upper) | "
+             "honest groups failed (95% upper) | groups with a margin past " + " / ".join(f"{t:g}" for t in TOLERANCES) + " | "
+             "flip / exceedance test refuses within 10k groups | k3 / tokens past clip | tokens/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in table:
         lines.append(f"| {r['model']} | {r['sampler']} | {r['groups']} | {r['tokens']} | {r['flip_share']:.3%} | "
-                     f"{r['p99']:.2g} / {r['p999']:.2g} / {r['max']:.2g} | {r['failed']} ({r['failed_hi']:.3%}) | "
-                     f"{' / '.join(str(r['failed_at'][t]) for t in TOLERANCES)} | "
-                     f"{r['alarm10k']:.2%} | {r['k3']:.1e} / {r['clip']:.2%} | {r['tokens_per_s']:.0f} |")
+                     f"{r['p99']:.2g} / {r['p999']:.2g} / {r['max']:.2g} | {r['exceed']} ({r['exceed_hi']:.2e}) | "
+                     f"{r['failed']} ({r['failed_hi']:.3%}) | {' / '.join(str(r['failed_at'][t]) for t in TOLERANCES)} | "
+                     f"{r['alarm10k']:.2%} / {r['exceed_alarm10k']:.2%} | {r['k3']:.1e} / {r['clip']:.2%} | {r['tokens_per_s']:.0f} |")
     lines += ["", "| model | attack | caught per audited group |", "|---|---|---|"]
     for (name, how), v in attack_rows.items():
         if how == "seeker":
             lines.append(f"| {name} | (c) answer seeker | accuracy {v['cheat']:.2%} vs honest {v['honest']:.2%}; "
-                         f"{v['failed']}/{v['groups']} groups failed; flips {v['flips']}/{v['tokens']}; refused after "
+                         f"{v['failed']}/{v['groups']} groups failed; flips {v['flips']}/{v['tokens']}, past the margin "
+                         f"{v['exceed']}; refused after "
                          f"{v['refused_after'] or 'never in ' + str(v['groups'])} groups |")
         else:
             lines.append(f"| {name} | ({'a' if how == 'answer' else 'b'}) {how} | {share(*v[:2])}; done in every group, "
@@ -395,7 +417,11 @@ def main() -> None:
     ap.add_argument("--big-layers", type=int, help="layers of the Qwen3-0.6B shape (28 is the real one)")
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--per-pass", type=int, default=16, help="groups per audit forward pass")
-    ap.add_argument("--margin", type=float, default=AuditConfig.margin)
+    ap.add_argument("--margin", type=float, default=AuditConfig.margin, help="the audit's tolerance (logits)")
+    ap.add_argument("--margin-hard", type=float, default=AuditConfig.margin_hard,
+                    help="the audit's hard bound (logits): a margin past it fails its group")
+    ap.add_argument("--exceed-rate", type=float, default=AuditConfig.exceed_rate,
+                    help="the exceedance test's honest ceiling (tokens past --margin per position)")
     ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (every model)")
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus filter (every model)")
     ap.add_argument("--top-k", type=int, default=0, help="top-k filter (every model; 0: none)")

@@ -36,7 +36,7 @@ from node.learner.groups import BufferedGroup, GroupKind, Verdict
 
 log = logging.getLogger(__name__)
 
-NEW_STATS = {"audits": 0, "failed": 0, "unauditable": 0, "positions": 0, "flips": 0, "time_s": 0.0,
+NEW_STATS = {"audits": 0, "failed": 0, "unauditable": 0, "positions": 0, "flips": 0, "exceedances": 0, "time_s": 0.0,
              "logprob_gap_max": 0.0, "margin_max": 0.0, "flip_rate": 0.0, "waiting": 0, "reference_positions": 0}
 
 
@@ -63,10 +63,12 @@ class Auditor:
         self.archive, self.refusals, self.peer_id, self.measures_claims = archive, refusals, peer_id, measures_claims
         self.audits: collections.Counter[str] = collections.Counter()
         """Audits done per sampler (the first `audit_first` of each are always done)."""
-        self.flip_test = FlipTest(cfg.audit.flip_rate, cfg.audit.alarm)
+        self.flip_test = FlipTest(cfg.audit.flip_rate, cfg.audit.alarm / 2)
         """Each sampler's flips over all its audited positions (node/audit.FlipTest)..."""
         self.flip_rate = FlipRate()
         """...against the honest rate measured on this model (node/audit.FlipRate)."""
+        self.exceed_test = FlipTest(cfg.audit.exceed_rate, cfg.audit.alarm / 2, events="tokens past the margin")
+        """Each sampler's exceedances (margins past `audit.margin`), against `audit.exceed_rate`."""
         self.claim_gaps = ClaimGaps(cfg.behaviour.auto_k3)
         """How far each sampler's claimed log-probs sit from ours, measured by every audit and every
         recomputed group (node/audit/claim_gaps.py; what `behaviour_logprobs = "auto"` reads)."""
@@ -191,7 +193,7 @@ class Auditor:
         # the flip rate's measurement, only from what the budget has left (node/audit/budget.py)
         reference = self.cfg.audit.calibrate and self.budget.affords(self.budget.reference_s(len(groups)))
         results = audit_groups(model, items, self.sampling.params, self.pad_id, self.cfg.audit.margin,
-                               reference=reference)
+                               self.cfg.audit.margin_hard, reference=reference)
         seconds = time.perf_counter() - t0
         self.budget.audited(seconds, len(groups), reference, spot=spot)
         self.stats["time_s"] += seconds
@@ -205,14 +207,16 @@ class Auditor:
         st["audits"] += 1
         st["positions"] += result.positions
         st["flips"] += result.flips
+        st["exceedances"] += result.exceedances
         rate = self.flip_rate.rate(self.cfg.audit.flip_rate) if self.cfg.audit.calibrate else self.cfg.audit.flip_rate
-        alarmed = self.flip_test.add(b.sampler, result.flips, result.positions, rate)
+        flipped = self.flip_test.add(b.sampler, result.flips, result.positions, rate)
+        exceeded = self.exceed_test.add(b.sampler, result.exceedances, result.positions)
         if result.reference_flips is not None:  # after: the rate is fixed before the group
             self.flip_rate.add(result.reference_flips, result.positions)
         st["flip_rate"] = rate
         if self.measures_claims:
             self.claim_gaps.add(b.sampler, result.claim_k3, result.positions)
-        if result.passed and result.logprob_gap <= self.cfg.audit.logprob_gap and not alarmed:
+        if result.passed and result.logprob_gap <= self.cfg.audit.logprob_gap and not flipped and not exceeded:
             st["logprob_gap_max"] = max(st["logprob_gap_max"], result.logprob_gap)  # honest engines' numerics
             st["margin_max"] = max(st["margin_max"], result.max_margin)
             b.verdict = Verdict.PASS
@@ -220,15 +224,16 @@ class Auditor:
         st["failed"] += 1
         b.verdict = Verdict.FAILED
         if not result.passed:
-            return (f"audit failed: {result.failed_positions} of {result.positions} tokens are not the ones its "
-                    f"race selects at v{b.claimed_version} (largest margin {result.max_margin:.3g} > "
-                    f"{self.cfg.audit.margin:g} logits)")
+            return (f"audit failed: {result.failed_positions} of {result.positions} tokens are not ones its "
+                    f"race selects at v{b.claimed_version} for any honest engine (largest margin "
+                    f"{result.max_margin:.3g} > {self.cfg.audit.margin_hard:g} logits)")
         if result.logprob_gap > self.cfg.audit.logprob_gap:
             return f"audit failed: claimed log-probs {result.logprob_gap:.3f}/token away from v{b.claimed_version}'s"
-        return self.flip_test.why(b.sampler)
+        return self.flip_test.why(b.sampler) if flipped else self.exceed_test.why(b.sampler)
 
     def state_dict(self) -> dict[str, Any]:
         return {"audits": dict(self.audits), "stats": dict(self.stats), "flip_test": self.flip_test.state_dict(),
+                "exceed_test": self.exceed_test.state_dict(),
                 "flip_rate": self.flip_rate.state_dict(), "claim_gaps": self.claim_gaps.state_dict(),
                 "budget": self.budget.state_dict()}
 
@@ -236,6 +241,7 @@ class Auditor:
         self.audits = collections.Counter(state["audits"])
         self.stats = {**NEW_STATS, **state["stats"]}
         self.flip_test.load_state_dict(state.get("flip_test", {}))
+        self.exceed_test.load_state_dict(state.get("exceed_test", {}))
         self.flip_rate.load_state_dict(state.get("flip_rate", {}))
         self.claim_gaps.load_state_dict(state.get("claim_gaps", {}))
         self.budget.load_state_dict(state.get("budget", {}))

@@ -1,5 +1,8 @@
-"""The flip test: how often an honest engine's race picks differ from the auditor's, and when a
-sampler's flips are too many to be honest (a sequential likelihood-ratio test per sampler).
+"""The audit's statistics: how often an honest engine's race picks differ from the auditor's, and
+when a sampler's rare events are too many to be honest (a sequential likelihood-ratio test per
+sampler, `FlipTest`), for two kinds of event: flips (its token is not the auditor's best) and
+exceedances (its token's margin is past `AuditConfig.margin`: an honest engine's rounding does
+that too, rarely, so one is evidence, not a verdict).
 """
 
 from __future__ import annotations
@@ -70,9 +73,10 @@ class FlipRate:
 
 
 class FlipTest:
-    """A sequential probability ratio test of one sampler's flips, over all its audited positions.
+    """A sequential probability ratio test of one sampler's events (flips, or exceedances), over all
+    its audited positions.
 
-    Each audited group adds `flip_llr` of its flips and positions; the sampler is refused once the
+    Each audited group adds `flip_llr` of its events and positions; the sampler is refused once the
     sum reaches log(1 / alarm). For an honest engine, whose flips come at a rate <= `rate`, the
     likelihood ratio is a nonnegative supermartingale, so by Ville's inequality it ever reaches
     1 / alarm with probability <= alarm, over any number of groups (nothing to re-tune for how
@@ -83,9 +87,9 @@ class FlipTest:
     RATIO = 4.0
     """The alternative the test is most sensitive to: flips at 4 x the honest rate."""
 
-    def __init__(self, rate: float, alarm: float) -> None:
-        self.rate, self.threshold = rate, math.log(1 / alarm)
-        """`rate`: the honest rate when `add` is given none."""
+    def __init__(self, rate: float, alarm: float, events: str = "flips") -> None:
+        self.rate, self.threshold, self.events = rate, math.log(1 / alarm), events
+        """`rate`: the honest rate when `add` is given none; `events`: what they are, for `why`."""
         self.last_rate = rate
         self.llr: dict[str, float] = {}
         self.flips: collections.Counter[str] = collections.Counter()
@@ -102,7 +106,7 @@ class FlipTest:
         return self.llr[peer] >= self.threshold
 
     def why(self, peer: str) -> str:
-        return (f"audit statistic: {self.flips[peer]} flips in {self.positions[peer]} audited positions, "
+        return (f"audit statistic: {self.flips[peer]} {self.events} in {self.positions[peer]} audited positions, "
                 f"more than an honest engine's {self.last_rate:.2%} (log likelihood ratio {self.llr[peer]:.1f} >= "
                 f"{self.threshold:.1f})")
 

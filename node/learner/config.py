@@ -43,14 +43,32 @@ class AuditConfig:
     rate_established: float = 0.03
     margin: float = 1.0
     """The most, in logits, that an audited token's race score may fall short of the best one
-    (node/sampling/race.race_margins) before its group fails. An honest engine's shortfall is its
-    logit error at two scores, whatever the vocabulary: float32 engines ~1e-5; on an H100,
-    bfloat16 up to 0.62 and float16 up to 0.067 over 32k positions of a 151k-vocabulary 0.6B shape
-    (examples/bench_bf16_audit.py; docs/BENCHMARKS.md, "The audit across precisions"). Not yet
-    derived from what it guards: the tail depends on the model, and honest bfloat16 samplers on
-    builtin:tiny-chain-long fell 1.5 and 2.36 short (docs/RESULTS.md, "The cut" item 4), so one
-    failed audit can refuse an honest low-precision sampler. An attacker may pick any token
-    within it, so the per-sampler statistic below bounds how often."""
+    (node/sampling/race.race_margins) before the position counts as an *exceedance*. An honest
+    engine's shortfall is at most twice its logit error: float32 engines ~1e-5; on an H100,
+    bfloat16 up to 0.62 and float16 up to 0.067 over 32k positions of a 151k-vocabulary 0.6B
+    shape (examples/bench_bf16_audit.py; docs/BENCHMARKS.md, "The audit across precisions"). The
+    error has a tail that depends on the model: a bfloat16 engine on builtin:tiny-chain-long after
+    120 GRPO steps passed 1 logit at 3 of 52k positions (its logit error reached 2.3), and honest
+    samplers fell 1.5 and 2.36 short in the replication's runs, when one such position refused a
+    sampler for good (docs/RESULTS.md, "The cut" item 4). So an exceedance is evidence for the
+    sequential test at `exceed_rate`, not a verdict; an attacker may pick any token within
+    `margin_hard`, and the two statistics bound how often."""
+    margin_hard: float = 8.0
+    """A token whose race score falls short of the best by more than this (logits), or that no
+    engine within it could have let through top-k / top-p, fails its group and refuses its sampler
+    at once. Derived from the largest honest logit error measured, 2.9 logits (a bfloat16 engine
+    on trained builtin:tiny-chain-long; an honest margin is at most twice it, 5.9): 8 is 1.36x
+    that, and a token 8 logits behind the race's best is one the policy drew about once in e^8 =
+    3,000 times the best one's odds. Benchmarks of the audit alone may set it to `margin`."""
+    exceed_rate: float = 3e-4
+    """The exceedance test: the highest share of audited positions past `margin` for an honest
+    engine. Measured: 3 of 52,292 positions (Wilson 95% upper 1.7e-4) for a bfloat16 engine on
+    builtin:tiny-chain-long after 120 steps, the worst measured; none of 32k on the 0.6B shape.
+    A sequential test of each sampler's exceedances against it (node/audit/flips.FlipTest, at
+    `alarm` / 2) refuses a sampler once they are too many for an honest engine: one that edits a
+    token past the margin in every group of 800 positions is refused at its 12th audited group (tests/unit/node/test_race.py, by hand).
+    Not calibrated from the audit's bfloat16 reference pass: that pass runs under autocast, whose
+    logit error is 2-5x smaller than a bfloat16 engine's at the tail."""
     flip_rate: float = 0.06
     """The per-sampler statistic: the highest share of audited positions at which an honest
     engine's token is not the auditor's best (a flip, margin > node/audit/margins.FLIP_MARGIN),
@@ -63,8 +81,9 @@ class AuditConfig:
     half a float32 one on a GPU and 50-150x one on a CPU without bfloat16 units, so on such a CPU
     it runs rarely and `flip_rate` holds until it has measured enough."""
     alarm: float = 1e-3
-    """An honest sampler (flip rate <= flip_rate) is refused by the statistic with at most this
-    probability over its whole life (Ville's inequality: node/audit/flips.FlipTest)."""
+    """An honest sampler (flip rate <= flip_rate, exceedance rate <= exceed_rate) is refused by the
+    two statistics with at most this probability over its whole life (each at half of it; Ville's
+    inequality: node/audit/flips.FlipTest)."""
     budget: float = 0.02
     """What audits may cost, in seconds per second of training (node/audit/budget.py): spot audits
     at the rate that spends half of it (`rate` and `rate_established` are ceilings), new keys'
@@ -79,6 +98,8 @@ class AuditConfig:
             ("first >= 0", self.first >= 0), ("0 <= rate <= 1", 0 <= self.rate <= 1),
             ("0 <= rate_established <= 1", 0 <= self.rate_established <= 1),
             ("established_after >= first", self.established_after >= self.first), ("margin >= 0", self.margin >= 0),
+            ("margin <= margin_hard", self.margin <= self.margin_hard),
+            ("0 < exceed_rate < 0.25", 0 < self.exceed_rate < 0.25),
             ("0 < flip_rate < 0.25", 0 < self.flip_rate < 0.25), ("0 < alarm < 1", 0 < self.alarm < 1),
             ("logprob_gap > 0", self.logprob_gap > 0), ("budget > 0", self.budget > 0)])
 

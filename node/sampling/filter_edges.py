@@ -69,7 +69,7 @@ def _top_p_band(x: torch.Tensor, h: float, top_p: float):
     v = x.shape[-1]
     top = x.max(-1, keepdim=True).values
     full = (x - top).exp().sum(-1, keepdim=True)
-    need = full * (top_p * math.exp(h) / ((1 - top_p) * math.exp(-h) + top_p * math.exp(h))) * (1 + 1e-9)
+    need = full * (top_p / ((1 - top_p) * math.exp(-2 * h) + top_p)) * (1 + 1e-9)  # e^h over and under: no overflow
     width = TOP_P_WIDTH
     while True:
         if 4 * width >= v:
@@ -120,7 +120,10 @@ def _admitted(x: torch.Tensor, h: float, top_k: int = 0, top_p: float = 1.0,
         if top_p < 1.0:
             mass_above = prefix.gather(-1, above) - torch.where(self_in, w, 0.0)
             rest = (total - torch.where(keep, w, 0.0) - mass_above).clamp(min=0)  # the kept set below k
-            shown = math.exp(-sign * h) * mass_above  # what the tokens above k weigh in this case
-            keep &= shown < top_p * (shown + math.exp(sign * h) * (rest + w))
+            # what the tokens above k weigh in this case, e^-sh x mass_above, against top_p of the kept
+            # set's, both over e^-sh: e^2sh capped (a wide slack overflowed it; beyond, the answer
+            # no longer changes)
+            grow = math.exp(min(2 * sign * h, 700.0))
+            keep &= mass_above < top_p * (mass_above + grow * (rest + w))
         out.append(keep)
     return out[0], out[1]

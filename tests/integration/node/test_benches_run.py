@@ -27,7 +27,7 @@ class Bench(NamedTuple):
 BENCHES = {
     "audit": Bench(["bench_audit.py", "--steps", "4", "--chosen", "8"], r"ms per audited group"),
     "bf16_audit": Bench(["bench_bf16_audit.py", "--preset", "smoke", "--models", "builtin", "--dtypes", "bfloat16"],
-                        r"honest groups failed at margin"),
+                        r"honest groups failed \(a margin past"),
     "filters": Bench(["bench_filters.py", "--vocab", "1024", "--rows", "8", "--repeats", "1"], r"ms a position"),
     "gepo_variance": Bench(["gepo_variance.py"], r"GEPO lower\n(\s+[\d.]+){4}\s+\d+%\n"),
     "learner_memory": Bench(["learner_memory.py", "--shape", "wide-vocab-tiny", "--layers", "1", "--versions", "1",
@@ -38,6 +38,8 @@ BENCHES = {
                       "2", "--sampler-tokens", "4"], r"learner / bare: \d+\.\d+x tokens/s", needs_peaks=True),
     "logprob_gap": Bench(["bench_logprob_gap.py", "--steps", "3", "--prompts", "4"], r"a liar claiming"),
     "losses": Bench(["bench_losses.py", "--reps", "2"], r"(?m)^grpo\s+\d"),
+    "margin_tail": Bench(["bench_margin_tail.py", "--steps", "2", "--at", "2", "--groups", "1"],
+                         r"pooled: \d+ of \d+ positions past the margin"),
     "picker": Bench(["bench_picker.py", "--batch", "4", "--vocab", "1024", "--steps", "2"], r"(?m)^\s+4\s+1024\s"),
     "reward_budget": Bench(["bench_reward_budget.py", "4"],
                            r"budget of a group of 8: [\d.]+ s; honest groups over it: \d+"),

@@ -206,6 +206,67 @@ def test_chosen_completions_fail_the_audit_and_cost_the_sampler_its_place_and_cr
     assert again.ingest(cheat.produce(1)[0].encode()) == "refused_sampler"  # persisted across restarts
 
 
+def _edit_past_margin(learner, g, sampler: str, i: int, lo: float, hi: float) -> float:
+    """Completion `i` of `g` with a token replaced by one whose race margin at the version `g`
+    claims lies in (lo, hi] logits, claimed with its honest log-prob, and ending there (what follows
+    would be drawn again): a token the policy could well have drawn, but not the one its race
+    selects, by more than honest rounding usually explains. The latest position that has such a
+    token; returns its margin."""
+    from node.sampling.race import group_seeds, keys_tensor, position_keys, race_margins
+    from node.training.logprobs import completion_logits, logprobs_from_logits, pack
+
+    c, p = g.completions[i], learner.sampling.params
+    seed = group_seeds(learner.auditor.archive.nonce(g.chain, g.version), g.prompt_id, sampler, len(g.completions))[i]
+    prompt = learner.tok(g.prompt, add_special_tokens=False)["input_ids"]
+    model = learner.auditor.model_at((g.chain, g.version))
+    with torch.no_grad():
+        logits = torch.cat([x for _, x in completion_logits(model, pack([prompt], [c.token_ids], learner.tok.pad_token_id))])
+    learner.auditor.release()
+    keys, vocab = keys_tensor(position_keys(seed, len(c.token_ids)), "cpu"), logits.shape[-1]
+    for t in reversed(range(len(c.token_ids))):  # every token of the vocabulary's margin at t
+        margins = race_margins(logits[t].expand(vocab, -1), torch.arange(vocab), keys[t].expand(vocab, -1),
+                               p.temperature, p.top_k, p.top_p, slack=learner.cfg.audit.margin)
+        band = ((margins > lo) & (margins <= hi)).nonzero().flatten()
+        if len(band):
+            v = int(band[margins[band].argmin()])
+            c.token_ids = c.token_ids[:t] + [v]
+            c.logprobs = c.logprobs[:t] + [float(logprobs_from_logits(logits[t : t + 1], torch.tensor([v]),
+                                                                      p.logprob_temperature))]
+            c.text = learner.tok.decode(c.token_ids, skip_special_tokens=True)
+            return float(margins[v])
+    raise AssertionError(f"no token lies {lo} to {hi} logits behind the race's at any position")
+
+
+def test_a_token_past_the_margin_is_counted_not_refused_and_a_sampler_that_makes_them_is(task, tmp_path):
+    """An honest bfloat16 engine's rounding puts a token past `audit.margin` now and then (3 of 52k
+    positions on a trained model), which refused it for good (docs/RESULTS.md, "The cut" item 4):
+    one such token is counted by the exceedance test and its group passes. A sampler that puts one
+    in every completion is refused by that test and loses its credit; past `margin_hard`, at once."""
+    learner, sampler = _pair(task, tmp_path)
+    x = sampler("x")
+    first = x.produce(2)  # a step's worth (2 groups): a new key's are all audited
+    _edit_past_margin(learner, first[0], "x", 0, 1.5, 7.5)
+    assert [learner.ingest(g.encode()) for g in first] == [None, None]
+    _trained_groups(learner, [])
+    st = learner.auditor.stats
+    assert "x" not in learner.refusals and st["exceedances"] == 1 and st["failed"] == 0 and st["audits"] == 2
+    assert 1.5 < st["margin_max"] <= 7.5  # a passed group's margin: what honest engines are seen to reach
+    for g in x.produce(2):  # a token past the margin in every completion
+        for i in range(len(g.completions)):
+            _edit_past_margin(learner, g, "x", i, 1.5, 7.5)
+        assert learner.ingest(g.encode()) is None
+    _trained_groups(learner, [])
+    assert "tokens past the margin" in learner.refusals.refused["x"], learner.refusals.refused
+    assert st["failed"] >= 1 and "x" not in learner.credit.peers
+    assert learner.ingest(x.produce(1)[0].encode()) == "refused_sampler"
+    y = sampler("y")  # past the hard bound: refused at its first group
+    groups = y.produce(2)
+    _edit_past_margin(learner, groups[0], "y", 0, learner.cfg.audit.margin_hard, math.inf)
+    assert [learner.ingest(g.encode()) for g in groups] == [None, None]
+    _trained_groups(learner, [])
+    assert "for any honest engine" in learner.refusals.refused["y"], learner.refusals.refused
+
+
 def test_a_sampler_refused_in_a_step_earns_nothing_for_its_other_groups_of_that_step(task, tmp_path):
     """An unaudited honest group and a failing one from the same sampler in one step: the refusal
     covers both (before, the honest one was kept and credited after the credit had been revoked)."""
@@ -405,3 +466,7 @@ def test_a_long_record_is_audited_lightly_and_the_bounds_are_checked(task, tmp_p
         LearnerConfig(audit=AuditConfig(first=8, established_after=4))
     with pytest.raises(ValueError, match="rate_established"):
         LearnerConfig(audit=AuditConfig(rate_established=1.5))
+    with pytest.raises(ValueError, match="learner.audit: need margin <= margin_hard"):
+        AuditConfig(margin=2.0, margin_hard=1.0)
+    with pytest.raises(ValueError, match="exceed_rate"):
+        AuditConfig(exceed_rate=0.0)

@@ -10,7 +10,8 @@ import random
 import pytest
 import torch
 
-from node.audit.margins import FLIP_MARGIN, judge_margins
+from node.audit.margins import FLIP_MARGIN, judge_margins, margins_at
+from node.sampling.params import SamplingParams
 from node.audit.flips import FlipTest, flip_llr
 from node.sampling.race import (CHUNK, KEY_WORDS, audit_tokens, chunk_scores, completion_seed, hash_uniform, key_block, KEY_BLOCK, PositionKeys,
                             keys_tensor, pick_tokens, pick_with_logprobs, position_keys, race_margins, sampling_probs, tempered)
@@ -289,11 +290,62 @@ def test_a_chosen_token_is_far_short_at_most_positions():
     assert (margins > 0.5).float().mean() > 0.6
 
 
-def test_judge_margins_counts_failures_and_flips():
-    m = torch.tensor([0.0, 0.0, 2e-3, 0.3, 0.6], dtype=torch.float64)
+def test_judge_margins_counts_failures_exceedances_and_flips():
+    m = torch.tensor([0.0, 0.0, 2e-3, 0.3, 0.6, 1.2], dtype=torch.float64)
+    # past the hard bound (1.2 > 1): the group fails; 0.6 is an exceedance (in (0.5, 1]); flips > 1e-3
+    r = judge_margins(m, 0.01, tol=0.5, hard=1.0)
+    assert (r.passed, r.positions, r.failed_positions, r.exceedances, r.flips, r.max_margin) == (False, 6, 1, 1, 4, 1.2)
+    # within a wider hard bound both are exceedances, and the group passes
+    r = judge_margins(m, 0.01, tol=0.5, hard=2.0)
+    assert (r.passed, r.failed_positions, r.exceedances) == (True, 0, 2)
+    # no hard bound given: the tolerance is one, every exceedance fails
     r = judge_margins(m, 0.01, tol=0.5)
-    assert (r.passed, r.positions, r.failed_positions, r.flips, r.max_margin) == (False, 5, 1, 3, 0.6)
+    assert (r.passed, r.failed_positions, r.exceedances) == (False, 2, 0)
     assert judge_margins(m[:4], 0.0, tol=0.5).passed
+    assert judge_margins(torch.tensor([0.2, torch.inf], dtype=torch.float64), 0.0, tol=0.5, hard=8.0).failed_positions == 1
+
+
+def test_a_slack_of_any_width_neither_overflows_nor_filters_out_a_token():
+    """e^(slack / T) overflowed a float past ~700 (a config with a margin of 1000 crashed every
+    audit). Every engine within a huge slack could keep any token, so none is filtered out (inf)."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 40, generator=g) * 3
+    keys = keys_tensor(position_keys(bytes(32), 6), "cpu")
+    tokens = torch.arange(6) * 7
+    for slack in (1.0, 1000.0, 1e6):
+        m = race_margins(logits, tokens, keys, 0.6, top_k=5, top_p=0.9, slack=slack)
+        assert m.shape == (6,) and not m.isnan().any()
+    assert m.isfinite().all()
+
+
+def test_a_token_only_a_wider_engine_keeps_counts_at_the_hard_bound_and_one_none_keeps_fails():
+    """top-k 2 over logits (5, 4, 2.5, -10, ...): the third token is 1.5 logits below the second,
+    past what an engine within tol = 1 (0.5 each way) could swap, but within hard = 8: margin 8,
+    an exceedance. The fourth is 14 below: no engine within 8 keeps it, inf. The first two race."""
+    logits = torch.tensor([[5.0, 4.0, 2.5, -10.0] + [-20.0] * 60] * 4)
+    keys = keys_tensor(position_keys(bytes(32), 4), "cpu")
+    p = SamplingParams(n=1, max_new_tokens=4, temperature=0.6, top_k=2)
+    m = margins_at(logits, torch.tensor([0, 1, 2, 3]), keys, p, slack=1.0, hard=8.0)
+    assert m[2] == 8.0 and m[3] == torch.inf and m[:2].isfinite().all() and m[:2].min() == 0
+    assert margins_at(logits, torch.tensor([2]), keys[:1], p, slack=1.0)[0] == torch.inf  # without a hard bound
+    r = judge_margins(m, 0.0, tol=1.0, hard=8.0)
+    assert (r.passed, r.failed_positions, r.exceedances) == (False, 1, 1 + int(m[:2].max() > 1.0))
+
+
+def test_the_exceedance_test_by_hand_one_edit_a_group_is_refused_at_the_twelfth_audited_group():
+    """AuditConfig.exceed_rate's docstring: one exceedance in every group of 800 positions, at the
+    honest ceiling 3e-4 and alarm 1e-3 / 2. Per group: log 4 + 799 log((1 - 1.2e-3) / (1 - 3e-4))
+    = 1.386294 - 0.719640 = 0.666655; log(2000) = 7.600902 needs 7.600902 / 0.666655 = 11.4, so 12
+    groups. An honest engine at 3e-4 has 0.24 exceedances a group and drifts down."""
+    per_group = math.log(4) + 799 * math.log((1 - 1.2e-3) / (1 - 3e-4))
+    assert per_group == pytest.approx(0.666655, abs=1e-6)
+    test = FlipTest(3e-4, 1e-3 / 2, events="tokens past the margin")
+    refused = next(n for n in range(1, 100) if test.add("s", 1, 800))
+    assert refused == 12 and test.llr["s"] == pytest.approx(12 * per_group)
+    assert "12 tokens past the margin in 9600 audited positions" in test.why("s")
+    honest = FlipTest(3e-4, 1e-3 / 2)
+    assert not any(honest.add("h", k, 800) for k in [0, 0, 1, 0, 0, 0, 1] * 20)  # 2 in 5,600: 1.2x the rate
+    assert honest.llr["h"] < 0
 
 
 def test_flip_llr_by_hand():

@@ -229,7 +229,7 @@ class Auditor:
                     f"{result.max_margin:.3g} > {self.cfg.audit.margin_hard:g} logits)")
         if result.logprob_gap > self.cfg.audit.logprob_gap:
             return f"audit failed: claimed log-probs {result.logprob_gap:.3f}/token away from v{b.claimed_version}'s"
-        return self.flip_test.why(b.sampler) if flipped else self.exceed_test.why(b.sampler)
+        return "; ".join(test.why(b.sampler) for test, hit in ((self.flip_test, flipped), (self.exceed_test, exceeded)) if hit)
 
     def state_dict(self) -> dict[str, Any]:
         return {"audits": dict(self.audits), "stats": dict(self.stats), "flip_test": self.flip_test.state_dict(),

@@ -2,6 +2,7 @@
 tests/ on sys.path). None is a test file; importing this package imports none of them.
 
     attacker.py      a sampler process that tampers with its groups (python -m tests.helpers.attacker)
+    edits.py         a cheat's token past the audit's margin, claimed with its honest log-prob
     emulated.py      what the swarms on an emulated network share (test_wan, test_internet)
     external.py      what a test needs from outside Python (Chromium, vLLM): skip, or fail in CI
     fsdp_worker.py   one torchrun rank for test_distributed_ranks (torchrun tests/helpers/fsdp_worker.py)

@@ -10,6 +10,11 @@ MODE (the attacks of issue 13, as a stranger would run them):
                with a realistic claimed log-prob of -2/token
     garbage    random in-vocabulary tokens, text matching them, log-probs -0.5 (credit farming)
 
+and of issue 61's audit, for tests/integration/swarm/test_adversary.py:
+    margin_edit   in every completion, one token replaced by one 1.5 to 7.5 logits behind its race's
+               pick (past the audit's margin, within its hard bound), claimed with its honest
+               log-prob, the completion cut there (helpers/edits.py): what honest rounding does rarely
+
 and of issue 26:
     foreign    a made-up model id in our tokenizer (to take the unaudited foreign route), one right
                answer among wrong ones, claimed log-probs -30/token, a made-up chain
@@ -24,7 +29,10 @@ import os
 import random
 import sys
 
+from tests.helpers.edits import edit_past_margin  # run as `python -m tests.helpers.attacker`
+from node.learner.config import AuditConfig
 from node.sampling import sampler as sampler_mod
+from node.sampling.race import group_seeds
 
 
 def tamper(mode: str, g, sampler) -> None:
@@ -43,6 +51,16 @@ def tamper(mode: str, g, sampler) -> None:
             c.text = answer if i == 0 else answer + str(rng.randrange(10))
             c.token_ids = tok(c.text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
             c.logprobs, c.finish_reason, c.reward = [-30.0] * len(c.token_ids), "stop", float(i == 0)
+        return
+    if mode == "margin_edit":
+        seeds = group_seeds(sampler.nonce, g.prompt_id, sampler.peer_id, len(g.completions))
+        for c, seed in zip(g.completions, seeds):
+            try:
+                edit_past_margin(sampler.engine.model, tok, sampler.sampling.params, seed, c, g.prompt, 1.5, 7.5,
+                                 AuditConfig.margin)
+            except AssertionError:  # no such token anywhere in it: sent as drawn
+                continue
+            c.reward = float(sampler.task.reward(c.text, answer))
         return
     for c in g.completions:
         if mode == "logprobs":

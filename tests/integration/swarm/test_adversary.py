@@ -220,6 +220,39 @@ def test_a_made_up_model_in_our_tokenizer_is_checked_as_ours_refused_and_never_c
               f"{honest0} -> {last['accepted_by_sampler'].get(honest, 0)}")
 
 
+def test_a_sampler_that_edits_tokens_within_the_hard_bound_is_refused_by_the_exceedance_test(swarm, capsys):
+    """A margin past the audit's 1-logit tolerance is evidence, not a verdict (honest bfloat16
+    rounding reaches past it at 3 in 52k positions), so a cheat may try tokens 1.5 to 7.5 logits
+    behind its race's pick, within the hard bound, claimed with their honest log-probs: one in every
+    completion (tests/helpers/attacker.py, margin_edit). The exceedance test refuses it at its
+    first audits, counted and never trained on or credited; the honest sampler goes on."""
+    honest = peer_of(swarm, "honest")
+    first = len(_steps(swarm))
+    exceed0 = _steps(swarm)[-1]["audit"]["exceedances"]
+    proc = swarm.join_attacker("editor", "margin_edit")
+    editor = peer_of(swarm, "editor")
+    refused = swarm.base / "learner" / "checkpoints" / "refused.jsonl"
+    trained = lambda: _steps(swarm)[-1]["accepted_by_sampler"].get(editor, 0) > 0  # noqa: E731
+    try:
+        _wait_for(lambda: (refused.exists() and editor in refused.read_text()) or trained(), 300,
+                  "the editor was neither refused nor trained on")
+        honest0 = _steps(swarm)[-1]["accepted_by_sampler"].get(honest, 0)
+        swarm.wait_version(swarm.version() + 2, timeout=120)
+    finally:
+        stop([proc])
+    last = _steps(swarm)[first:][-1]
+    why = [line for line in refused.read_text().splitlines() if editor in line]
+    assert why and "tokens past the margin" in why[0], why
+    assert last["accepted_by_sampler"].get(editor, 0) == 0, last["accepted_by_sampler"]
+    assert editor not in last["credited"], last["credited"]
+    assert last["audit"]["exceedances"] > exceed0 and last["drops"].get("refused_sampler", 0) >= 1, last["audit"]
+    assert last["accepted_by_sampler"].get(honest, 0) > honest0  # the honest sampler is still trained on
+    with capsys.disabled():
+        print(f"\n  tokens past the margin in every completion: {why[0][:300]}; exceedances counted "
+              f"{last['audit']['exceedances'] - exceed0}; honest trained {honest0} -> "
+              f"{last['accepted_by_sampler'].get(honest, 0)}")
+
+
 def test_after_a_restart_a_new_key_claiming_the_previous_chain_is_bounded_and_uncredited(swarm, attacker, capsys):
     """The previous run's chain id is public (its manifest). After a restart, a new key claiming it sends
     groups the learner cannot rebuild to audit: they never count as its audits, are trained on at most

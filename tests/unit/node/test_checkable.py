@@ -10,11 +10,13 @@ import math
 import pytest
 import torch
 
+from helpers.edits import edit_past_margin
 from helpers.inmemory import tiny_swarm
 from node.algorithms import LossInputs, get_algorithm, has_signal
 from node.algorithms.base import clipped_surrogate
 from node.audit.refusals import RefusalList
 from node.audit.archive import VersionArchive
+from node.sampling.race import group_seeds
 from node.learner import Learner, LearnerConfig, Route
 from swarm.exchange import IntakeConfig
 from node.models import BUILTIN_MODEL, load_model
@@ -207,34 +209,12 @@ def test_chosen_completions_fail_the_audit_and_cost_the_sampler_its_place_and_cr
 
 
 def _edit_past_margin(learner, g, sampler: str, i: int, lo: float, hi: float) -> float:
-    """Completion `i` of `g` with a token replaced by one whose race margin at the version `g`
-    claims lies in (lo, hi] logits, claimed with its honest log-prob, and ending there (what follows
-    would be drawn again): a token the policy could well have drawn, but not the one its race
-    selects, by more than honest rounding usually explains. The latest position that has such a
-    token; returns its margin."""
-    from node.sampling.race import group_seeds, keys_tensor, position_keys, race_margins
-    from node.training.logprobs import completion_logits, logprobs_from_logits, pack
-
-    c, p = g.completions[i], learner.sampling.params
+    """Completion `i` of `g` edited by helpers.edits.edit_past_margin at the version `g` claims."""
     seed = group_seeds(learner.auditor.archive.nonce(g.chain, g.version), g.prompt_id, sampler, len(g.completions))[i]
-    prompt = learner.tok(g.prompt, add_special_tokens=False)["input_ids"]
-    model = learner.auditor.model_at((g.chain, g.version))
-    with torch.no_grad():
-        logits = torch.cat([x for _, x in completion_logits(model, pack([prompt], [c.token_ids], learner.tok.pad_token_id))])
+    margin = edit_past_margin(learner.auditor.model_at((g.chain, g.version)), learner.tok, learner.sampling.params,
+                              seed, g.completions[i], g.prompt, lo, hi, learner.cfg.audit.margin)
     learner.auditor.release()
-    keys, vocab = keys_tensor(position_keys(seed, len(c.token_ids)), "cpu"), logits.shape[-1]
-    for t in reversed(range(len(c.token_ids))):  # every token of the vocabulary's margin at t
-        margins = race_margins(logits[t].expand(vocab, -1), torch.arange(vocab), keys[t].expand(vocab, -1),
-                               p.temperature, p.top_k, p.top_p, slack=learner.cfg.audit.margin)
-        band = ((margins > lo) & (margins <= hi)).nonzero().flatten()
-        if len(band):
-            v = int(band[margins[band].argmin()])
-            c.token_ids = c.token_ids[:t] + [v]
-            c.logprobs = c.logprobs[:t] + [float(logprobs_from_logits(logits[t : t + 1], torch.tensor([v]),
-                                                                      p.logprob_temperature))]
-            c.text = learner.tok.decode(c.token_ids, skip_special_tokens=True)
-            return float(margins[v])
-    raise AssertionError(f"no token lies {lo} to {hi} logits behind the race's at any position")
+    return margin
 
 
 def test_a_token_past_the_margin_is_counted_not_refused_and_a_sampler_that_makes_them_is(task, tmp_path):

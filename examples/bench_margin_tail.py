@@ -1,7 +1,7 @@
 """The tail of an honest bfloat16 engine's audit margins on a model as it trains: what
 AuditConfig.margin, margin_hard and exceed_rate are derived from, printed beside them.
 
-    python examples/bench_margin_tail.py                                  # 240 steps, 4 measurements, ~45 min on 2 cores
+    python examples/bench_margin_tail.py                                  # 240 steps, 4 measurements, ~20 min on 2 cores
     python examples/bench_margin_tail.py --steps 4 --at 2 4 --groups 2    # a smoke run
 
 Trains builtin:tiny-chain-long under GRPO in the simulator with two bfloat16 samplers (the

@@ -47,28 +47,32 @@ class AuditConfig:
     engine's shortfall is at most twice its logit error: float32 engines ~1e-5; on an H100,
     bfloat16 up to 0.62 and float16 up to 0.067 over 32k positions of a 151k-vocabulary 0.6B
     shape (examples/bench_bf16_audit.py; docs/BENCHMARKS.md, "The audit across precisions"). The
-    error has a tail that depends on the model: a bfloat16 engine on builtin:tiny-chain-long after
-    120 GRPO steps passed 1 logit at 3 of 52k positions (its logit error reached 2.3), and honest
-    samplers fell 1.5 and 2.36 short in the replication's runs, when one such position refused a
-    sampler for good (docs/RESULTS.md, "The cut" item 4). So an exceedance is evidence for the
-    sequential test at `exceed_rate`, not a verdict; an attacker may pick any token within
-    `margin_hard`, and the two statistics bound how often."""
+    error has a tail that depends on the model: honest bfloat16 samplers on builtin:tiny-chain-long
+    fell 1.5 and 2.36 short in the replication's runs, when one such position refused a sampler
+    for good (docs/RESULTS.md, "The cut" item 4), and a bfloat16 engine on that model as it trains
+    passed 1 logit at 3 of 413k positions (examples/bench_margin_tail.py). So an exceedance is
+    evidence for the sequential test at `exceed_rate`, not a verdict; an attacker may pick any
+    token within `margin_hard`, and the two statistics bound how often."""
     margin_hard: float = 8.0
     """A token whose race score falls short of the best by more than this (logits), or that no
     engine within it could have let through top-k / top-p, fails its group and refuses its sampler
-    at once. Derived from the largest honest logit error measured, 2.9 logits (a bfloat16 engine
-    on trained builtin:tiny-chain-long; an honest margin is at most twice it, 5.9): 8 is 1.36x
-    that, and a token 8 logits behind the race's best is one the policy drew about once in e^8 =
-    3,000 times the best one's odds. Benchmarks of the audit alone may set it to `margin`."""
+    at once. From the largest honest margin seen, 2.36 logits (a bfloat16 sampler in the
+    replication's runs), and the largest logit error of a bfloat16 engine on that model's 20
+    likeliest tokens, 1.62 over 413k positions as it trains (an honest margin is at most twice it,
+    3.2; examples/bench_margin_tail.py): 8 is 2.5x that; a token 8 logits behind the race's best is
+    one the policy drew about once in e^8 = 3,000 times the best one's odds. Benchmarks of the
+    audit alone may set it to `margin`."""
     exceed_rate: float = 3e-4
     """The exceedance test: the highest share of audited positions past `margin` for an honest
-    engine. Measured: 3 of 52,292 positions (Wilson 95% upper 1.7e-4) for a bfloat16 engine on
-    builtin:tiny-chain-long after 120 steps, the worst measured; none of 32k on the 0.6B shape.
-    A sequential test of each sampler's exceedances against it (node/audit/flips.FlipTest, at
-    `alarm` / 2) refuses a sampler once they are too many for an honest engine: one that edits a
-    token past the margin in every group of 800 positions is refused at its 12th audited group (tests/unit/node/test_race.py, by hand).
-    Not calibrated from the audit's bfloat16 reference pass: that pass runs under autocast, whose
-    logit error is 2-5x smaller than a bfloat16 engine's at the tail."""
+    engine. Measured: 3 of 413,373 positions (Wilson 95% upper 2.1e-5) for a bfloat16 engine on
+    builtin:tiny-chain-long at versions 60-240 of a GRPO run (examples/bench_margin_tail.py); none
+    of 32k on an H100's 0.6B shape (95% upper 1.2e-4, the least measured): 3e-4 is 2.5x the
+    largest upper end. A sequential test of each sampler's exceedances against it
+    (node/audit/flips.FlipTest, at `alarm` / 2) refuses a sampler once they are too many for an
+    honest engine: one that edits a token past the margin in every group of 800 positions is
+    refused at its 12th audited group (tests/unit/node/test_race.py, by hand). Not calibrated from
+    the audit's bfloat16 reference pass: that pass runs under autocast, whose logit error is 2-5x
+    smaller than a bfloat16 engine's at the tail."""
     flip_rate: float = 0.06
     """The per-sampler statistic: the highest share of audited positions at which an honest
     engine's token is not the auditor's best (a flip, margin > node/audit/margins.FLIP_MARGIN),

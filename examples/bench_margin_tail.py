@@ -13,7 +13,9 @@ of 8 at T 0.6, top-p 0.95, top-k 20, and the float32 audit measures every positi
 (node/audit/margins.margins_at, as the learner does). Per version: positions, flips, exceedances
 (margins past `margin`) with their Wilson 95% upper end beside `exceed_rate`, the largest margin
 beside `margin_hard`, and the engine's largest logit error on the 20 likeliest tokens (an honest
-margin is at most about twice it); then the run's own audits.
+margin is at most about twice it); pooled, the most exceedances in one group and the mean of the
+exceedance test's per-group likelihood ratio (at most 1 for an honest engine, or the test's
+guarantee does not hold); then the run's own audits.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import copy
 import logging
+import math
 import sys
 from pathlib import Path
 
@@ -29,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from examples.audit_parts import generate, measure  # noqa: E402
-from node.audit.flips import wilson  # noqa: E402
+from node.audit.flips import FlipTest, flip_llr, wilson  # noqa: E402
 from node.audit.margins import FLIP_MARGIN, AuditItem  # noqa: E402
 from node.learner.config import AuditConfig  # noqa: E402
 from node.sampling.race import group_seeds  # noqa: E402
@@ -94,9 +97,14 @@ def measure_at(version: int, state: dict, args, audit: AuditConfig) -> dict:
     m = measure(model32, items, params, tok.pad_token_id, per_pass=8, slack=audit.margin, hard=audit.margin_hard)
     x = torch.cat(m.margins)
     exceed = int(((x > audit.margin) & (x <= audit.margin_hard)).sum())
+    # per group: the exceedance test's likelihood ratio, whose mean over honest groups must be <= 1
+    # for its guarantee (Ville's inequality needs a supermartingale: clustered exceedances break it)
+    per_group = [(int(((g > audit.margin) & (g <= audit.margin_hard)).sum()), len(g)) for g in m.margins]
+    ratios = [math.exp(flip_llr(k, n, audit.exceed_rate, FlipTest.RATIO)) for k, n in per_group]
     return dict(version=version, positions=len(x), flips=int((x > FLIP_MARGIN).sum()), exceed=exceed,
                 exceed_hi=wilson(exceed, len(x))[1], hard=int((x > audit.margin_hard).sum()), max=float(x.max()),
-                error=logit_error(model32, model16, items, tok.pad_token_id))
+                error=logit_error(model32, model16, items, tok.pad_token_id), ratios=ratios,
+                most=max(k for k, _ in per_group))
 
 
 def main() -> None:
@@ -123,6 +131,10 @@ def main() -> None:
     total, n = sum(r["exceed"] for r in rows), sum(r["positions"] for r in rows)
     print(f"pooled: {total} of {n} positions past the margin, 95% upper {wilson(total, n)[1]:.1e} against exceed_rate "
           f"{audit.exceed_rate:g}")
+    ratios = [q for r in rows for q in r["ratios"]]
+    print(f"per group: at most {max(r['most'] for r in rows)} past the margin in one group; the exceedance test's "
+          f"likelihood ratio averages {sum(ratios) / len(ratios):.3f} over {len(ratios)} honest groups (its "
+          f"guarantee needs <= 1)")
     print(f"the run's own audits ({args.steps} steps): {stats['audits']} groups, {stats['positions']} positions, "
           f"{stats['flips']} flips, {stats['exceedances']} past the margin, {stats['failed']} failed; largest passed "
           f"margin {stats['margin_max']:.3g}")

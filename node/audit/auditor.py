@@ -217,7 +217,7 @@ class Auditor:
         if self.measures_claims:
             self.claim_gaps.add(b.sampler, result.claim_k3, result.positions)
         if result.passed and result.logprob_gap <= self.cfg.audit.logprob_gap and not flipped and not exceeded:
-            st["logprob_gap_max"] = max(st["logprob_gap_max"], result.logprob_gap)  # honest engines' numerics
+            st["logprob_gap_max"] = max(st["logprob_gap_max"], result.logprob_gap)  # passed groups' (exceedances too)
             st["margin_max"] = max(st["margin_max"], result.max_margin)
             b.verdict = Verdict.PASS
             return ""

@@ -6,7 +6,7 @@ On the weights the sampler held at version v (rebuilt by archive.py), the audito
 position's race and measures by how much the claimed token won or lost it (its *margin*, in
 logits): an honest engine in another precision or with other kernels loses a race only by its
 rounding, nearly always within `tol`; a chosen token may lose by far more. Rounding has a tail
-(a bfloat16 engine's logit error reached 2.9 logits on a trained tiny model), so a margin past
+(honest bfloat16 samplers fell 2.36 logits short on a trained tiny model), so a margin past
 `tol` is an *exceedance*, counted against the sampler by a sequential test (flips.py, in
 auditor.py); only one past `hard`, which no honest engine's rounding reaches, fails the group.
 What a failed group costs is the Auditor's (auditor.py): the sampler is refused for good
@@ -37,7 +37,7 @@ shapes), far below it; bfloat16 and float16 engines flip near-ties (examples/ben
 @dataclass
 class AuditResult:
     passed: bool
-    """Every position's margin within the tolerance."""
+    """Every position's margin within the hard bound (AuditConfig.margin_hard)."""
     positions: int
     failed_positions: int
     logprob_gap: float
@@ -73,13 +73,16 @@ samplers run by default, and the one that flips most (docs/BENCHMARKS.md)."""
 def margins_at(logits: torch.Tensor, tokens: torch.Tensor, keys: torch.Tensor, p: SamplingParams, slack: float,
                hard: float | None = None) -> torch.Tensor:
     """node/sampling/race.race_margins with top-k / top-p applied with `slack` of slack; a token
-    they drop (inf) that an engine within `hard` could have let through: `hard` (see audit_margins)."""
+    they drop (inf) that an engine within `hard` could have let through: its margin with the
+    filters applied with `hard` of slack, and at least `hard` (see audit_margins)."""
     margins = race_margins(logits, tokens, keys, p.temperature, p.top_k, p.top_p, slack)
     if hard is None or hard <= slack or not bool((dropped := margins.isinf()).any()):  # the usual case: one sync
         return margins
     rows = dropped.nonzero().flatten()
     wide = race_margins(logits[rows], tokens[rows], keys[rows], p.temperature, p.top_k, p.top_p, hard)
-    margins[rows] = torch.where(wide.isinf(), wide, torch.full_like(wide, hard))
+    # at least `hard` (past the tolerance); more where even the tokens every engine within `hard`
+    # keeps beat it by more (no honest engine drew it: a failure); inf stays inf
+    margins[rows] = wide.clamp(min=hard)
     return margins
 
 
@@ -96,7 +99,8 @@ def audit_margins(model: torch.nn.Module, items: list[AuditItem], params: Sampli
     over the group's positions. One forward pass (two with `reference`) for all groups.
     `slack`: the tolerance top-k / top-p are applied with (node/sampling/race.race_margins).
     `hard` (> slack): a token those filters drop (margin inf) that an engine within `hard` could
-    have let through gets margin `hard` (past the tolerance, not past the hard bound), since an
+    have let through gets margin `hard` (past the tolerance, not past the hard bound) unless the
+    tokens every such engine keeps beat it by more (then that margin, a failure), since an
     honest engine's rounding at a filter's edge can reach past `slack` as it can anywhere. Not the
     filters' slack itself: the wider it is, the fewer tokens every engine surely keeps, and the
     fewer competitors a token's margin is measured against (a slack of 30 logits measured no

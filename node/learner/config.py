@@ -59,8 +59,10 @@ class AuditConfig:
     at once. From the largest honest margin seen, 2.36 logits (a bfloat16 sampler in the
     replication's runs), and the largest logit error of a bfloat16 engine on that model's 20
     likeliest tokens, 1.62 over 413k positions as it trains (an honest margin is at most twice it,
-    3.2; examples/bench_margin_tail.py): 8 is 2.5x that; a token 8 logits behind the race's best is
-    one the policy drew about once in e^8 = 3,000 times the best one's odds. Benchmarks of the
+    3.2; examples/bench_margin_tail.py): 8 is 2.5x that. Within it a cheat may pick any token that
+    some engine within 8 logits could have kept, so what bounds it is the exceedance test: tokens
+    past `margin` at up to about 2.2 x `exceed_rate` per audited position go unrefused
+    (node/audit/flips.FlipTest), plus what a long honest record has banked. Benchmarks of the
     audit alone may set it to `margin`."""
     exceed_rate: float = 3e-4
     """The exceedance test: the highest share of audited positions past `margin` for an honest

@@ -57,7 +57,7 @@ def tamper(mode: str, g, sampler) -> None:
         for c, seed in zip(g.completions, seeds):
             try:
                 edit_past_margin(sampler.engine.model, tok, sampler.sampling.params, seed, c, g.prompt, 1.5, 7.5,
-                                 AuditConfig.margin)
+                                 AuditConfig.margin, AuditConfig.margin_hard)
             except AssertionError:  # no such token anywhere in it: sent as drawn
                 continue
             c.reward = float(sampler.task.reward(c.text, answer))

@@ -222,7 +222,7 @@ def test_a_made_up_model_in_our_tokenizer_is_checked_as_ours_refused_and_never_c
 
 def test_a_sampler_that_edits_tokens_within_the_hard_bound_is_refused_by_the_exceedance_test(swarm, capsys):
     """A margin past the audit's 1-logit tolerance is evidence, not a verdict (honest bfloat16
-    rounding reaches past it at 3 in 52k positions), so a cheat may try tokens 1.5 to 7.5 logits
+    rounding reaches past it at 3 in 413k positions), so a cheat may try tokens 1.5 to 7.5 logits
     behind its race's pick, within the hard bound, claimed with their honest log-probs: one in every
     completion (tests/helpers/attacker.py, margin_edit). The exceedance test refuses it at its
     first audits, counted and never trained on or credited; the honest sampler goes on."""

@@ -212,13 +212,14 @@ def _edit_past_margin(learner, g, sampler: str, i: int, lo: float, hi: float) ->
     """Completion `i` of `g` edited by helpers.edits.edit_past_margin at the version `g` claims."""
     seed = group_seeds(learner.auditor.archive.nonce(g.chain, g.version), g.prompt_id, sampler, len(g.completions))[i]
     margin = edit_past_margin(learner.auditor.model_at((g.chain, g.version)), learner.tok, learner.sampling.params,
-                              seed, g.completions[i], g.prompt, lo, hi, learner.cfg.audit.margin)
+                              seed, g.completions[i], g.prompt, lo, hi, learner.cfg.audit.margin,
+                              learner.cfg.audit.margin_hard)
     learner.auditor.release()
     return margin
 
 
 def test_a_token_past_the_margin_is_counted_not_refused_and_a_sampler_that_makes_them_is(task, tmp_path):
-    """An honest bfloat16 engine's rounding puts a token past `audit.margin` now and then (3 of 52k
+    """An honest bfloat16 engine's rounding puts a token past `audit.margin` now and then (3 of 413k
     positions on a trained model), which refused it for good (docs/RESULTS.md, "The cut" item 4):
     one such token is counted by the exceedance test and its group passes. A sampler that puts one
     in every completion is refused by that test and loses its credit; past `margin_hard`, at once."""

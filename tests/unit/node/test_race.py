@@ -330,16 +330,30 @@ def test_a_token_only_a_wider_engine_keeps_counts_at_the_hard_bound_and_one_none
     assert margins_at(logits, torch.tensor([2]), keys[:1], p, slack=1.0)[0] == torch.inf  # without a hard bound
     r = judge_margins(m, 0.0, tol=1.0, hard=8.0)
     assert (r.passed, r.failed_positions, r.exceedances) == (False, 1, 1 + int(m[:2].max() > 1.0))
+    # (30, 9, 5, ...): the third is 4 below the second, so an engine within 8 could keep it, but the
+    # first, 21 above the third, is kept by every such engine and beats it by ~25 logits: that
+    # margin, a failure, not the hard bound
+    far = torch.tensor([[30.0, 9.0, 5.0] + [-20.0] * 61] * 4)
+    m = margins_at(far, torch.tensor([2] * 4), keys, p, slack=1.0, hard=8.0)
+    wide = race_margins(far, torch.tensor([2] * 4), keys, p.temperature, p.top_k, p.top_p, 8.0)
+    assert (m == wide).all() and (m > 8.0).all() and m.isfinite().all(), m
+    assert not judge_margins(m, 0.0, tol=1.0, hard=8.0).passed
 
 
-def test_the_exceedance_test_by_hand_one_edit_a_group_is_refused_at_the_twelfth_audited_group():
+def test_the_exceedance_test_by_hand_one_edit_a_group_is_refused_at_the_twelfth_audited_group(tmp_path):
     """AuditConfig.exceed_rate's docstring: one exceedance in every group of 800 positions, at the
     honest ceiling 3e-4 and alarm 1e-3 / 2. Per group: log 4 + 799 log((1 - 1.2e-3) / (1 - 3e-4))
     = 1.386294 - 0.719640 = 0.666655; log(2000) = 7.600902 needs 7.600902 / 0.666655 = 11.4, so 12
-    groups. An honest engine at 3e-4 has 0.24 exceedances a group and drifts down."""
+    groups. An honest engine at 3e-4 has 0.24 exceedances a group and drifts down. The test is the
+    learner's own (Auditor.exceed_test, at the shipped AuditConfig)."""
+    from helpers.inmemory import tiny_swarm
+
+    learner = tiny_swarm(tmp_path, samplers=0).learner
+    assert (learner.cfg.audit.exceed_rate, learner.cfg.audit.alarm) == (3e-4, 1e-3)  # the figures below
     per_group = math.log(4) + 799 * math.log((1 - 1.2e-3) / (1 - 3e-4))
     assert per_group == pytest.approx(0.666655, abs=1e-6)
-    test = FlipTest(3e-4, 1e-3 / 2, events="tokens past the margin")
+    test = learner.auditor.exceed_test
+    assert test.threshold == pytest.approx(7.600902, abs=1e-6)
     refused = next(n for n in range(1, 100) if test.add("s", 1, 800))
     assert refused == 12 and test.llr["s"] == pytest.approx(12 * per_group)
     assert "12 tokens past the margin in 9600 audited positions" in test.why("s")

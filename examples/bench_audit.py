@@ -13,8 +13,9 @@
    in a second run at the default audit policy (first 4 groups of each sampler, then at most 10%
    until it has passed 32 audits and 3% after, each at most the rate the audit budget affords:
    node/audit/budget.py, `audit.budget` = 2% of the training time), and what that budget buys:
-   the spot rate p it came to, and at p with the detection measured in 2, how many cheated groups
-   a proven sampler gets away with on average before it is refused (1 / (p x detection)).
+   the spot rate p it came to, and how many audited groups of each attack in 2 refuse a sampler
+   (its statistics add up over them), so how many cheated groups a proven sampler gets away with
+   on average at p.
 """
 
 from __future__ import annotations
@@ -45,6 +46,24 @@ def refused_alone(r, audit: AuditConfig) -> bool:
     at_once = math.log(2 / audit.alarm)
     return (not r.passed or flip_llr(r.flips, r.positions, audit.flip_rate, FlipTest.RATIO) >= at_once
             or flip_llr(r.exceedances, r.positions, audit.exceed_rate, FlipTest.RATIO) >= at_once)
+
+
+def audits_to_refusal(results: list, audit: AuditConfig, flip_rate: float, rng: random.Random,
+                      orders: int = 200) -> float | None:
+    """Mean audited groups until a sampler whose every audited group is one of `results` is refused
+    (a group past the hard bound, or the flip or exceedance test, each at half the alarm, both fed
+    every group as node/audit/auditor.py does), over `orders` random orders, each test from 0 (a
+    proven sampler's banked record adds to it); None if some order is never refused."""
+    total = 0
+    for _ in range(orders):
+        flips, exceed = FlipTest(flip_rate, audit.alarm / 2), FlipTest(audit.exceed_rate, audit.alarm / 2)
+        n = next((n for n, r in enumerate(rng.sample(results, len(results)), 1)
+                  if (not r.passed) | flips.add("x", r.flips, r.positions) | exceed.add("x", r.exceedances, r.positions)),
+                 None)
+        if n is None:
+            return None
+        total += n
+    return total / orders
 
 
 def main() -> None:
@@ -78,6 +97,7 @@ def main() -> None:
     rng = random.Random(0)
     params = sampling.params
     caught = {"answer plus a digit, all 8": 0, "one of 8 swapped for the answer": 0}
+    results: dict[str, list] = {k: [] for k in caught}  # every audited group's result, per attack
     tried = {"answer plus a digit, all 8": args.chosen, "one of 8 swapped for the answer": 0}
     for i in range(args.chosen):
         p = problems[i % len(problems)]
@@ -90,6 +110,7 @@ def main() -> None:
         r = audit_group(model, prompt_ids, chosen, seeds, params, tok.pad_token_id, learner.cfg.audit.margin,
                         learner.cfg.audit.margin_hard)
         caught["answer plus a digit, all 8"] += refused_alone(r, learner.cfg.audit)
+        results["answer plus a digit, all 8"].append(r)
         honest = engine.engine.generate([p.prompt], params, [seeds])[0].completions
         comps = [(c.token_ids, c.logprobs) for c in honest]
         ids = tok(p.answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
@@ -99,6 +120,7 @@ def main() -> None:
             r = audit_group(engine.engine.model, prompt_ids, comps, seeds, params, tok.pad_token_id,
                             learner.cfg.audit.margin, learner.cfg.audit.margin_hard)
             caught["one of 8 swapped for the answer"] += refused_alone(r, learner.cfg.audit)
+            results["one of 8 swapped for the answer"].append(r)
             tried["one of 8 swapped for the answer"] += 1  # (a swap for what was sampled anyway changes nothing)
     print("2. detection per audited group:")
     for k, v in caught.items():
@@ -139,11 +161,16 @@ def main() -> None:
     print(f"   the spot rate the budget affords: p = {p:.2%} of a proven sampler's groups (measured: "
           f"{budget.train_cost.value * 1e3:.2f} ms to train a group, {budget.audit_cost.value * 1e3:.2f} ms "
           f"to spot-audit one); a new key's first {d.cfg.audit.first} groups are all audited")
-    for k, v in caught.items():
-        detect = v / max(tried[k], 1)
-        if detect > 0:
-            print(f"   {k}: a proven sampler doing it in every group is refused after {1 / (p * detect):.0f} such groups "
-                  f"on average; in 100 of them with probability {1 - (1 - p * detect) ** 100:.0%}")
+    rate = d.auditor.flip_rate.rate(d.cfg.audit.flip_rate) if d.cfg.audit.calibrate else d.cfg.audit.flip_rate
+    for k in caught:
+        # the audit's statistics add up over a sampler's audited groups: not one group's detection
+        audits = audits_to_refusal(results[k], d.cfg.audit, rate, rng)
+        if audits is None:
+            print(f"   {k}: never refused within {len(results[k])} audited groups")
+            continue
+        print(f"   {k}: a sampler doing it in every group is refused after {audits:.2f} audited groups on average "
+              f"(flip test at {rate:.2%}, exceedance test at {d.cfg.audit.exceed_rate:g}); a proven one after "
+              f"~{audits / p:.0f} such groups at p (plus what its record banked)")
 
 
 if __name__ == "__main__":

@@ -6,12 +6,14 @@ engine's picker in batches, and the float32 auditor's margins and log-probs per 
 from __future__ import annotations
 
 import logging
+import random
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from node.audit.margins import AuditItem, margins_at
+from node.audit.flips import FlipTest
+from node.audit.margins import AuditItem, AuditResult, margins_at
 from node.sampling.race import keys_tensor, position_keys
 from node.sampling.params import SamplingParams
 from node.engines.hf import PickTokens, _bare_generation_defaults
@@ -133,3 +135,21 @@ def measure(model32, items: list[AuditItem], params: SamplingParams, pad: int, p
             out.claimed.append(claimed[pos : pos + size])
             pos += size
     return out
+
+
+def audits_to_refusal(results: list[AuditResult], flip_rate: float, exceed_rate: float, alarm: float,
+                      rng: random.Random, orders: int = 200) -> float | None:
+    """Mean audited groups until a sampler whose every audited group is one of `results` is refused
+    (a group past the hard bound, or the flip or exceedance test, each at half the alarm, both fed
+    every group as node/audit/auditor.py does), over `orders` random orders, each test from 0 (a
+    proven sampler's banked record adds to it); None if some order is never refused."""
+    total = 0
+    for _ in range(orders):
+        flips, exceed = FlipTest(flip_rate, alarm / 2), FlipTest(exceed_rate, alarm / 2)
+        n = next((n for n, r in enumerate(rng.sample(results, len(results)), 1)
+                  if (not r.passed) | flips.add("x", r.flips, r.positions) | exceed.add("x", r.exceedances, r.positions)),
+                 None)
+        if n is None:
+            return None
+        total += n
+    return total / orders

@@ -25,8 +25,13 @@ import dataclasses
 import logging
 import math
 import random
+import sys
+from pathlib import Path
 
-from node.learner.config import AuditConfig
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from examples.audit_parts import audits_to_refusal  # noqa: E402
+from node.learner.config import AuditConfig  # noqa: E402
 
 from cli.config import SimSamplerSpec, SimulatorConfig
 from cli.simulate import Simulator
@@ -46,24 +51,6 @@ def refused_alone(r, audit: AuditConfig) -> bool:
     at_once = math.log(2 / audit.alarm)
     return (not r.passed or flip_llr(r.flips, r.positions, audit.flip_rate, FlipTest.RATIO) >= at_once
             or flip_llr(r.exceedances, r.positions, audit.exceed_rate, FlipTest.RATIO) >= at_once)
-
-
-def audits_to_refusal(results: list, audit: AuditConfig, flip_rate: float, rng: random.Random,
-                      orders: int = 200) -> float | None:
-    """Mean audited groups until a sampler whose every audited group is one of `results` is refused
-    (a group past the hard bound, or the flip or exceedance test, each at half the alarm, both fed
-    every group as node/audit/auditor.py does), over `orders` random orders, each test from 0 (a
-    proven sampler's banked record adds to it); None if some order is never refused."""
-    total = 0
-    for _ in range(orders):
-        flips, exceed = FlipTest(flip_rate, audit.alarm / 2), FlipTest(audit.exceed_rate, audit.alarm / 2)
-        n = next((n for n, r in enumerate(rng.sample(results, len(results)), 1)
-                  if (not r.passed) | flips.add("x", r.flips, r.positions) | exceed.add("x", r.exceedances, r.positions)),
-                 None)
-        if n is None:
-            return None
-        total += n
-    return total / orders
 
 
 def main() -> None:
@@ -164,7 +151,7 @@ def main() -> None:
     rate = d.auditor.flip_rate.rate(d.cfg.audit.flip_rate) if d.cfg.audit.calibrate else d.cfg.audit.flip_rate
     for k in caught:
         # the audit's statistics add up over a sampler's audited groups: not one group's detection
-        audits = audits_to_refusal(results[k], d.cfg.audit, rate, rng)
+        audits = audits_to_refusal(results[k], rate, d.cfg.audit.exceed_rate, d.cfg.audit.alarm, rng)
         if audits is None:
             print(f"   {k}: never refused within {len(results[k])} audited groups")
             continue

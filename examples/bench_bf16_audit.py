@@ -52,8 +52,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from examples.audit_parts import DTYPES, Measured, generate, measure, random_model  # noqa: E402
-from node.audit.margins import FLIP_MARGIN, AuditItem, audit_margins
+from examples.audit_parts import DTYPES, Measured, audits_to_refusal, generate, measure, random_model  # noqa: E402
+from node.audit.margins import FLIP_MARGIN, AuditItem, audit_margins, judge_margins
 from node.audit.flips import FlipRate, FlipTest, flip_llr, wilson  # noqa: E402
 from node.sampling.race import group_seeds, keys_tensor, pick_tokens, position_keys, race_margins  # noqa: E402
 from node.sampling.params import SamplingParams  # noqa: E402
@@ -176,7 +176,8 @@ def attacks(name: str, model32, items: list[AuditItem], params, pad, args, rng: 
         caught = sum(int((x > args.margin_hard).any()) for x in m.margins)
         # a sampler that does this in every group: how many audited groups until it is refused
         # (a group past the hard bound, or either sequential test), over random orders of the groups
-        after = groups_to_refusal(m.margins, args, rng)
+        after = audits_to_refusal([judge_margins(x, 0.0, args.margin, args.margin_hard) for x in m.margins],
+                                  args.rate_now, args.exceed_rate, args.alarm, rng)
         attack_rows[(name, how)] = (caught, len(chosen), after)
         lines.append(f"    ({'a' if how == 'answer' else 'b'}) {'one of 8 swapped for the answer' if how == 'answer' else 'one token edited to the most likely other'}: "
                      f"{share(caught, len(chosen))}; done in every group, refused after {f'{after:.2f}' if after else 'more than ' + str(len(chosen))} audited groups on average")
@@ -184,27 +185,6 @@ def attacks(name: str, model32, items: list[AuditItem], params, pad, args, rng: 
     print("\n".join(lines))
     if WRITE is not None:
         WRITE()
-
-
-def groups_to_refusal(margins: list[torch.Tensor], args, rng: random.Random, orders: int = 200) -> float | None:
-    """Mean number of audited groups until a sampler whose every group is like these is refused
-    (a group past the hard bound, or the flip or the exceedance test, each at half the alarm, as
-    node/audit/auditor.py runs them), over `orders` random orders of the groups; None if some
-    order is never refused."""
-    fails = [bool((x > args.margin_hard).any()) for x in margins]
-    flips = [(int((x > FLIP_MARGIN).sum()), len(x)) for x in margins]
-    exceed = [exceeding(x, args.margin, args.margin_hard) for x in margins]
-    total = 0
-    for _ in range(orders):
-        order = list(range(len(margins)))
-        rng.shuffle(order)
-        test, xtest = FlipTest(args.rate_now, args.alarm / 2), FlipTest(args.exceed_rate, args.alarm / 2)
-        n = next((n for n, i in enumerate(order, 1)
-                  if fails[i] | test.add("x", *flips[i]) | xtest.add("x", exceed[i], flips[i][1])), None)
-        if n is None:
-            return None
-        total += n
-    return total / orders
 
 
 @torch.no_grad()

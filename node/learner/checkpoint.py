@@ -5,7 +5,8 @@ A checkpoint is a folder `v{version:08d}/` holding
     optimizer.pt        AdamW state
     buffer.msgpack      accepted-but-untrained records, as received (the learner re-accepts them)
     state.json          the learner's metadata, format `FORMAT`: {"format": 2, "version": v,
-                        "extra": the runner's, "rng": RNG states, <part>: <part's state_dict>}
+                        "extra": the runner's, "rng": RNG states, "losses": the
+                        losses it trained with, <part>: <part's state_dict>}
 written to a temporary folder and renamed, so `latest_checkpoint` never picks a partial one. Only
 the newest `keep` are kept, and a temporary folder a kill -9 left mid-write is deleted by the next
 save, so the folder holds at most `keep` checkpoints and one being written. This module reads and

@@ -26,6 +26,7 @@ record before acknowledging it.
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import time
 import uuid
@@ -405,8 +406,13 @@ class Learner:
             "meta": {"format": FORMAT, "version": self.version, "books": self.books.state_dict(),
                      "checks": self.checks.state_dict(), "auditor": self.auditor.state_dict(),
                      "training": self.training.state_dict(), "chains": self.chains.state_dict(self.version),
-                     "extra": self.checkpoint_extra(), "rng": rng_state()},
+                     "losses": self._losses(), "extra": self.checkpoint_extra(), "rng": rng_state()},
         }
+
+    def _losses(self) -> dict[str, list]:
+        """The losses this learner trains with, by route, as saved: a resume under other ones says so."""
+        cfg = self.cfg
+        return {"own": [cfg.own_loss, cfg.own_options], "foreign": [cfg.foreign_loss, cfg.foreign_options]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         meta = load_learner_state(state["meta"])  # also sets the RNGs
@@ -416,6 +422,13 @@ class Learner:
         for name in ("books", "checks", "auditor", "training", "chains"):
             getattr(self, name).load_state_dict(meta[name])
         self.restored_extra = meta["extra"]
+        saved = meta.get("losses")  # absent before 2026-12-02: those checkpoints trained under GRPO's default
+        if saved is not None and json.dumps(saved, sort_keys=True) != json.dumps(self._losses(), sort_keys=True):
+            # the optimizer's state carries over either way; a default that changed between releases
+            # must not switch a run's loss unseen
+            log.warning("checkpoint: trained with losses %s, resumed with %s (learner.own_loss, learner.foreign_loss "
+                        "and their options): set them to the saved ones to continue the run as it was", saved,
+                        self._losses())
         self.buffer.clear()
         older = 0
         for raw in state["buffer"]:

@@ -128,3 +128,20 @@ def test_the_quarantine_keeps_its_newest_records_within_its_bound(tmp_path):
         assert (tmp_path / "quarantine.bin").stat().st_size <= 100_000
     kept = q.journal.read(q.journal.first, 1000)
     assert 50 <= len(kept) <= 100 and q.journal.first + len(kept) == 300  # the newest, in order
+
+
+def test_a_resume_under_other_losses_than_the_checkpoint_trained_with_says_so(tmp_path, caplog):
+    # A default that changes between releases (GRPO -> gepo_lenclip, 2026-12-01) would otherwise
+    # switch a resumed run's loss unseen.
+    folder = tmp_path / "ckpt"
+    s = tiny_swarm(folder, groups_per_step=2, own_loss="grpo",
+                   audit=AuditConfig(first=0, rate=0.0, established_after=0, rate_established=0.0))
+    s.learner.ingest_many([g.encode() for g in s.samplers[0].produce(2)])
+    assert s.learner.step() is not None
+    path = s.learner.save_checkpoint(folder)
+    with caplog.at_level("WARNING", logger="node.learner.learner"):
+        tiny_swarm(tmp_path / "same", groups_per_step=2, own_loss="grpo").learner.load_checkpoint(path)
+        assert not [r for r in caplog.records if "resumed with" in r.getMessage()]
+        tiny_swarm(tmp_path / "other", groups_per_step=2, own_loss="gepo_lenclip").learner.load_checkpoint(path)
+    said = [r.getMessage() for r in caplog.records if "resumed with" in r.getMessage()]
+    assert len(said) == 1 and "'grpo'" in said[0] and "'gepo_lenclip'" in said[0]

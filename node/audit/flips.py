@@ -77,19 +77,38 @@ class FlipTest:
     its audited positions.
 
     Each audited group adds `flip_llr` of its events and positions; the sampler is refused once the
-    sum reaches log(1 / alarm). For an honest engine, whose flips come at a rate <= `rate`, the
-    likelihood ratio is a nonnegative supermartingale, so by Ville's inequality it ever reaches
-    1 / alarm with probability <= alarm, over any number of groups (nothing to re-tune for how
-    long a sampler stays). A sampler that picks within the tolerance flips more often; it gains
-    ~1.4 per flip (ratio 4) and loses ~3 x rate per position, so the sum has no floor: a long
-    honest record is credit, spent at most at ~2 x rate flips per position beyond it."""
+    sum reaches the threshold. A sampler that picks within the tolerance flips more often; it gains
+    ~1.4 per flip (ratio 4) and loses ~3 x rate per position.
+
+    The sum has a floor, -log(SLACK x LIFETIME) = -16.1: without one a long honest record was credit
+    ("credit goes only to checked work"): 1,000 audited groups of 800 positions with no exceedance
+    banked 721 nats, and one edit a group then went unrefused for 1,092 groups. With the floor, a
+    sampler's past buys at most 16.1 nats, ~12 events, and that sampler is refused at its 36th
+    (tests/unit/node/test_race.py, by hand).
+
+    The guarantee, for an honest engine whose events come at a rate <= `rate`: its likelihood ratio
+    is a nonnegative supermartingale between floor hits, so by Ville's inequality the first stretch
+    (from 1) reaches the threshold 1 / a' with probability <= a', and each stretch from the floor
+    (1 / (SLACK x LIFETIME)) with probability <= a' / (SLACK x LIFETIME). A group starts at most one
+    stretch, so over G audited groups P(refused) <= a' (1 + G / (SLACK x LIFETIME)); with
+    a' = alarm / (1 + 1 / SLACK) that is <= `alarm` for any G <= LIFETIME (beyond it, it grows by
+    alarm / (SLACK + 1) per LIFETIME more). The threshold costs log(1.1) = 0.1 nats over the test
+    without a floor: a fresh cheater is refused at the same group or one later."""
 
     RATIO = 4.0
     """The alternative the test is most sensitive to: flips at 4 x the honest rate."""
+    LIFETIME = 1_000_000
+    """Audited groups of one sampler the alarm holds over: at a spot rate of 1% that is 1e8 groups
+    trained from one key, 12 years of a learner training 16 groups a minute."""
+    SLACK = 10
+    """How much deeper the floor sits than 1 / LIFETIME: the stretches from it share 1 / (SLACK + 1)
+    of the alarm, the first stretch the rest."""
 
     def __init__(self, rate: float, alarm: float, events: str = "flips") -> None:
-        self.rate, self.threshold, self.events = rate, math.log(1 / alarm), events
+        self.rate, self.events = rate, events
         """`rate`: the honest rate when `add` is given none; `events`: what they are, for `why`."""
+        self.threshold = math.log((1 + 1 / self.SLACK) / alarm)
+        self.floor = -math.log(self.SLACK * self.LIFETIME)
         self.last_rate = rate
         self.llr: dict[str, float] = {}
         self.flips: collections.Counter[str] = collections.Counter()
@@ -102,7 +121,8 @@ class FlipTest:
         self.flips[peer] += flips
         self.positions[peer] += positions
         self.last_rate = self.rate if rate is None else rate
-        self.llr[peer] = self.llr.get(peer, 0.0) + flip_llr(flips, positions, self.last_rate, self.RATIO)
+        llr = self.llr.get(peer, 0.0) + flip_llr(flips, positions, self.last_rate, self.RATIO)
+        self.llr[peer] = max(self.floor, llr)
         return self.llr[peer] >= self.threshold
 
     def why(self, peer: str) -> str:

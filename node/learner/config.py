@@ -62,7 +62,8 @@ class AuditConfig:
     3.2; examples/bench_margin_tail.py): 8 is 2.5x that. Within it a cheat may pick any token that
     some engine within 8 logits could have kept, so what bounds it is the exceedance test: tokens
     past `margin` at up to about 2.2 x `exceed_rate` per audited position go unrefused
-    (node/audit/flips.FlipTest), plus what a long honest record has banked. Benchmarks of the
+    (node/audit/flips.FlipTest), plus ~12 more that a long honest record can bank (the test's
+    floor). Benchmarks of the
     audit alone may set it to `margin`."""
     exceed_rate: float = 3e-4
     """The exceedance test: the highest share of audited positions past `margin` for an honest
@@ -88,8 +89,8 @@ class AuditConfig:
     it runs rarely and `flip_rate` holds until it has measured enough."""
     alarm: float = 1e-3
     """An honest sampler (flip rate <= flip_rate, exceedance rate <= exceed_rate) is refused by the
-    two statistics with at most this probability over its whole life (each at half of it; Ville's
-    inequality: node/audit/flips.FlipTest)."""
+    two statistics with at most this probability over its first million audited groups (each at
+    half of it; Ville's inequality with the tests' floor: node/audit/flips.FlipTest)."""
     budget: float = 0.02
     """What audits may cost, in seconds per second of training (node/audit/budget.py): spot audits
     at the rate that spends half of it (`rate` and `rate_established` are ceilings), new keys'

@@ -343,8 +343,8 @@ def test_a_token_only_a_wider_engine_keeps_counts_at_the_hard_bound_and_one_none
 def test_the_exceedance_test_by_hand_one_edit_a_group_is_refused_at_the_twelfth_audited_group(tmp_path):
     """AuditConfig.exceed_rate's docstring: one exceedance in every group of 800 positions, at the
     honest ceiling 3e-4 and alarm 1e-3 / 2. Per group: log 4 + 799 log((1 - 1.2e-3) / (1 - 3e-4))
-    = 1.386294 - 0.719640 = 0.666655; log(2000) = 7.600902 needs 7.600902 / 0.666655 = 11.4, so 12
-    groups. An honest engine at 3e-4 has 0.24 exceedances a group and drifts down. The test is the
+    = 1.386294 - 0.719640 = 0.666655; the threshold log(1.1 / 5e-4) = log(2200) = 7.696213 needs
+    7.696213 / 0.666655 = 11.5, so 12 groups. An honest engine at 3e-4 has 0.24 exceedances a group and drifts down. The test is the
     learner's own (Auditor.exceed_test, at the shipped AuditConfig)."""
     from helpers.inmemory import tiny_swarm
 
@@ -353,13 +353,32 @@ def test_the_exceedance_test_by_hand_one_edit_a_group_is_refused_at_the_twelfth_
     per_group = math.log(4) + 799 * math.log((1 - 1.2e-3) / (1 - 3e-4))
     assert per_group == pytest.approx(0.666655, abs=1e-6)
     test = learner.auditor.exceed_test
-    assert test.threshold == pytest.approx(7.600902, abs=1e-6)
+    assert test.threshold == pytest.approx(7.696213, abs=1e-6)
     refused = next(n for n in range(1, 100) if test.add("s", 1, 800))
     assert refused == 12 and test.llr["s"] == pytest.approx(12 * per_group)
     assert "12 tokens past the margin in 9600 audited positions" in test.why("s")
     honest = FlipTest(3e-4, 1e-3 / 2)
     assert not any(honest.add("h", k, 800) for k in [0, 0, 1, 0, 0, 0, 1] * 20)  # 2 in 5,600: 1.2x the rate
     assert honest.llr["h"] < 0
+
+
+def test_a_long_honest_record_buys_a_cheater_at_most_the_floor_by_hand():
+    """FlipTest's floor, -log(10 x 1e6) = -16.118096: 1,000 audited groups of 800 positions with no
+    exceedance (each 800 log((1 - 1.2e-3) / (1 - 3e-4)) = -0.720540) would have banked 720.5 nats;
+    the floor keeps 16.118096, so one edit a group (0.666655 each, as above) reaches log(2200) =
+    7.696213 after (16.118096 + 7.696213) / 0.666655 = 35.7: the 36th group, not the 1,093rd."""
+    test = FlipTest(3e-4, 1e-3 / 2)
+    assert test.floor == pytest.approx(-16.118096, abs=1e-6)
+    assert not any(test.add("s", 0, 800) for _ in range(1000))
+    assert test.llr["s"] == test.floor
+    refused = next(n for n in range(1, 2000) if test.add("s", 1, 800))
+    assert refused == 36
+    # a group can only lift the sum from the floor by what it adds: 3 edits at once, from the floor
+    again = FlipTest(3e-4, 1e-3 / 2)
+    again.add("t", 0, 800 * 1000)
+    again.add("t", 3, 800)
+    per = 3 * math.log(4) + 797 * math.log((1 - 1.2e-3) / (1 - 3e-4))
+    assert again.llr["t"] == pytest.approx(again.floor + per)
 
 
 def test_flip_llr_by_hand():

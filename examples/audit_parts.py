@@ -142,7 +142,7 @@ def audits_to_refusal(results: list[AuditResult], flip_rate: float, exceed_rate:
     """Mean audited groups until a sampler whose every audited group is one of `results` is refused
     (a group past the hard bound, or the flip or exceedance test, each at half the alarm, both fed
     every group as node/audit/auditor.py does), over `orders` random orders, each test from 0 (a
-    proven sampler's banked record adds to it); None if some order is never refused."""
+    proven sampler's record can add up to the tests' floor, 16.1 nats); None if some order is never refused."""
     total = 0
     for _ in range(orders):
         flips, exceed = FlipTest(flip_rate, alarm / 2), FlipTest(exceed_rate, alarm / 2)

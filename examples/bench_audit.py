@@ -48,7 +48,7 @@ def refused_alone(r, audit: AuditConfig) -> bool:
     """Whether a new key is refused at this group, its first audited one (node/audit/auditor.py):
     a token past the hard bound, or its flips (at the ceiling rate) or its tokens past the margin
     too many for either sequential test at once (each at half the alarm)."""
-    at_once = math.log(2 / audit.alarm)
+    at_once = FlipTest(audit.flip_rate, audit.alarm / 2).threshold  # the learner's: both tests' thresholds are equal
     return (not r.passed or flip_llr(r.flips, r.positions, audit.flip_rate, FlipTest.RATIO) >= at_once
             or flip_llr(r.exceedances, r.positions, audit.exceed_rate, FlipTest.RATIO) >= at_once)
 
@@ -157,7 +157,7 @@ def main() -> None:
             continue
         print(f"   {k}: a sampler doing it in every group is refused after {audits:.2f} audited groups on average "
               f"(flip test at {rate:.2%}, exceedance test at {d.cfg.audit.exceed_rate:g}); a proven one after "
-              f"~{audits / p:.0f} such groups at p (plus what its record banked)")
+              f"~{audits / p:.0f} such groups at p (plus ~12 events a long record can bank: the tests' floor)")
 
 
 if __name__ == "__main__":

@@ -103,11 +103,16 @@ def alarm_chance(flips: list[int], positions: list[int], rate: float, alarm: flo
     exceedances) at `rate` refuses: an honest sampler's chance of refusal."""
     g = torch.Generator().manual_seed(seed)
     llr = torch.tensor([flip_llr(f, n, rate, FlipTest.RATIO) for f, n in zip(flips, positions)], dtype=torch.float64)
+    test = FlipTest(rate, alarm)  # its threshold and floor
     refused = 0
     for start in range(0, runs, 100):
         n = min(100, runs - start)
         draws = llr[torch.randint(0, len(llr), (n, groups), generator=g)]
-        refused += int((draws.cumsum(-1).max(-1).values >= math.log(1 / alarm)).sum())
+        total, top = torch.zeros(n, dtype=torch.float64), torch.full((n,), -math.inf, dtype=torch.float64)
+        for step in draws.T:  # the sum with FlipTest's floor, as the learner keeps it
+            total = (total + step).clamp(min=test.floor)
+            top = torch.maximum(top, total)
+        refused += int((top >= test.threshold).sum())
     return refused / runs
 
 

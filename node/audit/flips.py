@@ -92,8 +92,9 @@ class FlipTest:
     (1 / (SLACK x LIFETIME)) with probability <= a' / (SLACK x LIFETIME). A group starts at most one
     stretch, so over G audited groups P(refused) <= a' (1 + G / (SLACK x LIFETIME)); with
     a' = alarm / (1 + 1 / SLACK) that is <= `alarm` for any G <= LIFETIME (beyond it, it grows by
-    alarm / (SLACK + 1) per LIFETIME more). The threshold costs log(1.1) = 0.1 nats over the test
-    without a floor: a fresh cheater is refused at the same group or one later."""
+    alarm / (SLACK + 1) per LIFETIME more). The threshold is log(1.1) = 0.095 nats above the test
+    without a floor: a fresh cheater needs 0.095 nats more, one group more at most where its groups
+    each add 0.095 or more (one edit in 800 positions adds 0.67), more near the no-drift rate."""
 
     RATIO = 4.0
     """The alternative the test is most sensitive to: flips at 4 x the honest rate."""
@@ -113,20 +114,27 @@ class FlipTest:
         self.llr: dict[str, float] = {}
         self.flips: collections.Counter[str] = collections.Counter()
         self.positions: collections.Counter[str] = collections.Counter()
+        """Events and positions since the sum last stood on the floor: what it holds (a refusal's
+        reason quotes these; a lifetime's share could sit far under the rate while its last stretch
+        is far over it)."""
 
     def add(self, peer: str, flips: int, positions: int, rate: float | None = None) -> bool:
         """Count one audited group's flips against `rate` (fixed before this group is seen, so
         the guarantee holds for any rate at least the honest one); True once `peer` is past the
         threshold."""
-        self.flips[peer] += flips
-        self.positions[peer] += positions
         self.last_rate = self.rate if rate is None else rate
         llr = self.llr.get(peer, 0.0) + flip_llr(flips, positions, self.last_rate, self.RATIO)
-        self.llr[peer] = max(self.floor, llr)
-        return self.llr[peer] >= self.threshold
+        if llr <= self.floor:  # a new stretch begins
+            llr, self.flips[peer], self.positions[peer] = self.floor, 0, 0
+        else:
+            self.flips[peer] += flips
+            self.positions[peer] += positions
+        self.llr[peer] = llr
+        return llr >= self.threshold
 
     def why(self, peer: str) -> str:
-        return (f"audit statistic: {self.flips[peer]} {self.events} in {self.positions[peer]} audited positions, "
+        return (f"audit statistic: {self.flips[peer]} {self.events} in {self.positions[peer]} audited positions (since its record "
+                f"last stood on the test's floor), "
                 f"more than an honest engine's {self.last_rate:.2%} (log likelihood ratio {self.llr[peer]:.1f} >= "
                 f"{self.threshold:.1f})")
 
@@ -134,6 +142,6 @@ class FlipTest:
         return {"llr": dict(self.llr), "flips": dict(self.flips), "positions": dict(self.positions)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.llr = {str(k): float(v) for k, v in state.get("llr", {}).items()}
+        self.llr = {str(k): max(self.floor, float(v)) for k, v in state.get("llr", {}).items()}  # saved before the floor
         self.flips = collections.Counter(state.get("flips", {}))
         self.positions = collections.Counter(state.get("positions", {}))

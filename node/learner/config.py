@@ -80,7 +80,8 @@ class AuditConfig:
     """The per-sampler statistic: the highest share of audited positions at which an honest
     engine's token is not the auditor's best (a flip, margin > node/audit/margins.FLIP_MARGIN),
     measured over engines and precisions (bfloat16 flips near-ties). A sequential test of the
-    sampler's flips against this rate refuses it once they are `alarm`-unlikely for an honest engine."""
+    sampler's flips against this rate refuses an honest engine with probability at most `alarm` / 2
+    over its first million audited groups (node/audit/flips.FlipTest)."""
     calibrate: bool = True
     """Hold samplers to the honest flip rate measured on this model instead (node/audit/flips.FlipRate:
     audits also run their copy of the model under bfloat16 autocast, no extra memory), with

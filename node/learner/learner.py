@@ -30,7 +30,7 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -49,7 +49,7 @@ from node.models import without_dropout
 from node.tasks import Task
 from node.tasks.bounded import group_budget_s
 from node.weights.blob import untie
-from node.algorithms import has_signal
+from node.algorithms import get_algorithm, has_signal
 from node.audit.auditor import Auditor
 from node.learner.phases import Phases
 from node.learner.behaviour import Recompute
@@ -409,10 +409,15 @@ class Learner:
                      "losses": self._losses(), "extra": self.checkpoint_extra(), "rng": rng_state()},
         }
 
-    def _losses(self) -> dict[str, list]:
-        """The losses this learner trains with, by route, as saved: a resume under other ones says so."""
+    def _losses(self) -> dict[str, Any]:
+        """The losses this learner trains with, by route, each resolved to its whole config (so `{}`
+        and the default's values are the same loss, and a default that changes between releases is
+        a difference), as saved: a resume under other ones says so."""
+        def resolved(name: str, options: dict) -> dict[str, Any]:
+            return {"loss": name, "config": {} if name == DROP else asdict(get_algorithm(name).make_config(options))}
+
         cfg = self.cfg
-        return {"own": [cfg.own_loss, cfg.own_options], "foreign": [cfg.foreign_loss, cfg.foreign_options]}
+        return {"own": resolved(cfg.own_loss, cfg.own_options), "foreign": resolved(cfg.foreign_loss, cfg.foreign_options)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         meta = load_learner_state(state["meta"])  # also sets the RNGs
@@ -422,13 +427,18 @@ class Learner:
         for name in ("books", "checks", "auditor", "training", "chains"):
             getattr(self, name).load_state_dict(meta[name])
         self.restored_extra = meta["extra"]
-        saved = meta.get("losses")  # absent before 2026-12-02: those checkpoints trained under GRPO's default
-        if saved is not None and json.dumps(saved, sort_keys=True) != json.dumps(self._losses(), sort_keys=True):
-            # the optimizer's state carries over either way; a default that changed between releases
-            # must not switch a run's loss unseen
-            log.warning("checkpoint: trained with losses %s, resumed with %s (learner.own_loss, learner.foreign_loss "
-                        "and their options): set them to the saved ones to continue the run as it was", saved,
-                        self._losses())
+        # the optimizer's state carries over whatever the loss; a default that changed between
+        # releases (GRPO -> gepo_lenclip, 2026-12-01) must not switch a run's loss unseen
+        saved, now = meta.get("losses"), self._losses()
+        if saved is None:  # written before 2026-12-02: its losses were not recorded
+            log.warning("checkpoint: it does not record the losses it trained with (written before 2026-12-02); "
+                        "resumed with own loss %s and foreign loss %s: if it trained with others (GRPO was the "
+                        "default until 2026-12-01), set learner.own_loss and learner.foreign_loss to them",
+                        now["own"]["loss"], now["foreign"]["loss"])
+        elif saved != json.loads(json.dumps(now)):  # as JSON reads it back: tuples are lists, 0 == 0.0
+            log.warning("checkpoint: trained with losses %s, resumed with %s: set learner.own_loss, "
+                        "learner.foreign_loss and their options to the saved ones to continue the run as it was",
+                        saved, now)
         self.buffer.clear()
         older = 0
         for raw in state["buffer"]:

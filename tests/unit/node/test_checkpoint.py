@@ -7,6 +7,8 @@ tests/integration/node/test_checkpoint_kill9.py."""
 
 from __future__ import annotations
 
+import json
+
 from node.learner.config import AuditConfig, CheckpointConfig
 
 import pytest
@@ -139,9 +141,18 @@ def test_a_resume_under_other_losses_than_the_checkpoint_trained_with_says_so(tm
     s.learner.ingest_many([g.encode() for g in s.samplers[0].produce(2)])
     assert s.learner.step() is not None
     path = s.learner.save_checkpoint(folder)
+    said = lambda: [r.getMessage() for r in caplog.records if "resumed with" in r.getMessage()]  # noqa: E731
     with caplog.at_level("WARNING", logger="node.learner.learner"):
-        tiny_swarm(tmp_path / "same", groups_per_step=2, own_loss="grpo").learner.load_checkpoint(path)
-        assert not [r for r in caplog.records if "resumed with" in r.getMessage()]
+        # the same loss, its default option spelt out (and an int for a float): nothing to say
+        same = tiny_swarm(tmp_path / "same", groups_per_step=2, own_loss="grpo", own_options={"eps_low": 0.2, "beta": 0})
+        same.learner.load_checkpoint(path)
+        assert not said()
         tiny_swarm(tmp_path / "other", groups_per_step=2, own_loss="gepo_lenclip").learner.load_checkpoint(path)
-    said = [r.getMessage() for r in caplog.records if "resumed with" in r.getMessage()]
-    assert len(said) == 1 and "'grpo'" in said[0] and "'gepo_lenclip'" in said[0]
+        assert len(said()) == 1 and "'grpo'" in said()[0] and "'gepo_lenclip'" in said()[0]
+        # a checkpoint from before the record: says it cannot tell, and what it resumes with
+        meta = json.loads((path / "state.json").read_text())
+        del meta["losses"]
+        (path / "state.json").write_text(json.dumps(meta))
+        caplog.clear()
+        tiny_swarm(tmp_path / "older", groups_per_step=2).learner.load_checkpoint(path)
+        assert len(said()) == 1 and "does not record the losses" in said()[0] and "gepo_lenclip" in said()[0]

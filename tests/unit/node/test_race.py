@@ -373,6 +373,12 @@ def test_a_long_honest_record_buys_a_cheater_at_most_the_floor_by_hand():
     assert test.llr["s"] == test.floor
     refused = next(n for n in range(1, 2000) if test.add("s", 1, 800))
     assert refused == 36
+    # the reason quotes the stretch the sum holds, not the lifetime's 36 in 828,800 (0.004%)
+    assert "36 flips in 28800 audited positions" in test.why("s")
+    # a sum saved before the floor existed is read at the floor
+    restored = FlipTest(3e-4, 1e-3 / 2)
+    restored.load_state_dict({"llr": {"s": -721.0}, "flips": {}, "positions": {}})
+    assert restored.llr["s"] == restored.floor
     # a group can only lift the sum from the floor by what it adds: 3 edits at once, from the floor
     again = FlipTest(3e-4, 1e-3 / 2)
     again.add("t", 0, 800 * 1000)
@@ -400,7 +406,7 @@ def test_the_flip_test_keeps_honest_engines_and_refuses_a_sampler_that_flips_mor
                 return n
         return None
 
-    # honest engines at the highest honest rate: Ville's bound says <= 0.1% ever; 200 of them x 300 groups
+    # honest engines at the highest honest rate: Ville's bound says <= 0.1% over a million groups; 200 of them x 300 groups
     alarms = sum(groups_until_alarm(rate, 300) is not None for _ in range(200))
     assert alarms <= 2
     # a sampler that flips at 4x the rate is refused within a few groups, every time

@@ -1,14 +1,16 @@
 """Issue 61's confirmation and its replication (docs/RESULTS.md, Protocol, "The cut", 2 and 4): the
 verdict on the screen's pick, then the same on a second model and task.
 
-    python examples/paper_delay/confirm.py    # writes docs/results/protocol/confirm.md and replicate.md
+    python examples/paper_delay/confirm.py    # writes docs/results/protocol/confirm.md, replicate.md, replicate_arith.md
 
-and each study's mechanism.py table of its runs' diagnostics (mechanism.md, mechanism_replicate.md).
+and each study's mechanism.py table of its runs' diagnostics (mechanism.md, mechanism_replicate*.md).
 
 What each reads, each as soon as the runs it needs are in (a part of the grid is enough for the first):
 
 1. **Run length.** The late gain (protocol.late_gain) of GRPO's online cell's seed-mean curve over
    the study's first five seeds at T = 300: 3 points or more, and T doubles before any other cell runs.
+   A replication also has a gate, assay sensitivity: that cell's seed-mean primary metric must lie
+   `sensitivity` (6 points) above the step-0 accuracy, or no other cell of the setting is read.
 2. **Seeds.** Once every cell has the study's first `sd_after` seeds, the primary metric's SD pooled
    within the six cells over those seeds: the seeds a cell needs at 3 points at that SD (the
    confirmation: non-inferiority; the replication: superiority at Holm's first level), never fewer
@@ -62,6 +64,9 @@ class Study:
     sd_alpha: float
     """The two-sided level the SD rule sizes a cell for at 3 points and power 0.8: ALPHA is
     non-inferiority's one-sided 2.5%, ALPHA / 2 superiority at Holm's first level."""
+    sensitivity: float | None = None
+    """Assay sensitivity: how far GRPO's online seed-mean primary metric over `first` must lie above
+    the step-0 accuracy for any other cell to be read (None: not declared, the confirmation)."""
 
     def seeds(self, n: int) -> tuple[int, ...]:
         """The study's first `n` seeds."""
@@ -77,8 +82,15 @@ CONFIRMATION = Study("Issue 61's confirmation", "confirm.md", "confirm_bf16", "c
                      first_seed=100, declared=13, sd_after=10, sd_alpha=ALPHA)
 """builtin:tiny-chain on the chain task (docs/RESULTS.md, Protocol, "The cut", 2)."""
 REPLICATION = Study("Issue 61's replication: a second model and task", "replicate.md", "replicate_chain_long",
-                    "replicate_chain_long_t600", first_seed=200, declared=7, sd_after=5, sd_alpha=ALPHA / 2)
-"""builtin:tiny-chain-long on the chain-long task (docs/RESULTS.md, Protocol, "The cut", 4)."""
+                    "replicate_chain_long_t600", first_seed=200, declared=7, sd_after=5, sd_alpha=ALPHA / 2,
+                    sensitivity=2 * MARGIN)
+"""builtin:tiny-chain-long on the chain-long task (docs/RESULTS.md, Protocol, "The cut", 4): stopped,
+2026-12-02, for want of assay sensitivity (the gate, declared then, is applied to it to show why)."""
+REPLICATION_ARITH = Study("Issue 61's replication on the shipped model and the arith task", "replicate_arith.md",
+                          "replicate_arith", "replicate_arith_t600", first_seed=300, declared=7, sd_after=5,
+                          sd_alpha=ALPHA / 2, sensitivity=2 * MARGIN)
+"""builtin:tiny-arith on the arith task, declared 2026-12-02 in its place (RESULTS, "The cut", 4)."""
+REPLICATIONS = ((REPLICATION, "mechanism_replicate.md"), (REPLICATION_ARITH, "mechanism_replicate_arith.md"))
 
 
 def seed_mean(runs: dict[int, dict], seeds) -> Curve:
@@ -109,6 +121,23 @@ def run_length(cells: dict, study: Study) -> str:
     points = ", ".join(f"{s}: {100 * a:.1f}" for s, a in curve)
     return (f"Run length: GRPO online, seeds {first[0]}-{first[-1]}, seed-mean eval accuracy by step ({points}); late gain over "
             f"the last third {100 * gain:+.1f} points against the {100 * MARGIN:.0f}-point rule: **{decision}**.")
+
+
+def sensitive(cells: dict, study: Study) -> tuple[str, bool | None]:
+    """(what the assay-sensitivity gate reads, whether it holds: None until GRPO's first online seeds
+    are in, True where the study declares none)."""
+    if study.sensitivity is None:
+        return "", True
+    runs = cells.get((REF, 0), {})
+    if any(s not in runs for s in study.first):
+        return "", None
+    gains = [metrics(runs[s])[0] - runs[s]["start"] for s in study.first]
+    gain, holds = statistics.fmean(gains), statistics.fmean(gains) >= study.sensitivity
+    return (f"Assay sensitivity: GRPO online, seeds {study.first[0]}-{study.first[-1]}, primary metric minus the "
+            f"step-0 accuracy ({100 * runs[study.first[0]]['start']:.1f}%): "
+            f"{', '.join(f'{100 * g:+.1f}' for g in gains)}, mean {100 * gain:+.1f} points against the declared "
+            f"{100 * study.sensitivity:.0f}: **" + ("holds**." if holds else
+                                                   "fails**: no other cell of this setting is read.")), holds
 
 
 def primaries(cells: dict, loss: str, lag: int, seeds: tuple[int, ...]) -> dict[int, float]:
@@ -177,24 +206,27 @@ def report(study: Study, root: Path = RESULTS) -> tuple[str, bool | None]:
     seeds = (f"Seeds: the SD rule waits for {study.sd_after} seeds a cell." if need is None else
              f"Seeds: pooled primary SD {100 * s:.1f} points over the six cells' first {study.sd_after} seeds: "
              f"{need} seeds a cell.")
-    said, won = verdict(cells, need or study.declared, study)
+    gate, holds = sensitive(first, study)
+    said, won = verdict(cells, need or study.declared, study) if holds else (
+        ["Verdict: none (the gate " + ("waits for GRPO's online seeds)." if holds is None else "failed).")], None)
     parts = [f"# {study.title}", "Written by `python examples/paper_delay/confirm.py` from "
              f"docs/results/{study.folder} and {study.doubled} (docs/RESULTS.md, Protocol, \"The cut\").",
-             run_length(first, study), f"The runs: docs/results/{folder}, T = {t}. Seeds in: {counts}."
+             run_length(first, study), gate, f"The runs: docs/results/{folder}, T = {t}. Seeds in: {counts}."
              if t is not None else "The runs wait for the run length.", seeds, *said]
-    return "\n\n".join(parts) + "\n", won
+    return "\n\n".join(p for p in parts if p) + "\n", won
 
 
 def main() -> None:
     text, won = report(CONFIRMATION)
     write(CONFIRMATION.report, text)
-    text, _ = report(REPLICATION)
-    if won is None:
-        text += "\nThe replication runs once the confirmation names the pick the winner; its verdict is not in yet.\n"
-    elif not won:
-        text += "\nThe confirmation did not name the pick the winner: the replication does not run.\n"
-    write(REPLICATION.report, text)
-    for study, name in ((CONFIRMATION, "mechanism.md"), (REPLICATION, "mechanism_replicate.md")):
+    for study, _ in REPLICATIONS:
+        text, _ = report(study)
+        if won is None:
+            text += "\nThe replication runs once the confirmation names the pick the winner; its verdict is not in yet.\n"
+        elif not won:
+            text += "\nThe confirmation did not name the pick the winner: the replication does not run.\n"
+        write(study.report, text)
+    for study, name in ((CONFIRMATION, "mechanism.md"), *REPLICATIONS):
         _, t, folder = runs_folder(study)
         if t is not None and (RESULTS / folder).is_dir():  # the cells' diagnostics, descriptive (mechanism.py)
             write(name, mechanism.report(folder, name))

@@ -111,10 +111,10 @@ def test_between_seed_and_pooled_sd():
     assert pooled_sd([[1, 2, 3], [2, 4, 6, 8, 10], [5]]) == pytest.approx(math.sqrt(7))
 
 
-def _write(folder, loss, delay, seed, evals, lag=False, steps=60):
+def _write(folder, loss, delay, seed, evals, lag=False, steps=60, start=None):
     folder.mkdir(parents=True, exist_ok=True)
     s = {"loss": loss, "delay": delay, "seed": seed, "steps": steps, "settings": {"steps": steps, "lag": lag},
-         "evals": evals}
+         "evals": evals, "start": start}
     (folder / f"{loss}_d{delay}_s{seed}.summary.json").write_text(json.dumps(s))
 
 
@@ -230,3 +230,35 @@ def test_a_study_raises_its_seeds_when_its_measured_sd_asks_for_more(tmp_path):
                        lag=True, steps=300)
     need, s = confirm.seeds_needed(load(folder), study)
     assert s == pytest.approx(0.03) and need == seeds_per_cell(0.03, 0.03, confirm.ALPHA / 2) > study.declared
+
+
+def test_a_replication_reads_no_cell_unless_grpo_online_learns_6_points_above_the_start(tmp_path):
+    from examples.paper_delay import confirm
+
+    study = confirm.REPLICATION_ARITH
+    assert study.sensitivity == 2 * confirm.MARGIN == pytest.approx(0.06)
+    folder = tmp_path / study.folder
+    steps = list(range(60, 301, 20))  # burn-in 60: the primary is the mean of all 13
+
+    def online(level):  # GRPO online, the first five seeds, flat at `level` (no late gain: T = 300)
+        for seed in study.first:
+            _write(folder, "grpo", 0, seed, [(s, level) for s in steps], lag=True, steps=300, start=0.40)
+
+    def grid():  # every cell's 7 seeds: the pick 5 points above GRPO at the lags
+        for lag in confirm.LAGS:
+            for loss, base in (("grpo", 0.50), (confirm.PICK, 0.55 if lag else 0.50)):
+                for seed in study.seeds(study.declared):
+                    if (loss, lag) != ("grpo", 0) or seed not in study.first:
+                        _write(folder, loss, lag, seed, [(s, base + 0.01 * (seed % 3)) for s in steps], lag=True,
+                               steps=300, start=0.40)
+
+    assert confirm.sensitive(load(folder), study) == ("", None)  # waits for the cell
+    online(0.459)  # 5.9 points above the start of 40
+    grid()
+    text, won = confirm.report(study, tmp_path)
+    assert "+5.9, +5.9, +5.9, +5.9, +5.9, mean +5.9 points against the declared 6: **fails**" in text
+    assert "Verdict: none (the gate failed)." in text and won is None
+    online(0.461)  # 6.1: it holds, and the verdict is read
+    text, won = confirm.report(study, tmp_path)
+    assert "mean +6.1 points against the declared 6: **holds**." in text and won is True
+    assert confirm.sensitive(load(folder), confirm.CONFIRMATION)[1] is True  # the confirmation declared no gate

@@ -1,7 +1,7 @@
 """Issue 61's confirmation and its replication (docs/RESULTS.md, Protocol, "The cut", 2 and 4): the
 verdict on the screen's pick, then the same on a second model and task.
 
-    python examples/paper_delay/confirm.py    # writes docs/results/protocol/confirm.md, replicate.md, replicate_arith.md
+    python examples/paper_delay/confirm.py    # writes docs/results/protocol/confirm.md, replicate*.md, shipped_t1.md
 
 and each study's mechanism.py table of its runs' diagnostics (mechanism.md, mechanism_replicate*.md).
 
@@ -90,7 +90,13 @@ REPLICATION_ARITH = Study("Issue 61's replication on the shipped model and the a
                           "replicate_arith", "replicate_arith_t600", first_seed=300, declared=7, sd_after=5,
                           sd_alpha=ALPHA / 2, sensitivity=2 * MARGIN)
 """builtin:tiny-arith on the arith task, declared 2026-12-02 in its place (RESULTS, "The cut", 4)."""
-REPLICATIONS = ((REPLICATION, "mechanism_replicate.md"), (REPLICATION_ARITH, "mechanism_replicate_arith.md"))
+SHIPPED_T1 = Study("Issue 61's shipped sampling under the lag (T 1.0, no top-p or top-k)", "shipped_t1.md",
+                   "shipped_t1_arith", "shipped_t1_arith_t600", first_seed=400, declared=7, sd_after=5,
+                   sd_alpha=ALPHA / 2, sensitivity=2 * MARGIN)
+"""builtin:tiny-arith on arith at the swarm's sampling (RESULTS, "The cut", 5): the default stays only if
+it is non-inferior in every regime."""
+REPLICATIONS = ((REPLICATION, "mechanism_replicate.md"), (REPLICATION_ARITH, "mechanism_replicate_arith.md"),
+                (SHIPPED_T1, "mechanism_shipped_t1.md"))
 
 
 def seed_mean(runs: dict[int, dict], seeds) -> Curve:
@@ -185,6 +191,8 @@ def verdict(cells: dict, need: int, study: Study) -> tuple[list[str], bool | Non
     said = (f"**{PICK} wins**: superior at lag {' and '.join(map(str, superior))}, non-inferior elsewhere" if wins else
             f"**{PICK} does not win**: " + ("superior at no lag after Holm" if not superior
                                             else "superior, but not non-inferior in every other regime"))
+    everywhere = all(non_inferior(diffs[lag], MARGIN) or lag in superior for lag in LAGS)
+    said += f". Non-inferior (or superior) in every regime: **{'yes' if everywhere else 'no'}**."
     return ["\n".join(lines), said], wins
 
 

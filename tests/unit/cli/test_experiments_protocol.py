@@ -205,6 +205,7 @@ def test_a_study_doubles_t_on_a_late_gain_of_3_points_and_says_who_wins(tmp_path
     cell(confirm.PICK, 0, 0.66, study.seeds(need))  # 4 points below GRPO online: not non-inferior at 3
     said, won = confirm.verdict(load(folder), need, study)
     assert "does not win**: superior, but not non-inferior" in said[1] and won is False
+    assert "in every regime: **no**" in said[1]  # what the shipped sampling's study decides by
 
 
 def test_the_replications_seven_seeds_are_what_superiority_asks_at_the_planned_sd_of_1_5():
@@ -261,4 +262,5 @@ def test_a_replication_reads_no_cell_unless_grpo_online_learns_6_points_above_th
     online(0.461)  # 6.1: it holds, and the verdict is read
     text, won = confirm.report(study, tmp_path)
     assert "mean +6.1 points against the declared 6: **holds**." in text and won is True
+    assert "in every regime: **yes**" in text
     assert confirm.sensitive(load(folder), confirm.CONFIRMATION)[1] is True  # the confirmation declared no gate

@@ -95,8 +95,9 @@ SHIPPED_T1 = Study("Issue 61's shipped sampling under the lag (T 1.0, no top-p o
                    sd_alpha=ALPHA / 2, sensitivity=2 * MARGIN)
 """builtin:tiny-arith on arith at the swarm's sampling (RESULTS, "The cut", 5): the default stays only if
 it is non-inferior in every regime."""
-REPLICATIONS = ((REPLICATION, "mechanism_replicate.md"), (REPLICATION_ARITH, "mechanism_replicate_arith.md"),
-                (SHIPPED_T1, "mechanism_shipped_t1.md"))
+AFTER_CONFIRMATION = ((REPLICATION, "mechanism_replicate.md"), (REPLICATION_ARITH, "mechanism_replicate_arith.md"),
+                      (SHIPPED_T1, "mechanism_shipped_t1.md"))
+"""The studies that run once the confirmation names the pick the winner, with their mechanism tables."""
 
 
 def seed_mean(runs: dict[int, dict], seeds) -> Curve:
@@ -138,7 +139,8 @@ def sensitive(cells: dict, study: Study) -> tuple[str, bool | None]:
     if any(s not in runs for s in study.first):
         return "", None
     gains = [metrics(runs[s])[0] - runs[s]["start"] for s in study.first]
-    gain, holds = statistics.fmean(gains), statistics.fmean(gains) >= study.sensitivity
+    gain = statistics.fmean(gains)
+    holds = gain >= study.sensitivity
     return (f"Assay sensitivity: GRPO online, seeds {study.first[0]}-{study.first[-1]}, primary metric minus the "
             f"step-0 accuracy ({100 * runs[study.first[0]]['start']:.1f}%): "
             f"{', '.join(f'{100 * g:+.1f}' for g in gains)}, mean {100 * gain:+.1f} points against the declared "
@@ -227,14 +229,14 @@ def report(study: Study, root: Path = RESULTS) -> tuple[str, bool | None]:
 def main() -> None:
     text, won = report(CONFIRMATION)
     write(CONFIRMATION.report, text)
-    for study, _ in REPLICATIONS:
+    for study, _ in AFTER_CONFIRMATION:
         text, _ = report(study)
         if won is None:
             text += "\nThe replication runs once the confirmation names the pick the winner; its verdict is not in yet.\n"
         elif not won:
             text += "\nThe confirmation did not name the pick the winner: the replication does not run.\n"
         write(study.report, text)
-    for study, name in ((CONFIRMATION, "mechanism.md"), *REPLICATIONS):
+    for study, name in ((CONFIRMATION, "mechanism.md"), *AFTER_CONFIRMATION):
         _, t, folder = runs_folder(study)
         if t is not None and (RESULTS / folder).is_dir():  # the cells' diagnostics, descriptive (mechanism.py)
             write(name, mechanism.report(folder, name))

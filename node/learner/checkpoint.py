@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import random
 import shutil
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,7 +33,11 @@ import msgpack
 import torch
 from safetensors.torch import load_file, save_file
 
+from node.algorithms import get_algorithm
+from node.learner.config import DROP, LearnerConfig
 from node.weights.blob import retie, untie
+
+log = logging.getLogger(__name__)
 
 FORMAT = 2
 """The metadata's format (state.json's \"format\"): 1 is still read."""
@@ -155,3 +161,30 @@ def _from_format_1(m: dict[str, Any]) -> dict[str, Any]:
         "training": {"lr_scale": m.get("lr_scale", 1.0), "gap_drops": m.get("gap_drops", {})},
         "chains": m.get("chains", {}),
     }
+
+
+def losses_of(cfg: LearnerConfig) -> dict[str, Any]:
+    """The losses a learner trains with, by route, each resolved to its whole config (so `{}` and
+    the default's values are the same loss, and a default that changes between releases is a
+    difference): what a checkpoint records as "losses"."""
+    def resolved(name: str, options: dict) -> dict[str, Any]:
+        return {"loss": name, "config": {} if name == DROP else asdict(get_algorithm(name).make_config(options))}
+
+    return {"own": resolved(cfg.own_loss, cfg.own_options), "foreign": resolved(cfg.foreign_loss, cfg.foreign_options)}
+
+
+def say_if_losses_differ(saved: dict[str, Any] | None, cfg: LearnerConfig) -> None:
+    """Log a warning when a resumed learner trains with other losses than its checkpoint recorded
+    (`saved`, None before the record): the optimizer's state carries over whatever the loss, but a
+    default that changed between releases (GRPO -> gepo_lenclip, 2026-12-01) must not switch a run's
+    loss unseen."""
+    now = losses_of(cfg)
+    if saved is None:
+        log.warning("checkpoint: it does not record the losses it trained with (written before 2026-12-02); "
+                    "resumed with own loss %s and foreign loss %s: if it trained with others (GRPO was the "
+                    "default until 2026-12-01), set learner.own_loss and learner.foreign_loss to them",
+                    now["own"]["loss"], now["foreign"]["loss"])
+    elif saved != json.loads(json.dumps(now)):  # as JSON reads it back: tuples are lists, 0 == 0.0
+        log.warning("checkpoint: trained with losses %s, resumed with %s: set learner.own_loss, "
+                    "learner.foreign_loss and their options to the saved ones to continue the run as it was",
+                    saved, now)

@@ -26,11 +26,10 @@ record before acknowledging it.
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import time
 import uuid
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -49,7 +48,7 @@ from node.models import without_dropout
 from node.tasks import Task
 from node.tasks.bounded import group_budget_s
 from node.weights.blob import untie
-from node.algorithms import get_algorithm, has_signal
+from node.algorithms import has_signal
 from node.audit.auditor import Auditor
 from node.learner.phases import Phases
 from node.learner.behaviour import Recompute
@@ -58,7 +57,8 @@ from node.learner.buffer import GroupBuffer, within_share
 from node.learner.intake import Chains, RecordChecks
 from node.learner.config import DROP, LearnerConfig
 from node.learner.groups import BufferedGroup, Route
-from node.learner.checkpoint import FORMAT, load_checkpoint, load_learner_state, rng_state, save_checkpoint
+from node.learner.checkpoint import (FORMAT, load_checkpoint, load_learner_state, losses_of, rng_state, save_checkpoint,
+                                     say_if_losses_differ)
 from node.weights.publishing import Publishing
 from node.learner.report import batch_stats, counters
 from node.learner.scoring import REWARD_BUDGET, OverBudget, score_group
@@ -406,18 +406,8 @@ class Learner:
             "meta": {"format": FORMAT, "version": self.version, "books": self.books.state_dict(),
                      "checks": self.checks.state_dict(), "auditor": self.auditor.state_dict(),
                      "training": self.training.state_dict(), "chains": self.chains.state_dict(self.version),
-                     "losses": self._losses(), "extra": self.checkpoint_extra(), "rng": rng_state()},
+                     "losses": losses_of(self.cfg), "extra": self.checkpoint_extra(), "rng": rng_state()},
         }
-
-    def _losses(self) -> dict[str, Any]:
-        """The losses this learner trains with, by route, each resolved to its whole config (so `{}`
-        and the default's values are the same loss, and a default that changes between releases is
-        a difference), as saved: a resume under other ones says so."""
-        def resolved(name: str, options: dict) -> dict[str, Any]:
-            return {"loss": name, "config": {} if name == DROP else asdict(get_algorithm(name).make_config(options))}
-
-        cfg = self.cfg
-        return {"own": resolved(cfg.own_loss, cfg.own_options), "foreign": resolved(cfg.foreign_loss, cfg.foreign_options)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         meta = load_learner_state(state["meta"])  # also sets the RNGs
@@ -427,18 +417,7 @@ class Learner:
         for name in ("books", "checks", "auditor", "training", "chains"):
             getattr(self, name).load_state_dict(meta[name])
         self.restored_extra = meta["extra"]
-        # the optimizer's state carries over whatever the loss; a default that changed between
-        # releases (GRPO -> gepo_lenclip, 2026-12-01) must not switch a run's loss unseen
-        saved, now = meta.get("losses"), self._losses()
-        if saved is None:  # written before 2026-12-02: its losses were not recorded
-            log.warning("checkpoint: it does not record the losses it trained with (written before 2026-12-02); "
-                        "resumed with own loss %s and foreign loss %s: if it trained with others (GRPO was the "
-                        "default until 2026-12-01), set learner.own_loss and learner.foreign_loss to them",
-                        now["own"]["loss"], now["foreign"]["loss"])
-        elif saved != json.loads(json.dumps(now)):  # as JSON reads it back: tuples are lists, 0 == 0.0
-            log.warning("checkpoint: trained with losses %s, resumed with %s: set learner.own_loss, "
-                        "learner.foreign_loss and their options to the saved ones to continue the run as it was",
-                        saved, now)
+        say_if_losses_differ(meta.get("losses"), self.cfg)
         self.buffer.clear()
         older = 0
         for raw in state["buffer"]:

@@ -142,7 +142,7 @@ def test_a_resume_under_other_losses_than_the_checkpoint_trained_with_says_so(tm
     assert s.learner.step() is not None
     path = s.learner.save_checkpoint(folder)
     said = lambda: [r.getMessage() for r in caplog.records if "resumed with" in r.getMessage()]  # noqa: E731
-    with caplog.at_level("WARNING", logger="node.learner.learner"):
+    with caplog.at_level("WARNING", logger="node.learner.checkpoint"):
         # the same loss, its default option spelt out (and an int for a float): nothing to say
         same = tiny_swarm(tmp_path / "same", groups_per_step=2, own_loss="grpo", own_options={"eps_low": 0.2, "beta": 0})
         same.learner.load_checkpoint(path)

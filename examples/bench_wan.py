@@ -29,7 +29,8 @@ machine's busy share, the swarm's processes' CPU seconds (their DHT and p2pd dae
 the relay's (at ~100% busy the machine's cores, which every process here shares, set the pace, not
 the links; on volunteers' machines each sampler has its own CPU); and the staleness
 the samplers see (learner's newest version minus the one held, sampled every second). Last, the
-goals beside the measured figures. Needs root (network namespaces); says why and exits otherwise.
+goals beside the measured figures, and with `--behind-nat` the limit NAT leaves: every copy but the
+learner's over the public samplers' uplinks (`nat_copy_times`). Needs root (network namespaces); says why and exits otherwise.
 """
 
 from __future__ import annotations
@@ -490,6 +491,8 @@ def report(args, out: Path, names: list[str], relay_series: list[tuple[float, di
     ratio = max(r[0][2] / r[5] for r in rows)
     print(f"        every sampler holds each version within 2x the limit: worst {ratio:.2f}x "
           f"[{'met' if ratio <= 2 else 'MISSED'}]")
+    if args.behind_nat:
+        _report_nat_limit(args, rows)
     worst_up = max(max(r[1], r[2]) for r in rows)
     goal_up = GOAL_UPLOAD_NAT if args.behind_nat else GOAL_UPLOAD
     print(f"        learner upload <= {goal_up} copies per version: worst {worst_up:.2f} (ChunkStore and wire) "
@@ -499,6 +502,35 @@ def report(args, out: Path, names: list[str], relay_series: list[tuple[float, di
     print(f"        no sampler downloads more than {GOAL_DOWNLOAD:g} copy: worst {worst_down:.2f} verified, {worst_wire:.2f} "
           f"on the wire with framing, encryption and the DHT [{'met' if worst_down <= GOAL_DOWNLOAD + 1e-9 else 'MISSED'}]")
     print(f"records and logs: {out}")
+
+
+def nat_copy_times(samplers: int, private: int, learner_copies: float) -> tuple[float, float]:
+    """The fewest copy-times (one copy at the link rate) in which every sampler can hold a version
+    when `private` of them are behind NATs that no one can dial through (no hole punching in the
+    bundled p2pd), the learner uploading `learner_copies`: (as the swarm runs, where private
+    samplers serve no one, so every copy but the learner's crosses a public sampler's uplink;
+    at best, were private samplers to serve public ones over the connections they dial, so only
+    the private samplers' copies must). Each at least 1: a sampler's own downlink."""
+    public = samplers - private
+    if public <= 0:
+        return math.inf, math.inf
+    return (max(1.0, (samplers - learner_copies) / public), max(1.0, (private - learner_copies) / public))
+
+
+def _report_nat_limit(args, rows: list[tuple]) -> None:
+    """Beside the one-copy limit, what NAT leaves reachable (`nat_copy_times`) at the learner
+    copies measured: the 2x goal is for a swarm whose samplers can all serve each other."""
+    worst = max(rows, key=lambda r: r[0][2] / r[5])
+    pct, upload, size_s = worst[0], worst[1], worst[5]
+    copy_s, public = size_s - args.rtt_ms / 1e3, args.samplers - args.behind_nat
+    as_run, best = nat_copy_times(args.samplers, args.behind_nat, max(upload, 1.0))
+    print(f"        behind NAT, {args.behind_nat} of {args.samplers} samplers reach only the learner and the "
+          f"{public} public ones: the limit is {as_run:.2f} copy-times as the swarm runs "
+          f"(private samplers serve no one), {best:.2f} were they to serve public ones; the slowest version "
+          f"({pct[2]:.2f} s at {upload:.2f} learner copies) is {pct[2] / (as_run * copy_s + args.rtt_ms / 1e3):.2f}x the "
+          f"first, {pct[2] / (best * copy_s + args.rtt_ms / 1e3):.2f}x the second (2x the one-copy limit needs "
+          f"the learner to upload {max(1, args.samplers - 2 * public)} copies as the swarm runs, "
+          f"{max(1, args.behind_nat - 2 * public)} were private samplers to serve public ones)")
 
 
 def _report_cpu(spent: list[tuple[float, float, float, float, float]]) -> None:

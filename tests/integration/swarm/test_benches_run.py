@@ -27,6 +27,7 @@ def test_the_distribution_bench_runs_each_schedule_and_repeats(tmp_path):
                          "--segment", "3"], 600, tmp_path)
     assert len(re.findall(r"(?m)^\s+2\s+(staggered|simultaneous|no sharing)\s", printed)) == 3, printed
     assert "median of 2" in printed, printed  # a second repetition runs (it failed before: issue 60)
+    assert "fetch failures 0," in printed, printed  # the baseline's fetches too: its samplers are proven
     # the manifest's tail after the version a sampler holds, the notice in its place, and the whole
     # segment (v1's every reply)
     rows = re.findall(r"(?m)^\s+(\d+)\s+([\d,]+)\s+([\d,]+)\s+([\d,]+)\s",
@@ -55,6 +56,18 @@ def test_the_wan_bench_spreads_versions_to_earned_mates(tmp_path):
                          "--rate-mbit", "50", "--rtt-ms", "20"], 600, tmp_path)
     assert "knows its 3 public mates" in printed and "goals:" in printed, printed[-3000:]
     assert re.search(r"CPU per version while it spread \(median\): the swarm [\d.]+ s", printed), printed[-3000:]
+
+
+def test_the_wan_bench_behind_home_routers_prints_the_limit_nat_leaves(tmp_path):
+    from examples.internet import skip_reason
+
+    cannot(skip_reason())  # the WAN's, and nftables for the routers' NAT
+    printed = run_bench(["bench_wan.py", "--samplers", "3", "--behind-nat", "2", "--patch-mb", "1", "--versions", "2",
+                         "--interval", "6", "--rate-mbit", "50"], 600, tmp_path)
+    # 1 public sampler: as the swarm runs, the 3 copies but the learner's cross its uplink
+    limit = re.search(r"behind NAT, 2 of 3 samplers reach only the learner and the 1 public ones: the limit is "
+                      r"([\d.]+) copy-times", printed)
+    assert limit and 1.0 <= float(limit.group(1)) <= 2.0, printed[-3000:]
 
 
 def test_a_new_swarms_samplers_share_its_keyframe_through_the_seeders_its_learner_names(tmp_path):

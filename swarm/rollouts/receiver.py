@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import logging
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -78,6 +79,10 @@ class RolloutReceiver:
         after its ack was lost is acknowledged again, not journaled twice (the acks are idempotent)."""
         self.acked_again = 0
         """Items acknowledged again so."""
+        self._arrived = threading.Event()
+        """Set when records are journaled: a learner waiting in `receive` wakes then, not at its next
+        50 ms poll (the demo's learner, 5 steps a second, waited 11.2-11.7 s of its run for rollouts
+        in two runs so, 13.5-15.4 s in three with the poll)."""
 
     def open(self, intake: Intake, cursor: int) -> None:
         """Start taking rollouts for the learner behind `intake`, which has read the journal up to
@@ -121,10 +126,12 @@ class RolloutReceiver:
         """Journaled records after the cursor, oldest first, waiting up to `timeout` for some."""
         deadline = time.monotonic() + timeout
         while True:
+            self._arrived.clear()  # before looking: a record journaled after it sets it again
             out = self._backlog.take(max_records) if self._backlog is not None else []
-            if out or time.monotonic() >= deadline:
+            left = deadline - time.monotonic()
+            if out or left <= 0:
                 return out
-            time.sleep(0.05)
+            self._arrived.wait(left)
 
     async def _on_call(self, remote: str, nbytes: int, open_calls: int) -> bytes | None:
         """The door, before a byte of the payload is read: busy (after the tarpit) past a bound, or
@@ -167,6 +174,7 @@ class RolloutReceiver:
                 self._acked[rid] = remote
             while len(self._acked) > MAX_ACKED:
                 self._acked.popitem(last=False)
+            self._arrived.set()
         if not done.journaled and (done.busy or done.rejected):  # ids acked again do not spare it
             await self._tarpit(remote, len(payload))
         return self._reply(remote, ok=done.ok, rejected=done.rejected, busy=done.busy,

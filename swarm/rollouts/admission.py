@@ -35,6 +35,7 @@ from typing import Protocol
 
 from swarm.exchange import Intake, IntakeConfig
 from swarm.p2p.doors import Bound, Door
+from swarm.wire.batch import POLL_BYTES
 from swarm.wire.reasons import Busy
 
 MAX_OPEN_CALLS = 2
@@ -132,7 +133,7 @@ class Admission:
         caller declared to its own byte budget: from here on they cost their sender, decodable or
         not, sent or not. Charged here rather than after the read, so that many calls of one key at
         once cannot all pass before the first is paid. Nothing is decoded."""
-        why = Busy.CONCURRENT if open_calls >= MAX_OPEN_CALLS else self._over(visit)
+        why = Busy.CONCURRENT if open_calls >= MAX_OPEN_CALLS else self._over(visit, nbytes > POLL_BYTES)
         if why is None:
             self.door.charge_peer(visit.peer, nbytes)
         return why
@@ -174,12 +175,14 @@ class Admission:
                            pool_bound(self.cfg.unproven_journal_bytes, nbytes, mine_bytes, k), nbytes)]
         return rooms
 
-    def _over(self, visit: Visit) -> Busy | None:
+    def _over(self, visit: Visit, adds: bool = True) -> Busy | None:
         """The first bound a call is past before anything of it is read, or None: the door's calls,
-        the rooms, then the rest of the door's bounds."""
+        the rooms (unless the call `adds` nothing: a poll, at most an empty batch's bytes read, which
+        a paused sampler makes to learn when its groups are trained; turned away at a full room, its
+        poll waited out the tarpit, as a flooder's calls do), then the rest of the door's bounds."""
         if self.door.left(Bound.CALLS, visit.peer) < 1:
             return Busy.RATE
-        why = next((room.why for room in visit.rooms if not room.fits(1)), None)
+        why = next((room.why for room in visit.rooms if adds and not room.fits(1)), None)
         if why is not None:
             return why
         past = self.door.past(visit.peer, visit.pooled)

@@ -53,6 +53,11 @@ class BatchItem:
         return len(self.envelope) if self.envelope is not None else 0
 
 
+POLL_BYTES = 1
+"""An empty batch's bytes (msgpack's empty list): a sampler's poll for its backlog, which adds
+nothing to any room at the learner (swarm/rollouts/admission.py lets it past full rooms)."""
+
+
 def pack_batch(items: list[tuple[str, bytes]]) -> bytes:
     """A sender's batch of (record id, envelope)."""
     return msgpack.packb([[rid, envelope] for rid, envelope in items])

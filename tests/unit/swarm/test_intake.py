@@ -243,6 +243,20 @@ def test_a_peers_calls_past_the_door_at_once_are_bounded(tmp_path, keys):
     assert intake.send(keys[0], [item], open_calls=MAX_OPEN_CALLS - 1)["ok"] == [item[0]]
 
 
+def test_a_sampler_at_its_quota_is_answered_its_backlog_when_it_polls_and_busy_when_it_sends(tmp_path, keys):
+    intake = Intake(tmp_path, proven={keys[0].peer_id}, quota=2)
+    assert len(intake.send(keys[0], [make_item(keys[0]), make_item(keys[0])])["ok"]) == 2
+    intake.clock.t += 1.0  # its checks back (64 a second, burst the quota): only the quota binds
+    # its groups fill the quota: records are turned away at the door, unread (and tarpitted)...
+    assert intake.send(keys[0], [make_item(keys[0])]) == {"ok": [], "rejected": {}, "busy": [], "backlog": 2,
+                                                         "why": "quota"}
+    # ...but a poll (an empty batch: it adds nothing) is let in and told the backlog, not tarpitted
+    assert intake.send(keys[0], []) == {"ok": [], "rejected": {}, "busy": [], "backlog": 2}
+    assert intake.throttled["quota"] == 1 and intake.receiver.tarpitted == 1
+    assert len(intake.receiver.receive(10)) == 2  # the learner reads them: the poll says so
+    assert intake.send(keys[0], [])["backlog"] == 0
+
+
 def test_the_journal_holds_a_bounded_number_of_bytes_per_sampler_until_the_learner_reads_them(tmp_path, keys):
     item = make_item(keys[0])
     size = len(msgpack.unpackb(item[1], raw=False)["r"])

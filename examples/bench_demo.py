@@ -72,11 +72,17 @@ def main() -> None:
         now = time.monotonic() - t0
         for pid, (ppid, cmd, cpu) in _processes().items():
             if pid not in seen and ppid in seen:  # the demo's descendants: nodes, and each node's helpers (p2pd)
-                node = seen[ppid]["node"]
-                name = _role(cmd) if node == "demo" else f"{node}: {Path(cmd.split()[0]).name}"
-                seen[pid] = {"name": name, "node": _role(cmd) if node == "demo" else node, "first": now}
-            if pid in seen:
-                seen[pid].update(cpu=cpu, last=now)
+                seen[pid] = {"parent": ppid, "first": now}
+            if pid not in seen:
+                continue
+            rec = seen[pid]
+            if pid != demo.pid and rec.get("cmd") != cmd:
+                # named by its command line, again if it changes: one read between a child's fork and
+                # its exec sees its parent's (a sampler once went into the table as "python")
+                node = seen[rec["parent"]]["node"]
+                rec.update(cmd=cmd, name=_role(cmd) if node == "demo" else f"{node}: {Path(cmd.split()[0]).name}",
+                           node=_role(cmd) if node == "demo" else node)
+            rec.update(cpu=cpu, last=now)
         time.sleep(args.every)
     wall, cores = time.monotonic() - t0, os.cpu_count() or 1
     reaped = resource.getrusage(resource.RUSAGE_CHILDREN)  # every process under the demo, each reaped by its parent

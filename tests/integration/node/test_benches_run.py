@@ -4,6 +4,7 @@ its figures beside their baseline; these check that it ran to its table, not the
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -71,3 +72,51 @@ def test_the_vllm_benchmark_runs_to_its_table():
     require_vllm()
     printed = run_bench(["bench_vllm.py", "--prompts", "4", "--group", "2", "--batches", "2"], 600)
     assert "node overhead over vllm direct" in printed, printed[-3000:]
+
+
+PARSE_ONLY = """
+import argparse, runpy, sys
+parse = argparse.ArgumentParser.parse_args
+def parsed(self, *args, **kwargs):  # the bench's own parser, then stop before any work
+    namespace = parse(self, *args, **kwargs)
+    print("parsed", sys.argv[0], flush=True)
+    raise SystemExit(0)
+argparse.ArgumentParser.parse_args = parsed
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+GPU_PARTS = {"honest-mid-bfloat16", "honest-big-bfloat16", "cost", "picker", "filters", "vllm", "learner", "audit"}
+"""The parts of examples/gpu_figures.sh with FULL=1 (vLLM's where it imports)."""
+
+
+@pytest.mark.parametrize("script, parts", [("gpu_figures.sh", GPU_PARTS), ("gpu_swarm.sh", GPU_PARTS | {"rehearsal"})])
+def test_every_command_of_a_gpu_script_is_one_its_bench_accepts(tmp_path, script, parts):
+    """examples/gpu_swarm.sh (which ends in gpu_figures.sh) is what a lent GPU's one device call
+    runs: a flag a bench renamed would cost that call. The script runs here as written (FULL=1:
+    every part), with `python3` a shim that gives each example's own parser the script's arguments
+    and stops there (`-c` and `-m` run as they are), and `nvidia-smi` one that names no device;
+    each part must exit 0 having been parsed. `python3 -c "import vllm"` is answered yes, so
+    vLLM's command is asked too (bench_vllm.py imports vLLM only once it runs)."""
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    (tmp_path / "parse_only.py").write_text(PARSE_ONLY)
+    (shims / "python3").write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = -c ] && [ "$2" = "import vllm" ]; then exit 0; fi\n'
+        f'if [ "$1" = -c ] || [ "$1" = -m ]; then exec {sys.executable} "$@"; fi\n'
+        f'exec {sys.executable} {tmp_path / "parse_only.py"} "$@"\n')
+    (shims / "nvidia-smi").write_text("#!/bin/sh\necho 'no GPU: the script rehearsed'\n")
+    for shim in shims.iterdir():
+        shim.chmod(0o755)
+    env = {**os.environ, "PATH": f"{shims}:{os.environ['PATH']}", "FULL": "1", "DEVICE": "cpu",
+           "WORK": str(tmp_path / "work"), "WHEELS": str(tmp_path / "no-wheels")}
+    out = subprocess.run(["bash", str(ROOT / "examples" / script), str(tmp_path / "out")], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    ran = dict(re.findall(r"(?m)^== (\S+): exit (\d+)", out.stdout))
+    assert set(ran) == parts, (sorted(ran), out.stdout[-3000:], out.stderr[-3000:])
+    assert set(ran.values()) == {"0"}, (ran, out.stdout[-3000:], out.stderr[-3000:])
+    for name in parts:  # its own command's parser read its arguments
+        section = out.stdout.split(f"== {name} (limit", 1)[1].split(f"== {name}: exit", 1)[0]
+        assert re.search(r"(?m)^parsed examples/\S+\.py$", section), (name, section[-2000:])

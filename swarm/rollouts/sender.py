@@ -88,6 +88,8 @@ class RolloutSender:
         self._stop = threading.Event()
         self._flushers: dict[str, threading.Thread] = {}
         self._last_reply: dict[str, float] = {}
+        self._busy: dict[str, bool] = {}
+        """Whether a learner's last reply left some of our records busy: the next send waits POLL_S."""
         self.pause_at, self.version_s = pause_at, version_s
         self._poll_s = POLL_S
         """How long an idle flusher waits before polling the followed learner (POLL_S to POLL_MAX_S)."""
@@ -137,7 +139,11 @@ class RolloutSender:
             try:
                 sent = self.flush_once(target)
                 backoff = 1.0
-                if not sent:
+                if not sent or self._busy.get(target):
+                    # nothing to send, or the learner's budget for us ran out mid-batch: called again
+                    # at once, the rest would meet an empty bucket at its door and wait out its
+                    # tarpit (1 s); after POLL_S a quarter of a second's records have refilled. (The
+                    # demo's samplers lost ~20 s each to such tarpits, their learner waiting 33%.)
                     self._stop.wait(POLL_S)
             except Exception as e:  # the learner is gone or slow: keep the outbox, retry later
                 stats["send_failures"] += 1
@@ -185,6 +191,7 @@ class RolloutSender:
         for rid, reason in reply.rejected.items():
             log.log(logging.WARNING if target == OWN else logging.DEBUG,
                     "%s rejected rollout %s: %s (dropped from the outbox)", who, rid[:8], reason)
+        self._busy[target] = bool(reply.busy)
         if target == OWN:
             self._poll_s = next_poll_s(reply.backlog, self.pause_at, self.version_s())
             self.learner_backlog = reply.backlog

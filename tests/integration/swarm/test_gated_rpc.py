@@ -155,3 +155,39 @@ def test_a_sender_sends_again_when_the_learners_door_never_answered(tmp_path):
         box.close()
         node.shutdown()
         learner.shutdown()
+
+
+def test_a_sender_whose_records_were_answered_busy_waits_rather_than_meeting_the_tarpit(tmp_path):
+    """A proven sampler owes its learner four times the burst its door checks at once: each reply
+    leaves the rest busy, and the sender waits POLL_S before the next call, by when the bucket has
+    refilled, so none of its calls is tarpitted (called again at once, each met an empty bucket and
+    waited out the door's second: the demo's samplers lost ~20 s each that way). Every record is
+    delivered once."""
+    from swarm.wire.envelope import open_envelope
+    from swarm.exchange import IntakeConfig
+    from swarm.rollouts.journal import Journal
+    from swarm.rollouts.outbox import Outbox
+    from swarm.rollouts import RolloutReceiver, RolloutSender
+    from helpers.intake import Learner, make_item
+
+    learner = SwarmNode(Identity.load_or_create(tmp_path / "learner.key"), NetworkConfig(), "busy")
+    node = SwarmNode(Identity.load_or_create(tmp_path / "sampler.key"),
+                     NetworkConfig(initial_peers=learner.maddrs()), "busy")
+    receiver = RolloutReceiver(learner, Journal(tmp_path / "journal.bin"), IntakeConfig(quota=16, rate=32.0))
+    receiver.open(Learner(), cursor=0)  # every key proven: its own budget only
+    box = Outbox(tmp_path / "outbox.db")
+    sender = RolloutSender(node, box, lambda: learner.peer_id, rpc_timeout=10.0)
+    try:
+        items = [make_item(node.identity) for _ in range(64)]
+        sender.send([(rid, open_envelope(env)[0]) for rid, env in items])
+        got, deadline = [], time.monotonic() + 60
+        while (len(got) < 64 or len(box)) and time.monotonic() < deadline:  # (the last ack follows the journal)
+            got += receiver.receive(64, timeout=0.05)  # read as the learner does: its quota frees
+        assert len(got) == 64 and len(box) == 0, (len(got), len(box))
+        assert sender.stats["busy"] > 0, "the burst never ran out: the test tests nothing"
+        assert receiver.tarpitted == 0, (receiver.tarpitted, dict(sender.stats))
+    finally:
+        sender.close()
+        box.close()
+        node.shutdown()
+        learner.shutdown()

@@ -171,9 +171,17 @@ def test_two_rank_learner_trains_in_a_loopback_swarm(tmp_path):
         assert s.wait_version(8, timeout=420) >= 8
         assert learner.popen.wait(timeout=180) == 0
         steps = [r for r in s.metrics() if r["kind"] == "step"]
-        assert len(steps) == 8 and all(r["step_skipped"] == 0 and r["grad_norm"] > 0 for r in steps)
+        assert len(steps) == 8
+        # a step whose groups all lack signal (every reward equal) has nothing to train: it sends
+        # rank 1 nothing and records no optimizer step (node/training/trainer.py). The first step
+        # takes a new sampler's first 4 groups (its admission), each without signal in 14 of 36
+        # measured here: all four in ~2% of runs (one CI run met it). Every other step trains.
+        empty = [r for r in steps if r["groups_skipped_zero_var"] == r["groups_own"] + r["groups_foreign"]]
+        trained = [r for r in steps if r not in empty]
+        assert all("step_skipped" not in r for r in empty)
+        assert trained and all(r["step_skipped"] == 0 and r["grad_norm"] > 0 for r in trained)
         log = learner.log_path.read_text()
-        assert "FSDP2 over 2 processes" in log and "learner rank 1: stopped after 8 steps" in log
+        assert "FSDP2 over 2 processes" in log and f"learner rank 1: stopped after {len(trained)} steps" in log
         assert list((tmp_path / "learner" / "checkpoints").glob("*"))
     finally:
         s.stop_all()

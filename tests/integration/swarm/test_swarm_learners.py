@@ -136,18 +136,26 @@ def test_two_nodes_that_are_sampler_and_learner_train_on_their_own_groups_and_ea
                                  "--identity", str(tmp_path / "boot.key"), "--addr-file", str(tmp_path / "boot.addr"),
                                  *[a for k in pair for a in ("--trusted-learner", f"{ids[k]}={pair[k]}")]])
     s.addr = wait_for_file(tmp_path / "boot.addr", 90, boot).decode().split()[0]
-    steps = 120  # ~3 steps/s each on these tiny models: long enough that both run side by side most of the time
     try:
         for k, model in pair.items():
             other = next(m for m in pair.values() if m != model)
             (tmp_path / f"node-{k}.toml").write_text(
                 "[learner]\neval_every = 0\ngroups_per_step = 8\n"
                 f"foreign = {{ step_share = 0.25, per_sampler = 2, accept_models = [\"{other}\"] }}\n")
-            s.join(f"node-{k}", "sampler,learner", "--model", model, "--config", str(tmp_path / f"node-{k}.toml"),
-                   "--max-steps", str(steps))
-        wait_versions(s, [f"node-{k}" for k in pair], steps, timeout=400)
+            # no --max-steps: these tiny nodes take 120 steps in 9-14 s, and a node finds its partner
+            # learner at its first look at the swarm or 10 s later (LearnerTracker's `every`); in CI
+            # node a's first look missed, and it found node c only after c had stopped at 120
+            s.join(f"node-{k}", "sampler,learner", "--model", model, "--config", str(tmp_path / f"node-{k}.toml"))
+        wait_versions(s, [f"node-{k}" for k in pair], 120, timeout=400)
+        # ... and until each learner has taken the other node's groups (or the timeout: the
+        # assertions below say which did not)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not all(
+                last_step(s.base, f"node-{k}").get("accepted_by_sampler", {}).get(ids[o], 0) > 0
+                for k, o in (("a", "c"), ("c", "a"))):
+            time.sleep(1)
     finally:
-        s.stop_all()
+        s.stop_all()  # SIGTERM: each node says what its sampler made and what its partner took
     for k in pair:
         other = next(o for o in pair if o != k)
         steps_k = [r for r in metrics(tmp_path, f"node-{k}") if r["kind"] == "step"]

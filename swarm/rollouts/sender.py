@@ -88,8 +88,6 @@ class RolloutSender:
         self._stop = threading.Event()
         self._flushers: dict[str, threading.Thread] = {}
         self._last_reply: dict[str, float] = {}
-        self._busy: dict[str, bool] = {}
-        """Whether a learner's last reply left some of our records busy: the next send waits POLL_S."""
         self.pause_at, self.version_s = pause_at, version_s
         self._poll_s = POLL_S
         """How long an idle flusher waits before polling the followed learner (POLL_S to POLL_MAX_S)."""
@@ -139,11 +137,11 @@ class RolloutSender:
             try:
                 sent = self.flush_once(target)
                 backoff = 1.0
-                if not sent or self._busy.get(target):
+                if not sent:
                     # nothing to send, or the learner's budget for us ran out mid-batch: called again
                     # at once, the rest would meet an empty bucket at its door and wait out its
                     # tarpit (1 s); after POLL_S a quarter of a second's records have refilled. (The
-                    # demo's samplers lost ~20 s each to such tarpits, their learner waiting 33%.)
+                    # demo's samplers lost ~20 s each to such tarpits, their learner waiting 31-43%.)
                     self._stop.wait(POLL_S)
             except Exception as e:  # the learner is gone or slow: keep the outbox, retry later
                 stats["send_failures"] += 1
@@ -158,7 +156,7 @@ class RolloutSender:
 
     def flush_once(self, target: str = OWN) -> int:
         """Send one batch of due records to `target` (OWN: the followed learner); returns how many it
-        settled (ok or rejected)."""
+        settled (ok or rejected), 0 if it left some busy: the caller waits before the next call."""
         learner = self.learner() if target == OWN else target
         if learner is None:
             return 0
@@ -191,7 +189,6 @@ class RolloutSender:
         for rid, reason in reply.rejected.items():
             log.log(logging.WARNING if target == OWN else logging.DEBUG,
                     "%s rejected rollout %s: %s (dropped from the outbox)", who, rid[:8], reason)
-        self._busy[target] = bool(reply.busy)
         if target == OWN:
             self._poll_s = next_poll_s(reply.backlog, self.pause_at, self.version_s())
             self.learner_backlog = reply.backlog
@@ -200,7 +197,8 @@ class RolloutSender:
         stats["delivered"] += len(reply.ok)
         stats["rejected"] += len(reply.rejected)
         stats["busy"] += len(reply.busy)
-        return len(settled) if due else 0  # 0 when all were busy: the loop pauses before trying again
+        # 0 when some were left busy: the loop pauses before trying again
+        return len(settled) if due and not reply.busy else 0
 
     def close(self) -> None:
         self._stop.set()

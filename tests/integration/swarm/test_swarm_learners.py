@@ -48,15 +48,15 @@ def last_step(base: Path, name: str) -> dict:
     return next((r for r in reversed(metrics(base, name)) if r["kind"] == "step"), {})
 
 
-def wait_fed(s: Swarm, samplers: dict[str, str], timeout: float) -> None:
-    """Until every learner has trained on groups from all three samplers (or the timeout: the
-    assertions that follow say who is missing)."""
+def wait_fed(s: Swarm, wanted: dict[str, list[str]], timeout: float) -> None:
+    """Until each learner (its workdir under the swarm's folder) has trained on groups from every
+    sampler it is `wanted` to (or the timeout: the assertions that follow say who is missing)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        fed = [last_step(s.base, f"learner-{k}").get("accepted_by_sampler", {}) for k in MODELS]
-        if all(a.get(p, 0) > 0 for a in fed for p in samplers.values()):
+        if all(last_step(s.base, name).get("accepted_by_sampler", {}).get(p, 0) > 0
+               for name, peers in wanted.items() for p in peers):
             return
-        time.sleep(2)
+        time.sleep(1)
 
 
 def test_three_learners_learn_and_each_trains_on_the_other_models_rollouts(tmp_path):
@@ -86,7 +86,7 @@ def test_three_learners_learn_and_each_trains_on_the_other_models_rollouts(tmp_p
         for k, model in MODELS.items():
             s.join(f"sampler-{k}", "sampler", "--model", model, "--name", f"sampler-{k}")
         wait_versions(s, [f"learner-{k}" for k in MODELS], STEPS, timeout=600)
-        wait_fed(s, samplers, timeout=300)
+        wait_fed(s, {f"learner-{k}": list(samplers.values()) for k in MODELS}, timeout=300)
     finally:
         s.stop_all()
 
@@ -143,17 +143,11 @@ def test_two_nodes_that_are_sampler_and_learner_train_on_their_own_groups_and_ea
                 "[learner]\neval_every = 0\ngroups_per_step = 8\n"
                 f"foreign = {{ step_share = 0.25, per_sampler = 2, accept_models = [\"{other}\"] }}\n")
             # no --max-steps: these tiny nodes take 120 steps in 9-14 s, and a node finds its partner
-            # learner at its first look at the swarm or 10 s later (LearnerTracker's `every`); in CI
-            # node a's first look missed, and it found node c only after c had stopped at 120
+            # learner at its first look at the swarm or 10 s later (LearnerTracker's `every`); in a
+            # full integration run node a's first look missed, and it found c only after c stopped at 120
             s.join(f"node-{k}", "sampler,learner", "--model", model, "--config", str(tmp_path / f"node-{k}.toml"))
         wait_versions(s, [f"node-{k}" for k in pair], 120, timeout=400)
-        # ... and until each learner has taken the other node's groups (or the timeout: the
-        # assertions below say which did not)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not all(
-                last_step(s.base, f"node-{k}").get("accepted_by_sampler", {}).get(ids[o], 0) > 0
-                for k, o in (("a", "c"), ("c", "a"))):
-            time.sleep(1)
+        wait_fed(s, {"node-a": [ids["c"]], "node-c": [ids["a"]]}, timeout=120)  # each took the other's
     finally:
         s.stop_all()  # SIGTERM: each node says what its sampler made and what its partner took
     for k in pair:
